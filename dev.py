@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Bootstrap and task runner: the only thing a fresh clone needs is Python 3.11+.
+
+    python3 dev.py demo          # the main job: closed loop on embedded Kafka + Redis
+    python3 dev.py test          # the whole test suite (what .ci/run calls)
+    python3 dev.py lint          # ruff, mypy (strict on controllers/), import contracts
+    python3 dev.py governor ...  # any governor CLI command inside the project venv
+
+It creates ``.venv`` next to this file, installs the project with its dev extras
+from ``pyproject.toml`` (re-installing only when that file changes), then runs
+the task inside the venv.  Nothing is read from outside the clone.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("GOVERNOR_VENV", ROOT / ".venv"))
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+STAMP = VENV / ".governor-install-stamp"
+
+TASKS = {
+    "demo": "run the closed loop (embedded broker, Redis, pipeline, executors, simulated fleet) and print a report",
+    "test": "run the whole test suite (unit, property, integration, end-to-end)",
+    "lint": "ruff check, mypy --strict on controllers/, import-linter contracts",
+    "bench": "governor bench ... (pipeline | control)",
+    "governor": "run any governor CLI command, e.g. `python3 dev.py governor --help`",
+}
+
+
+def _say(msg: str) -> None:
+    print(f"[dev] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit("governor needs Python 3.11 or newer")
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
+        return
+    if not PY.exists():
+        _say(f"creating virtual environment in {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    _say("installing governor and its dependencies (pyproject.toml)")
+    pip = [str(PY), "-m", "pip", "--disable-pip-version-check"]
+    subprocess.check_call(pip + ["install", "-q", "--upgrade", "pip"])
+    subprocess.check_call(pip + ["install", "-q", "-e", f"{ROOT}[dev]"])
+    STAMP.write_text(want)
+
+
+def run(argv: list[str]) -> int:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.call(argv, cwd=ROOT, env=env)
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(__doc__)
+        for name, what in TASKS.items():
+            print(f"  {name:<9} {what}")
+        return 0
+    task, rest = args[0], args[1:]
+    if task not in TASKS:
+        print(f"unknown task {task!r}; try: python3 dev.py help", file=sys.stderr)
+        return 2
+    ensure_venv()
+    if task == "demo":
+        return run([str(BIN / "governor"), "demo", *rest])
+    if task == "bench":
+        return run([str(BIN / "governor"), "bench", *rest])
+    if task == "governor":
+        return run([str(BIN / "governor"), *rest])
+    if task == "lint":
+        rc = run([str(PY), "-m", "ruff", "check", "."])
+        rc |= run([str(PY), "-m", "mypy", "controllers"])
+        rc |= run([str(BIN / "lint-imports")])
+        return rc
+    # test: pytest exits 5 when nothing ran; that is a failure here, not a pass.
+    return run([str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
