@@ -72,6 +72,7 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_FETCH_MAX_WAIT_MS": "consumer fetch wait (Faust hard-codes 1500 ms; 50 ms gives ~60 ms hops)",
     "GOVERNOR_SESSION_TIMEOUT_S": "consumer-group session timeout (a join takes about half of it)",
     "GOVERNOR_DATA_DIR": "where the stream worker keeps its local state",
+    "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
 }
 
 

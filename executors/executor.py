@@ -1,0 +1,185 @@
+"""One executor process per zone: Redis stream -> backend -> results topic.
+
+Reads ``<prefix>:commands:<zone>`` with the consumer group ``executors`` (so
+several replicas of one zone's executor share the work and a crashed one's
+pending commands are claimed by the others) and, for each command:
+
+* ``duplicate`` -- its ``command_id`` was applied before (marker key in Redis);
+* ``expired``   -- the clock is past ``expires_at_ms``;
+* ``stale``     -- a newer decision for the same (zone, model) was applied;
+* ``applied`` / ``failed`` -- what the backend did.
+
+Every outcome is acknowledged (XACK) and reported to the results topic.  A
+temporary backend failure leaves the entry pending; it is retried after
+``retry_idle_ms``.  The applied marker is written after the backend applied
+the command; commands are absolute targets, so the one re-apply a crash in
+between can cause is harmless.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from executors.backends import Backend, BackendRejected, BackendUnavailable
+from governor.clock import ScaledClock
+from streams.commands import Command, CommandError, stream_key
+from streams.metrics_export import ExecutorMetrics
+
+log = logging.getLogger(__name__)
+
+GROUP = "executors"
+
+
+@dataclass
+class ExecutorStats:
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class ZoneExecutor:
+    def __init__(self, *, zone: str, prefix: str, redis: aioredis.Redis, backend: Backend,
+                 clock: ScaledClock, results: AIOKafkaProducer | None, results_topic: str,
+                 metrics: ExecutorMetrics | None = None, consumer: str | None = None,
+                 block_ms: int = 200, retry_idle_ms: int = 5_000, marker_ttl_s: int = 24 * 3600) -> None:
+        self.zone = zone
+        self.prefix = prefix
+        self.redis = redis
+        self.backend = backend
+        self.clock = clock
+        self.results = results
+        self.results_topic = results_topic
+        self.metrics = metrics or ExecutorMetrics()
+        self.stream = stream_key(prefix, zone)
+        self.consumer = consumer or f"{zone}-{socket.gethostname()}-{os.getpid()}"
+        self.block_ms = block_ms
+        self.retry_idle_ms = retry_idle_ms
+        self.marker_ttl_s = marker_ttl_s
+        self.stats = ExecutorStats()
+        self._stopping = asyncio.Event()
+
+    def _applied_key(self, command_id: str) -> str:
+        return f"{self.prefix}:applied:{self.zone}:{command_id}"
+
+    @property
+    def _basis_key(self) -> str:
+        return f"{self.prefix}:executor:{self.zone}:last_basis"
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.ensure_group()
+        log.info("executor %s reading %s as %s", self.zone, self.stream, self.consumer)
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                await self.poll_once()
+                delay = 0.1
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                log.warning("executor %s: redis unavailable (%s); retry in %.1f s", self.zone, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+
+    async def poll_once(self) -> int:
+        """Handle what is pending for too long (ours or a dead peer's), then new entries."""
+        handled = 0
+        claimed = await self.redis.xautoclaim(self.stream, GROUP, self.consumer,
+                                              min_idle_time=self.retry_idle_ms, start_id="0-0", count=100)
+        for entry_id, fields in claimed[1] if claimed else []:
+            handled += await self.handle(entry_id, fields)
+        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"},
+                                           count=100, block=self.block_ms)
+        for _stream, entries in resp or []:
+            for entry_id, fields in entries:
+                handled += await self.handle(entry_id, fields)
+        return handled
+
+    async def handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> int:
+        raw = (fields or {}).get(b"cmd")
+        now = self.clock.now_ms()
+        try:
+            if raw is None:
+                raise CommandError("stream entry has no 'cmd' field")
+            cmd = Command.decode(raw)
+            if cmd.zone != self.zone:
+                raise CommandError(f"command for zone {cmd.zone!r} on {self.zone!r}'s stream")
+        except CommandError as exc:
+            await self._finish(entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")})
+            return 1
+        if await self.redis.exists(self._applied_key(cmd.command_id)):
+            await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)
+            return 1
+        if cmd.expired(now):
+            self.metrics.expired.labels(self.zone).inc()
+            await self._finish(entry_id, cmd, "expired", f"now {now} >= expires_at_ms {cmd.expires_at_ms}", now)
+            return 1
+        last_basis = await self.redis.hget(self._basis_key, cmd.model)
+        if last_basis is not None and cmd.basis_ms < int(last_basis):
+            await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now)
+            return 1
+        try:
+            detail = await self.backend.apply(cmd)
+        except BackendUnavailable as exc:
+            log.warning("executor %s: backend unavailable for %s (%s); will retry", self.zone, cmd.command_id, exc)
+            return 0  # stays pending; xautoclaim retries it after retry_idle_ms
+        except BackendRejected as exc:
+            await self._finish(entry_id, cmd, "failed", str(exc), now)
+            return 1
+        applied_at = self.clock.now_ms()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._applied_key(cmd.command_id), applied_at, ex=self.marker_ttl_s)
+            pipe.hset(self._basis_key, cmd.model, cmd.basis_ms)
+            await pipe.execute()
+        self.metrics.latency.labels(self.zone).set(applied_at - cmd.issued_at_ms)
+        await self._finish(entry_id, cmd, "applied", "", applied_at, detail)
+        return 1
+
+    async def _finish(self, entry_id: bytes, cmd: Command | None, outcome: str, reason: str,
+                      now: int, detail: dict[str, Any] | None = None) -> None:
+        self.stats.count(outcome)
+        self.metrics.outcomes.labels(self.zone, outcome).inc()
+        if outcome != "applied":
+            log.info("executor %s: %s %s (%s)", self.zone, outcome, cmd.command_id if cmd else entry_id, reason)
+        result = {"schema_version": 1, "zone": self.zone, "outcome": outcome, "reason": reason,
+                  "at_ms": now, "backend": self.backend.name, "detail": detail or {},
+                  "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)}
+        if cmd is not None:
+            result.update(command_id=cmd.command_id, model=cmd.model, kind=cmd.kind,
+                          target_replicas=cmd.target_replicas, issued_at_ms=cmd.issued_at_ms,
+                          basis_ms=cmd.basis_ms, latency_ms=now - cmd.issued_at_ms)
+        if self.results is not None:
+            await self._report(result)
+        await self.redis.xack(self.stream, GROUP, entry_id)
+
+    async def _report(self, result: dict[str, Any]) -> None:
+        assert self.results is not None
+        delay = 0.1
+        while True:
+            try:
+                await self.results.send_and_wait(self.results_topic, orjson.dumps(result),
+                                                 key=self.zone.encode())
+                return
+            except Exception as exc:  # noqa: BLE001 - Kafka trouble is temporary: back off
+                log.warning("executor %s: results topic unavailable (%s); retry in %.1f s", self.zone, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)

@@ -1,0 +1,134 @@
+"""``governor``: the command line.  Settings come from the environment
+(``governor.settings.ENV_VARS``) and are built here, once, at the entry point.
+
+    governor demo                 closed loop on embedded servers, with a report
+    governor worker               the Faust stream worker
+    governor executor --zone Z    one zone's command executor
+    governor fleet                simulated fleet replaying a trace (live)
+    governor servers              start embedded Kafka + Redis and wait
+    governor bench pipeline       ingest throughput and decision latency
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from governor.settings import ENV_VARS, Settings, SettingsError
+
+log = logging.getLogger("governor")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env_help = "\n".join(f"  {k:<28} {v}" for k, v in ENV_VARS.items())
+    p = argparse.ArgumentParser(prog="governor", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"environment:\n{env_help}")
+    p.add_argument("--log-level", default=os.environ.get("GOVERNOR_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run the closed loop on embedded servers and print a report")
+    d.add_argument("--trace", default="azure-conv", help="trace name or path (default azure-conv)")
+    d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
+    d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
+    d.add_argument("--qps", type=float, default=60.0, help="mean request rate the trace is scaled to")
+    d.add_argument("--step-at-s", type=float, default=200.0,
+                   help="trace time of the load step (0 = none)")
+    d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")
+    d.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
+    d.add_argument("--startup-s", type=float, default=30.0, help="replica start-up delay (trace s)")
+    d.add_argument("--bad-rate", type=float, default=0.001,
+                   help="share of malformed telemetry records injected (shows the dead-letter path)")
+    d.add_argument("--out", default="runs/demo", help="report directory")
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--no-progress", action="store_true", help="no live progress view")
+
+    sub.add_parser("worker", help="run the Faust stream worker")
+
+    e = sub.add_parser("executor", help="run one zone's command executor")
+    e.add_argument("--zone", required=True)
+    e.add_argument("--backend", choices=["sim", "dry-run"], default="sim")
+
+    f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")
+    f.add_argument("--trace", default="azure-conv")
+    f.add_argument("--qps", type=float, default=40.0)
+    f.add_argument("--duration-s", type=float, default=3600.0)
+    f.add_argument("--replicas", type=int, default=4)
+    f.add_argument("--startup-s", type=float, default=30.0)
+    f.add_argument("--seed", type=int, default=7)
+
+    sub.add_parser("servers", help="start embedded Kafka (Tansu) and Redis and wait")
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bp = bsub.add_parser("pipeline", help="pipeline ingest throughput vs raw consumer, decision latency")
+    bp.add_argument("--events", type=int, default=200_000, help="request records in the batched run")
+    bp.add_argument("--unbatched-events", type=int, default=20_000)
+    bp.add_argument("--batch", type=int, default=100, help="records per Kafka message (batched run)")
+    bp.add_argument("--decisions", type=int, default=20, help="decision-latency samples")
+    bp.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as exc:
+        print(f"governor: bad setting: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "worker":
+        from governor.worker import run_worker
+
+        return run_worker(settings)
+    if args.command == "executor":
+        from governor.executor_main import run_executor
+
+        if args.zone not in settings.zones:
+            print(f"governor: zone {args.zone!r} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
+            return 2
+        return asyncio.run(run_executor(settings, args.zone, args.backend))
+    if args.command == "fleet":
+        from governor.fleet_main import run_fleet
+
+        return asyncio.run(run_fleet(settings, args))
+    if args.command == "servers":
+        return _servers(settings)
+    if args.command == "demo":
+        from governor.demo import run_demo
+
+        return run_demo(settings, args)
+    if args.command == "bench" and args.bench == "pipeline":
+        from governor.bench_pipeline import run_bench
+
+        return run_bench(settings, args)
+    return 2
+
+
+def _servers(settings: Settings) -> int:
+    from governor.embedded import EmbeddedServers
+
+    with EmbeddedServers(settings, os.environ) as s:
+        print(f"KAFKA_BOOTSTRAP={s.settings.kafka_bootstrap}")
+        print(f"REDIS_URL={s.settings.redis_url}", flush=True)
+        sigs = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        try:
+            signal.sigwait(sigs)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The only clock the I/O layers read.
+
+Production runs at ``speed=1``: ``now_ms()`` is the wall clock.  A replay
+(the demo, benchmarks) runs trace time faster than wall time; every process
+of one run shares ``origin_s`` and ``speed`` through the settings, so the
+fleet, the stream worker and the executors agree on what "now" is and on
+when a command expires.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScaledClock:
+    speed: float = 1.0
+    origin_s: float = 0.0  # wall epoch seconds where scaled time == wall time
+
+    def now_ms(self) -> int:
+        wall = time.time()
+        if self.speed == 1.0 or self.origin_s <= 0:
+            return int(wall * 1000)
+        return int((self.origin_s + (wall - self.origin_s) * self.speed) * 1000)
+
+    def to_wall_s(self, dt_ms: float) -> float:
+        """How many wall seconds a span of scaled milliseconds takes."""
+        return dt_ms / 1000.0 / self.speed

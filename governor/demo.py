@@ -1,0 +1,185 @@
+"""``governor demo``: the closed loop on real servers, ending with a report.
+
+Starts (unless given) the embedded Kafka broker and Redis, creates the
+topics, starts the stream worker and one executor per zone as child
+processes, then replays a real trace through the simulated fleet in scaled
+real time.  A load step half-way makes violations rise; the loop has to
+scale up.  At the end it waits for the last windows to close, stops
+everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
+
+from governor.clock import ScaledClock
+from governor.embedded import EmbeddedServers
+from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
+from governor.report import build_report, plot, render_text
+from governor.settings import Settings
+from governor.topics import ensure_topics
+from sim.fleet import Fleet, FleetConfig
+from sim.live import LiveFleet, desired_key
+from sim.perf_model import PerfModel
+from sim.traces import load_trace
+from sim.workloads import step_load
+from streams.producer import TelemetryProducer
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    """Reads the results, dead-letter and metrics topics for the report."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.results: list[dict[str, Any]] = []
+        self.dead_letters: list[dict[str, Any]] = []
+        self.windows: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        t = self.settings.topics
+        self._consumer = AIOKafkaConsumer(t["results"], t["deadletter"], t["metrics"],
+                                          bootstrap_servers=self.settings.kafka_bootstrap,
+                                          group_id=None, auto_offset_reset="earliest",
+                                          fetch_max_wait_ms=50)
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        sink = {self.settings.topic("results"): self.results,
+                self.settings.topic("deadletter"): self.dead_letters,
+                self.settings.topic("metrics"): self.windows}
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
+            for tp, msgs in batches.items():
+                for msg in msgs:
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        sink[tp.topic].append(orjson.loads(msg.value))
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer:
+            await self._consumer.stop()
+
+
+def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str], model: str):  # type: ignore[no-untyped-def]
+    last = [0.0]
+
+    async def tick(t: float) -> None:
+        now = time.monotonic()
+        if now - last[0] < 1.0:
+            return
+        last[0] = now
+        reps = " ".join(
+            f"{z}={live.fleet.replicas(z, model).get('ready', 0)}"
+            f"(+{live.fleet.replicas(z, model).get('starting', 0)})" for z in zones)
+        zw = [w for w in col.windows if w.get("scope") == "zone"]
+        last_w = zw[-len(zones):] if zw else []
+        viol = max((w.get("violation_rate") or 0.0) for w in last_w) if last_w else 0.0
+        p95 = max((w.get("ttft_p95_ms") or 0.0) for w in last_w) if last_w else 0.0
+        applied = sum(1 for r in col.results if r.get("outcome") == "applied")
+        print(f"\r t={t:6.0f}/{duration:.0f}s  sent={live.stats.submitted:>6}  replicas {reps}  "
+              f"TTFT p95 {p95:6.0f} ms  violations {100 * viol:5.1f}%  applied {applied:>3}  "
+              f"dead letters {len(col.dead_letters):>3} ", end="", file=sys.stderr, flush=True)
+
+    return tick
+
+
+async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, Any]:
+    clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
+    model_spec = settings.models[0]
+    model = model_spec.name
+    created = await ensure_topics(settings)
+    log.info("topics ready (%d created)", len(created))
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    for zone in settings.zones:
+        await redis.hset(desired_key(settings.topic_prefix, zone), model, args.replicas)
+
+    children = [start_worker(settings, run_dir)]
+    children += [start_executor(settings, z, run_dir) for z in settings.zones]
+    collector = Collector(settings)
+    try:
+        children[0].wait_for_log(WORKER_READY, 90)
+        for c in children[1:]:
+            c.wait_for_log(EXECUTOR_READY, 30)
+        await collector.start()
+        perf = PerfModel.from_splitwise(model=model)
+        fleet = Fleet(FleetConfig(models={model: perf}, zones=tuple(settings.zones),
+                                  startup_s=args.startup_s, seed=args.seed), epoch_ms0=clock.now_ms())
+        t0_ms = fleet.epoch_ms0 if hasattr(fleet, "epoch_ms0") else clock.now_ms()
+        for zone in settings.zones:
+            fleet.set_initial(zone, model, args.replicas)
+        workload = step_load(load_trace(args.trace), args.qps, args.duration_s,
+                             args.step_at_s, args.step_factor)
+        wall0 = time.monotonic()
+        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
+                                     source="sim-fleet", linger_ms=100, clock_ms=clock.now_ms) as producer:
+            live = LiveFleet(fleet, workload, model=model, zones=settings.zones, producer=producer,
+                             redis=redis, prefix=settings.topic_prefix, now_ms=clock.now_ms, t0_ms=t0_ms,
+                             bad_rate=args.bad_rate, seed=args.seed)
+            tick = None if args.no_progress else _progress(live, collector, args.duration_s,
+                                                           list(settings.zones), model)
+            stats = await live.run(args.duration_s, on_tick=tick)
+        # Let the last windows close (window + lateness of trace time) and their commands land.
+        await asyncio.sleep(clock.to_wall_s((settings.window_s + settings.lateness_s) * 1000) + 2.0)
+        wall = time.monotonic() - wall0
+        if not args.no_progress:
+            print(file=sys.stderr)
+        for c in children:
+            if not c.alive():
+                raise RuntimeError(f"{c.name} died during the run:\n{c.tail()}")
+        png = plot(run_dir / "report.png", stats.finished, stats.replicas, collector.windows,
+                   t0_ms, model_spec.ttft_slo_ms)
+        return build_report(
+            finished=stats.finished, replicas=stats.replicas, results=collector.results,
+            windows=collector.windows, dead_letters=collector.dead_letters,
+            ttft_slo_ms=model_spec.ttft_slo_ms, itl_slo_ms=model_spec.itl_slo_ms,
+            extra={"injected_bad_records": stats.corrupted_sent,
+                   "telemetry_records_sent": stats.records_sent + 0,
+                   "requests_submitted": stats.submitted,
+                   "wall_s": round(wall, 1), "speed": settings.clock_speed,
+                   "trace": args.trace, "qps": args.qps, "duration_s": args.duration_s,
+                   "step": {"at_s": args.step_at_s, "factor": args.step_factor},
+                   "plot": str(png)})
+    finally:
+        await collector.stop()
+        for c in children:
+            c.stop()
+        await redis.aclose()
+
+
+def run_demo(settings: Settings, args: Namespace) -> int:
+    run_dir = Path(args.out).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings = settings.replace(clock_speed=args.speed, clock_origin_s=time.time(),
+                                data_dir=str(run_dir / "state"),
+                                window_s=settings.window_s, lateness_s=settings.lateness_s)
+    with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
+        for line in servers.started:
+            print(f"[governor] started embedded {line}", file=sys.stderr)
+        report = asyncio.run(_run(servers.settings, args, run_dir))
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    text = render_text(report)
+    (run_dir / "report.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nreport: {run_dir / 'report.txt'}, {run_dir / 'report.json'}, {run_dir / 'report.png'}")
+    return 0 if report["commands"]["applied"] > 0 else 1

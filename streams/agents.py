@@ -1,0 +1,143 @@
+"""The Faust agents (thin): they move bytes between topics and call the pure
+processors in :mod:`streams.pipeline` and :mod:`streams.control`.
+
+    telemetry --ingest--> metrics (+ deadletter)
+    metrics   --control--> commands
+    commands  --bridge--> Redis stream <prefix>:commands:<zone>
+
+Delivery is at-least-once end to end.  The bridge writes a command to Redis
+before it takes the next event, so Faust commits the command's offset only
+after Redis has it; while Redis is down it retries with capped exponential
+backoff and the offset stays uncommitted.  Duplicates are dropped by the
+executors (deterministic ``command_id``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from governor.clock import ScaledClock
+from governor.settings import Settings
+from streams.app import GovernorApp
+from streams.commands import Command, CommandError, stream_key
+from streams.control import Scaler
+from streams.metrics_export import WorkerMetrics
+from streams.pipeline import TelemetryProcessor, dead_letter
+from streams.records import partition_key
+
+log = logging.getLogger(__name__)
+
+STREAM_MAXLEN = 100_000
+
+
+@dataclass
+class Pipeline:
+    app: GovernorApp
+    processor: TelemetryProcessor
+    scaler: Scaler
+    metrics: WorkerMetrics
+
+
+async def xadd_with_retry(redis: aioredis.Redis, key: str, fields: dict[str, bytes],
+                          metrics: WorkerMetrics | None = None, *, base_s: float = 0.1,
+                          cap_s: float = 5.0, sleep: Callable[[float], Any] = asyncio.sleep) -> bytes:
+    """XADD until it succeeds; temporary Redis failures back off, never drop."""
+    delay = base_s
+    while True:
+        try:
+            return await redis.xadd(key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("redis unavailable writing %s (%s); retry in %.1f s", key, exc, delay)
+            if metrics is not None:
+                metrics.redis_retries.inc()
+            await sleep(delay)
+            delay = min(cap_s, delay * 2)
+
+
+def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
+                   metrics: WorkerMetrics | None = None) -> Pipeline:
+    metrics = metrics or WorkerMetrics()
+    processor = TelemetryProcessor(settings)
+    scaler = Scaler(settings)
+    parts = settings.partitions
+    telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
+    metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
+    commands = app.topic(settings.topic("commands"), partitions=parts)
+    deadletter = app.topic(settings.topic("deadletter"), partitions=1)
+    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
+                                    socket_connect_timeout=5.0)
+    zones = set(settings.zones)
+
+    async def send_dead_letter(dl: dict[str, Any]) -> None:
+        metrics.observe_dead_letter(dl["reason"])
+        await deadletter.send(value=orjson.dumps(dl))
+
+    async def publish_windows(closed: list[dict[str, Any]]) -> None:
+        for m in closed:
+            metrics.observe_window(m)
+            await metrics_topic.send(key=partition_key(m["model"], m["zone"]), value=orjson.dumps(m))
+
+    @app.agent(telemetry, name="ingest")
+    async def ingest(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            now = clock.now_ms()
+            source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+            res = processor.process(event.value, source, now)
+            metrics.records.inc(res.valid + len(res.dead_letters))
+            for dl in res.dead_letters:
+                log.info("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
+                await send_dead_letter(dl)
+            await publish_windows(processor.close_due(None, now))
+
+    @app.timer(max(0.05, clock.to_wall_s(settings.window_s * 1000) / 10), name="close-windows")
+    async def close_windows() -> None:
+        now = clock.now_ms()
+        await publish_windows(processor.close_due(now, now))
+
+    @app.agent(metrics_topic, name="control")
+    async def control(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                m = orjson.loads(event.value)
+            except orjson.JSONDecodeError as exc:
+                await send_dead_letter(dead_letter(f"bad metrics record: {exc}", {
+                    "topic": event.message.topic, "offset": event.message.offset},
+                    event.value.decode("utf-8", "replace"), clock.now_ms()))
+                continue
+            cmd = scaler.on_window(m, clock.now_ms())
+            if cmd is None:
+                continue
+            metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas)
+            metrics.commands.labels(cmd.kind, cmd.zone).inc()
+            log.info("command %s %s/%s -> %d (%s)", cmd.command_id, cmd.zone, cmd.model,
+                     cmd.target_replicas, cmd.reason)
+            await commands.send(key=cmd.zone.encode(), value=cmd.encode())
+
+    @app.agent(commands, name="bridge")
+    async def bridge(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                cmd = Command.decode(event.value)
+                if cmd.zone not in zones:
+                    raise CommandError(f"unknown zone {cmd.zone!r} (GOVERNOR_ZONES={sorted(zones)})")
+            except CommandError as exc:
+                await send_dead_letter(dead_letter(f"bad command: {exc}", {
+                    "topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
+                    bytes(event.value).decode("utf-8", "replace"), clock.now_ms()))
+                continue
+            await xadd_with_retry(redis, stream_key(settings.topic_prefix, cmd.zone),
+                                  {"cmd": event.value, "bridged_ms": str(clock.now_ms()).encode()},
+                                  metrics)
+            metrics.bridged.labels(cmd.zone).inc()
+
+    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics)

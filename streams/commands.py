@@ -1,0 +1,89 @@
+"""Versioned, idempotent commands from the controllers to the executors.
+
+``command_id`` is a hash of what the command *decides* (kind, zone, model,
+the window that caused it, the target): the same decision taken twice --
+say after a worker restart re-reads the same window -- yields the same id,
+and executors drop the duplicate.  Commands carry ``issued_at_ms`` and
+``expires_at_ms``; an executor refuses an expired command rather than act on
+a stale view of the fleet.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+COMMAND_SCHEMA_VERSION = 1
+COMMAND_KINDS = frozenset({"scale"})
+
+
+class CommandError(ValueError):
+    """A command record is malformed; the message says which field."""
+
+
+def command_id(kind: str, zone: str, model: str, basis_ms: int, target: Any) -> str:
+    """Deterministic id of a decision.
+
+    >>> command_id("scale", "az-a", "m", 10_000, 4) == command_id("scale", "az-a", "m", 10_000, 4)
+    True
+    """
+    digest = hashlib.sha256(f"{kind}|{zone}|{model}|{basis_ms}|{target}".encode()).hexdigest()
+    return f"{kind}-{digest[:20]}"
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: str
+    zone: str
+    model: str
+    target_replicas: int
+    reason: str
+    issued_at_ms: int
+    expires_at_ms: int
+    basis_ms: int  # end of the window the decision was taken on
+    previous_replicas: int | None = None
+    controller: str = "pid"
+    detail: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = COMMAND_SCHEMA_VERSION
+    command_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMMAND_KINDS:
+            raise CommandError(f"kind {self.kind!r} not in {sorted(COMMAND_KINDS)}")
+        if not self.zone or not self.model:
+            raise CommandError("zone and model must be non-empty")
+        if not isinstance(self.target_replicas, int) or self.target_replicas < 0:
+            raise CommandError(f"target_replicas must be a non-negative int, got {self.target_replicas!r}")
+        if self.expires_at_ms <= self.issued_at_ms:
+            raise CommandError("expires_at_ms must be after issued_at_ms")
+        if self.schema_version != COMMAND_SCHEMA_VERSION:
+            raise CommandError(f"unsupported command schema_version {self.schema_version}")
+        if not self.command_id:
+            object.__setattr__(self, "command_id", command_id(
+                self.kind, self.zone, self.model, self.basis_ms, self.target_replicas))
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str | dict[str, Any]) -> Command:
+        try:
+            obj = orjson.loads(raw) if isinstance(raw, bytes | str) else dict(raw)
+        except orjson.JSONDecodeError as exc:
+            raise CommandError(f"not JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise CommandError("command must be a JSON object")
+        try:
+            return cls(**obj)
+        except TypeError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms >= self.expires_at_ms
+
+
+def stream_key(prefix: str, zone: str) -> str:
+    """The Redis stream one zone's executor reads."""
+    return f"{prefix}:commands:{zone}"

@@ -1,0 +1,74 @@
+"""Prometheus metrics of the stream worker and the executors.
+
+Metric names are a contract with ``infra/prometheus`` (alerts) and
+``infra/grafana`` (dashboard); a test checks the dashboard against them.
+Each process owns a registry (no global state, so tests can build several).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+_LABELS = ("model", "zone")
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.p50 = Gauge("governor_latency_p50_ms", "end-to-end latency P50 of the last window", _LABELS, registry=r)
+        self.p95 = Gauge("governor_latency_p95_ms", "end-to-end latency P95 of the last window", _LABELS, registry=r)
+        self.p99 = Gauge("governor_latency_p99_ms", "end-to-end latency P99 of the last window", _LABELS, registry=r)
+        self.ttft_p95 = Gauge("governor_ttft_p95_ms", "time-to-first-token P95 of the last window", _LABELS, registry=r)
+        self.violation = Gauge("governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r)
+        self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
+        self.queue = Gauge("governor_queue_len", "mean queued requests per replica", _LABELS, registry=r)
+        self.gpu_util = Gauge("governor_gpu_util", "mean GPU utilisation", _LABELS, registry=r)
+        self.ready = Gauge("governor_replicas_ready", "replicas serving", _LABELS, registry=r)
+        self.starting = Gauge("governor_replicas_starting", "replicas loading", _LABELS, registry=r)
+        self.target = Gauge("governor_replicas_target", "last replica target issued", _LABELS, registry=r)
+        self.records = Counter("governor_records_total", "telemetry records read", registry=r)
+        self.deadletters = Counter("governor_deadletter_total", "records sent to the dead-letter topic",
+                                   ("reason",), registry=r)
+        self.windows = Counter("governor_windows_closed_total", "windows closed", ("scope",), registry=r)
+        self.commands = Counter("governor_commands_issued_total", "commands published", ("kind", "zone"), registry=r)
+        self.bridged = Counter("governor_commands_bridged_total", "commands written to Redis", ("zone",), registry=r)
+        self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
+
+    def observe_window(self, m: Mapping[str, Any]) -> None:
+        self.windows.labels(m["scope"]).inc()
+        if m["scope"] != "zone":
+            return
+        lab = (m["model"], m["zone"])
+        for gauge, key in ((self.p50, "e2e_p50_ms"), (self.p95, "e2e_p95_ms"), (self.p99, "e2e_p99_ms"),
+                           (self.ttft_p95, "ttft_p95_ms"), (self.violation, "violation_rate"),
+                           (self.rate, "rate_rps"), (self.queue, "queue_len_mean"),
+                           (self.gpu_util, "gpu_util_mean"), (self.ready, "replicas_ready"),
+                           (self.starting, "replicas_starting")):
+            value = m.get(key)
+            if value is not None:
+                gauge.labels(*lab).set(float(value))
+
+    def observe_dead_letter(self, reason: str) -> None:
+        # Label by the reason's kind (text before ':'), not the full text: bounded cardinality.
+        self.deadletters.labels(reason.split(":", 1)[0][:40]).inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        if port > 0:
+            start_http_server(port, addr=addr, registry=self.registry)
+
+
+class ExecutorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.outcomes = Counter("governor_commands_applied_total", "commands by outcome",
+                                ("zone", "outcome"), registry=r)
+        self.expired = Counter("governor_commands_expired_total", "commands refused as expired",
+                               ("zone",), registry=r)
+        self.latency = Gauge("governor_command_latency_ms", "issue -> apply latency of the last command",
+                             ("zone",), registry=r)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        if port > 0:
+            start_http_server(port, addr=addr, registry=self.registry)

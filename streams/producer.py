@@ -1,0 +1,156 @@
+"""The telemetry producer that inference nodes import.
+
+Records are buffered per partition key ((model, zone), so one key's records
+stay ordered on one partition) and shipped as one Kafka message per batch:
+a batch goes out when it holds ``max_batch`` records or its oldest record is
+``linger_ms`` old.  The buffer is bounded: when ``max_pending`` records are
+waiting, :meth:`TelemetryProducer.send` waits (back-pressure) instead of
+growing memory without limit; :meth:`TelemetryProducer.send_nowait` raises
+:class:`BufferFull` instead, for callers that must never block.
+
+Example::
+
+    async with TelemetryProducer("127.0.0.1:9092", "governor.telemetry",
+                                 source="node-17") as producer:
+        await producer.send({"kind": "request", ...})
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from streams.records import encode_envelope, partition_key
+
+log = logging.getLogger(__name__)
+
+
+class BufferFull(RuntimeError):
+    """send_nowait found ``max_pending`` records already waiting."""
+
+
+class TelemetryProducer:
+    def __init__(self, bootstrap: str, topic: str, *, source: str, linger_ms: int = 100,
+                 max_batch: int = 500, max_pending: int = 50_000,
+                 clock_ms: Any = None) -> None:
+        if linger_ms <= 0 or max_batch <= 0 or max_pending < max_batch:
+            raise ValueError("need linger_ms > 0, max_batch > 0 and max_pending >= max_batch")
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.source = source
+        self.linger_ms = linger_ms
+        self.max_batch = max_batch
+        self.max_pending = max_pending
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._buffers: dict[bytes, list[Mapping[str, Any]]] = {}
+        self._first_ms: dict[bytes, float] = {}
+        self._pending = 0
+        self._space = asyncio.Condition()
+        self._producer: AIOKafkaProducer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.sent_records = 0
+        self.sent_messages = 0
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, linger_ms=5, acks=1,
+            max_request_size=8 * 1024 * 1024,
+        )
+        await self._producer.start()
+        self._task = asyncio.create_task(self._flush_loop(), name="telemetry-flush")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._producer is not None:
+            try:
+                await self.flush()
+            finally:
+                await self._producer.stop()
+                self._producer = None
+
+    async def __aenter__(self) -> TelemetryProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def send_nowait(self, record: Mapping[str, Any]) -> None:
+        if self._pending >= self.max_pending:
+            raise BufferFull(f"{self._pending} records pending (max_pending={self.max_pending})")
+        key = partition_key(str(record.get("model", "")), str(record.get("zone", "")))
+        buf = self._buffers.setdefault(key, [])
+        if not buf:
+            self._first_ms[key] = time.monotonic() * 1000
+        buf.append(record)
+        self._pending += 1
+
+    async def send(self, record: Mapping[str, Any]) -> None:
+        """Buffer one record; waits while the buffer is full (back-pressure)."""
+        if self._pending >= self.max_pending:
+            async with self._space:
+                await self._space.wait_for(lambda: self._pending < self.max_pending)
+        self.send_nowait(record)
+        key = partition_key(str(record.get("model", "")), str(record.get("zone", "")))
+        if len(self._buffers.get(key, ())) >= self.max_batch:
+            await self._ship(key)
+
+    async def send_many(self, records: list[Mapping[str, Any]]) -> None:
+        for rec in records:
+            await self.send(rec)
+
+    async def _ship(self, key: bytes) -> None:
+        batch = self._buffers.pop(key, None)
+        self._first_ms.pop(key, None)
+        if not batch:
+            return
+        assert self._producer is not None, "producer not started"
+        done = 0
+        try:
+            for i in range(0, len(batch), self.max_batch):
+                chunk = batch[i:i + self.max_batch]
+                payload = encode_envelope(chunk, self.source, self._clock_ms())
+                await self._producer.send(self.topic, payload, key=key)
+                done += len(chunk)
+                self.sent_messages += 1
+                self.sent_records += len(chunk)
+        except BaseException:
+            # Keep what did not go out, in order, ahead of newer records.
+            self._buffers[key] = batch[done:] + self._buffers.get(key, [])
+            self._first_ms[key] = time.monotonic() * 1000
+            self._pending -= done
+            raise
+        self._pending -= len(batch)
+        async with self._space:
+            self._space.notify_all()
+
+    async def flush(self) -> None:
+        for key in list(self._buffers):
+            await self._ship(key)
+        if self._producer is not None:
+            await self._producer.flush()
+
+    async def _flush_loop(self) -> None:
+        tick = self.linger_ms / 4000.0
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic() * 1000
+            for key, first in list(self._first_ms.items()):
+                if now - first >= self.linger_ms:
+                    try:
+                        await self._ship(key)
+                    except Exception:  # broker trouble: keep the records, retry next tick
+                        log.exception("telemetry flush to %s failed; retrying", self.topic)

@@ -1,0 +1,175 @@
+"""Versioned telemetry records, their validation, and the batch envelope.
+
+A Kafka message on the telemetry topic is an *envelope* that carries a batch
+of records (an inference node's producer flushes e.g. every 100 ms).  Faust's
+per-message overhead is ~50x a raw consumer's, so batching is what makes the
+pipeline fast; the records inside stay individually addressable so that a bad
+one is dead-lettered alone.
+
+Envelope (JSON, orjson-encoded)::
+
+    {"schema_version": 1, "kind": "batch", "source": "node-17",
+     "sent_ms": 1700000000000, "records": [ {...}, {...} ]}
+
+Record kinds: ``request`` (one finished inference request) and ``gpu`` (one
+replica/GPU sample).  Field tables below are the contract with producers on
+inference nodes; ``validate_record`` returns a reason string for the first
+problem it finds, or ``None``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+REQUEST_STATUSES = frozenset({"ok", "error", "timeout"})
+GPU_STATES = frozenset({"starting", "ready", "draining"})
+
+# field -> (types, required, minimum)
+_NUM = (int, float)
+REQUEST_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
+    "request_id": ((str,), True, None),
+    "ts_ms": ((int,), True, 0),
+    "arrival_ms": ((int,), False, 0),
+    "model": ((str,), True, None),
+    "zone": ((str,), True, None),
+    "node": ((str,), True, None),
+    "request_class": ((str,), False, None),
+    "queue_ms": (_NUM, False, 0),
+    "network_ms": (_NUM, False, 0),
+    "preprocess_ms": (_NUM, False, 0),
+    "ttft_ms": (_NUM, True, 0),
+    "itl_ms": (_NUM, False, 0),
+    "decode_ms": (_NUM, False, 0),
+    "e2e_ms": (_NUM, True, 0),
+    "prompt_tokens": ((int,), False, 0),
+    "output_tokens": ((int,), False, 0),
+    "kv_hit": ((bool,), False, None),
+    "kv_hit_blocks": ((int,), False, 0),
+    "status": ((str,), True, None),
+}
+
+GPU_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
+    "ts_ms": ((int,), True, 0),
+    "node": ((str,), True, None),
+    "zone": ((str,), True, None),
+    "model": ((str,), True, None),
+    "state": ((str,), True, None),
+    "gpu_util": (_NUM, True, 0),
+    "mem_used_bytes": ((int,), True, 0),
+    "mem_total_bytes": ((int,), True, 0),
+    "kv_blocks_used": ((int,), False, 0),
+    "kv_blocks_total": ((int,), False, 0),
+    "largest_free_block_bytes": ((int,), False, 0),
+    "queue_len": ((int,), False, 0),
+    "running": ((int,), False, 0),
+}
+
+FIELDS_BY_KIND = {"request": REQUEST_FIELDS, "gpu": GPU_FIELDS}
+
+
+class EnvelopeError(ValueError):
+    """A whole message is unusable (not JSON, wrong shape, unknown version)."""
+
+
+def _check_fields(rec: Mapping[str, Any], table: Mapping[str, tuple]) -> str | None:
+    for name, (types, required, minimum) in table.items():
+        if name not in rec or rec[name] is None:
+            if required:
+                return f"missing field {name!r}"
+            continue
+        value = rec[name]
+        # bool is an int subclass: keep it out of numeric fields and vice versa.
+        if isinstance(value, bool) and bool not in types:
+            return f"field {name!r} must be {types[0].__name__}, got bool"
+        if not isinstance(value, types):
+            if types == (int,) and isinstance(value, float) and value.is_integer():
+                continue
+            return f"field {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"field {name!r} is not finite"
+        if isinstance(value, str) and not value:
+            return f"field {name!r} is empty"
+        if minimum is not None and value < minimum:
+            return f"field {name!r}={value} is below {minimum}"
+    return None
+
+
+def validate_record(rec: Any) -> str | None:
+    """Return why ``rec`` is invalid, or ``None`` when it is a valid record.
+
+    >>> validate_record({"kind": "gpu"}) is not None
+    True
+    """
+    if not isinstance(rec, Mapping):
+        return f"record must be an object, got {type(rec).__name__}"
+    version = rec.get("schema_version", SCHEMA_VERSION)
+    if version not in SUPPORTED_VERSIONS:
+        return f"unsupported schema_version {version!r}"
+    kind = rec.get("kind")
+    table = FIELDS_BY_KIND.get(kind)  # type: ignore[arg-type]
+    if table is None:
+        return f"unknown record kind {kind!r}"
+    reason = _check_fields(rec, table)
+    if reason:
+        return reason
+    if kind == "request":
+        if rec["status"] not in REQUEST_STATUSES:
+            return f"status {rec['status']!r} not in {sorted(REQUEST_STATUSES)}"
+        if rec["e2e_ms"] + 1e-6 < rec["ttft_ms"]:
+            return f"e2e_ms ({rec['e2e_ms']}) is smaller than ttft_ms ({rec['ttft_ms']})"
+    else:
+        if rec["state"] not in GPU_STATES:
+            return f"state {rec['state']!r} not in {sorted(GPU_STATES)}"
+        if not 0.0 <= rec["gpu_util"] <= 1.0:
+            return f"gpu_util={rec['gpu_util']} outside [0, 1]"
+        if rec["mem_used_bytes"] > rec["mem_total_bytes"]:
+            return "mem_used_bytes exceeds mem_total_bytes"
+        if rec.get("kv_blocks_used", 0) > rec.get("kv_blocks_total", 0) > 0:
+            return "kv_blocks_used exceeds kv_blocks_total"
+    return None
+
+
+def encode_envelope(records: list[Mapping[str, Any]], source: str, sent_ms: int) -> bytes:
+    return orjson.dumps(
+        {"schema_version": SCHEMA_VERSION, "kind": "batch", "source": source,
+         "sent_ms": sent_ms, "records": records}
+    )
+
+
+def decode_envelope(raw: bytes | str | Any) -> list[Any]:
+    """Decode a telemetry message into its list of (unvalidated) records.
+
+    A single bare record (``kind`` request/gpu) is accepted as a batch of one,
+    so simple producers need not batch.  Raises :class:`EnvelopeError`.
+    """
+    if isinstance(raw, bytes | bytearray | memoryview | str):
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EnvelopeError(f"not JSON: {exc}") from exc
+    else:
+        obj = raw
+    if not isinstance(obj, dict):
+        raise EnvelopeError(f"message must be a JSON object, got {type(obj).__name__}")
+    if obj.get("kind") in FIELDS_BY_KIND:
+        return [obj]
+    if obj.get("kind") != "batch":
+        raise EnvelopeError(f"unknown message kind {obj.get('kind')!r}")
+    version = obj.get("schema_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise EnvelopeError(f"unsupported envelope schema_version {version!r}")
+    records = obj.get("records")
+    if not isinstance(records, list):
+        raise EnvelopeError("envelope field 'records' must be a list")
+    return records
+
+
+def partition_key(model: str, zone: str) -> bytes:
+    """Telemetry, metrics and commands for one (model, zone) share a partition."""
+    return f"{model}|{zone}".encode()
