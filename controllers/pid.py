@@ -1,0 +1,295 @@
+"""Elastic scaling controller: velocity PID in log-replica space.
+
+Seed-spec section 5 with its Correction: violations above the reference
+scale **up**.  The error is ``e_k = eps_k - eps_ref`` (``eps`` the measured
+SLO-violation rate, ``eps_ref`` default 2 %), so ``e > 0`` grows the fleet.
+
+Form chosen: *velocity* (incremental) PID on ``log(replicas)``::
+
+    delta_k = kp * (e_k - e_{k-1})
+            + ki * dt_s * e_k
+            + kd * (e_k - 2 e_{k-1} + e_{k-2}) / dt_s
+    a_k     = exp(delta_k)                       # per-step replica multiplier
+
+then, in this order:
+
+1. *Clamp* ``a_k`` to ``[a_min, a_max]`` (default [0.5, 3.0]); ``saturated``.
+2. *Dead-time hold*: while ``replicas_pending > 0`` (started, not yet ready)
+   and ``hold_while_pending``, a scale-up is held: the desired multiplier
+   becomes 1.0 and the target never rises above the base; ``held_pending``.
+3. *Slew*: ``|a_k - a_{k-1}| <= slew`` (default 0.3, ``a_{-1} = 1``);
+   ``slew_limited``.
+4. *Target*: ``base = state.last_target`` if set, else
+   ``replicas_current``; ``ceil(base * a_k - 1e-9)`` when ``a_k >= 1``,
+   ``floor(base * a_k + 1e-9)`` when ``a_k < 1`` (at least 1 when scaling up
+   from zero), clamped to ``[min_replicas, max_replicas]``.
+
+Anti-windup: the integrator is the replica count itself, which is clamped,
+so there is no stored integral to wind up.  The only memory besides the
+errors is the slew state ``a_{k-1}``; when the replica bounds or the pending
+hold override the target, ``a_k`` is back-calculated toward the realised
+ratio ``target / base`` (still within the slew), so after a long stay at
+``max_replicas`` the first below-reference error scales down at once.  The
+first step uses ``e_{k-1} = e_{k-2} = e_k`` (no derivative or
+proportional kick).
+
+Errors with ``|e_k| <= deadband`` (default 0.015: hold while
+``eps`` is in [0.5 %, 3.5 %]) are treated as zero, so the integer replica
+count does not dither by one around the reference.
+
+Default gains are integral-only (``kp = kd = 0``, ``ki = 0.02 /s``, i.e.
+``a = exp(0.6 * e)`` at ``dt_s = 30``).  The plant (violation rate against
+log replicas) is static and monotone, so the velocity I term alone converges
+without ringing; a velocity P term retracts whenever the error changes, and
+the integer rounding above turns that retraction into a +-1 limit cycle.
+Note the slew limit bounds the *change* of the per-step multiplier, so
+after a fast ramp the loop needs a few steps to stop growing (overshoot is
+then removed one replica per step).
+
+Examples
+--------
+>>> p = PidParams(min_replicas=1, max_replicas=20)
+>>> st, out = step(p, PidState(), PidMeasurement(0.30, replicas_current=4), dt_s=30.0)
+>>> out.reason, out.target_replicas > 4, out.multiplier <= 1.3
+('scale_up', True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from controllers.errors import ParameterError
+
+__all__ = ["PidMeasurement", "PidOutput", "PidParams", "PidState", "step"]
+
+_DELTA_CAP = 50.0  # exp() overflow guard; far beyond any clamp
+
+
+def _finite(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ParameterError(f"{name}={value!r}: must be a finite number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PidParams:
+    """Gains, clamps and bounds of the scaling PID (validated).
+
+    Examples
+    --------
+    >>> PidParams(kp=1.0).eps_ref
+    0.02
+    >>> PidParams(a_min=1.5)
+    Traceback (most recent call last):
+    ...
+    controllers.errors.ParameterError: a_min=1.5: need 0 < a_min <= 1 <= a_max (a_max=3.0)
+    """
+
+    kp: float = 0.0
+    ki: float = 0.02
+    kd: float = 0.0
+    eps_ref: float = 0.02
+    a_min: float = 0.5
+    a_max: float = 3.0
+    slew: float = 0.3
+    min_replicas: int = 1
+    max_replicas: int = 100
+    hold_while_pending: bool = True
+    deadband: float = 0.015
+
+    def __post_init__(self) -> None:
+        for name in ("kp", "ki", "kd"):
+            if _finite(name, getattr(self, name)) < 0.0:
+                raise ParameterError(f"{name}={getattr(self, name)}: gain must be >= 0")
+        if not 0.0 < _finite("eps_ref", self.eps_ref) < 1.0:
+            raise ParameterError(f"eps_ref={self.eps_ref}: reference rate must lie in (0, 1)")
+        a_min, a_max = _finite("a_min", self.a_min), _finite("a_max", self.a_max)
+        if not 0.0 < a_min <= 1.0:
+            raise ParameterError(f"a_min={a_min}: need 0 < a_min <= 1 <= a_max (a_max={a_max})")
+        if a_max < 1.0:
+            raise ParameterError(f"a_max={a_max}: need 0 < a_min <= 1 <= a_max (a_min={a_min})")
+        if _finite("slew", self.slew) <= 0.0:
+            raise ParameterError(f"slew={self.slew}: rate limit must be > 0")
+        for name in ("min_replicas", "max_replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ParameterError(f"{name}={value!r}: must be an int >= 0")
+        if self.min_replicas > self.max_replicas:
+            raise ParameterError(
+                f"min_replicas={self.min_replicas}: exceeds max_replicas={self.max_replicas}"
+            )
+        if not isinstance(self.hold_while_pending, bool):
+            raise ParameterError(f"hold_while_pending={self.hold_while_pending!r}: must be a bool")
+        if _finite("deadband", self.deadband) < 0.0:
+            raise ParameterError(f"deadband={self.deadband}: must be >= 0")
+
+
+@dataclass(frozen=True)
+class PidState:
+    """Controller memory between steps (pickles; JSON via to_dict/from_dict).
+
+    Examples
+    --------
+    >>> s = PidState(e_prev=0.1, last_target=4, steps=3)
+    >>> PidState.from_dict(s.to_dict()) == s
+    True
+    """
+
+    e_prev: float | None = None
+    e_prev2: float | None = None
+    a_prev: float = 1.0
+    last_target: int | None = None
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("e_prev", "e_prev2"):
+            if getattr(self, name) is not None:
+                _finite(name, getattr(self, name))
+        if _finite("a_prev", self.a_prev) <= 0.0:
+            raise ParameterError(f"a_prev={self.a_prev}: multiplier must be > 0")
+        if self.last_target is not None and self.last_target < 0:
+            raise ParameterError(f"last_target={self.last_target}: must be >= 0")
+        if self.steps < 0:
+            raise ParameterError(f"steps={self.steps}: must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PidState:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PidMeasurement:
+    """One control period's input.
+
+    Examples
+    --------
+    >>> PidMeasurement(violation_rate=1.5, replicas_current=3)
+    Traceback (most recent call last):
+    ...
+    controllers.errors.ParameterError: violation_rate=1.5: must lie in [0, 1]
+    """
+
+    violation_rate: float
+    replicas_current: int
+    replicas_pending: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= _finite("violation_rate", self.violation_rate) <= 1.0:
+            raise ParameterError(f"violation_rate={self.violation_rate}: must lie in [0, 1]")
+        for name in ("replicas_current", "replicas_pending"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ParameterError(f"{name}={value!r}: must be an int >= 0")
+
+
+@dataclass(frozen=True)
+class PidOutput:
+    """Decision of one step, with the terms and limiter flags for audit."""
+
+    multiplier: float
+    target_replicas: int
+    error: float
+    delta: float
+    p_term: float
+    i_term: float
+    d_term: float
+    saturated: bool
+    slew_limited: bool
+    held_pending: bool
+    at_bound: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields."""
+        return asdict(self)
+
+
+def _round_target(base: int, a: float) -> int:
+    if a >= 1.0:
+        target = math.ceil(base * a - 1e-9)
+        return max(target, 1) if base == 0 and a > 1.0 else target
+    return math.floor(base * a + 1e-9)
+
+
+def step(
+    params: PidParams, state: PidState, meas: PidMeasurement, dt_s: float
+) -> tuple[PidState, PidOutput]:
+    """Advance the controller one period (pure).
+
+    Parameters
+    ----------
+    params : PidParams
+    state : PidState
+        Memory from the previous step (``PidState()`` to start).
+    meas : PidMeasurement
+        Violation rate and replica counts of the period just closed.
+    dt_s : float
+        Control period in seconds, > 0.
+
+    Returns
+    -------
+    (PidState, PidOutput)
+
+    Examples
+    --------
+    >>> p = PidParams(min_replicas=1, max_replicas=50)
+    >>> st, out = step(p, PidState(), PidMeasurement(0.0, replicas_current=10), 30.0)
+    >>> out.reason, out.target_replicas < 10, out.multiplier < 1.0
+    ('scale_down', True, True)
+    """
+    if not _finite("dt_s", dt_s) > 0.0:
+        raise ParameterError(f"dt_s={dt_s}: control period must be > 0")
+    e = meas.violation_rate - params.eps_ref
+    if abs(e) <= params.deadband:
+        e = 0.0
+    e1 = e if state.e_prev is None else state.e_prev
+    e2 = e1 if state.e_prev2 is None else state.e_prev2
+    p_term = params.kp * (e - e1)
+    i_term = params.ki * dt_s * e
+    d_term = params.kd * (e - 2.0 * e1 + e2) / dt_s
+    delta = p_term + i_term + d_term
+    a_raw = math.exp(min(max(delta, -_DELTA_CAP), _DELTA_CAP))
+    a_des = min(max(a_raw, params.a_min), params.a_max)
+    saturated = a_des != a_raw
+    held = params.hold_while_pending and meas.replicas_pending > 0 and a_des > 1.0
+    if held:
+        a_des = 1.0
+    lo, hi = state.a_prev - params.slew, state.a_prev + params.slew
+    a = min(max(a_des, lo), hi)
+    slew_limited = a != a_des
+    base = state.last_target if state.last_target is not None else meas.replicas_current
+    wanted = _round_target(base, a)
+    if held:
+        wanted = min(wanted, base)
+    target = min(max(wanted, params.min_replicas), params.max_replicas)
+    at_bound = target != wanted
+    if (at_bound or held) and base > 0:
+        # Back-calculation: track the realised ratio, within clamp and slew.
+        realised = min(max(target / base, params.a_min), params.a_max)
+        a = min(max(realised, lo), hi)
+    reason = "scale_up" if target > base else "scale_down" if target < base else "hold"
+    new_state = replace(
+        state, e_prev=e, e_prev2=e1, a_prev=a, last_target=target, steps=state.steps + 1
+    )
+    out = PidOutput(
+        multiplier=a,
+        target_replicas=target,
+        error=e,
+        delta=delta,
+        p_term=p_term,
+        i_term=i_term,
+        d_term=d_term,
+        saturated=saturated,
+        slew_limited=slew_limited,
+        held_pending=held,
+        at_bound=at_bound,
+        reason=reason,
+    )
+    return new_state, out

@@ -1,0 +1,477 @@
+"""Tumbling event-time windows over request and GPU telemetry.
+
+Aggregation follows quix-streams' ``BaseAggregator`` shape:
+:func:`initialize` -> :func:`add_requests` / :func:`add_gpu` -> :func:`merge`
+-> :func:`result`, with no I/O; the stream agent owns the store, here a
+:class:`WindowTracker` that keeps the open windows per key, advances an
+event-time watermark and pops windows once ``start + size + lateness`` has
+passed.  Merging node windows gives the zone window: counts add, sketches
+merge, per-node GPU snapshots union keeping the latest timestamp.
+
+Missing latency measurements are NaN (e.g. no first token on an error): they
+are skipped by that metric's sketch and never count as a latency violation.
+Negative or infinite values reject the whole batch with ``ValueError``.
+
+Examples
+--------
+>>> import numpy as np
+>>> agg = initialize()
+>>> cols = {"ttft_ms": np.array([100.0, 900.0]), "itl_ms": np.array([20.0, 20.0]),
+...         "e2e_ms": np.array([500.0, 1500.0]), "queue_ms": np.array([0.0, 10.0]),
+...         "prompt_tokens": np.array([10, 20]), "output_tokens": np.array([5, 5]),
+...         "kv_hit": np.array([True, False]), "ok": np.array([True, True])}
+>>> add_requests(agg, cols, SloSpec(ttft_slo_ms=500.0, itl_slo_ms=50.0))
+>>> out = result(agg, window_s=10.0)
+>>> out["count"], out["violation_rate"], out["rate_rps"]
+(2, 0.5, 0.2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controllers.errors import LateWindowError, ParameterError
+from controllers.sketch import DDSketch
+
+__all__ = [
+    *("READY_STATES", "STARTING_STATES", "NodeSnapshot", "SloSpec", "WindowAggregate"),
+    *("WindowTracker", "add_gpu", "add_requests", "initialize", "merge", "result"),
+    "window_start_ms",
+]
+
+READY_STATES = frozenset({"ready"})
+STARTING_STATES = frozenset({"starting"})
+REQUEST_COLUMNS = tuple(
+    "ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens kv_hit ok".split()
+)
+GPU_COLUMNS = tuple(
+    "ts_ms gpu_util queue_len running mem_used_bytes mem_total_bytes kv_blocks_used "
+    "kv_blocks_total largest_free_block_bytes".split()
+)
+_INT_FIELDS = tuple(
+    "n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split()
+)
+_FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
+_SKETCHES = ("e2e", "ttft", "itl")
+
+
+def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
+    """Start of the tumbling window holding ``ts_ms`` (floor alignment).
+
+    Works on ints and on numpy integer arrays; negative timestamps floor too.
+
+    Examples
+    --------
+    >>> window_start_ms(12_345, 1_000), window_start_ms(-1, 1_000)
+    (12000, -1000)
+    >>> window_start_ms(np.array([999, 1000]), 1000).tolist()
+    [0, 1000]
+    """
+    if size_ms <= 0:
+        raise ParameterError(f"size_ms={size_ms}: window size must be > 0")
+    return ts_ms - ts_ms % size_ms
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """Per-request SLO: violated if status != ok, TTFT or ITL above its limit.
+
+    Examples
+    --------
+    >>> SloSpec(ttft_slo_ms=500.0, itl_slo_ms=50.0).ttft_slo_ms
+    500.0
+    """
+
+    ttft_slo_ms: float
+    itl_slo_ms: float
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_slo_ms", "itl_slo_ms"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 < value < math.inf):
+                raise ParameterError(f"{name}={value!r}: SLO limit must be finite and > 0")
+
+
+@dataclass(frozen=True, order=True)
+class NodeSnapshot:
+    """Latest GPU sample of one node (ordering = recency, then content)."""
+
+    ts_ms: int
+    state: str
+    mem_used_bytes: int
+    mem_total_bytes: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    largest_free_block_bytes: int
+
+
+@dataclass
+class WindowAggregate:
+    """Mutable accumulator for one key in one window (see module docstring)."""
+
+    n_requests: int = 0
+    n_violations: int = 0
+    n_errors: int = 0
+    n_kv_hits: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    queue_ms_sum: float = 0.0
+    e2e: DDSketch = field(default_factory=DDSketch)
+    ttft: DDSketch = field(default_factory=DDSketch)
+    itl: DDSketch = field(default_factory=DDSketch)
+    n_gpu_samples: int = 0
+    gpu_util_sum: float = 0.0
+    queue_len_sum: float = 0.0
+    queue_len_max: float = 0.0
+    running_sum: float = 0.0
+    nodes: dict[str, NodeSnapshot] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe state; inverse of :meth:`from_dict`."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in _INT_FIELDS + _FLOAT_FIELDS}
+        for name in _SKETCHES:
+            out[name] = getattr(self, name).to_dict()
+        out["nodes"] = {n: vars(s).copy() for n, s in sorted(self.nodes.items())}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WindowAggregate:
+        """Rebuild from :meth:`to_dict` output.
+
+        Examples
+        --------
+        >>> agg = initialize()
+        >>> WindowAggregate.from_dict(agg.to_dict()) == agg
+        True
+        """
+        agg = cls()
+        for k in _INT_FIELDS:
+            setattr(agg, k, int(data[k]))
+        for k in _FLOAT_FIELDS:
+            setattr(agg, k, float(data[k]))
+        for name in _SKETCHES:
+            setattr(agg, name, DDSketch.from_dict(data[name]))
+        agg.nodes = {n: NodeSnapshot(**s) for n, s in data["nodes"].items()}
+        return agg
+
+
+def initialize() -> WindowAggregate:
+    """A fresh, empty aggregate.
+
+    Examples
+    --------
+    >>> initialize().n_requests
+    0
+    """
+    return WindowAggregate()
+
+
+def _column(cols: Mapping[str, Any], name: str, n: int | None, dtype: Any) -> Any:
+    if name not in cols:
+        raise ValueError(f"{name}: missing column")
+    arr = np.asarray(cols[name], dtype=dtype).ravel()
+    if n is not None and arr.size != n:
+        raise ValueError(f"{name}: length {arr.size} differs from {n}")
+    return arr
+
+
+def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: SloSpec) -> None:
+    """Add a batch of finished requests (vectorised, all-or-nothing).
+
+    Parameters
+    ----------
+    agg : WindowAggregate
+        Updated in place.
+    cols : mapping of str to array
+        Equal-length columns ``ttft_ms, itl_ms, e2e_ms, queue_ms,
+        prompt_tokens, output_tokens, kv_hit`` (bool) and ``ok`` (bool,
+        ``status == "ok"``).  NaN latency = not measured.
+    slo : SloSpec
+        Per-request limits deciding violations.
+
+    Raises
+    ------
+    ValueError
+        Missing column, ragged lengths, negative or infinite values.
+
+    Examples
+    --------
+    >>> agg = initialize()
+    >>> cols = {k: np.array([1.0]) for k in REQUEST_COLUMNS}
+    >>> cols["ok"] = np.array([False])
+    >>> add_requests(agg, cols, SloSpec(500.0, 50.0)); agg.n_errors, agg.n_violations
+    (1, 1)
+    """
+    ok = _column(cols, "ok", None, bool)
+    n = int(ok.size)
+    f = {
+        k: _column(cols, k, n, np.float64)
+        for k in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")
+    }
+    kv_hit = _column(cols, "kv_hit", n, bool)
+    for name, arr in f.items():
+        if np.any(np.isinf(arr)) or np.any(arr < 0.0):
+            raise ValueError(f"{name}: values must be finite and >= 0")
+        if name not in ("ttft_ms", "itl_ms", "e2e_ms") and np.any(np.isnan(arr)):
+            raise ValueError(f"{name}: NaN is only allowed for latency columns")
+    if n == 0:
+        return
+    with np.errstate(invalid="ignore"):
+        bad = ~ok | (f["ttft_ms"] > slo.ttft_slo_ms) | (f["itl_ms"] > slo.itl_slo_ms)
+    for name in _SKETCHES:
+        arr = f[f"{name}_ms"]
+        getattr(agg, name).add_many(arr[~np.isnan(arr)])
+    agg.n_requests += n
+    agg.n_violations += int(bad.sum())
+    agg.n_errors += int((~ok).sum())
+    agg.n_kv_hits += int(kv_hit.sum())
+    agg.prompt_tokens += int(f["prompt_tokens"].sum())
+    agg.output_tokens += int(f["output_tokens"].sum())
+    agg.queue_ms_sum += float(f["queue_ms"].sum())
+
+
+def add_gpu(
+    agg: WindowAggregate,
+    cols: Mapping[str, npt.ArrayLike],
+    nodes: Sequence[str],
+    states: Sequence[str],
+) -> None:
+    """Add a batch of GPU samples; ``nodes[i]``/``states[i]`` label row ``i``.
+
+    The per-node snapshot keeps the sample with the latest ``ts_ms`` (ties:
+    the larger snapshot tuple, so the result is order-independent).
+
+    Examples
+    --------
+    >>> agg = initialize()
+    >>> cols = {k: np.array([0, 5]) for k in GPU_COLUMNS}
+    >>> cols["ts_ms"] = np.array([1, 2]); cols["gpu_util"] = np.array([0.5, 0.7])
+    >>> add_gpu(agg, cols, ["n1", "n1"], ["starting", "ready"])
+    >>> agg.nodes["n1"].state, round(agg.gpu_util_sum, 2)
+    ('ready', 1.2)
+    """
+    ts = _column(cols, "ts_ms", None, np.int64)
+    n = int(ts.size)
+    if len(nodes) != n or len(states) != n:
+        raise ValueError(f"nodes/states: lengths {len(nodes)}/{len(states)} differ from {n}")
+    f = {k: _column(cols, k, n, np.float64) for k in GPU_COLUMNS[1:]}
+    for name, arr in f.items():
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0.0):
+            raise ValueError(f"{name}: values must be finite and >= 0")
+    if n == 0:
+        return
+    agg.n_gpu_samples += n
+    agg.gpu_util_sum += float(f["gpu_util"].sum())
+    agg.queue_len_sum += float(f["queue_len"].sum())
+    agg.queue_len_max = max(agg.queue_len_max, float(f["queue_len"].max()))
+    agg.running_sum += float(f["running"].sum())
+    for i in range(n):
+        snap = NodeSnapshot(int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]))
+        prev = agg.nodes.get(nodes[i])
+        if prev is None or snap > prev:
+            agg.nodes[nodes[i]] = snap
+
+
+def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
+    """Combine two aggregates into a new one (inputs untouched).
+
+    Examples
+    --------
+    >>> m = merge(initialize(), initialize()); m.n_requests
+    0
+    """
+    out = WindowAggregate()
+    for k in _INT_FIELDS + _FLOAT_FIELDS:
+        setattr(out, k, getattr(a, k) + getattr(b, k))
+    out.queue_len_max = max(a.queue_len_max, b.queue_len_max)
+    for name in _SKETCHES:
+        sk = getattr(a, name).copy()
+        sk.merge(getattr(b, name))
+        setattr(out, name, sk)
+    out.nodes = dict(a.nodes)
+    for node, snap in b.nodes.items():
+        prev = out.nodes.get(node)
+        if prev is None or snap > prev:
+            out.nodes[node] = snap
+    return out
+
+
+def _ratio(num: float, den: float, empty: float | None) -> float | None:
+    return float(num) / den if den else empty
+
+
+def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
+    """JSON-safe summary of one window.
+
+    Ratios over requests are 0.0 for an empty window; quantiles and means
+    with no samples are None (JSON null), never NaN.
+
+    Examples
+    --------
+    >>> r = result(initialize(), window_s=10.0)
+    >>> r["count"], r["violation_rate"], r["e2e_p99_ms"], r["gpu_util_mean"]
+    (0, 0.0, None, None)
+    """
+    if not (isinstance(window_s, (int, float)) and 0.0 < window_s < math.inf):
+        raise ParameterError(f"window_s={window_s!r}: window length must be finite and > 0")
+    n, g = agg.n_requests, agg.n_gpu_samples
+    snaps = list(agg.nodes.values())
+    out: dict[str, Any] = {
+        "count": n,
+        "rate_rps": n / window_s,
+        "violation_rate": _ratio(agg.n_violations, n, 0.0),
+        "error_rate": _ratio(agg.n_errors, n, 0.0),
+        "kv_hit_rate": _ratio(agg.n_kv_hits, n, 0.0),
+    }
+    for name, qs in (("e2e", (50, 95, 99)), ("ttft", (50, 95, 99)), ("itl", (95,))):
+        sketch: DDSketch = getattr(agg, name)
+        for q in qs:
+            out[f"{name}_p{q}_ms"] = sketch.quantile(q / 100.0)
+    out.update(
+        prompt_tokens=agg.prompt_tokens,
+        output_tokens=agg.output_tokens,
+        queue_ms_mean=_ratio(agg.queue_ms_sum, n, None),
+        queue_len_mean=_ratio(agg.queue_len_sum, g, None),
+        queue_len_max=agg.queue_len_max if g else None,
+        running_mean=_ratio(agg.running_sum, g, None),
+        gpu_util_mean=_ratio(agg.gpu_util_sum, g, None),
+        replicas_ready=sum(s.state in READY_STATES for s in snaps),
+        replicas_starting=sum(s.state in STARTING_STATES for s in snaps),
+        kv_blocks_used=sum(s.kv_blocks_used for s in snaps),
+        kv_blocks_total=sum(s.kv_blocks_total for s in snaps),
+        largest_free_block_bytes_min=(
+            min(s.largest_free_block_bytes for s in snaps) if snaps else None
+        ),
+    )
+    return out
+
+
+def _order(item: tuple[Hashable, int, WindowAggregate]) -> tuple[int, str]:
+    return item[1], repr(item[0])
+
+
+class WindowTracker:
+    """Open tumbling windows per key, an event-time watermark and lateness.
+
+    A window ``[start, start + size_ms)`` closes once
+    ``start + size_ms + lateness_ms <= max(watermark, now_ms)``; the closed
+    horizon is remembered and any later record whose window ends at or
+    before it is late (:meth:`is_late`, and :meth:`get` raises
+    :class:`~controllers.errors.LateWindowError`) so the caller dead-letters
+    it.  Keys are tuples of JSON scalars (e.g. ``("az-a", "node-3")``).
+
+    Examples
+    --------
+    >>> t = WindowTracker(size_ms=1000, lateness_ms=500)
+    >>> t.observe(1200); t.get(("az-a",), 1000).n_requests
+    0
+    >>> t.close_due(), t.open_count
+    ([], 1)
+    >>> t.observe(2500); [(k, s) for k, s, _ in t.close_due()]
+    [(('az-a',), 1000)]
+    >>> t.is_late(1000)
+    True
+    """
+
+    def __init__(self, size_ms: int, lateness_ms: int = 0) -> None:
+        if not (isinstance(size_ms, int) and size_ms > 0):
+            raise ParameterError(f"size_ms={size_ms!r}: window size must be an int > 0")
+        if not (isinstance(lateness_ms, int) and lateness_ms >= 0):
+            raise ParameterError(f"lateness_ms={lateness_ms!r}: lateness must be an int >= 0")
+        self.size_ms = size_ms
+        self.lateness_ms = lateness_ms
+        self.watermark_ms: int | None = None
+        self.closed_ms: int | None = None
+        self._windows: dict[Hashable, dict[int, WindowAggregate]] = {}
+
+    @property
+    def open_count(self) -> int:
+        """Number of open (key, window) pairs."""
+        return sum(len(w) for w in self._windows.values())
+
+    def observe(self, ts_ms: int) -> None:
+        """Advance the watermark to the largest event time seen."""
+        if self.watermark_ms is None or ts_ms > self.watermark_ms:
+            self.watermark_ms = int(ts_ms)
+
+    def is_late(self, start_ms: int) -> bool:
+        """True when the window starting at ``start_ms`` is already closed."""
+        return self.closed_ms is not None and start_ms + self.size_ms <= self.closed_ms
+
+    def get(self, key: Hashable, start_ms: int) -> WindowAggregate:
+        """The aggregate of ``key``'s window at ``start_ms``, created if new.
+
+        Raises
+        ------
+        LateWindowError
+            If that window is already closed (dead-letter the record).
+        ValueError
+            If ``start_ms`` is not aligned to ``size_ms``.
+        """
+        if start_ms % self.size_ms:
+            raise ValueError(f"start_ms={start_ms}: not aligned to size_ms={self.size_ms}")
+        if self.is_late(start_ms):
+            raise LateWindowError(
+                f"window start_ms={start_ms} closed (horizon {self.closed_ms} ms) for key {key!r}"
+            )
+        per_key = self._windows.setdefault(key, {})
+        agg = per_key.get(start_ms)
+        if agg is None:
+            agg = per_key[start_ms] = initialize()
+        return agg
+
+    def close_due(self, now_ms: int | None = None) -> list[tuple[Hashable, int, WindowAggregate]]:
+        """Pop every due window, in (start, key) order, and advance the horizon."""
+        marks = [m for m in (self.watermark_ms, now_ms) if m is not None]
+        if not marks:
+            return []
+        horizon = max(marks) - self.lateness_ms
+        due: list[tuple[Hashable, int, WindowAggregate]] = []
+        for key, per_key in list(self._windows.items()):
+            for start in [s for s in per_key if s + self.size_ms <= horizon]:
+                due.append((key, start, per_key.pop(start)))
+            if not per_key:
+                del self._windows[key]
+        due.sort(key=_order)
+        if self.closed_ms is None or horizon > self.closed_ms:
+            self.closed_ms = horizon
+        return due
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe state (keys stored as lists)."""
+        windows = [
+            {"key": list(k) if isinstance(k, tuple) else k, "start_ms": s, "agg": a.to_dict()}
+            for k, per in self._windows.items()
+            for s, a in sorted(per.items())
+        ]
+        return {
+            "size_ms": self.size_ms,
+            "lateness_ms": self.lateness_ms,
+            "watermark_ms": self.watermark_ms,
+            "closed_ms": self.closed_ms,
+            "windows": windows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WindowTracker:
+        """Rebuild from :meth:`to_dict` output (list keys become tuples).
+
+        Examples
+        --------
+        >>> t = WindowTracker(1000); t.observe(5); _ = t.get(("a", 1), 0)
+        >>> WindowTracker.from_dict(t.to_dict()).to_dict() == t.to_dict()
+        True
+        """
+        t = cls(int(data["size_ms"]), int(data["lateness_ms"]))
+        t.watermark_ms = data["watermark_ms"]
+        t.closed_ms = data["closed_ms"]
+        for w in data["windows"]:
+            key = tuple(w["key"]) if isinstance(w["key"], list) else w["key"]
+            t._windows.setdefault(key, {})[int(w["start_ms"])] = WindowAggregate.from_dict(w["agg"])
+        return t
