@@ -207,6 +207,7 @@ class PerfModel:
         object.__setattr__(self, "_pf", (np.array(self.prefill_tokens), np.array(self.prefill_knots_ms)))
         object.__setattr__(self, "_dc", (np.array(self.decode_batch), np.array(self.decode_knots_ms)))
         object.__setattr__(self, "_dcache", {})
+        object.__setattr__(self, "_pcache", {})
 
     @classmethod
     def from_splitwise(cls, path: str | Path | None = None, model: str = "llama2-70b",
@@ -252,8 +253,15 @@ class PerfModel:
         >>> pm.prefill_ms(1024) < pm.prefill_ms(4096)
         True
         """
-        out = _loglog(tokens, *self._pf)  # type: ignore[attr-defined]
-        return float(out) if np.ndim(out) == 0 else out
+        if isinstance(tokens, int | float | np.number):
+            cache = self._pcache  # type: ignore[attr-defined]
+            v = cache.get(tokens)
+            if v is None:
+                if len(cache) > 100_000:
+                    cache.clear()
+                v = cache[tokens] = float(_loglog(float(tokens), *self._pf))  # type: ignore[attr-defined]
+            return v
+        return _loglog(np.asarray(tokens, dtype=float), *self._pf)  # type: ignore[attr-defined]
 
     def decode_step_ms(self, batch_size: int, context_tokens: float | None = None) -> float:
         """Time (ms) of one decode step of a batch, optionally context-adjusted.

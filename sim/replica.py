@@ -1,0 +1,268 @@
+"""One simulated inference replica: continuous batching, event-driven.
+
+The replica alternates between *segments* during which nothing changes:
+
+- **prefill**: every admissible queued request (FIFO, within ``max_batch``,
+  the KV budget and ``max_prefill_tokens``) is prefilled in one forward pass
+  of ``prefill_ms(sum of uncached prompt tokens) * factor``; decoding pauses
+  (vLLM's default scheduler).
+- **decode**: a fixed batch of ``B`` requests advances one token per step of
+  ``decode_step_ms(B, context) * factor``; the segment is planned to end at
+  the next completion, ``k`` steps ahead, and is cut at the next step boundary
+  when a new request becomes admissible or the factor must be re-read.
+
+So the cost is a few events per request, not one per token. Per-request
+progress is kept as ``target_step`` against the replica's ``steps_done``
+counter (a min-heap gives the next completion). ``factor`` is the jitter
+process times any active latency spike, read at each segment start.
+
+A request needs ``output_tokens`` decode steps after its prefill (the
+project's convention: ``e2e = ttft + output_tokens * step``); its
+``prompt + output`` tokens are reserved in the KV cache from admission to
+completion. A request larger than the whole cache is admitted only alone.
+Prefix caching: the leading ``hash_ids`` blocks already seen on the replica
+(LRU over the cache's block count) are not prefilled again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+
+from sim.perf_model import PerfModel
+from sim.sde import JitterProcess
+
+BLOCK_TOKENS = 512
+STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+IDLE, PREFILL, DECODE = 0, 1, 2
+
+
+class Request:
+    """Mutable state of one in-flight request (internal to the simulator)."""
+
+    __slots__ = ("request_id", "zone", "model", "request_class", "prompt", "output", "hash_ids",
+                 "arrival_t", "reach_t", "network_ms", "preprocess_ms", "prefill_start_t",
+                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need")
+
+    def __init__(self, request_id: str, zone: str, model: str, request_class: str, prompt: int,
+                 output: int, hash_ids: list[int] | None, arrival_t: float, network_ms: float,
+                 preprocess_ms: float) -> None:
+        self.request_id, self.zone, self.model = request_id, zone, model
+        self.request_class, self.prompt, self.output, self.hash_ids = request_class, prompt, output, hash_ids
+        self.arrival_t, self.network_ms, self.preprocess_ms = arrival_t, network_ms, preprocess_ms
+        self.reach_t = arrival_t + (network_ms + preprocess_ms) / 1000.0
+        self.prefill_start_t = self.first_token_t = -1.0
+        self.kv_hit_blocks, self.kv_hit, self.prefill_tokens = 0, False, prompt
+        self.need = prompt + output
+
+    def reset(self) -> None:
+        """Forget service progress (the replica failed)."""
+        self.prefill_start_t = self.first_token_t = -1.0
+        self.kv_hit_blocks, self.kv_hit, self.prefill_tokens = 0, False, self.prompt
+
+
+class Replica:
+    """One replica's queue, running batch and service segments."""
+
+    def __init__(self, node: str, zone: str, model: str, perf: PerfModel, *, state: str,
+                 max_batch: int, kv_capacity_tokens: int, max_prefill_tokens: int,
+                 jitter: JitterProcess | None, prefix_cache: bool, context_aware: bool,
+                 t_s: float) -> None:
+        self.node, self.zone, self.model, self.perf, self.state = node, zone, model, perf, state
+        self.max_batch, self.kv_cap, self.max_prefill = max_batch, kv_capacity_tokens, max_prefill_tokens
+        self.jitter, self.prefix_cache, self.context_aware = jitter, prefix_cache, context_aware
+        self.queue: deque[Request] = deque()
+        self.heap: list[tuple[int, int, Request]] = []  # (target_step, seq, request) decoding
+        self.prefilling: list[Request] = []
+        self.steps_done = 0
+        self.phase = IDLE
+        self.seg_t0 = self.seg_step_s = 0.0
+        self.seg_steps = 0
+        self.version = 0
+        self.kv_used = 0  # reserved tokens of prefilling + decoding requests
+        self.outstanding = 0  # tokens not yet served: queued prompt+output, running output
+        self.sum_prompt = self.sum_start = 0  # decode context bookkeeping
+        self.busy_acc, self.busy_since, self.snap_t = 0.0, t_s, t_s
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.cache_cap = max(1, kv_capacity_tokens // BLOCK_TOKENS)
+        self.spikes: list[tuple[float, float, float]] = []
+        self._seq = 0
+
+    # -- load and state ------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return len(self.heap) + len(self.prefilling)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.queue) + self.running
+
+    def factor(self, t: float) -> float:
+        f = 1.0 if self.jitter is None else self.jitter.factor(t)
+        if self.spikes:
+            self.spikes = [s for s in self.spikes if s[1] > t]
+            for start, end, x in self.spikes:
+                if start <= t < end:
+                    f *= x
+        return f
+
+    def _admissible(self) -> bool:
+        if self.state != READY or not self.queue or self.running >= self.max_batch:
+            return False
+        return self.kv_used + self.queue[0].need <= self.kv_cap or self.running == 0
+
+    # -- inputs --------------------------------------------------------------------------
+    def enqueue(self, req: Request, t: float) -> float | None:
+        """Queue a request; returns a new event time if the replica must act sooner."""
+        self.queue.append(req)
+        self.outstanding += req.need
+        return self.poke(t, force=False)
+
+    def poke(self, t: float, force: bool) -> float | None:
+        """Re-plan: start now if idle, or cut the decode segment at the next step boundary."""
+        if self.phase == IDLE:
+            return self._start_next(t)
+        if self.phase == DECODE and (force or self._admissible()):
+            n = max(0, math.ceil((t - self.seg_t0) / self.seg_step_s - 1e-9))
+            if n < self.seg_steps:
+                self.seg_steps = n
+                self.version += 1
+                return self.seg_t0 + n * self.seg_step_s
+        return None
+
+    def take_queue(self) -> list[Request]:
+        """Remove and return the not-yet-admitted requests (for re-routing)."""
+        out = list(self.queue)
+        self.queue.clear()
+        self.outstanding -= sum(r.need for r in out)
+        return out
+
+    def evict_all(self, t: float) -> list[Request]:
+        """Fail: drop everything, return all requests reset for re-queueing."""
+        reqs = self.take_queue() + self.prefilling + [e[2] for e in self.heap]
+        for r in reqs:
+            r.reset()
+        self.prefilling, self.heap = [], []
+        self.kv_used = self.outstanding = self.sum_prompt = self.sum_start = 0
+        self._set_phase(IDLE, t)
+        self.version += 1
+        return reqs
+
+    # -- service -------------------------------------------------------------------------
+    def on_event(self, t: float) -> tuple[list[Request], float | None]:
+        """End the current segment at ``t``; return completed requests and the next event time."""
+        done: list[Request] = []
+        if self.phase == PREFILL:
+            for r in self.prefilling:
+                r.first_token_t = t
+                self.outstanding -= r.prompt
+                if r.output <= 0:
+                    self.kv_used -= r.need
+                    done.append(r)
+                else:
+                    self._seq += 1
+                    heapq.heappush(self.heap, (self.steps_done + r.output, self._seq, r))
+                    self.sum_prompt += r.prompt
+                    self.sum_start += self.steps_done
+            self.prefilling = []
+        elif self.phase == DECODE:
+            self.steps_done += self.seg_steps
+            heap = self.heap
+            while heap and heap[0][0] <= self.steps_done:
+                target, _, r = heapq.heappop(heap)
+                self.kv_used -= r.need
+                self.outstanding -= r.output
+                self.sum_prompt -= r.prompt
+                self.sum_start -= target - r.output
+                done.append(r)
+        return done, self._start_next(t)
+
+    def _set_phase(self, phase: int, t: float) -> None:
+        if (self.phase == IDLE) != (phase == IDLE):
+            if phase == IDLE:
+                self.busy_acc += t - self.busy_since
+            else:
+                self.busy_since = t
+        self.phase = phase
+
+    def _lookup(self, req: Request) -> None:
+        ids = req.hash_ids
+        if not ids:
+            return
+        cache = self.cache
+        req.kv_hit = ids[0] in cache
+        hits = 0
+        for h in ids:
+            if h not in cache:
+                break
+            hits += 1
+        req.kv_hit_blocks = hits
+        if self.prefix_cache:
+            req.prefill_tokens = max(1, req.prompt - BLOCK_TOKENS * hits)
+
+    def _remember(self, req: Request) -> None:
+        if not req.hash_ids:
+            return
+        cache = self.cache
+        for h in req.hash_ids:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self.cache_cap:
+            cache.popitem(last=False)
+
+    def _start_next(self, t: float) -> float | None:
+        if self._admissible():
+            tokens = 0
+            while self._admissible():
+                r = self.queue[0]
+                self._lookup(r)
+                if tokens and tokens + r.prefill_tokens > self.max_prefill:
+                    break
+                self.queue.popleft()
+                self._remember(r)
+                r.prefill_start_t = t
+                self.kv_used += r.need
+                self.prefilling.append(r)
+                tokens += r.prefill_tokens
+            self._set_phase(PREFILL, t)
+            self.seg_t0 = t
+            self.version += 1
+            return t + self.perf.prefill_ms(tokens) * self.factor(t) / 1000.0
+        if self.heap:
+            b = len(self.heap)
+            k = self.heap[0][0] - self.steps_done
+            ctx = None
+            if self.context_aware:
+                ctx = self.sum_prompt + b * self.steps_done - self.sum_start + b * k / 2
+            self._set_phase(DECODE, t)
+            self.seg_t0, self.seg_steps = t, k
+            self.seg_step_s = self.perf.decode_step_ms(b, ctx) * self.factor(t) / 1000.0
+            self.version += 1
+            return t + k * self.seg_step_s
+        self._set_phase(IDLE, t)
+        return None
+
+    # -- telemetry -----------------------------------------------------------------------
+    def snapshot(self, t: float) -> dict:
+        """GPU record fields of this replica; resets the utilisation window."""
+        busy = self.busy_acc
+        if self.phase != IDLE:
+            busy += t - self.busy_since
+            self.busy_since = t
+        span = t - self.snap_t
+        util = min(1.0, busy / span) if span > 0 else (1.0 if self.phase != IDLE else 0.0)
+        self.busy_acc, self.snap_t = 0.0, t
+        bpt = self.perf.kv_bytes_per_token
+        used_blocks = -(-self.kv_used // BLOCK_TOKENS)
+        free_bytes = max(0, self.kv_cap - self.kv_used) * bpt
+        loaded = self.state != STARTING
+        return {
+            "node": self.node, "zone": self.zone, "model": self.model, "state": self.state,
+            "gpu_util": float(util) if loaded else 0.0,
+            "mem_used_bytes": int(self.perf.weight_bytes + self.kv_used * bpt) if loaded else 0,
+            "mem_total_bytes": int(self.perf.hbm_bytes),
+            "kv_blocks_used": int(used_blocks), "kv_blocks_total": int(self.kv_cap // BLOCK_TOKENS),
+            "largest_free_block_bytes": int(free_bytes),
+            "queue_len": len(self.queue), "running": self.running,
+        }
