@@ -14,31 +14,39 @@ Form chosen: *velocity* (incremental) PID on ``log(replicas)``::
 then, in this order:
 
 1. *Clamp* ``a_k`` to ``[a_min, a_max]`` (default [0.5, 3.0]); ``saturated``.
-2. *Dead-time hold*: while ``replicas_pending > 0`` (started, not yet ready)
-   and ``hold_while_pending``, a scale-up is held: the desired multiplier
-   becomes 1.0 and the target never rises above the base; ``held_pending``.
+2. *Dead-time compensation* (``hold_while_pending``): the violation rate
+   measured this period was produced by the *ready* replicas, not by the
+   level already commanded (replicas still loading, or commands not yet
+   visible in the fleet).  A scale-up therefore multiplies the ready count:
+   ``level_k = max(level_{k-1}, ready * a_k)``.  Replicas in flight are not
+   multiplied again and again while they load (no pile-up), yet a violation
+   that persists still escalates as the slew ramp raises ``a_k``.  When
+   ``ready * a_k`` does not exceed the level, the step is a hold;
+   ``held_pending``.  A multiplier above 1 that the slew limit leaves over
+   after the error turned non-positive does not grow the level (sign guard).
 3. *Slew*: ``|a_k - a_{k-1}| <= slew`` (default 0.3, ``a_{-1} = 1``);
    ``slew_limited``.
-4. *Target*: ``base = state.last_target`` if set, else
-   ``replicas_current``; ``ceil(base * a_k - 1e-9)`` when ``a_k >= 1``,
-   ``floor(base * a_k + 1e-9)`` when ``a_k < 1`` (at least 1 when scaling up
-   from zero), clamped to ``[min_replicas, max_replicas]``.
+4. *Target*: the controller integrates a *continuous* replica level
+   ``level_k = clamp(level_{k-1} * a_k, min_replicas, max_replicas)``
+   (``level_{-1}`` = ``replicas_current``) and commands its rounding
+   ``round_half_up(level_k)``.  Keeping the fractional level in the state
+   means small multipliers accumulate instead of being lost to (or
+   exaggerated by) integer rounding, so the count does not dither by one
+   around the reference because of rounding alone.
 
-Anti-windup: the integrator is the replica count itself, which is clamped,
-so there is no stored integral to wind up.  The only memory besides the
-errors is the slew state ``a_{k-1}``; when the replica bounds or the pending
-hold override the target, ``a_k`` is back-calculated toward the realised
-ratio ``target / base`` (still within the slew), so after a long stay at
+Anti-windup: the integrator is the replica level itself, which is clamped to
+the replica bounds, so there is no stored integral to wind up.  The only
+other memory is the slew state ``a_{k-1}``; when the replica bounds or the
+pending hold override the level, ``a_k`` is back-calculated toward the
+realised ratio (still within the slew), so after a long stay at
 ``max_replicas`` the first below-reference error scales down at once.  The
-first step uses ``e_{k-1} = e_{k-2} = e_k`` (no derivative or
-proportional kick).
+first step uses ``e_{k-1} = e_{k-2} = e_k`` (no derivative or proportional
+kick).
 
-Errors with ``|e_k| <= deadband`` (default 0.015: hold while
-``eps`` is in [0.5 %, 3.5 %]) are treated as zero, so the integer replica
-count does not dither by one around the reference.
-
-Default gains are integral-only (``kp = kd = 0``, ``ki = 0.02 /s``, i.e.
-``a = exp(0.6 * e)`` at ``dt_s = 30``).  The plant (violation rate against
+Default gains are integral-only (``kp = kd = 0``, ``ki = 0.05 /s``, i.e.
+``a = exp(0.5 * e)`` at ``dt_s = 10``: +27 % per period at 50 % violations,
+-1 % per period when nothing violates, so scale-down is slow, as HPA's
+stabilisation window makes it).  The plant (violation rate against
 log replicas) is static and monotone, so the velocity I term alone converges
 without ringing; a velocity P term retracts whenever the error changes, and
 the integer rounding above turns that retraction into a +-1 limit cycle.
@@ -88,7 +96,7 @@ class PidParams:
     """
 
     kp: float = 0.0
-    ki: float = 0.02
+    ki: float = 0.05
     kd: float = 0.0
     eps_ref: float = 0.02
     a_min: float = 0.5
@@ -142,6 +150,7 @@ class PidState:
     a_prev: float = 1.0
     last_target: int | None = None
     steps: int = 0
+    level: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("e_prev", "e_prev2"):
@@ -151,6 +160,8 @@ class PidState:
             raise ParameterError(f"a_prev={self.a_prev}: multiplier must be > 0")
         if self.last_target is not None and self.last_target < 0:
             raise ParameterError(f"last_target={self.last_target}: must be >= 0")
+        if self.level is not None and _finite("level", self.level) < 0.0:
+            raise ParameterError(f"level={self.level}: must be >= 0")
         if self.steps < 0:
             raise ParameterError(f"steps={self.steps}: must be >= 0")
 
@@ -211,11 +222,8 @@ class PidOutput:
         return asdict(self)
 
 
-def _round_target(base: int, a: float) -> int:
-    if a >= 1.0:
-        target = math.ceil(base * a - 1e-9)
-        return max(target, 1) if base == 0 and a > 1.0 else target
-    return math.floor(base * a + 1e-9)
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5 + 1e-9))
 
 
 def step(
@@ -258,25 +266,36 @@ def step(
     a_raw = math.exp(min(max(delta, -_DELTA_CAP), _DELTA_CAP))
     a_des = min(max(a_raw, params.a_min), params.a_max)
     saturated = a_des != a_raw
-    held = params.hold_while_pending and meas.replicas_pending > 0 and a_des > 1.0
-    if held:
-        a_des = 1.0
+    held = False
     lo, hi = state.a_prev - params.slew, state.a_prev + params.slew
     a = min(max(a_des, lo), hi)
     slew_limited = a != a_des
     base = state.last_target if state.last_target is not None else meas.replicas_current
-    wanted = _round_target(base, a)
-    if held:
-        wanted = min(wanted, base)
-    target = min(max(wanted, params.min_replicas), params.max_replicas)
-    at_bound = target != wanted
-    if (at_bound or held) and base > 0:
+    level0 = state.level if state.level is not None else float(base)
+    if level0 == 0.0 and a > 1.0:
+        level0 = 1.0 / a  # scaling up from zero: the first replica
+    level_wanted = level0 * a
+    guarded = a > 1.0 and e <= 0.0
+    if guarded:
+        # Sign guard: a multiplier above 1 left over from the slew ramp must not
+        # grow the fleet once the error is no longer positive (no overshoot).
+        level_wanted = level0
+    elif params.hold_while_pending and a > 1.0:
+        ready = meas.replicas_current - meas.replicas_pending
+        if ready > 0 or meas.replicas_pending > 0:
+            level_wanted = max(level0, ready * a)
+            held = level_wanted <= level0
+    level = min(max(level_wanted, float(params.min_replicas)), float(params.max_replicas))
+    at_bound = level != level_wanted
+    target = _round_half_up(level)
+    if (at_bound or held or guarded) and level0 > 0:
         # Back-calculation: track the realised ratio, within clamp and slew.
-        realised = min(max(target / base, params.a_min), params.a_max)
+        realised = min(max(level / level0, params.a_min), params.a_max)
         a = min(max(realised, lo), hi)
     reason = "scale_up" if target > base else "scale_down" if target < base else "hold"
     new_state = replace(
-        state, e_prev=e, e_prev2=e1, a_prev=a, last_target=target, steps=state.steps + 1
+        state, e_prev=e, e_prev2=e1, a_prev=a, last_target=target, steps=state.steps + 1,
+        level=level,
     )
     out = PidOutput(
         multiplier=a,

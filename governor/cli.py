@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace", default="azure-conv", help="trace name or path (default azure-conv)")
     d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
     d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
-    d.add_argument("--qps", type=float, default=60.0, help="mean request rate the trace is scaled to")
+    d.add_argument("--qps", type=float, default=16.0, help="mean request rate the trace is scaled to")
     d.add_argument("--step-at-s", type=float, default=200.0,
                    help="trace time of the load step (0 = none)")
     d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")

@@ -123,11 +123,10 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
             c.wait_for_log(EXECUTOR_READY, 30)
         await collector.start()
         perf = PerfModel.from_splitwise(model=model)
+        t0_ms = clock.now_ms()
         fleet = Fleet(FleetConfig(models={model: perf}, zones=tuple(settings.zones),
-                                  startup_s=args.startup_s, seed=args.seed), epoch_ms0=clock.now_ms())
-        t0_ms = fleet.epoch_ms0 if hasattr(fleet, "epoch_ms0") else clock.now_ms()
-        for zone in settings.zones:
-            fleet.set_initial(zone, model, args.replicas)
+                                  startup_s=args.startup_s, seed=args.seed,
+                                  initial_replicas=args.replicas), epoch_ms0=t0_ms)
         workload = step_load(load_trace(args.trace), args.qps, args.duration_s,
                              args.step_at_s, args.step_factor)
         wall0 = time.monotonic()
@@ -172,7 +171,9 @@ def run_demo(settings: Settings, args: Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.replace(clock_speed=args.speed, clock_origin_s=time.time(),
                                 data_dir=str(run_dir / "state"),
-                                window_s=settings.window_s, lateness_s=settings.lateness_s)
+                                # Records reach the worker ~0.2-0.4 wall s after they finish;
+                                # in trace time that is speed x longer.
+                                lateness_s=max(settings.lateness_s, 0.8 * args.speed))
     with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
         for line in servers.started:
             print(f"[governor] started embedded {line}", file=sys.stderr)

@@ -36,7 +36,7 @@ class ModelSpec:
 
     name: str
     ttft_slo_ms: float = 1000.0
-    itl_slo_ms: float = 80.0
+    itl_slo_ms: float = 150.0
     min_replicas: int = 1
     max_replicas: int = 64
 
@@ -96,7 +96,7 @@ class Settings:
     lateness_s: float = 2.0
     eps_ref: float = 0.02
     pid_gains: Mapping[str, float] = field(
-        default_factory=lambda: {"kp": 0.5, "ki": 0.05, "kd": 0.0}
+        default_factory=lambda: {"kp": 0.0, "ki": 0.05, "kd": 0.0}
     )
     command_ttl_s: float = 60.0
     clock_speed: float = 1.0

@@ -27,7 +27,7 @@ def pid_params_for(settings: Settings, model: str) -> PidParams:
     if spec is None:
         raise KeyError(f"no model {model!r} in settings")
     g = settings.pid_gains
-    return PidParams(kp=g.get("kp", 0.5), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
+    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
                      eps_ref=settings.eps_ref, min_replicas=spec.min_replicas,
                      max_replicas=spec.max_replicas)
 

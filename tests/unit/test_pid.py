@@ -32,14 +32,21 @@ def run(params: PidParams, eps_seq: list[float], replicas: int = 10, state: PidS
     [
         (0.30, "scale_up"),  # violations above the reference grow the fleet (Correction)
         (1.00, "scale_up"),  # saturating error still grows
-        (0.00, "scale_down"),  # no violations: reclaim replicas
+        (0.00, "scale_down"),  # no violations: reclaim replicas (the level falls at once)
         (0.02, "hold"),  # exactly at the reference
         (0.03, "hold"),  # inside the deadband (|e| <= 0.015)
     ],
 )
 def test_sign_convention(eps: float, reason: str) -> None:
     params = PidParams(kp=0.5, ki=0.02, deadband=0.015, max_replicas=100)
-    _, out = step(params, PidState(), PidMeasurement(eps, replicas_current=10), DT)
+    st, out = step(params, PidState(), PidMeasurement(eps, replicas_current=10), DT)
+    if reason == "scale_down":
+        # The continuous level falls on the first step; the integer target follows
+        # once the level has moved half a replica.
+        assert out.multiplier < 1.0 and st.level is not None and st.level < 10
+        _, outs = run(params, [eps] * 5, state=st)
+        assert outs[-1].target_replicas < 10
+        return
     assert out.reason == reason
     if reason == "scale_up":
         assert out.multiplier > 1.0 and out.target_replicas > 10 and out.error > 0
@@ -132,8 +139,8 @@ def test_pending_replicas_hold_scale_up_but_not_scale_down() -> None:
     _, out = step(params, PidState(), PidMeasurement(0.5, 10, replicas_pending=3), DT)
     assert out.held_pending and out.target_replicas == 10 and out.reason == "hold"
     assert out.multiplier == 1.0
-    _, out = step(params, PidState(), PidMeasurement(0.0, 10, replicas_pending=3), DT)
-    assert not out.held_pending and out.target_replicas < 10
+    st, out = step(params, PidState(), PidMeasurement(0.0, 10, replicas_pending=3), DT)
+    assert not out.held_pending and out.multiplier < 1.0 and st.level is not None and st.level < 10
     no_hold = PidParams(ki=0.05, hold_while_pending=False)
     _, out = step(no_hold, PidState(), PidMeasurement(0.5, 10, replicas_pending=3), DT)
     assert out.target_replicas > 10 and not out.held_pending

@@ -1,0 +1,30 @@
+"""Shared fixtures.  Integration tests get the real embedded broker and Redis,
+started once per session by the project's own launcher (or the ones named by
+KAFKA_BOOTSTRAP / REDIS_URL), and a unique topic/key prefix per test."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from governor.embedded import EmbeddedServers
+from governor.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    base = tmp_path_factory.mktemp("servers")
+    settings = Settings(data_dir=str(base / "state"))
+    with EmbeddedServers(settings, os.environ, log_dir=base) as s:
+        yield s.settings
+
+
+@pytest.fixture
+def settings(servers: Settings, tmp_path: Path) -> Settings:
+    """Real servers, a fresh topic/key namespace, short windows, clock at 1x."""
+    return servers.replace(topic_prefix=f"t{uuid.uuid4().hex[:10]}", data_dir=str(tmp_path / "state"),
+                           window_s=1.0, lateness_s=0.5, partitions=2, clock_origin_s=time.time())
