@@ -31,99 +31,30 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
-from sim.perf_model import PerfModel
-from sim.replica import DRAINING, GONE, READY, STARTING, Replica, Request
+from sim.perf_model import PerfModel  # noqa: F401  (used by the doctests)
+from sim.replica import (
+    DRAINING,
+    GONE,
+    READY,
+    STARTING,
+    FleetConfig,
+    FleetConfigError,
+    Replica,
+    Request,
+    request_record,
+)
 from sim.sde import JitterProcess
+
+__all__ = ["Fleet", "FleetConfig", "FleetConfigError"]
 
 _REPLICA, _REACH, _READY, _DISPATCH, _CALL = range(5)
 
 
-class FleetConfigError(ValueError):
-    """A fleet parameter or command is invalid (names the parameter)."""
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """Static fleet parameters.
-
-    Parameters
-    ----------
-    models : Mapping[str, PerfModel]
-        Model name -> service-time model.
-    zones : tuple of str
-        Zone names.
-    startup_s : float
-        Time from scale-up to ready.
-    max_batch : int
-        Most requests in a replica's running batch.
-    kv_capacity_tokens : int, optional
-        Override of every model's ``PerfModel.kv_capacity_tokens``.
-    max_prefill_tokens : int
-        Token budget of one batched prefill (the first request always fits).
-    jitter : bool
-        Per-replica OU service-time factor on/off (``jitter_*`` parameters).
-    prefix_cache : bool
-        Skip prefill of cached leading ``hash_ids`` blocks.
-    context_aware_decode : bool
-        Decode step time depends on batch context tokens.
-    network_ms_median, network_sigma : float
-        Lognormal network delay.
-    initial_replicas : int
-        Replicas per (zone, model) that are ready at t = 0.
-    seed : int
-        Seed of every random stream.
-    """
-
-    models: Mapping[str, PerfModel]
-    zones: tuple[str, ...] = ("az-a",)
-    startup_s: float = 30.0
-    max_batch: int = 64
-    kv_capacity_tokens: int | None = None
-    max_prefill_tokens: int = 16384
-    jitter: bool = True
-    jitter_theta: float = 0.03
-    jitter_L_bar: float = 100.0
-    jitter_sigma0: float = 8.0
-    jitter_k: float = 0.0
-    jitter_L_knee: float = 150.0
-    prefix_cache: bool = True
-    context_aware_decode: bool = True
-    network_ms_median: float = 2.0
-    network_sigma: float = 0.3
-    initial_replicas: int = 0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.models or not all(isinstance(p, PerfModel) for p in self.models.values()):
-            raise FleetConfigError("models: need at least one name -> PerfModel")
-        if not self.zones or len(set(self.zones)) != len(self.zones):
-            raise FleetConfigError("zones: need at least one, no duplicates")
-        checks = {"startup_s": self.startup_s >= 0, "max_batch": self.max_batch >= 1,
-                  "max_prefill_tokens": self.max_prefill_tokens >= 1,
-                  "kv_capacity_tokens": self.kv_capacity_tokens is None or self.kv_capacity_tokens >= 1,
-                  "network_ms_median": self.network_ms_median >= 0, "network_sigma": self.network_sigma >= 0,
-                  "initial_replicas": self.initial_replicas >= 0, "jitter_theta": self.jitter_theta > 0,
-                  "jitter_L_bar": self.jitter_L_bar > 0, "jitter_sigma0": self.jitter_sigma0 >= 0}
-        for name, ok in checks.items():
-            if not ok:
-                raise FleetConfigError(f"{name}: invalid value {getattr(self, name)!r}")
-
-
 class Fleet:
-    """The simulated fleet; see the module docstring.
-
-    Parameters
-    ----------
-    config : FleetConfig
-        Static parameters.
-    epoch_ms0 : int
-        Wall-clock milliseconds of trace time 0.
-    """
+    """The simulated fleet (see the module docstring); ``epoch_ms0``: wall ms of trace time 0."""
 
     def __init__(self, config: FleetConfig, epoch_ms0: int = 0) -> None:
         self.config, self.epoch_ms0, self.now = config, int(epoch_ms0), 0.0
@@ -136,6 +67,7 @@ class Fleet:
         self._ready: dict[tuple[str, str], list[Replica]] = {k: [] for k in keys}
         self._zone_q: dict[tuple[str, str], deque[Request]] = {k: deque() for k in keys}
         self._dispatch_pending: set[tuple[str, str]] = set()
+        self._pending: dict[tuple[str, str], tuple[int, int]] = {}  # scheduled set_desired
         self._serial = itertools.count()
         self._names = {k: itertools.count() for k in keys}
         self._out: list[dict] = []
@@ -197,27 +129,12 @@ class Fleet:
         if not self._net:
             c = self.config
             draws = self._rng.lognormal(math.log(max(c.network_ms_median, 1e-9)), c.network_sigma, 4096)
-            self._net = (draws if c.network_ms_median > 0 else draws * 0).tolist()[::-1]
+            self._net = (draws if c.network_ms_median > 0 else 0 * draws).tolist()
         return self._net.pop()
 
     def _complete(self, q: Request, r: Replica, t: float) -> None:
         self.completed += 1
-        queue_ms = (q.prefill_start_t - q.reach_t) * 1000.0
-        prefill_ms = (q.first_token_t - q.prefill_start_t) * 1000.0
-        decode_ms = (t - q.first_token_t) * 1000.0
-        ttft = q.network_ms + q.preprocess_ms + queue_ms + prefill_ms
-        self._out.append({
-            "schema_version": 1, "kind": "request", "request_id": q.request_id,
-            "ts_ms": self.epoch_ms0 + round(t * 1000.0),
-            "arrival_ms": self.epoch_ms0 + round(q.arrival_t * 1000.0),
-            "model": q.model, "zone": q.zone, "node": r.node, "request_class": q.request_class,
-            "queue_ms": queue_ms, "network_ms": q.network_ms, "preprocess_ms": q.preprocess_ms,
-            "ttft_ms": ttft,
-            "itl_ms": decode_ms / q.output if q.output > 0 else 0.0,
-            "decode_ms": decode_ms, "e2e_ms": ttft + decode_ms,
-            "prompt_tokens": q.prompt, "output_tokens": q.output,
-            "kv_hit": q.kv_hit, "kv_hit_blocks": q.kv_hit_blocks, "status": "ok",
-        })
+        self._out.append(request_record(q, r.node, t, self.epoch_ms0))
 
     def _run_until(self, t_end: float) -> None:
         heap, pop = self._heap, heapq.heappop
@@ -296,7 +213,10 @@ class Fleet:
 
         Scale-up starts replicas that are ready at ``t_s + startup_s``;
         scale-down cancels starting replicas (newest first), then drains the
-        least-loaded ready ones (their queued requests are re-routed).
+        least-loaded ready ones (their queued requests are re-routed). A
+        ``t_s`` ahead of the fleet clock is applied exactly at ``t_s`` by an
+        event (``scheduled: True``, empty lists; ``desired()`` answers ``n`` at
+        once), so the clock never runs ahead of requests not yet submitted.
 
         Examples
         --------
@@ -308,11 +228,24 @@ class Fleet:
         key = self._key(zone, model)
         if n < 0:
             raise FleetConfigError(f"n: must be >= 0, got {n}")
-        self._run_until(float(t_s))
-        t = max(float(t_s), self.now)
+        t = float(t_s)
+        change = {"zone": zone, "model": model, "desired": n, "t_s": max(t, self.now),
+                  "scheduled": t > self.now, "started": [], "cancelled": [], "draining": []}
+        if t > self.now:
+            token = next(self._seq)
+            self._pending[key] = (n, token)
+
+            def apply(tc: float) -> None:
+                if self._pending.get(key, (0, -1))[1] == token:
+                    del self._pending[key]
+                self._apply_desired(key, n, tc, {**change, "scheduled": False, "cancelled": [], "draining": []})
+
+            self._push(t, _CALL, apply)
+            return change
+        return self._apply_desired(key, n, change["t_s"], change)
+
+    def _apply_desired(self, key: tuple[str, str], n: int, t: float, change: dict) -> dict:
         active = [r for r in self._reps[key] if r.state in (STARTING, READY)]
-        change = {"zone": zone, "model": model, "desired": n, "t_s": t,
-                  "started": [], "cancelled": [], "draining": []}
         if n > len(active):
             change["started"] = [self._new_replica(key, t, ready=False).node
                                  for _ in range(n - len(active))]
@@ -336,11 +269,22 @@ class Fleet:
             self._gone_now(r)
 
     def desired(self, zone: str, model: str) -> int:
-        """Starting + ready replicas of (zone, model)."""
-        return sum(r.state in (STARTING, READY) for r in self._reps[self._key(zone, model)])
+        """Starting + ready replicas of (zone, model).
+
+        >>> Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=2)).desired("az-a", "m")
+        2
+        """
+        key = self._key(zone, model)
+        if key in self._pending:
+            return self._pending[key][0]
+        return sum(r.state in (STARTING, READY) for r in self._reps[key])
 
     def replicas(self, zone: str, model: str) -> dict[str, int]:
-        """Replica counts by state (``gone`` counts every replica ever removed)."""
+        """Replica counts by state (``gone`` counts every replica ever removed).
+
+        >>> Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1)).replicas("az-a", "m")
+        {'starting': 0, 'ready': 1, 'draining': 0, 'gone': 0}
+        """
         key = self._key(zone, model)
         out = {STARTING: 0, READY: 0, DRAINING: 0, GONE: self._gone[key]}
         for r in self._reps[key]:
@@ -353,16 +297,28 @@ class Fleet:
 
         Its requests go back to the zone's router from scratch; with
         ``replace`` a new replica starts (desired count unchanged). Returns the
-        failed node id or None when there was none.
+        failed node id or None when there was none. A future ``t_s`` picks
+        the node now and fails it by an event at ``t_s`` (if it still exists).
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1))
+        >>> f.fail_replica("az-a", "m", 0.0), f.replicas("az-a", "m")["starting"]
+        ('az-a/m/r0', 1)
         """
         key = self._key(zone, model)
-        self._run_until(float(t_s))
-        t = max(float(t_s), self.now)
         pool = [r for r in self._reps[key] if node is None or r.node == node]
         pool = [r for r in pool if r.state == READY] or pool
         if not pool:
             return None
         r = pool[int(self._rng.integers(len(pool)))]
+        if float(t_s) > self.now:
+            self._push(float(t_s), _CALL, lambda tc: self._fail(r, tc, replace))
+        else:
+            self._fail(r, self.now, replace)
+        return r.node
+
+    def _fail(self, r: Replica, t: float, replace: bool) -> None:
+        if r.state == GONE:
+            return
         was_active = r.state in (STARTING, READY)
         reqs = r.evict_all(t)
         self._gone_now(r)
@@ -370,14 +326,17 @@ class Fleet:
         for q in reqs:
             self._route(q, t)
         if replace and was_active:
-            self._new_replica(key, t, ready=False)
-        return r.node
+            self._new_replica((r.zone, r.model), t, ready=False)
 
     def inject_latency_spike(self, zone: str, model: str, fraction: float, factor: float,
                              start_s: float, duration_s: float) -> list[str]:
         """Multiply service time by ``factor`` on a seeded ``fraction`` of replicas.
 
         Returns the affected node ids (chosen among current non-gone replicas).
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=4))
+        >>> len(f.inject_latency_spike("az-a", "m", 0.5, 3.0, start_s=10.0, duration_s=5.0))
+        2
         """
         key = self._key(zone, model)
         if not 0 <= fraction <= 1 or not factor > 0 or not duration_s > 0:
@@ -401,7 +360,12 @@ class Fleet:
         return [r.node for r in chosen]
 
     def gpu_snapshot(self, t_s: float) -> list[dict]:
-        """One GPU record per non-gone replica; ``gpu_util`` is busy time since the last snapshot."""
+        """One GPU record per non-gone replica; ``gpu_util`` is busy time since the last snapshot.
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1))
+        >>> [(g["node"], g["state"], g["gpu_util"]) for g in f.gpu_snapshot(1.0)]
+        [('az-a/m/r0', 'ready', 0.0)]
+        """
         ts = self.epoch_ms0 + round(t_s * 1000.0)
         out = []
         for reps in self._reps.values():
@@ -412,7 +376,11 @@ class Fleet:
         return out
 
     def stats(self) -> dict:
-        """Totals; ``in_flight`` is counted from the queues and batches, not derived."""
+        """Totals; ``in_flight`` is counted from the queues and batches, not derived.
+
+        >>> Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()})).stats()["conserved"]
+        True
+        """
         by_state = {STARTING: 0, READY: 0, DRAINING: 0, GONE: sum(self._gone.values())}
         in_flight = self._pending_reach + sum(len(q) for q in self._zone_q.values())
         for reps in self._reps.values():

@@ -1,4 +1,7 @@
-"""One simulated inference replica: continuous batching, event-driven.
+"""One simulated inference replica (continuous batching, event-driven) and the fleet config.
+
+:class:`FleetConfig` lives here so that :mod:`sim.fleet` stays one idea (the
+event loop and life cycle); import it from :mod:`sim.fleet`.
 
 The replica alternates between *segments* during which nothing changes:
 
@@ -29,6 +32,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sim.perf_model import PerfModel
 from sim.sde import JitterProcess
@@ -36,6 +41,68 @@ from sim.sde import JitterProcess
 BLOCK_TOKENS = 512
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
 IDLE, PREFILL, DECODE = 0, 1, 2
+
+
+class FleetConfigError(ValueError):
+    """A fleet parameter or command is invalid (names the parameter)."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Static fleet parameters.
+
+    Parameters
+    ----------
+    models, zones : Mapping[str, PerfModel], tuple of str
+        Model name -> service-time model; zone names.
+    startup_s, max_batch : float, int
+        Scale-up to ready delay; most requests in a replica's running batch.
+    kv_capacity_tokens, max_prefill_tokens : int
+        Override of ``PerfModel.kv_capacity_tokens``; token budget of one
+        batched prefill (the first request always fits).
+    jitter, prefix_cache, context_aware_decode : bool
+        Per-replica OU service-time factor (``jitter_*`` as in
+        :class:`sim.sde.JitterProcess`); skip cached leading ``hash_ids``
+        blocks; decode step time depends on context tokens.
+    network_ms_median, network_sigma, initial_replicas, seed : float, float, int, int
+        Lognormal network delay; replicas per (zone, model) ready at t = 0;
+        seed of every random stream.
+    """
+
+    models: Mapping[str, PerfModel]
+    zones: tuple[str, ...] = ("az-a",)
+    startup_s: float = 30.0
+    max_batch: int = 64
+    kv_capacity_tokens: int | None = None
+    max_prefill_tokens: int = 16384
+    jitter: bool = True
+    jitter_theta: float = 0.03
+    jitter_L_bar: float = 100.0
+    jitter_sigma0: float = 8.0
+    jitter_k: float = 0.0
+    jitter_L_knee: float = 150.0
+    prefix_cache: bool = True
+    context_aware_decode: bool = True
+    network_ms_median: float = 2.0
+    network_sigma: float = 0.3
+    initial_replicas: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "zones", tuple(self.zones))
+        if not self.models or not all(isinstance(p, PerfModel) for p in self.models.values()):
+            raise FleetConfigError("models: need at least one name -> PerfModel")
+        if not self.zones or len(set(self.zones)) != len(self.zones):
+            raise FleetConfigError("zones: need at least one, no duplicates")
+        checks = {"startup_s": self.startup_s >= 0, "max_batch": self.max_batch >= 1,
+                  "max_prefill_tokens": self.max_prefill_tokens >= 1,
+                  "kv_capacity_tokens": self.kv_capacity_tokens is None or self.kv_capacity_tokens >= 1,
+                  "network_ms_median": self.network_ms_median >= 0, "network_sigma": self.network_sigma >= 0,
+                  "initial_replicas": self.initial_replicas >= 0, "jitter_theta": self.jitter_theta > 0,
+                  "jitter_L_bar": self.jitter_L_bar > 0, "jitter_sigma0": self.jitter_sigma0 >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise FleetConfigError(f"{name}: invalid value {getattr(self, name)!r}")
 
 
 class Request:
@@ -266,3 +333,21 @@ class Replica:
             "largest_free_block_bytes": int(free_bytes),
             "queue_len": len(self.queue), "running": self.running,
         }
+
+
+def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:
+    """The JSON-safe request record of ``q`` completed on ``node`` at ``t``."""
+    queue_ms = (q.prefill_start_t - q.reach_t) * 1000.0
+    prefill_ms = (q.first_token_t - q.prefill_start_t) * 1000.0
+    decode_ms = (t - q.first_token_t) * 1000.0
+    ttft = q.network_ms + q.preprocess_ms + queue_ms + prefill_ms
+    return {
+        "schema_version": 1, "kind": "request", "request_id": q.request_id,
+        "ts_ms": epoch_ms0 + round(t * 1000.0), "arrival_ms": epoch_ms0 + round(q.arrival_t * 1000.0),
+        "model": q.model, "zone": q.zone, "node": node, "request_class": q.request_class,
+        "queue_ms": queue_ms, "network_ms": q.network_ms, "preprocess_ms": q.preprocess_ms,
+        "ttft_ms": ttft, "itl_ms": decode_ms / q.output if q.output > 0 else 0.0,
+        "decode_ms": decode_ms, "e2e_ms": ttft + decode_ms,
+        "prompt_tokens": q.prompt, "output_tokens": q.output,
+        "kv_hit": q.kv_hit, "kv_hit_blocks": q.kv_hit_blocks, "status": "ok",
+    }

@@ -122,8 +122,11 @@ def test_oversize_request_runs_alone() -> None:
 def test_startup_delay_and_zone_queue() -> None:
     f = make(initial_replicas=0, startup_s=30.0)
     f.submit(1.0, "az-a", M, 512, 10, "early")  # no replica: waits in the zone queue
-    change = f.set_desired("az-a", M, 1, 2.0)
-    assert change["started"] == [f"az-a/{M}/r0"]
+    change = f.set_desired("az-a", M, 1, 2.0)  # ahead of the clock: applied by an event at 2.0
+    assert change["scheduled"] and change["started"] == [] and f.desired("az-a", M) == 1
+    assert f.replicas("az-a", M)["starting"] == 0
+    f.advance_to(2.0)
+    assert f.replicas("az-a", M)["starting"] == 1 and f.desired("az-a", M) == 1
     f.advance_to(31.9)
     assert f.replicas("az-a", M)["starting"] == 1 and f.stats()["zone_queued"] == 1
     assert f.gpu_snapshot(31.9)[0]["state"] == "starting"
@@ -156,6 +159,7 @@ def test_scale_down_drains_without_losing_requests() -> None:
 def test_scale_down_cancels_starting_first() -> None:
     f = make(initial_replicas=1)
     f.set_desired("az-a", M, 3, 0.0)
+    f.advance_to(1.0)
     change = f.set_desired("az-a", M, 2, 1.0)
     assert change["cancelled"] == [f"az-a/{M}/r2"] and change["draining"] == []
     assert f.replicas("az-a", M) == {"starting": 1, "ready": 1, "draining": 0, "gone": 1}
@@ -303,3 +307,30 @@ def test_unknown_zone_and_bad_commands() -> None:
         f.set_desired("az-a", M, -1, 0.0)
     with pytest.raises(FleetConfigError, match="fraction"):
         f.inject_latency_spike("az-a", M, 2.0, 3.0, 0.0, 1.0)
+
+
+def test_routing_load_returns_to_zero_after_completion() -> None:
+    # finished work must stop counting: an idle r0 wins the tie again after serving a request
+    f = make(initial_replicas=2)
+    f.submit(0.0, "az-a", M, 3000, 300, "a")
+    f.submit(60.0, "az-a", M, 100, 5, "b")
+    f.submit(61.0, "az-a", M, 100, 5, "c")
+    recs = {r["request_id"]: r["node"] for r in f.advance_to(200.0)}
+    assert recs == {"a": f"az-a/{M}/r0", "b": f"az-a/{M}/r0", "c": f"az-a/{M}/r0"}
+    assert all(s["kv_blocks_used"] == 0 and s["running"] == 0 for s in f.gpu_snapshot(200.0))
+
+
+def test_immediate_set_desired_reports_started() -> None:
+    f = make(initial_replicas=0)
+    change = f.set_desired("az-a", M, 2, 0.0)
+    assert not change["scheduled"] and change["started"] == [f"az-a/{M}/r0", f"az-a/{M}/r1"]
+
+
+def test_future_fail_replica_is_scheduled() -> None:
+    f = make(initial_replicas=2)
+    node = f.fail_replica("az-a", M, 50.0)
+    f.advance_to(49.0)
+    assert f.replicas("az-a", M)["gone"] == 0
+    f.advance_to(50.0)
+    assert f.replicas("az-a", M) == {"starting": 1, "ready": 1, "draining": 0, "gone": 1}
+    assert node not in {g["node"] for g in f.gpu_snapshot(50.0)}
