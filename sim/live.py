@@ -32,12 +32,20 @@ def desired_key(prefix: str, zone: str) -> str:
     return f"{prefix}:fleet:{zone}:desired"
 
 
-_CORRUPTIONS = (
-    ("ttft_ms", -5.0),          # negative latency
-    ("zone", None),             # missing required field
-    ("e2e_ms", "slow"),         # wrong type
-    ("status", "exploded"),     # unknown status
-)
+_CORRUPTIONS = {
+    "request": (
+        ("ttft_ms", -5.0),          # negative latency
+        ("zone", None),             # missing required field
+        ("e2e_ms", "slow"),         # wrong type
+        ("status", "exploded"),     # unknown status
+    ),
+    "gpu": (
+        ("gpu_util", 7.5),          # outside [0, 1]
+        ("zone", None),             # missing required field
+        ("mem_used_bytes", "lots"),  # wrong type
+        ("state", "melting"),       # unknown state
+    ),
+}
 
 
 @dataclass
@@ -89,7 +97,7 @@ class LiveFleet:
                 log.info("fleet %s/%s desired -> %d at t=%.1f s", zone, self.model, want, t)
 
     def _corrupt(self, rec: dict[str, Any]) -> dict[str, Any]:
-        name, value = self.rng.choice(_CORRUPTIONS)
+        name, value = self.rng.choice(_CORRUPTIONS[rec["kind"]])
         bad = dict(rec)
         if value is None:
             bad.pop(name, None)

@@ -1,0 +1,202 @@
+"""``governor bench pipeline``: how fast the stream worker ingests, next to a
+raw aiokafka consumer of the same messages on the same broker, and how long a
+telemetry record takes to become a command in Redis.
+
+All figures come from one run on one broker, side by side:
+
+* raw consumer: ``getmany`` + ``orjson.loads`` of every message (the floor
+  any Kafka consumer in Python pays);
+* pipeline: the real ``governor worker`` process (Faust) decoding, validating
+  and windowing the same messages; its progress is read from its Prometheus
+  ``governor_records_total`` counter;
+* batched (``--batch`` records per message, as the producer library sends)
+  and unbatched (one record per message);
+* decision latency: violating records for a fresh zone are sent, and the
+  time until the resulting scale command is in that zone's Redis stream is
+  measured -- in total, and after the window closed (total minus the wait
+  for the window end and the allowed lateness, which is by design).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from governor.embedded import EmbeddedServers, free_port
+from governor.processes import WORKER_READY, start_worker
+from governor.settings import Settings
+from governor.topics import ensure_topics
+from streams.commands import stream_key
+from streams.records import encode_envelope, partition_key
+
+MODEL = "llama2-70b"
+
+
+def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0) -> dict[str, Any]:
+    return {"kind": "request", "request_id": f"b{i}", "ts_ms": ts_ms, "model": MODEL, "zone": zone,
+            "node": f"{zone}/n{i % 8}", "ttft_ms": ttft_ms, "itl_ms": 40.0, "e2e_ms": ttft_ms + 4000.0,
+            "queue_ms": 10.0, "prompt_tokens": 1000, "output_tokens": 100, "status": "ok"}
+
+
+async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
+                                max_batch_size=1 << 20, max_request_size=8 << 20)
+    await producer.start()
+    messages = 0
+    try:
+        pending = []
+        for start in range(0, n, batch):
+            # Spread event time over ~60 s so windows open and close as in real traffic.
+            recs = [_request(i, t0_ms + (i * 60_000) // n, zone) for i in range(start, min(n, start + batch))]
+            value = encode_envelope(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
+            pending.append(await producer.send(settings.topic("telemetry"), value,
+                                               key=partition_key(MODEL, zone)))
+            messages += 1
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return messages
+
+
+async def _raw_consume(settings: Settings, n_records: int, n_messages: int) -> float:
+    consumer = AIOKafkaConsumer(settings.topic("telemetry"), bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=50,
+                                max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    try:
+        got, t0 = 0, time.perf_counter()
+        while got < n_messages:
+            for msgs in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                for m in msgs:
+                    orjson.loads(m.value)
+                got += len(msgs)
+        return n_records / (time.perf_counter() - t0)
+    finally:
+        await consumer.stop()
+
+
+def _records_total(port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    m = re.search(r"^governor_records_total ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _pipeline_rate(settings: Settings, port: int, n: int, batch: int, zone: str,
+                         timeout_s: float = 600.0) -> float:
+    before = _records_total(port)
+    t0 = time.perf_counter()
+    await _produce(settings, n, batch, zone, int(time.time() * 1000) - 120_000)
+    while _records_total(port) < before + n:
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"worker ingested {_records_total(port) - before:.0f} of {n} records")
+        await asyncio.sleep(0.02)
+    return n / (time.perf_counter() - t0)
+
+
+async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[float], list[float]]:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=0)
+    await producer.start()
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    size_ms, late_ms = int(settings.window_s * 1000), int(settings.lateness_s * 1000)
+    total, after_close = [], []
+    try:
+        for k, zone in enumerate(zones):
+            now = int(time.time() * 1000)
+            recs = [_request(k * 1000 + i, now, zone, ttft_ms=5000.0) for i in range(50)]
+            recs.append({"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": zone, "node": f"{zone}/n0",
+                         "state": "ready", "gpu_util": 0.9, "mem_used_bytes": 1, "mem_total_bytes": 2})
+            await producer.send_and_wait(settings.topic("telemetry"), encode_envelope(recs, "bench", now),
+                                         key=partition_key(MODEL, zone))
+            sent = time.time() * 1000
+            window_close = (now - now % size_ms) + size_ms + late_ms
+            key = stream_key(settings.topic_prefix, zone)
+            deadline = time.monotonic() + 30
+            while not await redis.xlen(key):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no command for {zone} within 30 s")
+                await asyncio.sleep(0.002)
+            landed = time.time() * 1000
+            total.append(landed - sent)
+            after_close.append(landed - max(window_close, sent))
+    finally:
+        await producer.stop()
+        await redis.aclose()
+    return total, after_close
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=float)
+    return {"p50": round(float(np.percentile(arr, 50)), 1), "p99": round(float(np.percentile(arr, 99)), 1)}
+
+
+async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, Any]:
+    port = free_port()
+    decision_zones = [f"dz{i}" for i in range(args.decisions)]
+    settings = settings.replace(topic_prefix=f"bench{uuid.uuid4().hex[:8]}", metrics_port=port,
+                                window_s=1.0, lateness_s=0.2, partitions=4,
+                                zones=("az-a", "az-u", *decision_zones), clock_origin_s=time.time(),
+                                data_dir=str(run_dir / "state"))
+    await ensure_topics(settings)
+    worker = start_worker(settings, run_dir)
+    try:
+        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 120)
+        batched = await _pipeline_rate(settings, port, args.events, args.batch, "az-a")
+        raw_batched = await _raw_consume(settings, args.events, -(-args.events // args.batch))
+        unbatched = await _pipeline_rate(settings, port, args.unbatched_events, 1, "az-u")
+        # The raw consumer reads the whole topic again: batched + unbatched messages.
+        n_msgs = -(-args.events // args.batch) + args.unbatched_events
+        t0 = time.perf_counter()
+        await _raw_consume(settings, 0, n_msgs)
+        raw_all_s = time.perf_counter() - t0
+        raw_unbatched = args.unbatched_events / max(1e-9, raw_all_s - args.events / raw_batched)
+        total, after_close = await _decision_latency(settings, decision_zones)
+    finally:
+        worker.stop()
+    return {
+        "broker": settings.kafka_bootstrap, "batch_records_per_message": args.batch,
+        "batched": {"records": args.events, "pipeline_rps": round(batched),
+                    "raw_consumer_rps": round(raw_batched), "ratio_pipeline_to_raw": round(batched / raw_batched, 3)},
+        "unbatched": {"records": args.unbatched_events, "pipeline_rps": round(unbatched),
+                      "raw_consumer_rps": round(raw_unbatched),
+                      "ratio_pipeline_to_raw": round(unbatched / raw_unbatched, 3)},
+        "batching_speedup_pipeline": round(batched / unbatched, 1),
+        "decision_latency_ms": {"samples": len(total), "record_to_command_in_redis": _pct(total),
+                                "after_window_close": _pct(after_close),
+                                "window_s": settings.window_s, "lateness_s": settings.lateness_s},
+    }
+
+
+def run_bench(settings: Settings, args: Namespace) -> int:
+    run_dir = Path(tempfile.mkdtemp(prefix="governor-bench-"))
+    with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
+        result = asyncio.run(_bench(servers.settings, args, run_dir))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    b, u, d = result["batched"], result["unbatched"], result["decision_latency_ms"]
+    print(f"pipeline ingest ({result['broker']}, one run, same messages)")
+    print(f"  batched x{result['batch_records_per_message']:<4} pipeline {b['pipeline_rps']:>9,} rec/s   "
+          f"raw consumer {b['raw_consumer_rps']:>9,} rec/s   ratio {b['ratio_pipeline_to_raw']:.3f}")
+    print(f"  unbatched    pipeline {u['pipeline_rps']:>9,} rec/s   raw consumer {u['raw_consumer_rps']:>9,} rec/s"
+          f"   ratio {u['ratio_pipeline_to_raw']:.3f}")
+    print(f"  batching speeds the pipeline up x{result['batching_speedup_pipeline']}")
+    r, a = d["record_to_command_in_redis"], d["after_window_close"]
+    print(f"decision latency, {d['samples']} samples (window {d['window_s']} s, lateness {d['lateness_s']} s)")
+    print(f"  record -> command in Redis   p50 {r['p50']:.0f} ms   p99 {r['p99']:.0f} ms")
+    print(f"  after the window closed      p50 {a['p50']:.0f} ms   p99 {a['p99']:.0f} ms")
+    sys.stdout.flush()
+    return 0

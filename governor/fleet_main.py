@@ -1,0 +1,48 @@
+"""``governor fleet``: a simulated inference fleet replaying a real trace in
+real time against a running stack (Kafka telemetry out, desired replicas from
+Redis in) -- the docker-compose stack's stand-in for GPU nodes."""
+from __future__ import annotations
+
+import logging
+from argparse import Namespace
+
+import redis.asyncio as aioredis
+
+from governor.clock import ScaledClock
+from governor.settings import Settings
+from governor.topics import ensure_topics
+from sim.fleet import Fleet, FleetConfig
+from sim.live import LiveFleet, desired_key
+from sim.perf_model import PerfModel
+from sim.traces import load_trace
+from sim.workloads import from_trace
+from streams.producer import TelemetryProducer
+
+log = logging.getLogger(__name__)
+
+
+async def run_fleet(settings: Settings, args: Namespace) -> int:
+    clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
+    model = settings.models[0].name
+    await ensure_topics(settings)
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        for zone in settings.zones:
+            await redis.hsetnx(desired_key(settings.topic_prefix, zone), model, args.replicas)
+        t0_ms = clock.now_ms()
+        fleet = Fleet(FleetConfig(models={model: PerfModel.from_splitwise(model=model)},
+                                  zones=tuple(settings.zones), startup_s=args.startup_s,
+                                  initial_replicas=args.replicas, seed=args.seed), epoch_ms0=t0_ms)
+        workload = from_trace(load_trace(args.trace), args.qps, args.duration_s)
+        log.info("fleet: %d requests of %s over %.0f s in zones %s", len(workload), args.trace,
+                 args.duration_s, ",".join(settings.zones))
+        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
+                                     source="sim-fleet", clock_ms=clock.now_ms) as producer:
+            live = LiveFleet(fleet, workload, model=model, zones=settings.zones, producer=producer,
+                             redis=redis, prefix=settings.topic_prefix, now_ms=clock.now_ms,
+                             t0_ms=t0_ms, seed=args.seed)
+            stats = await live.run(args.duration_s)
+        log.info("fleet done: %d submitted, %d finished", stats.submitted, len(stats.finished))
+    finally:
+        await redis.aclose()
+    return 0
