@@ -52,7 +52,8 @@ def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0) -> dict[str,
             "queue_ms": 10.0, "prompt_tokens": 1000, "output_tokens": 100, "status": "ok"}
 
 
-async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int) -> int:
+async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int,
+                   topic: str | None = None) -> int:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
                                 max_batch_size=1 << 20, max_request_size=8 << 20)
     await producer.start()
@@ -60,10 +61,13 @@ async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int
     try:
         pending = []
         for start in range(0, n, batch):
-            # Spread event time over ~60 s so windows open and close as in real traffic.
-            recs = [_request(i, t0_ms + (i * 60_000) // n, zone) for i in range(start, min(n, start + batch))]
+            # Spread event time over ~60 s so windows open and close as in real traffic;
+            # one message = one node's batch, as the producer library on a node sends it.
+            node = f"{zone}/n{(start // batch) % 8}"
+            recs = [{**_request(i, t0_ms + (i * 60_000) // n, zone), "node": node}
+                    for i in range(start, min(n, start + batch))]
             value = encode_envelope(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
-            pending.append(await producer.send(settings.topic("telemetry"), value,
+            pending.append(await producer.send(topic or settings.topic("telemetry"), value,
                                                key=partition_key(MODEL, zone)))
             messages += 1
         await asyncio.gather(*pending)
@@ -72,8 +76,8 @@ async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int
     return messages
 
 
-async def _raw_consume(settings: Settings, n_records: int, n_messages: int) -> float:
-    consumer = AIOKafkaConsumer(settings.topic("telemetry"), bootstrap_servers=settings.kafka_bootstrap,
+async def _raw_consume(settings: Settings, topic: str, n_records: int, n_messages: int) -> float:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=50,
                                 max_partition_fetch_bytes=8 << 20)
     await consumer.start()
@@ -117,8 +121,11 @@ async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[
         for k, zone in enumerate(zones):
             now = int(time.time() * 1000)
             recs = [_request(k * 1000 + i, now, zone, ttft_ms=5000.0) for i in range(50)]
-            recs.append({"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": zone, "node": f"{zone}/n0",
-                         "state": "ready", "gpu_util": 0.9, "mem_used_bytes": 1, "mem_total_bytes": 2})
+            # Four ready replicas, all requests violating: the first decision scales up
+            # (from one replica the slew-limited first step, x1.3, rounds back to 1).
+            recs += [{"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": zone, "node": f"{zone}/n{j}",
+                      "state": "ready", "gpu_util": 0.9, "mem_used_bytes": 1, "mem_total_bytes": 2}
+                     for j in range(4)]
             await producer.send_and_wait(settings.topic("telemetry"), encode_envelope(recs, "bench", now),
                                          key=partition_key(MODEL, zone))
             sent = time.time() * 1000
@@ -148,6 +155,9 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
     decision_zones = [f"dz{i}" for i in range(args.decisions)]
     settings = settings.replace(topic_prefix=f"bench{uuid.uuid4().hex[:8]}", metrics_port=port,
                                 window_s=1.0, lateness_s=0.2, partitions=4,
+                                # 1 s windows: a gain that acts within one window, so the first
+                                # violating window of a zone yields a command (x1.3, slew-limited).
+                                pid_gains={"kp": 0.0, "ki": 1.0, "kd": 0.0},
                                 zones=("az-a", "az-u", *decision_zones), clock_origin_s=time.time(),
                                 data_dir=str(run_dir / "state"))
     await ensure_topics(settings)
@@ -155,14 +165,15 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
     try:
         await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 120)
         batched = await _pipeline_rate(settings, port, args.events, args.batch, "az-a")
-        raw_batched = await _raw_consume(settings, args.events, -(-args.events // args.batch))
         unbatched = await _pipeline_rate(settings, port, args.unbatched_events, 1, "az-u")
-        # The raw consumer reads the whole topic again: batched + unbatched messages.
-        n_msgs = -(-args.events // args.batch) + args.unbatched_events
-        t0 = time.perf_counter()
-        await _raw_consume(settings, 0, n_msgs)
-        raw_all_s = time.perf_counter() - t0
-        raw_unbatched = args.unbatched_events / max(1e-9, raw_all_s - args.events / raw_batched)
+        # The raw consumer reads the same messages, produced to topics of their own.
+        raw_rates = []
+        for name, n, batch in (("raw-batched", args.events, args.batch),
+                               ("raw-unbatched", args.unbatched_events, 1)):
+            topic = settings.topic(name)
+            msgs = await _produce(settings, n, batch, "az-r", int(time.time() * 1000), topic=topic)
+            raw_rates.append(await _raw_consume(settings, topic, n, msgs))
+        raw_batched, raw_unbatched = raw_rates
         total, after_close = await _decision_latency(settings, decision_zones)
     finally:
         worker.stop()
