@@ -39,7 +39,7 @@ def _say(msg: str) -> None:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be started by an older python3
         sys.exit("governor needs Python 3.11 or newer")
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
