@@ -17,7 +17,8 @@ then, in this order:
 2. *Dead-time compensation* (``hold_while_pending``): the violation rate
    measured this period was produced by the *ready* replicas, not by the
    level already commanded (replicas still loading, or commands not yet
-   visible in the fleet).  A scale-up therefore multiplies the ready count:
+   visible in the fleet).  While such capacity is in flight a scale-up
+   therefore multiplies the ready count:
    ``level_k = max(level_{k-1}, ready * a_k)``.  Replicas in flight are not
    multiplied again and again while they load (no pile-up), yet a violation
    that persists still escalates as the slew ramp raises ``a_k``.  When
@@ -282,7 +283,10 @@ def step(
         level_wanted = level0
     elif params.hold_while_pending and a > 1.0:
         ready = meas.replicas_current - meas.replicas_pending
-        if ready > 0 or meas.replicas_pending > 0:
+        # Capacity in flight: replicas loading, or a commanded level the fleet
+        # does not show yet.  Only then does the measurement lag the level.
+        in_flight = meas.replicas_pending > 0 or level0 > meas.replicas_current + 0.5
+        if in_flight and (ready > 0 or meas.replicas_pending > 0):
             level_wanted = max(level0, ready * a)
             held = level_wanted <= level0
     level = min(max(level_wanted, float(params.min_replicas)), float(params.max_replicas))

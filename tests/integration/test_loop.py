@@ -30,7 +30,9 @@ def loop(servers: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     run = tmp_path_factory.mktemp("loop")
     settings = servers.replace(topic_prefix=f"t{uuid.uuid4().hex[:10]}", data_dir=str(run / "state"),
                                window_s=1.0, lateness_s=0.5, partitions=2, clock_origin_s=time.time(),
-                               zones=("az-a",), command_ttl_s=30.0)
+                               zones=("az-a",), command_ttl_s=30.0,
+                               # 1 s windows: a gain that acts within a few windows.
+                               pid_gains={"kp": 0.0, "ki": 0.5, "kd": 0.0})
     asyncio.run(ensure_topics(settings))
     children = [start_worker(settings, run), start_executor(settings, "az-a", run)]
     try:
@@ -101,7 +103,9 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
     assert all(w["replicas_ready"] == 2 for w in zone if w["count"])
     ups = [c for c in seen["commands"] if c["target_replicas"] > 2]
     assert ups, seen["commands"]
-    assert all(c["reason"] == "scale_up" for c in ups)
+    assert ups[0]["reason"] == "scale_up"
+    # The fake fleet never grows, so after a few windows the target is re-issued.
+    assert all(c["reason"] == "scale_up" or c["reason"].startswith("reconcile") for c in ups)
     applied = [r for r in seen["results"] if r["outcome"] == "applied"]
     ids = [r["command_id"] for r in applied]
     assert len(ids) == len(set(ids)), "a command was applied twice"
