@@ -67,11 +67,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from controllers.errors import ParameterError
 
-__all__ = ["PidMeasurement", "PidOutput", "PidParams", "PidState", "step"]
+__all__ = [
+    "Actuation",
+    "PidMeasurement",
+    "PidOutput",
+    "PidParams",
+    "PidState",
+    "actuate",
+    "check_finite",
+    "round_half_up",
+    "step",
+]
 
 _DELTA_CAP = 50.0  # exp() overflow guard; far beyond any clamp
 
@@ -227,6 +237,78 @@ def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5 + 1e-9))
 
 
+# Public aliases for the other scaling laws in controllers/ (same behaviour).
+check_finite = _finite
+round_half_up = _round_half_up
+
+
+class Actuation(NamedTuple):
+    """What :func:`actuate` decided from one step's log-multiplier ``delta``."""
+
+    multiplier: float
+    level: float
+    target_replicas: int
+    saturated: bool
+    slew_limited: bool
+    held_pending: bool
+    at_bound: bool
+    reason: str
+
+
+def actuate(
+    params: PidParams, state: PidState, meas: PidMeasurement, error: float, delta: float
+) -> Actuation:
+    """Steps 1-4 of the module docstring (clamp, dead-time hold and sign guard,
+    slew, continuous level with back-calculation) for a given ``delta``.
+
+    Shared by :func:`step` and by the other scaling laws (e.g.
+    :mod:`controllers.fpid`), which differ only in how ``delta`` is computed.
+    Uses ``a_prev``, ``last_target`` and ``level`` of ``state``; ``error`` (after
+    the deadband) only for the sign guard.
+
+    Examples
+    --------
+    >>> act = actuate(PidParams(), PidState(), PidMeasurement(0.5, replicas_current=4), 0.48, 1.0)
+    >>> round(act.multiplier, 6), act.target_replicas, act.slew_limited
+    (1.3, 5, True)
+    """
+    e = error
+    a_raw = math.exp(min(max(delta, -_DELTA_CAP), _DELTA_CAP))
+    a_des = min(max(a_raw, params.a_min), params.a_max)
+    saturated = a_des != a_raw
+    held = False
+    lo, hi = state.a_prev - params.slew, state.a_prev + params.slew
+    a = min(max(a_des, lo), hi)
+    slew_limited = a != a_des
+    base = state.last_target if state.last_target is not None else meas.replicas_current
+    level0 = state.level if state.level is not None else float(base)
+    if level0 == 0.0 and a > 1.0:
+        level0 = 1.0 / a  # scaling up from zero: the first replica
+    level_wanted = level0 * a
+    guarded = a > 1.0 and e <= 0.0
+    if guarded:
+        # Sign guard: a multiplier above 1 left over from the slew ramp must not
+        # grow the fleet once the error is no longer positive (no overshoot).
+        level_wanted = level0
+    elif params.hold_while_pending and a > 1.0:
+        ready = meas.replicas_current - meas.replicas_pending
+        # Capacity in flight: replicas loading, or a commanded level the fleet
+        # does not show yet.  Only then does the measurement lag the level.
+        in_flight = meas.replicas_pending > 0 or level0 > meas.replicas_current + 0.5
+        if in_flight and (ready > 0 or meas.replicas_pending > 0):
+            level_wanted = max(level0, ready * a)
+            held = level_wanted <= level0
+    level = min(max(level_wanted, float(params.min_replicas)), float(params.max_replicas))
+    at_bound = level != level_wanted
+    target = _round_half_up(level)
+    if (at_bound or held or guarded) and level0 > 0:
+        # Back-calculation: track the realised ratio, within clamp and slew.
+        realised = min(max(level / level0, params.a_min), params.a_max)
+        a = min(max(realised, lo), hi)
+    reason = "scale_up" if target > base else "scale_down" if target < base else "hold"
+    return Actuation(a, level, target, saturated, slew_limited, held, at_bound, reason)
+
+
 def step(
     params: PidParams, state: PidState, meas: PidMeasurement, dt_s: float
 ) -> tuple[PidState, PidOutput]:
@@ -264,55 +346,23 @@ def step(
     i_term = params.ki * dt_s * e
     d_term = params.kd * (e - 2.0 * e1 + e2) / dt_s
     delta = p_term + i_term + d_term
-    a_raw = math.exp(min(max(delta, -_DELTA_CAP), _DELTA_CAP))
-    a_des = min(max(a_raw, params.a_min), params.a_max)
-    saturated = a_des != a_raw
-    held = False
-    lo, hi = state.a_prev - params.slew, state.a_prev + params.slew
-    a = min(max(a_des, lo), hi)
-    slew_limited = a != a_des
-    base = state.last_target if state.last_target is not None else meas.replicas_current
-    level0 = state.level if state.level is not None else float(base)
-    if level0 == 0.0 and a > 1.0:
-        level0 = 1.0 / a  # scaling up from zero: the first replica
-    level_wanted = level0 * a
-    guarded = a > 1.0 and e <= 0.0
-    if guarded:
-        # Sign guard: a multiplier above 1 left over from the slew ramp must not
-        # grow the fleet once the error is no longer positive (no overshoot).
-        level_wanted = level0
-    elif params.hold_while_pending and a > 1.0:
-        ready = meas.replicas_current - meas.replicas_pending
-        # Capacity in flight: replicas loading, or a commanded level the fleet
-        # does not show yet.  Only then does the measurement lag the level.
-        in_flight = meas.replicas_pending > 0 or level0 > meas.replicas_current + 0.5
-        if in_flight and (ready > 0 or meas.replicas_pending > 0):
-            level_wanted = max(level0, ready * a)
-            held = level_wanted <= level0
-    level = min(max(level_wanted, float(params.min_replicas)), float(params.max_replicas))
-    at_bound = level != level_wanted
-    target = _round_half_up(level)
-    if (at_bound or held or guarded) and level0 > 0:
-        # Back-calculation: track the realised ratio, within clamp and slew.
-        realised = min(max(level / level0, params.a_min), params.a_max)
-        a = min(max(realised, lo), hi)
-    reason = "scale_up" if target > base else "scale_down" if target < base else "hold"
+    act = actuate(params, state, meas, e, delta)
     new_state = replace(
-        state, e_prev=e, e_prev2=e1, a_prev=a, last_target=target, steps=state.steps + 1,
-        level=level,
+        state, e_prev=e, e_prev2=e1, a_prev=act.multiplier, last_target=act.target_replicas,
+        steps=state.steps + 1, level=act.level,
     )
     out = PidOutput(
-        multiplier=a,
-        target_replicas=target,
+        multiplier=act.multiplier,
+        target_replicas=act.target_replicas,
         error=e,
         delta=delta,
         p_term=p_term,
         i_term=i_term,
         d_term=d_term,
-        saturated=saturated,
-        slew_limited=slew_limited,
-        held_pending=held,
-        at_bound=at_bound,
-        reason=reason,
+        saturated=act.saturated,
+        slew_limited=act.slew_limited,
+        held_pending=act.held_pending,
+        at_bound=act.at_bound,
+        reason=act.reason,
     )
     return new_state, out
