@@ -10,7 +10,9 @@ All figures come from one run on one broker, side by side:
   and windowing the same messages; its progress is read from its Prometheus
   ``governor_records_total`` counter;
 * batched (``--batch`` records per message, as the producer library sends)
-  and unbatched (one record per message);
+  and unbatched (one record per message), stamped with event times the
+  worker accepts (not late), so every record is validated and windowed;
+  ``dead_lettered`` counts any that were not (it must be 0);
 * decision latency: violating records for a fresh zone are sent, and the
   time until the resulting scale command is in that zone's Redis stream is
   measured -- in total, and after the window closed (total minus the wait
@@ -53,7 +55,7 @@ def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0) -> dict[str,
 
 
 async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int,
-                   topic: str | None = None) -> int:
+                   topic: str | None = None, span_ms: int = 60_000) -> int:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
                                 max_batch_size=1 << 20, max_request_size=8 << 20)
     await producer.start()
@@ -61,10 +63,10 @@ async def _produce(settings: Settings, n: int, batch: int, zone: str, t0_ms: int
     try:
         pending = []
         for start in range(0, n, batch):
-            # Spread event time over ~60 s so windows open and close as in real traffic;
+            # Spread event time over span_ms so windows open and close as in real traffic;
             # one message = one node's batch, as the producer library on a node sends it.
             node = f"{zone}/n{(start // batch) % 8}"
-            recs = [{**_request(i, t0_ms + (i * 60_000) // n, zone), "node": node}
+            recs = [{**_request(i, t0_ms + (i * span_ms) // n, zone), "node": node}
                     for i in range(start, min(n, start + batch))]
             value = encode_envelope(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
             pending.append(await producer.send(topic or settings.topic("telemetry"), value,
@@ -93,22 +95,35 @@ async def _raw_consume(settings: Settings, topic: str, n_records: int, n_message
         await consumer.stop()
 
 
-def _records_total(port: int) -> float:
+def _counters(port: int) -> tuple[float, float]:
+    """(records read, records dead-lettered) from the worker's Prometheus counters."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     m = re.search(r"^governor_records_total ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    dead = sum(float(v) for v in re.findall(r"^governor_deadletter_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+    return (float(m.group(1)) if m else 0.0), dead
 
 
-async def _pipeline_rate(settings: Settings, port: int, n: int, batch: int, zone: str,
-                         timeout_s: float = 600.0) -> float:
-    before = _records_total(port)
+# Event time of the throughput phases.  The worker closes windows by its clock as well as by
+# event time (``lateness_s`` after the window end), so records stamped in the past would all be
+# dead-lettered as late and the bench would time the dead-letter path, not ingest.  Each phase
+# stamps its records from just ahead of the clock (EVENT_LEAD_MS) over its span, never before
+# the previous phase's last stamp (the watermark); ``dead_lettered`` in the result must be 0.
+EVENT_LEAD_MS = 2_000
+BATCHED_SPAN_MS = 20_000
+UNBATCHED_SPAN_MS = 10_000
+
+
+async def _pipeline_rate(settings: Settings, port: int, n: int, batch: int, zone: str, t0_ms: int,
+                         span_ms: int, timeout_s: float = 600.0) -> tuple[float, int]:
+    """Records/s from the first produce to the last record counted, and records dead-lettered."""
+    before, dead_before = _counters(port)
     t0 = time.perf_counter()
-    await _produce(settings, n, batch, zone, int(time.time() * 1000) - 120_000)
-    while _records_total(port) < before + n:
+    await _produce(settings, n, batch, zone, t0_ms, span_ms=span_ms)
+    while (counts := _counters(port))[0] < before + n:
         if time.perf_counter() - t0 > timeout_s:
-            raise TimeoutError(f"worker ingested {_records_total(port) - before:.0f} of {n} records")
-        await asyncio.sleep(0.02)
-    return n / (time.perf_counter() - t0)
+            raise TimeoutError(f"worker ingested {counts[0] - before:.0f} of {n} records")
+        await asyncio.sleep(0.1)
+    return n / (time.perf_counter() - t0), round(counts[1] - dead_before)
 
 
 async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[float], list[float]]:
@@ -164,8 +179,13 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
     worker = start_worker(settings, run_dir)
     try:
         await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 120)
-        batched = await _pipeline_rate(settings, port, args.events, args.batch, "az-a")
-        unbatched = await _pipeline_rate(settings, port, args.unbatched_events, 1, "az-u")
+        t_batched = int(time.time() * 1000) + EVENT_LEAD_MS
+        batched, dead_batched = await _pipeline_rate(settings, port, args.events, args.batch, "az-a",
+                                                      t_batched, BATCHED_SPAN_MS)
+        t_unbatched = max(int(time.time() * 1000) + EVENT_LEAD_MS, t_batched + BATCHED_SPAN_MS)
+        unbatched, dead_unbatched = await _pipeline_rate(settings, port, args.unbatched_events, 1, "az-u",
+                                                         t_unbatched, UNBATCHED_SPAN_MS)
+        last_event_ms = t_unbatched + UNBATCHED_SPAN_MS
         # The raw consumer reads the same messages, produced to topics of their own.
         raw_rates = []
         for name, n, batch in (("raw-batched", args.events, args.batch),
@@ -174,16 +194,23 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
             msgs = await _produce(settings, n, batch, "az-r", int(time.time() * 1000), topic=topic)
             raw_rates.append(await _raw_consume(settings, topic, n, msgs))
         raw_batched, raw_unbatched = raw_rates
+        # Decision records carry the current time: wait until the watermark left by the
+        # throughput phases is behind the clock, or they would be late.
+        wait_s = (last_event_ms + 1000 * (settings.window_s + settings.lateness_s)) / 1000 - time.time()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
         total, after_close = await _decision_latency(settings, decision_zones)
     finally:
         worker.stop()
     return {
         "broker": settings.kafka_bootstrap, "batch_records_per_message": args.batch,
         "batched": {"records": args.events, "pipeline_rps": round(batched),
-                    "raw_consumer_rps": round(raw_batched), "ratio_pipeline_to_raw": round(batched / raw_batched, 3)},
+                    "raw_consumer_rps": round(raw_batched), "ratio_pipeline_to_raw": round(batched / raw_batched, 3),
+                    "dead_lettered": dead_batched},
         "unbatched": {"records": args.unbatched_events, "pipeline_rps": round(unbatched),
                       "raw_consumer_rps": round(raw_unbatched),
-                      "ratio_pipeline_to_raw": round(unbatched / raw_unbatched, 3)},
+                      "ratio_pipeline_to_raw": round(unbatched / raw_unbatched, 3),
+                      "dead_lettered": dead_unbatched},
         "batching_speedup_pipeline": round(batched / unbatched, 1),
         "decision_latency_ms": {"samples": len(total), "record_to_command_in_redis": _pct(total),
                                 "after_window_close": _pct(after_close),
@@ -205,6 +232,9 @@ def run_bench(settings: Settings, args: Namespace) -> int:
     print(f"  unbatched    pipeline {u['pipeline_rps']:>9,} rec/s   raw consumer {u['raw_consumer_rps']:>9,} rec/s"
           f"   ratio {u['ratio_pipeline_to_raw']:.3f}")
     print(f"  batching speeds the pipeline up x{result['batching_speedup_pipeline']}")
+    if b["dead_lettered"] or u["dead_lettered"]:
+        print(f"  WARNING: {b['dead_lettered']} batched / {u['dead_lettered']} unbatched records were "
+              "dead-lettered (late?): the rates above time the dead-letter path, not ingest")
     r, a = d["record_to_command_in_redis"], d["after_window_close"]
     print(f"decision latency, {d['samples']} samples (window {d['window_s']} s, lateness {d['lateness_s']} s)")
     print(f"  record -> command in Redis   p50 {r['p50']:.0f} ms   p99 {r['p99']:.0f} ms")
