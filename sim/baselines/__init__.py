@@ -1,0 +1,82 @@
+"""Baseline autoscalers the benchmark compares governor against.
+
+Each baseline re-implements a production autoscaler's documented algorithm and
+defaults (sources are cited in each module) behind one interface,
+:class:`~sim.baselines.base.Autoscaler`.  ``BASELINES`` maps a name to a
+constructor with the common signature
+``Cls(params=None, *, min_replicas=1, max_replicas=64, slo_ttft_ms=1000.0,
+slo_itl_ms=150.0, replica_capacity_rps=None)``.
+
+=====================  =============================================  ===========================
+name                   system                                         signal
+=====================  =============================================  ===========================
+``static``             fixed N replicas                               none
+``hpa``                Kubernetes HPA (autoscaling/v2)                GPU utilisation
+``keda``               KEDA Prometheus trigger -> HPA                 window P95 TTFT
+``kpa``                Knative Pod Autoscaler                         in-flight requests
+``rayserve``           Ray Serve default policy                       ongoing requests
+``dynamo-load``        NVIDIA Dynamo planner, load-based              TTFT / ITL estimates
+``dynamo-throughput``  NVIDIA Dynamo planner, throughput-based        forecast arrival rate
+=====================  =============================================  ===========================
+
+Examples
+--------
+>>> sorted(BASELINES)
+['dynamo-load', 'dynamo-throughput', 'hpa', 'keda', 'kpa', 'rayserve', 'static']
+>>> BASELINES["hpa"](max_replicas=8).period_s
+15.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sim.baselines.base import (
+    Autoscaler,
+    BaselineBase,
+    BaselineParameterError,
+    Observation,
+)
+from sim.baselines.dynamo import (
+    DynamoLoadParams,
+    DynamoLoadPlanner,
+    DynamoThroughputParams,
+    DynamoThroughputPlanner,
+)
+from sim.baselines.hpa import HorizontalPodAutoscaler, HpaParams
+from sim.baselines.keda import KedaParams, KedaPrometheus
+from sim.baselines.kpa import KnativePodAutoscaler, KpaParams
+from sim.baselines.rayserve import RayServeAutoscaler, RayServeParams
+from sim.baselines.static import StaticParams, StaticReplicas
+
+__all__ = [
+    "BASELINES",
+    "Autoscaler",
+    "BaselineBase",
+    "BaselineParameterError",
+    "DynamoLoadParams",
+    "DynamoLoadPlanner",
+    "DynamoThroughputParams",
+    "DynamoThroughputPlanner",
+    "HorizontalPodAutoscaler",
+    "HpaParams",
+    "KedaParams",
+    "KedaPrometheus",
+    "KnativePodAutoscaler",
+    "KpaParams",
+    "Observation",
+    "RayServeAutoscaler",
+    "RayServeParams",
+    "StaticParams",
+    "StaticReplicas",
+]
+
+BASELINES: dict[str, Callable[..., Autoscaler]] = {
+    "static": StaticReplicas,
+    "hpa": HorizontalPodAutoscaler,
+    "keda": KedaPrometheus,
+    "kpa": KnativePodAutoscaler,
+    "rayserve": RayServeAutoscaler,
+    "dynamo-load": DynamoLoadPlanner,
+    "dynamo-throughput": DynamoThroughputPlanner,
+}
