@@ -7,6 +7,7 @@
     governor fleet                simulated fleet replaying a trace (live)
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
+    governor bench control        every autoscaler on the same seeded workload
 """
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--batch", type=int, default=100, help="records per Kafka message (batched run)")
     bp.add_argument("--decisions", type=int, default=20, help="decision-latency samples")
     bp.add_argument("--json", action="store_true", help="print one JSON object")
+    from governor.bench_control import add_parser as add_control_parser
+
+    add_control_parser(bsub)
     return p
 
 
@@ -112,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_pipeline import run_bench
 
         return run_bench(settings, args)
+    if args.command == "bench" and args.bench == "control":
+        from governor.bench_control import run_bench as run_control
+
+        return run_control(args)
     return 2
 
 

@@ -39,8 +39,13 @@ class ModelSpec:
     itl_slo_ms: float = 150.0
     min_replicas: int = 1
     max_replicas: int = 64
+    # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
+    # Set = the feedforward path sizes the fleet from demand; None = feedback only.
+    replica_capacity_rps: float | None = None
 
     def __post_init__(self) -> None:
+        if self.replica_capacity_rps is not None and self.replica_capacity_rps <= 0:
+            raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
         if self.ttft_slo_ms <= 0 or self.itl_slo_ms <= 0:
             raise SettingsError(f"model {self.name}: SLOs must be positive")
         if not 0 <= self.min_replicas <= self.max_replicas:
@@ -72,6 +77,7 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_FETCH_MAX_WAIT_MS": "consumer fetch wait (Faust hard-codes 1500 ms; 50 ms gives ~60 ms hops)",
     "GOVERNOR_SESSION_TIMEOUT_S": "consumer-group session timeout (a join takes about half of it)",
     "GOVERNOR_DATA_DIR": "where the stream worker keeps its local state",
+    "GOVERNOR_STARTUP_HINT_S": "expected replica start-up seconds (feedforward look-ahead)",
     "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
 }
 
@@ -106,6 +112,8 @@ class Settings:
     fetch_max_wait_ms: int = 50
     session_timeout_s: float = 10.0
     data_dir: str = "/tmp/governor"
+    # Expected replica start-up time: the feedforward look-ahead horizon.
+    startup_hint_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -183,6 +191,7 @@ class Settings:
             fetch_max_wait_ms=int(num("GOVERNOR_FETCH_MAX_WAIT_MS", d.fetch_max_wait_ms, int)),
             session_timeout_s=num("GOVERNOR_SESSION_TIMEOUT_S", d.session_timeout_s),
             data_dir=g("GOVERNOR_DATA_DIR") or d.data_dir,
+            startup_hint_s=num("GOVERNOR_STARTUP_HINT_S", d.startup_hint_s),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -206,4 +215,5 @@ class Settings:
             "GOVERNOR_FETCH_MAX_WAIT_MS": str(self.fetch_max_wait_ms),
             "GOVERNOR_SESSION_TIMEOUT_S": repr(self.session_timeout_s),
             "GOVERNOR_DATA_DIR": self.data_dir,
+            "GOVERNOR_STARTUP_HINT_S": repr(self.startup_hint_s),
         }

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controllers import feedforward as ff
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from governor.settings import Settings
 from streams.commands import Command
@@ -32,9 +33,20 @@ def pid_params_for(settings: Settings, model: str) -> PidParams:
                      max_replicas=spec.max_replicas)
 
 
+def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None:
+    spec = settings.model(model)
+    if spec is None or spec.replica_capacity_rps is None:
+        return None
+    # Look ahead over what a new replica needs to become useful: start-up plus a period.
+    return ff.FeedforwardParams(capacity_rps=spec.replica_capacity_rps,
+                                horizon_s=settings.startup_hint_s + settings.window_s)
+
+
 @dataclass
 class KeyState:
     pid: PidState = field(default_factory=PidState)
+    ff: ff.FeedforwardState = field(default_factory=ff.FeedforwardState)
+    ff_mode: bool = False
     mismatched_windows: int = 0
     last_basis_ms: int = -1
 
@@ -45,6 +57,7 @@ class Scaler:
         self.ttl_ms = int(settings.command_ttl_s * 1000)
         self.reconcile_after = reconcile_after
         self.params = {m.name: pid_params_for(settings, m.name) for m in settings.models}
+        self.ff_params = {m.name: ff_params_for(settings, m.name) for m in settings.models}
         self.states: dict[tuple[str, str], KeyState] = {}
         self.decisions = 0
 
@@ -63,9 +76,15 @@ class Scaler:
         ks.last_basis_ms = basis
         ready = int(m.get("replicas_ready") or 0)
         starting = int(m.get("replicas_starting") or 0)
-        meas = PidMeasurement(violation_rate=float(m.get("violation_rate") or 0.0),
-                              replicas_current=ready + starting, replicas_pending=starting)
+        # Lead the lagging signal: count the waiting requests already bound to miss.
+        eps = ff.leading_violation_rate(
+            int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
+            float(m.get("queue_len_mean") or 0.0) * max(ready, 1), float(m.get("rate_rps") or 0.0),
+            float(m.get("ttft_slo_ms") or self._slo(model)))
+        meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
+                              replicas_pending=starting)
         previous = ks.pid.last_target
+        ff_out = self._feedforward(model, zone, ks, m, meas, params)
         ks.pid, out = step(params, ks.pid, meas, float(m["window_s"]))
         self.decisions += 1
         target = out.target_replicas
@@ -85,5 +104,35 @@ class Scaler:
                        reason=reason, issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms,
                        basis_ms=basis, controller="pid",
                        detail={"violation_rate": meas.violation_rate, "multiplier": out.multiplier,
+                               "feedforward": None if ff_out is None else ff_out.to_dict(),
                                "error": out.error, "held_pending": out.held_pending,
                                "e2e_p95_ms": m.get("e2e_p95_ms"), "ttft_p95_ms": m.get("ttft_p95_ms")})
+
+    def _slo(self, model: str) -> float:
+        spec = self.settings.model(model)
+        return spec.ttft_slo_ms if spec else 1000.0
+
+    def _feedforward(self, model: str, zone: str, ks: KeyState, m: Mapping[str, Any],
+                     meas: PidMeasurement, params: PidParams) -> ff.FeedforwardOutput | None:
+        """Size from demand; lift (or let decay) the PID's level before it steps."""
+        ffp = self.ff_params.get(model)
+        if ffp is None:
+            return None
+        window_s = float(m["window_s"])
+        ready = int(m.get("replicas_ready") or 0)
+        queued = float(m.get("queue_len_mean") or 0.0) * max(ready, 1)
+        ks.ff, out = ff.step(ffp, ks.ff, ff.FeedforwardMeasurement(
+            rate_rps=float(m.get("rate_rps") or 0.0), queued=queued), window_s)
+        need = min(max(out.replicas, float(params.min_replicas)), float(params.max_replicas))
+        level = ks.pid.level if ks.pid.level is not None else float(
+            ks.pid.last_target if ks.pid.last_target is not None else meas.replicas_current)
+        if need > level * (1.0 + ffp.tolerance):
+            ks.pid = replace(ks.pid, level=need)  # bumpless: the integrator starts at the demand
+        elif meas.violation_rate <= params.eps_ref:
+            ks.pid = replace(ks.pid, level=level - ffp.decay_per_step * (level - need))
+        mode = out.burst or need > level * (1.0 + ffp.tolerance)
+        if mode != ks.ff_mode:
+            log.info("%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",
+                     zone, model, "on" if mode else "off", out.forecast_rps, need)
+            ks.ff_mode = mode
+        return out

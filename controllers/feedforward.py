@@ -1,0 +1,165 @@
+"""Feedforward sizing: replicas the *demand* needs, before violations show.
+
+Feedback on the violation rate acts only after requests have already missed
+their SLO, and a replica takes tens of seconds to load.  The feedforward path
+sizes the fleet from a fluid model of the demand instead::
+
+    arrival_rps  = completion_rps + (queued_now - queued_before) / dt   # lambda = mu + dq/dt
+    demand_rps   = max(arrival_rps, rate_forecast(t + horizon))
+    backlog_rps  = queued_requests / drain_s          # clear the queue in drain_s
+    replicas_ff  = (demand_rps + backlog_rps) / (capacity_rps * target_util)
+
+Completions alone cannot see demand beyond capacity (a saturated zone
+completes at its capacity however fast requests arrive); the queue's growth
+is the rest of the arrival rate.  ``rate_forecast`` is Holt's linear-trend smoothing of the per-window arrival
+rate (level + trend, projected ``horizon_s`` ahead: replica start-up plus one
+control period), so a ramp is met by capacity that is ready when the ramp
+arrives.  ``capacity_rps`` is one replica's sustainable request rate within
+the SLO (from profiling, as Dynamo's planner takes it; see
+:mod:`sim.profiling`).
+
+The controller in :mod:`streams.control` combines this with the feedback
+PID: the feedforward requirement lifts the PID's replica level when it is
+higher (bumpless: the integrator starts from where the demand is), the PID
+adds what the model misses, and when nothing violates the level decays
+towards the requirement (``decay_per_step``) instead of waiting for
+violations to appear.
+
+Examples
+--------
+>>> p = FeedforwardParams(capacity_rps=2.0, target_util=0.8, horizon_s=40.0)
+>>> s = FeedforwardState()
+>>> for rate in (10.0, 12.0, 14.0, 16.0):
+...     s, need = step(p, s, FeedforwardMeasurement(rate_rps=rate, queued=0.0), dt_s=10.0)
+>>> round(need.replicas, 1) > 16.0 / (2.0 * 0.8)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controllers.errors import ParameterError
+
+__all__ = ["FeedforwardMeasurement", "FeedforwardOutput", "FeedforwardParams",
+           "FeedforwardState", "step"]
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ParameterError(f"{name}={value!r}: must be a finite number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ParameterError(f"{name}={value}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+@dataclass(frozen=True)
+class FeedforwardParams:
+    """Sizing model parameters (validated)."""
+
+    capacity_rps: float
+    target_util: float = 0.8
+    horizon_s: float = 40.0
+    drain_s: float = 60.0
+    alpha: float = 0.5  # Holt level smoothing
+    beta: float = 0.3  # Holt trend smoothing
+    burst_ratio: float = 1.25  # forecast / current above this = "burst" (feedforward mode)
+    decay_per_step: float = 0.1  # share of (level - requirement) removed per quiet step
+    tolerance: float = 0.1  # lift only when the requirement exceeds the level by this share
+
+    def __post_init__(self) -> None:
+        _positive("capacity_rps", self.capacity_rps)
+        _positive("horizon_s", self.horizon_s, allow_zero=True)
+        _positive("drain_s", self.drain_s)
+        for name in ("target_util", "alpha", "beta"):
+            v = getattr(self, name)
+            _positive(name, v)
+            if v > 1.0:
+                raise ParameterError(f"{name}={v}: must lie in (0, 1]")
+        if not 0.0 <= self.decay_per_step <= 1.0:
+            raise ParameterError(f"decay_per_step={self.decay_per_step}: must lie in [0, 1]")
+        _positive("burst_ratio", self.burst_ratio)
+
+
+@dataclass(frozen=True)
+class FeedforwardState:
+    level: float | None = None
+    trend: float = 0.0
+    steps: int = 0
+    queued: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeedforwardState:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class FeedforwardMeasurement:
+    rate_rps: float  # completion rate of the period just closed
+    queued: float  # requests waiting across the zone's replicas
+
+    def __post_init__(self) -> None:
+        _positive("rate_rps", self.rate_rps, allow_zero=True)
+        _positive("queued", self.queued, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class FeedforwardOutput:
+    replicas: float  # continuous requirement
+    forecast_rps: float
+    demand_rps: float
+    backlog_rps: float
+    burst: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def step(params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMeasurement,
+         dt_s: float) -> tuple[FeedforwardState, FeedforwardOutput]:
+    """Update the rate forecast and return the replica requirement (pure)."""
+    _positive("dt_s", dt_s)
+    growth = 0.0 if state.queued is None else (meas.queued - state.queued) / dt_s
+    y = max(0.0, meas.rate_rps + growth)
+    if state.level is None:
+        level, trend = y, 0.0
+    else:
+        prev = state.level + state.trend
+        level = params.alpha * y + (1 - params.alpha) * prev
+        trend = params.beta * (level - state.level) + (1 - params.beta) * state.trend
+    ahead = max(0.0, level + trend * (params.horizon_s / dt_s))
+    demand = max(y, ahead)
+    backlog = meas.queued / params.drain_s
+    replicas = (demand + backlog) / (params.capacity_rps * params.target_util)
+    burst = y > 0 and ahead > params.burst_ratio * y
+    return (FeedforwardState(level=level, trend=trend, steps=state.steps + 1, queued=meas.queued),
+            FeedforwardOutput(replicas=replicas, forecast_rps=ahead, demand_rps=demand,
+                              backlog_rps=backlog, burst=burst))
+
+
+def leading_violation_rate(count: int, violation_rate: float, queued: float, rate_rps: float,
+                           ttft_slo_ms: float) -> float:
+    """Violation rate including the requests still waiting that will miss the SLO.
+
+    A window's violation rate counts finished requests only; while a queue
+    builds, the requests that will miss their time-to-first-token SLO have not
+    finished yet, so the measured rate lags the truth by the queueing time.
+    With FIFO service at the zone's completion rate ``rate_rps``, the waiting
+    request at position k starts after k / rate_rps seconds, so
+    ``max(0, queued - rate_rps * slo_s)`` of them are already bound to violate.
+    The result is the share of violators among finished plus waiting requests.
+
+    >>> leading_violation_rate(100, 0.0, 0.0, 10.0, 1000.0)
+    0.0
+    >>> round(leading_violation_rate(100, 0.0, 300.0, 10.0, 1000.0), 3)  # 290 of 300 will miss
+    0.725
+    """
+    if queued <= 0:
+        return violation_rate
+    doomed = queued if rate_rps <= 0 else max(0.0, queued - rate_rps * ttft_slo_ms / 1000.0)
+    total = count + queued
+    return min(1.0, (violation_rate * count + doomed) / total) if total > 0 else 0.0

@@ -1,0 +1,186 @@
+"""``governor bench control``: every strategy on the same seeded workload, in
+the fast deterministic loop (:mod:`sim.fastloop`), one table.
+
+Columns: SLO attainment, P50/P95/P99 end-to-end latency, P95 TTFT,
+GPU-seconds, waste (idle share of provisioned GPU time), scale actions and
+reversals (flaps).  Writes a PNG per strategy (latency and replicas over
+time) and, with ``--json``, prints one JSON object per strategy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from argparse import Namespace
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.fastloop import LoopConfig, RunResult, run
+from sim.profiling import replica_capacity_rps
+from sim.scenarios import SCENARIOS, build
+from sim.traces import load_trace
+
+# Per-trace SLO defaults: Mooncake prompts are ~7k tokens at the median (prefill
+# alone ~0.8 s on the calibrated H100 TP8 model), so a 1 s TTFT SLO would be
+# unattainable by any fleet size.
+TRACE_SLOS = {"azure-conv": (1000.0, 150.0), "mooncake": (6000.0, 150.0)}
+
+
+def strategy_names(selected: str) -> list[str]:
+    from sim.baselines import BASELINES
+
+    names = ["governor", "governor-fb", *BASELINES]
+    if selected == "all":
+        return names
+    wanted = [s.strip() for s in selected.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in names]
+    if unknown:
+        raise SystemExit(f"unknown strategies {unknown}; choose from {names}")
+    return wanted
+
+
+def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # type: ignore[no-untyped-def]
+    from sim.baselines import BASELINES
+
+    cls = BASELINES[name]
+    kwargs: dict[str, Any] = {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas,
+                              "slo_ttft_ms": cfg.ttft_slo_ms, "slo_itl_ms": cfg.itl_slo_ms,
+                              "replica_capacity_rps": capacity}
+    if name == "static":
+        from sim.baselines.static import StaticParams
+
+        return lambda zone: cls(StaticParams(replicas=static_n), **kwargs)
+    return lambda zone: cls(**kwargs)
+
+
+def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
+    trace = load_trace(args.trace)
+    slo = TRACE_SLOS.get(Path(str(args.trace)).name, TRACE_SLOS["azure-conv"])
+    cfg = LoopConfig(initial_replicas=args.replicas, startup_s=args.startup_s, seed=args.seed,
+                     ttft_slo_ms=args.ttft_slo_ms or slo[0], itl_slo_ms=args.itl_slo_ms or slo[1],
+                     window_s=args.window_s)
+    scenario = build(args.scenario, trace, args.qps, args.duration_s, cfg.zones)
+    capacity = replica_capacity_rps(trace, cfg)
+    peak = float(np.max(np.histogram(scenario.workload.arrival_s,
+                                     bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
+    static_n = args.static_replicas or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
+    results = []
+    for name in strategy_names(args.strategies):
+        run_cfg = cfg
+        if name == "governor":  # feedback PID + feedforward sized by the same profiled capacity
+            strat: Any = "governor"   # the baselines (static, dynamo-throughput) are given
+            run_cfg = dataclasses.replace(cfg, replica_capacity_rps=capacity)
+        elif name == "governor-fb":  # the feedback PID alone
+            strat = "governor"
+        else:
+            strat = _factory(name, cfg, capacity, static_n)
+        results.append(run(strat, scenario.workload, run_cfg, scenario.faults, scenario.duration_s, name=name))
+    meta = {"trace": str(args.trace), "scenario": args.scenario, "qps": args.qps,
+            "duration_s": args.duration_s, "seed": args.seed, "requests": len(scenario.workload),
+            "replica_capacity_rps": round(capacity, 3), "static_replicas_per_zone": static_n,
+            "ttft_slo_ms": cfg.ttft_slo_ms, "itl_slo_ms": cfg.itl_slo_ms,
+            "startup_s": cfg.startup_s, "window_s": cfg.window_s}
+    return results, meta
+
+
+COLUMNS = (("slo_attainment", "SLO att.", "{:.2%}"), ("e2e_p50_ms", "e2e P50", "{:,.0f}"),
+           ("e2e_p95_ms", "e2e P95", "{:,.0f}"), ("e2e_p99_ms", "e2e P99", "{:,.0f}"),
+           ("ttft_p95_ms", "TTFT P95", "{:,.0f}"), ("gpu_seconds", "GPU-s", "{:,.0f}"),
+           ("waste", "waste", "{:.1%}"), ("scale_actions", "actions", "{}"),
+           ("reversals", "flaps", "{}"))
+
+
+def table(results: Sequence[RunResult]) -> str:
+    head = f"{'strategy':<18}" + "".join(f"{h:>11}" for _, h, _ in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in results:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            v = r.metrics.get(key)
+            cells.append(f"{'-' if v is None else fmt.format(v):>11}")
+        lines.append(f"{r.strategy:<18}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sim.fastloop import EPOCH_MS0
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    if result.finished:
+        t = np.array([(r["ts_ms"] - EPOCH_MS0) / 1000 for r in result.finished])
+        ttft = np.array([r["ttft_ms"] for r in result.finished])
+        edges = np.arange(0, t.max() + 10, 10)
+        idx = np.digitize(t, edges)
+        pts = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95)) for i in np.unique(idx) if (idx == i).sum() > 5]
+        if pts:
+            ax1.plot(*zip(*pts, strict=True), color="tab:red", label="TTFT P95 (10 s)")
+    ax1.axhline(ttft_slo_ms, color="k", ls="--", lw=1, label="TTFT SLO")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("ms")
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1.set_title(f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
+                  f"{result.metrics['gpu_seconds']:,.0f} GPU-s")
+    ts = result.timeline["t_s"]
+    for zone in zones:
+        ax2.step(ts, result.timeline[f"{zone}.ready"], where="post", label=f"{zone} ready")
+        ax2.step(ts, result.timeline[f"{zone}.desired"], where="post", ls="--", label=f"{zone} desired")
+    ax2.set_ylabel("replicas")
+    ax2.set_xlabel("trace time (s)")
+    ax2.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_bench(args: Namespace) -> int:
+    results, meta = run_all(args)
+    out = Path(args.out)
+    cfg_zones = ("az-a", "az-b")
+    plots = {r.strategy: str(plot(r, out / f"{args.scenario}-{r.strategy}.png", meta["ttft_slo_ms"], cfg_zones))
+             for r in results}
+    if args.json:
+        print(json.dumps({"meta": meta, "strategies": [{"strategy": r.strategy, **r.metrics,
+                                                        "plot": plots[r.strategy]} for r in results]}))
+        return 0
+    print(f"trace {meta['trace']}  scenario {meta['scenario']}  base {meta['qps']} QPS  "
+          f"{meta['duration_s']:.0f} s  {meta['requests']:,} requests  seed {meta['seed']}")
+    print(f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
+          f"profiled capacity {meta['replica_capacity_rps']} req/s per replica; "
+          f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s")
+    print(table(results))
+    print(f"plots: {out}/{args.scenario}-<strategy>.png")
+    sys.stdout.flush()
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    bc = sub.add_parser("control", help="every autoscaler on the same seeded workload (fast simulator)")
+    bc.add_argument("--trace", default="azure-conv", help="trace name (azure-conv, mooncake) or file path")
+    bc.add_argument("--scenario", default="step", choices=SCENARIOS)
+    bc.add_argument("--qps", type=float, default=20.0, help="base request rate")
+    bc.add_argument("--duration-s", type=float, default=1800.0)
+    bc.add_argument("--strategies", default="all", help="comma-separated, or 'all'")
+    bc.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
+    bc.add_argument("--static-replicas", type=int, default=0,
+                    help="replicas per zone of the static baseline (0 = sized for the peak minute)")
+    bc.add_argument("--startup-s", type=float, default=30.0)
+    bc.add_argument("--window-s", type=float, default=10.0)
+    bc.add_argument("--ttft-slo-ms", type=float, default=0.0, help="0 = the trace's default")
+    bc.add_argument("--itl-slo-ms", type=float, default=0.0, help="0 = the trace's default")
+    bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--out", default="runs/bench-control")
+    bc.add_argument("--json", action="store_true")
+
+
+def summary_rows(results: Sequence[RunResult]) -> list[Mapping[str, Any]]:
+    return [{"strategy": r.strategy, **r.metrics} for r in results]

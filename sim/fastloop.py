@@ -1,0 +1,283 @@
+"""Fast, deterministic closed loop: the fleet, the pipeline's window code and
+an autoscaler, with no broker, no Redis and no wall clock.
+
+It replays a workload through :class:`sim.fleet.Fleet` in ticks of trace time
+and feeds every finished-request and GPU record through the *same*
+:class:`streams.pipeline.TelemetryProcessor` (windows, DDSketch) the stream
+worker runs.  ``governor`` decides with the same :class:`streams.control.Scaler`
+(PID) the worker runs; baselines (:mod:`sim.baselines`) decide from the same
+windows plus instantaneous fleet observations, every ``period_s``.  Decisions
+reach the fleet after ``actuation_delay_s`` (command path + API latency).
+Everything is seeded; the same inputs give the same run.
+
+Cost accounting per tick: provisioned GPU-seconds count every replica that
+holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
+GPU-seconds weight ready replicas by their measured busy fraction; waste is
+``1 - busy / provisioned``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from governor.settings import ModelSpec, Settings
+from sim.fleet import Fleet, FleetConfig
+from sim.perf_model import PerfModel
+from sim.workloads import Workload
+from streams.control import Scaler
+from streams.pipeline import TelemetryProcessor
+
+if TYPE_CHECKING:
+    from sim.baselines.base import Autoscaler
+
+EPOCH_MS0 = 1_700_000_000_000
+
+
+class LoopConfigError(ValueError):
+    """A fast-loop parameter is unusable; the message names it."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """``spike``: service time x ``factor`` on ``fraction`` of a zone's replicas;
+    ``replica_lost``: one replica fails (replaced); ``zone_cut``: the zone
+    loses all replicas and ingress for ``duration_s``; ``slow_start``: replica
+    start-up takes ``factor`` x longer from ``at_s`` on (not undone)."""
+
+    kind: str
+    zone: str
+    at_s: float
+    duration_s: float = 60.0
+    fraction: float = 0.5
+    factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in {"spike", "replica_lost", "zone_cut", "slow_start"}:
+            raise LoopConfigError(f"fault kind {self.kind!r} unknown")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    model: str = "llama2-70b"
+    zones: tuple[str, ...] = ("az-a", "az-b")
+    initial_replicas: int = 4
+    min_replicas: int = 1
+    max_replicas: int = 256
+    startup_s: float = 30.0
+    actuation_delay_s: float = 2.0
+    window_s: float = 10.0
+    lateness_s: float = 2.0
+    tick_s: float = 1.0
+    gpus_per_replica: int = 8
+    ttft_slo_ms: float = 1000.0
+    itl_slo_ms: float = 150.0
+    pid_gains: Mapping[str, float] = field(default_factory=lambda: {"kp": 0.0, "ki": 0.05, "kd": 0.0})
+    eps_ref: float = 0.02
+    seed: int = 0
+    hardware: str = "h100-80gb"
+    tensor_parallel: int = 8
+    replica_capacity_rps: float | None = None  # set = governor uses its feedforward path
+
+    def __post_init__(self) -> None:
+        if self.tick_s <= 0 or self.window_s < self.tick_s:
+            raise LoopConfigError("need 0 < tick_s <= window_s")
+        if self.actuation_delay_s < 0 or self.startup_s < 0:
+            raise LoopConfigError("actuation_delay_s and startup_s must be >= 0")
+        if not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise LoopConfigError("need min_replicas <= initial_replicas <= max_replicas")
+
+    def settings(self) -> Settings:
+        spec = ModelSpec(self.model, ttft_slo_ms=self.ttft_slo_ms, itl_slo_ms=self.itl_slo_ms,
+                         min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                         replica_capacity_rps=self.replica_capacity_rps)
+        return Settings(startup_hint_s=self.startup_s, zones=self.zones, models=(spec,), window_s=self.window_s,
+                        lateness_s=self.lateness_s, eps_ref=self.eps_ref, pid_gains=dict(self.pid_gains),
+                        command_ttl_s=max(60.0, 3 * self.window_s))
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    metrics: dict[str, Any]
+    timeline: dict[str, np.ndarray]  # t_s and per-zone ready/starting/desired columns
+    decisions: list[tuple[float, str, int, str]]  # (t_s, zone, desired, reason)
+    finished: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+
+
+class _GovernorStrategy:
+    """The pipeline's own controller (streams.control.Scaler) on zone windows."""
+
+    name = "governor"
+
+    def __init__(self, settings: Settings) -> None:
+        self.scaler = Scaler(settings)
+
+    def on_window(self, m: Mapping[str, Any], now_ms: int) -> tuple[str, int, str] | None:
+        cmd = self.scaler.on_window(m, now_ms)
+        return None if cmd is None else (cmd.zone, cmd.target_replicas, cmd.reason)
+
+
+StrategyFactory = Callable[[str], "Autoscaler"]  # zone -> autoscaler for that zone
+
+
+def _reversals(values: Sequence[int]) -> int:
+    moves = [b - a for a, b in zip(values, values[1:], strict=False) if b != a]
+    return sum(1 for a, b in zip(moves, moves[1:], strict=False) if (a > 0) != (b > 0))
+
+
+def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
+        faults: Sequence[Fault] = (), duration_s: float | None = None,
+        name: str | None = None) -> RunResult:
+    """Run one strategy ("governor" or a per-zone baseline factory) on a workload."""
+    wall0 = time.perf_counter()
+    duration = float(duration_s if duration_s is not None else (workload.arrival_s[-1] if len(workload) else 0.0))
+    settings = cfg.settings()
+    perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
+    fleet = Fleet(FleetConfig(models={cfg.model: perf}, zones=cfg.zones, startup_s=cfg.startup_s,
+                              initial_replicas=cfg.initial_replicas, seed=cfg.seed), epoch_ms0=EPOCH_MS0)
+    processor = TelemetryProcessor(settings)
+    governor = _GovernorStrategy(settings) if strategy == "governor" else None
+    scalers: dict[str, Autoscaler] = {} if governor else {z: strategy(z) for z in cfg.zones}  # type: ignore[operator]
+    next_decide = {z: 0.0 for z in cfg.zones}
+    last_window: dict[str, dict[str, Any]] = {}
+    pending: deque[tuple[float, str, int]] = deque()
+    decisions: list[tuple[float, str, int, str]] = []
+    desired_seq: dict[str, list[int]] = {z: [cfg.initial_replicas] for z in cfg.zones}
+    arrivals_last: dict[str, deque[float]] = defaultdict(deque)
+    rng = np.random.default_rng(cfg.seed)
+    zone_of = rng.integers(0, len(cfg.zones), len(workload))
+    finished: list[dict[str, Any]] = []
+    windows: list[dict[str, Any]] = []
+    tl: dict[str, list[float]] = defaultdict(list)
+    cut_until: dict[str, float] = {}
+    saved_desired: dict[str, int] = {}
+    fault_queue = sorted(faults, key=lambda f: f.at_s)
+    prov_gpu_s = busy_gpu_s = 0.0
+    i, t = 0, 0.0
+    n_ticks = int(np.ceil(duration / cfg.tick_s))
+    for k in range(1, n_ticks + 1):
+        t = min(k * cfg.tick_s, duration)
+        while fault_queue and fault_queue[0].at_s <= t:
+            f = fault_queue.pop(0)
+            if f.kind == "spike":
+                fleet.inject_latency_spike(f.zone, cfg.model, f.fraction, f.factor, f.at_s, f.duration_s)
+            elif f.kind == "replica_lost":
+                fleet.fail_replica(f.zone, cfg.model, f.at_s)
+            elif f.kind == "zone_cut":
+                cut_until[f.zone] = f.at_s + f.duration_s
+                saved_desired[f.zone] = fleet.desired(f.zone, cfg.model)
+                fleet.set_desired(f.zone, cfg.model, 0, f.at_s)
+            elif f.kind == "slow_start":  # every replica started from now on loads slower
+                fleet.config = dataclasses.replace(fleet.config, startup_s=cfg.startup_s * f.factor)
+        for zone, until in list(cut_until.items()):
+            if t >= until:
+                del cut_until[zone]
+                fleet.set_desired(zone, cfg.model, max(saved_desired.pop(zone, 1), cfg.min_replicas), until)
+        live_zones = [z for z in cfg.zones if z not in cut_until] or list(cfg.zones)
+        while i < len(workload) and workload.arrival_s[i] <= t:
+            zone = cfg.zones[int(zone_of[i])]
+            if zone in cut_until:  # the global balancer sends the cut zone's traffic elsewhere
+                zone = live_zones[i % len(live_zones)]
+            fleet.submit(float(workload.arrival_s[i]), zone, cfg.model, int(workload.prompt_tokens[i]),
+                         int(workload.output_tokens[i]), f"r{i}",
+                         hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else None)
+            arrivals_last[zone].append(float(workload.arrival_s[i]))
+            i += 1
+        while pending and pending[0][0] <= t:
+            at, zone, n = pending.popleft()
+            if zone not in cut_until:
+                fleet.set_desired(zone, cfg.model, n, at)
+        done = fleet.advance_to(t)
+        finished.extend(done)
+        snaps = fleet.gpu_snapshot(t)
+        now_ms = EPOCH_MS0 + int(round(t * 1000))
+        processor.process({"schema_version": 1, "kind": "batch", "records": done + snaps},
+                          {"topic": "fastloop", "partition": 0, "offset": k}, now_ms)
+        for m in processor.close_due(now_ms, now_ms):
+            if m["scope"] != "zone":
+                continue
+            windows.append(m)
+            last_window[m["zone"]] = m
+            if governor is not None and m["zone"] not in cut_until:
+                decision = governor.on_window(m, now_ms)
+                if decision is not None:
+                    zone, n, reason = decision
+                    pending.append((t + cfg.actuation_delay_s, zone, n))
+                    decisions.append((t, zone, n, reason))
+                    desired_seq[zone].append(n)
+        by_zone: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for s in snaps:
+            by_zone[s["zone"]].append(s)
+        for zone in cfg.zones:
+            zs = by_zone.get(zone, [])
+            ready = [s for s in zs if s["state"] == "ready"]
+            prov_gpu_s += len(zs) * cfg.gpus_per_replica * cfg.tick_s
+            busy_gpu_s += sum(s["gpu_util"] for s in ready) * cfg.gpus_per_replica * cfg.tick_s
+            counts = fleet.replicas(zone, cfg.model)
+            tl[f"{zone}.ready"].append(counts.get("ready", 0))
+            tl[f"{zone}.starting"].append(counts.get("starting", 0))
+            tl[f"{zone}.desired"].append(fleet.desired(zone, cfg.model))
+            q = arrivals_last[zone]
+            while q and q[0] <= t - 1.0:
+                q.popleft()
+            if governor is None and t >= next_decide[zone] and zone not in cut_until:
+                scaler = scalers[zone]
+                next_decide[zone] = t + scaler.period_s
+                from sim.baselines.base import Observation
+
+                obs = Observation(
+                    t_s=t, zone=zone, model=cfg.model, replicas_ready=counts.get("ready", 0),
+                    replicas_starting=counts.get("starting", 0), desired=fleet.desired(zone, cfg.model),
+                    ongoing_requests=sum(s["queue_len"] + s["running"] for s in zs),
+                    queue_len=sum(s["queue_len"] for s in zs), arrival_rate_rps=float(len(q)),
+                    gpu_util=float(np.mean([s["gpu_util"] for s in ready])) if ready else 0.0,
+                    window=last_window.get(zone))
+                n = scaler.decide(obs)
+                if n is not None:
+                    n = int(min(max(n, cfg.min_replicas), cfg.max_replicas))
+                    if n != obs.desired:
+                        pending.append((t + cfg.actuation_delay_s, zone, n))
+                        decisions.append((t, zone, n, scaler.name))
+                        desired_seq[zone].append(n)
+        tl["t_s"].append(t)
+    # Drain: let in-flight requests finish (no new arrivals), so nothing is left uncounted.
+    tail = fleet.advance_to(t + 600.0)
+    finished.extend(tail)
+    return RunResult(
+        strategy=name or (strategy if isinstance(strategy, str) else getattr(scalers[cfg.zones[0]], "name", "?")),
+        metrics=summarise(finished, cfg, prov_gpu_s, busy_gpu_s, decisions, desired_seq,
+                          submitted=i, wall_s=time.perf_counter() - wall0, duration_s=duration,
+                          in_flight=fleet.stats().get("in_flight", 0)),
+        timeline={k: np.asarray(v) for k, v in tl.items()}, decisions=decisions,
+        finished=finished, windows=windows)
+
+
+def summarise(finished: Sequence[Mapping[str, Any]], cfg: LoopConfig, prov_gpu_s: float,
+              busy_gpu_s: float, decisions: Sequence[tuple], desired_seq: Mapping[str, Sequence[int]],
+              *, submitted: int, wall_s: float, duration_s: float, in_flight: int) -> dict[str, Any]:
+    ttft = np.array([r["ttft_ms"] for r in finished], dtype=float)
+    itl = np.array([r.get("itl_ms", 0.0) for r in finished], dtype=float)
+    e2e = np.array([r["e2e_ms"] for r in finished], dtype=float)
+    ok = (ttft <= cfg.ttft_slo_ms) & (itl <= cfg.itl_slo_ms)
+
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return round(float(np.percentile(a, q)), 1) if len(a) else None
+
+    return {
+        "requests": int(len(finished)), "submitted": int(submitted), "unfinished": int(in_flight),
+        "slo_attainment": round(float(ok.mean()), 5) if len(ok) else None,
+        "e2e_p50_ms": pct(e2e, 50), "e2e_p95_ms": pct(e2e, 95), "e2e_p99_ms": pct(e2e, 99),
+        "ttft_p95_ms": pct(ttft, 95),
+        "gpu_seconds": round(prov_gpu_s, 1),
+        "waste": round(1.0 - busy_gpu_s / prov_gpu_s, 4) if prov_gpu_s else None,
+        "scale_actions": len(decisions),
+        "reversals": int(sum(_reversals(list(v)) for v in desired_seq.values())),
+        "sim_speedup": round(duration_s / wall_s, 1) if wall_s > 0 else None,
+    }

@@ -1,0 +1,46 @@
+"""Pre-deployment profiling: how many requests per second one replica serves
+within the SLO on a given trace -- what Dynamo's planner takes from its
+profiling step, and what a capacity planner sizes a static fleet with.
+
+Bisection over the offered rate on a fixed fleet in the fast simulator
+(seeded), accepting a rate when SLO attainment stays >= ``target``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from sim.fastloop import LoopConfig
+from sim.fleet import Fleet, FleetConfig
+from sim.perf_model import PerfModel
+from sim.traces import Trace
+from sim.workloads import from_trace
+
+
+def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, duration_s: float) -> float:
+    perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
+    fleet = Fleet(FleetConfig(models={cfg.model: perf}, zones=("profile",), initial_replicas=replicas,
+                              seed=cfg.seed), epoch_ms0=0)
+    w = from_trace(trace, qps, duration_s)
+    for i in range(len(w)):
+        fleet.submit(float(w.arrival_s[i]), "profile", cfg.model, int(w.prompt_tokens[i]),
+                     int(w.output_tokens[i]), f"p{i}")
+    done = fleet.advance_to(duration_s + 600.0)
+    if not done:
+        return 1.0
+    ok = sum(1 for r in done if r["ttft_ms"] <= cfg.ttft_slo_ms and r["itl_ms"] <= cfg.itl_slo_ms)
+    return ok / len(done)
+
+
+def replica_capacity_rps(trace: Trace, cfg: LoopConfig | None = None, *, replicas: int = 4,
+                         target: float = 0.98, duration_s: float = 300.0, iters: int = 8) -> float:
+    """Requests/s one replica sustains with attainment >= ``target`` (bisection)."""
+    cfg = cfg or LoopConfig()
+    cfg = dataclasses.replace(cfg, seed=cfg.seed)
+    lo, hi = 0.1 * replicas, 20.0 * replicas
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if attainment_at(trace, mid, replicas, cfg, duration_s) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo / replicas

@@ -1,0 +1,88 @@
+"""The fast closed loop: deterministic, conserving, and running the pipeline's code."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim.baselines import BASELINES
+from sim.fastloop import Fault, LoopConfig, LoopConfigError, run
+from sim.scenarios import SCENARIOS, ScenarioError, build
+from sim.traces import load_trace
+
+pytestmark = pytest.mark.timeout(300)
+
+TRACE = load_trace("azure-conv")
+CFG = LoopConfig(initial_replicas=2, startup_s=20.0)
+
+
+def test_same_seed_same_run() -> None:
+    sc = build("burst", TRACE, 8.0, 300.0)
+    a = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
+    b = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
+    assert a.metrics | {"sim_speedup": 0} == b.metrics | {"sim_speedup": 0}
+    assert a.decisions == b.decisions
+
+
+def test_every_request_is_accounted_for_under_faults() -> None:
+    sc = build("replay", TRACE, 8.0, 400.0)
+    faults = (Fault("replica_lost", "az-a", 100.0), Fault("spike", "az-b", 150.0, 60.0),
+              Fault("zone_cut", "az-b", 200.0, 60.0))
+    r = run("governor", sc.workload, CFG, faults, sc.duration_s)
+    assert r.metrics["submitted"] == len(sc.workload)
+    assert r.metrics["requests"] + r.metrics["unfinished"] == r.metrics["submitted"]
+    assert r.metrics["unfinished"] == 0
+
+
+def test_governor_scales_up_on_a_load_step_through_the_pipeline_code() -> None:
+    sc = build("step", TRACE, 4.0, 600.0)
+    r = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
+    assert any(reason == "scale_up" for *_, reason in r.decisions)
+    assert max(r.timeline["az-a.desired"]) > CFG.initial_replicas
+    assert r.windows and all(w["scope"] == "zone" for w in r.windows)
+    # windows are the pipeline's: every finished request before the last close is in one
+    assert sum(w["count"] for w in r.windows) <= r.metrics["requests"]
+
+
+def test_feedforward_adds_capacity_earlier_than_feedback_alone() -> None:
+    sc = build("step", TRACE, 4.0, 600.0)
+    fb = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
+    ff = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.4), sc.faults, sc.duration_s)
+    first = lambda r: min(t for t, _z, _n, reason in r.decisions if "up" in reason or "reconcile" in reason)  # noqa: E731
+    assert first(ff) <= first(fb)
+    assert ff.metrics["slo_attainment"] >= fb.metrics["slo_attainment"]
+
+
+def test_a_baseline_runs_in_the_harness() -> None:
+    sc = build("replay", TRACE, 4.0, 200.0)
+    from sim.baselines.static import StaticParams
+
+    r = run(lambda zone: BASELINES["static"](StaticParams(replicas=3)), sc.workload, CFG, sc.faults,
+            sc.duration_s, name="static")
+    assert r.strategy == "static"
+    assert list(r.timeline["az-a.desired"][-5:]) == [3] * 5
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_scenario_builds(name: str) -> None:
+    sc = build(name, TRACE, 10.0, 900.0)
+    assert len(sc.workload) > 0 and sc.duration_s == 900.0
+    assert sc.workload.arrival_s.max() < 900.0
+
+
+def test_step_scenario_rises_tenfold() -> None:
+    sc = build("step", TRACE, 10.0, 1000.0)
+    first = ((sc.workload.arrival_s < 100)).sum() / 100
+    last = ((sc.workload.arrival_s >= 900)).sum() / 100
+    # 10x the multiplier; the trace's own minute-to-minute swings (kept on purpose:
+    # 191 -> 507 requests/min in the Azure trace) move the measured ratio around it.
+    assert 7.0 <= last / first <= 20.0
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ScenarioError):
+        build("nope", TRACE, 10.0, 100.0)
+    with pytest.raises(LoopConfigError):
+        LoopConfig(tick_s=20.0, window_s=10.0)
+    with pytest.raises(LoopConfigError):
+        Fault("meteor", "az-a", 1.0)

@@ -1,0 +1,78 @@
+"""Feedforward sizing and the leading violation signal (pure)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controllers.errors import ParameterError
+from controllers.feedforward import (
+    FeedforwardMeasurement,
+    FeedforwardParams,
+    FeedforwardState,
+    leading_violation_rate,
+    step,
+)
+
+
+@pytest.mark.parametrize(
+    ("count", "eps", "queued", "rate", "slo_ms", "expected"),
+    [
+        (100, 0.10, 0.0, 10.0, 1000.0, 0.10),  # no queue: the measured rate as is
+        (100, 0.00, 5.0, 10.0, 1000.0, 0.0),  # 5 waiting, 10 served per SLO: none doomed
+        (100, 0.00, 300.0, 10.0, 1000.0, 290 / 400),  # 290 of 300 wait longer than 1 s
+        (0, 0.00, 50.0, 0.0, 1000.0, 1.0),  # nothing completes: every waiting request misses
+        (100, 0.50, 20.0, 10.0, 1000.0, (50 + 10) / 120),  # finished and doomed add up
+    ],
+)
+def test_leading_violation_rate(count, eps, queued, rate, slo_ms, expected) -> None:
+    assert leading_violation_rate(count, eps, queued, rate, slo_ms) == pytest.approx(expected)
+
+
+@given(st.integers(0, 10_000), st.floats(0, 1), st.floats(0, 1e5), st.floats(0, 1e4), st.floats(1, 1e5))
+def test_leading_violation_rate_is_a_rate_and_never_below_measured(count, eps, queued, rate, slo) -> None:
+    v = leading_violation_rate(count, eps, queued, rate, slo)
+    assert 0.0 <= v <= 1.0
+    if queued == 0:
+        assert v == eps
+
+
+def test_arrival_rate_includes_queue_growth() -> None:
+    """A saturated zone completes at capacity; the queue's growth is the rest of demand."""
+    p = FeedforwardParams(capacity_rps=2.0, target_util=1.0, horizon_s=0.0, drain_s=1e9, alpha=1.0, beta=1.0)
+    s, _ = step(p, FeedforwardState(), FeedforwardMeasurement(rate_rps=10.0, queued=0.0), 10.0)
+    s, out = step(p, s, FeedforwardMeasurement(rate_rps=10.0, queued=200.0), 10.0)
+    assert out.demand_rps == pytest.approx(30.0)  # 10 completed + 200 queued in 10 s
+    assert out.replicas == pytest.approx(15.0)
+
+
+def test_ramp_is_forecast_ahead_and_sized_before_it_arrives() -> None:
+    p = FeedforwardParams(capacity_rps=1.0, target_util=1.0, horizon_s=30.0, alpha=0.8, beta=0.8)
+    s = FeedforwardState()
+    for k in range(20):
+        s, out = step(p, s, FeedforwardMeasurement(rate_rps=10.0 + k, queued=0.0), 10.0)
+    # rate now 29 and rising 1 per 10 s: three periods ahead is ~32
+    assert out.forecast_rps == pytest.approx(32.0, abs=0.5)
+    assert out.replicas > 29.0 and out.burst is False
+
+
+def test_backlog_adds_drain_capacity() -> None:
+    p = FeedforwardParams(capacity_rps=2.0, target_util=0.5, horizon_s=0.0, drain_s=60.0)
+    _, out = step(p, FeedforwardState(), FeedforwardMeasurement(rate_rps=4.0, queued=120.0), 10.0)
+    assert out.backlog_rps == pytest.approx(2.0)
+    assert out.replicas == pytest.approx((4.0 + 2.0) / 1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"capacity_rps": 0.0}, "capacity_rps"), ({"capacity_rps": 1.0, "target_util": 1.5}, "target_util"),
+     ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"), ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step")],
+)
+def test_parameters_are_validated(kwargs, name) -> None:
+    with pytest.raises(ParameterError, match=name):
+        FeedforwardParams(**kwargs)
+
+
+def test_state_round_trips() -> None:
+    s = FeedforwardState(level=3.0, trend=0.5, steps=4, queued=7.0)
+    assert FeedforwardState.from_dict(s.to_dict()) == s
