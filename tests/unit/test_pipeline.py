@@ -1,0 +1,154 @@
+"""TelemetryProcessor: buffered/blocked aggregation gives the windows a plain
+one-shot aggregation gives; every bad or late record is dead-lettered with its
+reason and source index."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+import streams.pipeline as pipeline
+from controllers.windows import SloSpec, add_gpu, add_requests, initialize, merge, result
+from governor.settings import Settings
+from streams.pipeline import TelemetryProcessor
+from streams.records import encode_envelope
+
+SETTINGS = Settings(window_s=1.0, lateness_s=0.2)
+MODEL = SETTINGS.models[0].name
+T0 = 1_700_000_000_000
+
+
+def _req(i: int, ts: int, node: str, zone: str = "az-a", **kw: Any) -> dict[str, Any]:
+    rec = {"kind": "request", "request_id": f"r{i}", "ts_ms": ts, "model": MODEL, "zone": zone,
+           "node": node, "ttft_ms": 50.0 + (i * 37) % 900, "itl_ms": float(i % 70), "e2e_ms": 2000.0 + i,
+           "queue_ms": float(i % 5), "prompt_tokens": 100 + i, "output_tokens": i % 50,
+           "kv_hit": i % 3 == 0, "status": "ok" if i % 11 else "error"}
+    rec.update(kw)
+    return {k: v for k, v in rec.items() if v is not None}
+
+
+def _gpu(ts: int, node: str, state: str = "ready", zone: str = "az-a") -> dict[str, Any]:
+    return {"kind": "gpu", "ts_ms": ts, "model": MODEL, "zone": zone, "node": node, "state": state,
+            "gpu_util": 0.25 + (ts % 7) / 10, "mem_used_bytes": 10, "mem_total_bytes": 20,
+            "queue_len": ts % 4, "running": 2, "kv_blocks_used": 3, "kv_blocks_total": 9}
+
+
+def _reference(records: list[dict[str, Any]], slo: SloSpec) -> list[dict[str, Any]]:
+    """Node and zone window results from one add_requests/add_gpu per window."""
+    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["model"], r["zone"], r["node"], r["ts_ms"] - r["ts_ms"] % 1000)].append(r)
+    nodes: dict[tuple[Any, ...], Any] = {}
+    for key, recs in groups.items():
+        agg = initialize()
+        reqs = [r for r in recs if r["kind"] == "request"]
+        gpus = [r for r in recs if r["kind"] == "gpu"]
+        if reqs:
+            add_requests(agg, {
+                **{c: np.array([r.get(c) or 0 for r in reqs], dtype=float)
+                   for c in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")},
+                "kv_hit": np.array([bool(r.get("kv_hit")) for r in reqs]),
+                "ok": np.array([r["status"] == "ok" for r in reqs])}, slo)
+        if gpus:
+            add_gpu(agg, {c: np.array([r.get(c) or 0 for r in gpus]) for c in pipeline._GPU_COLUMNS},
+                    [r["node"] for r in gpus], [r["state"] for r in gpus])
+        nodes[key] = agg
+    out = []
+    zones: dict[tuple[Any, ...], Any] = {}
+    for (model, zone, node, start), agg in nodes.items():
+        out.append(("node", zone, node, start, result(agg, 1.0)))
+        zk = (model, zone, start)
+        zones[zk] = agg if zk not in zones else merge(zones[zk], agg)
+    out += [("zone", zone, None, start, result(agg, 1.0)) for (_, zone, start), agg in zones.items()]
+    return out
+
+
+def _as_reference(windows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    keys = set(result(initialize(), 1.0))
+    return [(w["scope"], w["zone"], w.get("node"), w["window_start_ms"], {k: w[k] for k in keys})
+            for w in windows]
+
+
+def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
+    def order(x: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (x[0], x[1], x[2] or "", x[3])
+
+    assert [x[:4] for x in sorted(a, key=order)] == [x[:4] for x in sorted(b, key=order)]
+    for x, y in zip(sorted(a, key=order), sorted(b, key=order), strict=True):
+        assert x[4].keys() == y[4].keys()
+        for k in x[4]:
+            assert (x[4][k] is None) == (y[4][k] is None), (x[:4], k)
+            if x[4][k] is not None:
+                assert x[4][k] == pytest.approx(y[4][k], rel=1e-12), (x[:4], k)
+
+
+def _traffic() -> list[list[dict[str, Any]]]:
+    """Messages of one node's batch each (as producers send), several windows and nodes."""
+    messages, i = [], 0
+    for m in range(60):
+        node = f"az-a/n{m % 4}"
+        ts = T0 + m * 70
+        batch = [_req(i + k, ts + k, node) for k in range(1 + m % 9)]
+        if m % 5 == 0:
+            batch.append(_gpu(ts, node, "starting" if m < 20 else "ready"))
+        i += len(batch)
+        messages.append(batch)
+    messages.append([_req(9999, T0 + 4200, "az-b/n0", zone="az-b")])
+    return messages
+
+
+@pytest.mark.parametrize("flush_rows", [1, 3, pipeline.FLUSH_ROWS])
+@pytest.mark.parametrize("encoded", [True, False])
+def test_windows_match_one_shot_aggregation(monkeypatch: pytest.MonkeyPatch, flush_rows: int,
+                                            encoded: bool) -> None:
+    monkeypatch.setattr(pipeline, "FLUSH_ROWS", flush_rows)
+    p = TelemetryProcessor(SETTINGS)
+    windows: list[dict[str, Any]] = []
+    for k, batch in enumerate(_traffic()):
+        raw: Any = encode_envelope(batch, "n", 0) if encoded else {"schema_version": 1, "kind": "batch",
+                                                                     "records": batch}
+        res = p.process(raw, {"topic": "t", "partition": 0, "offset": k}, 0)
+        assert not res.dead_letters and res.valid == len(batch)
+        windows += p.close_due(None, 0)
+    windows += p.close_due(T0 + 60_000, 0)
+    slo = p.slos[MODEL]
+    _same(_as_reference(windows), _reference([r for b in _traffic() for r in b], slo))
+    assert p.tracker.open_count == 0 and not p._pending
+
+
+def test_bad_and_late_records_are_dead_lettered_with_reason_and_index() -> None:
+    p = TelemetryProcessor(SETTINGS)
+    src = {"topic": "t", "partition": 2, "offset": 7}
+    good = _req(1, T0 + 5000, "az-a/n0")
+    batch = [good, _req(2, T0 + 5001, "az-a/n0", ttft_ms=-1.0), {"kind": "nope"},
+             _req(3, T0 + 5002, "az-a/n0", model="unknown-model"), 5, _gpu(T0 + 5003, "az-a/n0")]
+    res = p.process(encode_envelope(batch, "n", 0), src, 42)
+    assert res.valid == 2
+    assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [
+        (1, "field 'ttft_ms'=-1.0 is below 0"), (2, "unknown record kind 'nope'"),
+        (3, "no SLO configured for model 'unknown-model' (GOVERNOR_MODELS)"),
+        (4, "record must be an object, got int")]
+    assert all(d["source"]["offset"] == 7 and d["dead_lettered_ms"] == 42 for d in res.dead_letters)
+    assert res.dead_letters[0]["record"] == batch[1]
+    # The watermark closes [T0+5000, T0+6000) once event time reaches T0+6200.
+    p.process(orjson.dumps(_req(4, T0 + 6300, "az-a/n1")), src, 0)
+    closed = p.close_due(None, 0)
+    assert {(w["scope"], w["window_start_ms"]) for w in closed} == {("node", T0 + 5000), ("zone", T0 + 5000)}
+    zone = next(w for w in closed if w["scope"] == "zone")
+    assert zone["count"] == 1 and zone["replicas_ready"] == 1
+    late = p.process(encode_envelope([_req(5, T0 + 5999, "az-a/n0"), _req(6, T0 + 6001, "az-a/n0")], "n", 0),
+                     src, 0)
+    assert late.valid == 1 and [d["source"]["index"] for d in late.dead_letters] == [0]
+    assert late.dead_letters[0]["reason"].startswith(f"late: window [{T0 + 5000}, {T0 + 6000})")
+    assert p.late_count == 1
+
+
+def test_bad_envelope_is_one_dead_letter() -> None:
+    p = TelemetryProcessor(SETTINGS)
+    res = p.process(b"{not json", {"topic": "t", "partition": 0, "offset": 1}, 5)
+    assert res.valid == 0 and len(res.dead_letters) == 1
+    assert res.dead_letters[0]["reason"].startswith("bad envelope: not JSON")
+    assert res.dead_letters[0]["record"] == "{not json"
