@@ -389,6 +389,9 @@ class WindowTracker:
         self.watermark_ms: int | None = None
         self.closed_ms: int | None = None
         self._windows: dict[Hashable, dict[int, WindowAggregate]] = {}
+        # A lower bound on the earliest open window start (None: no window open),
+        # so that close_due is O(1) when nothing is due (it runs once per message).
+        self._first_start: int | None = None
 
     @property
     def open_count(self) -> int:
@@ -424,6 +427,8 @@ class WindowTracker:
         agg = per_key.get(start_ms)
         if agg is None:
             agg = per_key[start_ms] = initialize()
+            if self._first_start is None or start_ms < self._first_start:
+                self._first_start = start_ms
         return agg
 
     def close_due(self, now_ms: int | None = None) -> list[tuple[Hashable, int, WindowAggregate]]:
@@ -433,12 +438,18 @@ class WindowTracker:
             return []
         horizon = max(marks) - self.lateness_ms
         due: list[tuple[Hashable, int, WindowAggregate]] = []
-        for key, per_key in list(self._windows.items()):
-            for start in [s for s in per_key if s + self.size_ms <= horizon]:
-                due.append((key, start, per_key.pop(start)))
-            if not per_key:
-                del self._windows[key]
-        due.sort(key=_order)
+        if self._first_start is not None and self._first_start + self.size_ms <= horizon:
+            first: int | None = None
+            for key, per_key in list(self._windows.items()):
+                for start in list(per_key):
+                    if start + self.size_ms <= horizon:
+                        due.append((key, start, per_key.pop(start)))
+                    elif first is None or start < first:
+                        first = start
+                if not per_key:
+                    del self._windows[key]
+            self._first_start = first
+            due.sort(key=_order)
         if self.closed_ms is None or horizon > self.closed_ms:
             self.closed_ms = horizon
         return due
@@ -473,5 +484,8 @@ class WindowTracker:
         t.closed_ms = data["closed_ms"]
         for w in data["windows"]:
             key = tuple(w["key"]) if isinstance(w["key"], list) else w["key"]
-            t._windows.setdefault(key, {})[int(w["start_ms"])] = WindowAggregate.from_dict(w["agg"])
+            start = int(w["start_ms"])
+            t._windows.setdefault(key, {})[start] = WindowAggregate.from_dict(w["agg"])
+            if t._first_start is None or start < t._first_start:
+                t._first_start = start
         return t
