@@ -1,0 +1,184 @@
+"""Mixed agent load: dynamic RAG / tool / LLM weights (seed spec 4.1).
+
+An agent turn spends its budget on three kinds of work: retrieval (RAG),
+tool calls and plain LLM generation.  The article weighs them by how settled
+the conversation is (``stability``: 0 = the topic jumps, 1 = converged), how
+relevant the retrieved context is (``rag_score``) and how confident the
+planner is in its tool call (``tool_conf``)::
+
+    w_rag  = rag_coef  * rag_score * stability          # default 0.4
+    w_tool = tool_coef * tool_conf * (1 - stability)    # default 0.5
+    w_llm  = llm_base  + llm_stability_coef * stability # default 0.1 + 0.2 s
+
+and the three are then **normalised to sum to 1** (the article's raw values
+do not: at ``stability = rag_score = 1`` they are 0.4, 0 and 0.3).  Because
+``llm_base > 0`` the raw total is always positive, so normalising never
+divides by zero, and LLM generation always keeps a share.  Intuition: a
+converged conversation leans on retrieval and the model; a jumping one on
+tools.
+
+The reference the article compares against is the static 1:1:1 split
+(:data:`STATIC_WEIGHTS`; article reports 842 ms mean response and 86.3 %
+completion for it, against 617 ms and 93.7 % with the dynamic weights).
+:func:`allocate` turns weights into integer slots (workers, replicas,
+concurrency) with the largest-remainder method, so the slots add up.
+
+Examples
+--------
+>>> w = weights(AgentSignals(stability=1.0, rag_score=1.0, tool_conf=1.0))
+>>> round(w.rag, 4), w.tool, round(w.llm, 4)          # raw 0.4 : 0 : 0.3
+(0.5714, 0.0, 0.4286)
+>>> allocate(10, w)
+{'rag': 6, 'tool': 0, 'llm': 4}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controllers.errors import ParameterError
+
+__all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate",
+           "weights"]
+
+KINDS = ("rag", "tool", "llm")
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ParameterError(f"{name}={value!r}: must be a finite number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class AgentWeightParams:
+    """Coefficients of the 4.1 formulas (validated; defaults are the article's).
+
+    Examples
+    --------
+    >>> AgentWeightParams().llm_base
+    0.1
+    >>> AgentWeightParams(llm_base=0.0)
+    Traceback (most recent call last):
+    ...
+    controllers.errors.ParameterError: llm_base=0.0: must be > 0 (keeps the raw total positive)
+    """
+
+    rag_coef: float = 0.4
+    tool_coef: float = 0.5
+    llm_base: float = 0.1
+    llm_stability_coef: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("rag_coef", "tool_coef", "llm_stability_coef"):
+            if _number(name, getattr(self, name)) < 0.0:
+                raise ParameterError(f"{name}={getattr(self, name)}: must be >= 0")
+        if _number("llm_base", self.llm_base) <= 0.0:
+            raise ParameterError(
+                f"llm_base={self.llm_base}: must be > 0 (keeps the raw total positive)")
+
+
+@dataclass(frozen=True)
+class AgentSignals:
+    """Per-conversation signals, each in [0, 1].
+
+    Examples
+    --------
+    >>> AgentSignals(stability=1.2, rag_score=0.5, tool_conf=0.5)
+    Traceback (most recent call last):
+    ...
+    controllers.errors.ParameterError: stability=1.2: must lie in [0, 1]
+    """
+
+    stability: float
+    rag_score: float
+    tool_conf: float
+
+    def __post_init__(self) -> None:
+        for name in ("stability", "rag_score", "tool_conf"):
+            if not 0.0 <= _number(name, getattr(self, name)) <= 1.0:
+                raise ParameterError(f"{name}={getattr(self, name)}: must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class AgentWeights:
+    """Normalised weights (sum 1) and the raw formula values they came from."""
+
+    rag: float
+    tool: float
+    llm: float
+    raw_rag: float
+    raw_tool: float
+    raw_llm: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The normalised weights by kind (``rag``, ``tool``, ``llm``)."""
+        return {"rag": self.rag, "tool": self.tool, "llm": self.llm}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields."""
+        return asdict(self)
+
+
+STATIC_WEIGHTS = AgentWeights(1 / 3, 1 / 3, 1 / 3, 1.0, 1.0, 1.0)
+"""The static 1:1:1 reference of the article."""
+
+
+def weights(signals: AgentSignals, params: AgentWeightParams | None = None) -> AgentWeights:
+    """Dynamic weights of one turn (pure): the 4.1 formulas, normalised.
+
+    Parameters
+    ----------
+    signals : AgentSignals
+        ``stability``, ``rag_score`` and ``tool_conf``, each in [0, 1].
+    params : AgentWeightParams, optional
+        Coefficients; the article's (0.4, 0.5, 0.1, 0.2) by default.
+
+    Returns
+    -------
+    AgentWeights
+        ``rag + tool + llm == 1`` (up to rounding), each in [0, 1].
+
+    Examples
+    --------
+    >>> w = weights(AgentSignals(stability=0.0, rag_score=0.9, tool_conf=0.8))
+    >>> w.raw_rag, w.raw_tool, w.raw_llm      # a jumping conversation: tools
+    (0.0, 0.4, 0.1)
+    >>> round(w.tool, 6), round(w.llm, 6)
+    (0.8, 0.2)
+    """
+    p = params or AgentWeightParams()
+    s = signals.stability
+    raw_rag = p.rag_coef * signals.rag_score * s
+    raw_tool = p.tool_coef * signals.tool_conf * (1.0 - s)
+    raw_llm = p.llm_base + p.llm_stability_coef * s
+    total = raw_rag + raw_tool + raw_llm  # >= llm_base > 0
+    return AgentWeights(raw_rag / total, raw_tool / total, raw_llm / total,
+                        raw_rag, raw_tool, raw_llm)
+
+
+def allocate(total: int, w: AgentWeights) -> dict[str, int]:
+    """Split ``total`` integer slots by the weights (largest remainder).
+
+    Each kind gets ``floor(total * w)``; the slots left over go to the
+    largest fractional parts (ties in the order rag, tool, llm).  The result
+    always sums to ``total`` and no kind is more than one slot away from its
+    exact share.
+
+    Examples
+    --------
+    >>> allocate(9, STATIC_WEIGHTS)
+    {'rag': 3, 'tool': 3, 'llm': 3}
+    >>> allocate(10, STATIC_WEIGHTS)          # 3.33 each: the first tie wins
+    {'rag': 4, 'tool': 3, 'llm': 3}
+    """
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ParameterError(f"total={total!r}: must be an int >= 0")
+    exact = [total * v for v in (w.rag, w.tool, w.llm)]
+    slots = [math.floor(x) for x in exact]
+    order = sorted(range(3), key=lambda i: (-(exact[i] - slots[i]), i))
+    for i in order[: max(0, total - sum(slots))]:
+        slots[i] += 1
+    return dict(zip(KINDS, slots, strict=True))
