@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ from controllers.windows import (
     result,
 )
 from governor.settings import Settings
-from streams.records import EnvelopeError, decode_envelope, validate_record
+from streams.records import EnvelopeError, decode_envelope, request_columns, validate_record
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ class ProcessResult:
 def dead_letter(reason: str, source: Mapping[str, Any], record: Any, now_ms: int) -> dict[str, Any]:
     return {"schema_version": 1, "reason": reason, "source": dict(source),
             "record": record, "dead_lettered_ms": now_ms}
+
+
+def _or(col: list[Any], default: Any) -> list[Any]:
+    """``v or default`` for every value, as the per-record path reads optional fields."""
+    return [v or default for v in col] if None in col else col
 
 
 def _raw_text(raw: Any) -> Any:
@@ -81,16 +86,23 @@ class _Pending:
     def __init__(self, agg: WindowAggregate, slo: SloSpec) -> None:
         self.agg = agg
         self.slo = slo
-        self.requests: list[tuple[Any, ...]] = []
+        self.requests: list[list[Any]] = [[] for _ in _REQUEST_COLUMNS]  # one list per column
         self.gpus: list[tuple[Any, ...]] = []
         self.nodes: list[str] = []
         self.states: list[str] = []
 
+    def extend_requests(self, cols: list[list[Any]]) -> None:
+        for buf, col in zip(self.requests, cols, strict=True):
+            buf.extend(col)
+        if len(self.requests[0]) >= FLUSH_ROWS:
+            self.flush()
+
     def flush(self) -> None:
-        if self.requests:
-            cols = np.array(self.requests, dtype=np.float64).T
-            add_requests(self.agg, {name: cols[i] for i, name in enumerate(_REQUEST_COLUMNS)}, self.slo)
-            self.requests = []
+        if self.requests[0]:
+            add_requests(self.agg, {name: np.array(col, dtype=np.float64)
+                                    for name, col in zip(_REQUEST_COLUMNS, self.requests, strict=True)},
+                         self.slo)
+            self.requests = [[] for _ in _REQUEST_COLUMNS]
         if self.gpus:
             cols = np.array(self.gpus, dtype=np.float64).T
             gpu = {name: cols[i] for i, name in enumerate(_GPU_COLUMNS)}
@@ -128,11 +140,18 @@ class TelemetryProcessor:
             self.dead_letter_count += 1
             return out
         self.records_in += len(records)
+        rest = self._process_columns(records, out) if len(records) > 1 else None
+        self._process_records(enumerate(records) if rest is None else rest, source, now_ms, out)
+        return out
+
+    def _process_records(self, records: Iterable[tuple[int, Any]], source: Mapping[str, Any], now_ms: int,
+                         out: ProcessResult) -> None:
+        """Per-record path: validate each record, dead-letter it with its reason and index."""
         size = self.size_ms
         closed = self.tracker.closed_ms
         slos, pending = self.slos, self._pending
         max_ts: int | None = None
-        for index, rec in enumerate(records):
+        for index, rec in records:
             reason = validate_record(rec)
             if reason is None:
                 model = rec["model"]
@@ -158,25 +177,68 @@ class TelemetryProcessor:
                 buf = pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
             get = rec.get
             if rec["kind"] == "request":
-                rows = buf.requests
-                rows.append((rec["ttft_ms"], get("itl_ms") or 0, rec["e2e_ms"], get("queue_ms") or 0,
-                             get("prompt_tokens") or 0, get("output_tokens") or 0,
-                             get("kv_hit") or False, rec["status"] == "ok"))
+                buf.extend_requests([[rec["ttft_ms"]], [get("itl_ms") or 0], [rec["e2e_ms"]],
+                                     [get("queue_ms") or 0], [get("prompt_tokens") or 0],
+                                     [get("output_tokens") or 0], [get("kv_hit") or False],
+                                     [rec["status"] == "ok"]])
             else:
-                rows = buf.gpus
-                rows.append((ts, rec["gpu_util"], get("queue_len") or 0, get("running") or 0,
-                             rec["mem_used_bytes"], rec["mem_total_bytes"], get("kv_blocks_used") or 0,
-                             get("kv_blocks_total") or 0, get("largest_free_block_bytes") or 0))
+                buf.gpus.append((ts, rec["gpu_util"], get("queue_len") or 0, get("running") or 0,
+                                 rec["mem_used_bytes"], rec["mem_total_bytes"], get("kv_blocks_used") or 0,
+                                 get("kv_blocks_total") or 0, get("largest_free_block_bytes") or 0))
                 buf.nodes.append(rec["node"])
                 buf.states.append(rec["state"])
-            if len(rows) >= FLUSH_ROWS:
-                buf.flush()
+                if len(buf.gpus) >= FLUSH_ROWS:
+                    buf.flush()
             if max_ts is None or ts > max_ts:
                 max_ts = ts
             out.valid += 1
         if max_ts is not None:
             self.tracker.observe(max_ts)
-        return out
+
+    def _process_columns(self, records: list[Any], out: ProcessResult) -> list[tuple[int, Any]] | None:
+        """Fast path for the request records of a batch when all of them are valid
+        and on time: they are handled a column at a time and the other records
+        (GPU samples, anything else) are returned, with their indices, for the
+        per-record path.  None: nothing done, every record takes the per-record path."""
+        is_request = [type(r) is dict and r.get("kind") == "request" for r in records]
+        n = is_request.count(True)
+        if n < 2:
+            return None
+        rest: list[tuple[int, Any]] = []
+        if n < len(records):
+            rest = [(i, r) for i, r in enumerate(records) if not is_request[i]]
+            records = [r for r, req in zip(records, is_request, strict=True) if req]
+        cols = request_columns(records)
+        if cols is None:
+            return None
+        models, ts_col = cols["model"], cols["ts_ms"]
+        slos = self.slos
+        if not set(models) <= slos.keys():
+            return None
+        size = self.size_ms
+        starts = [t - t % size for t in ts_col]
+        closed = self.tracker.closed_ms
+        if closed is not None and min(starts) + size <= closed:
+            return None
+        values = [cols["ttft_ms"], _or(cols["itl_ms"], 0), cols["e2e_ms"], _or(cols["queue_ms"], 0),
+                  _or(cols["prompt_tokens"], 0), _or(cols["output_tokens"], 0), _or(cols["kv_hit"], False),
+                  [s == "ok" for s in cols["status"]]]
+        keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
+        if keys.count(keys[0]) == len(keys):  # the usual batch: one node, one window
+            groups = {keys[0]: None}
+        else:
+            groups = {}
+            for i, k in enumerate(keys):
+                groups.setdefault(k, []).append(i)  # type: ignore[union-attr]
+        for (model, zone, node, start), idx in groups.items():
+            key = (model, zone, node)
+            buf = self._pending.get((key, start))
+            if buf is None:
+                buf = self._pending[(key, start)] = _Pending(self.tracker.get(key, start), slos[model])
+            buf.extend_requests(values if idx is None else [[col[i] for i in idx] for col in values])
+        self.tracker.observe(max(ts_col))
+        out.valid += len(records)
+        return rest
 
     def flush(self) -> None:
         """Aggregate every buffered row into its window's aggregate."""

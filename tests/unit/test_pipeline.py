@@ -152,3 +152,15 @@ def test_bad_envelope_is_one_dead_letter() -> None:
     assert res.valid == 0 and len(res.dead_letters) == 1
     assert res.dead_letters[0]["reason"].startswith("bad envelope: not JSON")
     assert res.dead_letters[0]["record"] == "{not json"
+
+
+def test_bad_gpu_sample_beside_valid_requests_keeps_its_index() -> None:
+    p = TelemetryProcessor(SETTINGS)
+    bad_gpu = {**_gpu(T0 + 10, "az-a/n0"), "gpu_util": 2.0}
+    batch = [_req(1, T0, "az-a/n0"), _req(2, T0 + 1, "az-a/n0"), bad_gpu, _gpu(T0 + 11, "az-a/n0"),
+             _req(3, T0 + 2, "az-a/n1")]
+    res = p.process(encode_envelope(batch, "n", 0), {"topic": "t", "partition": 0, "offset": 3}, 0)
+    assert res.valid == 4
+    assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [(2, "gpu_util=2.0 outside [0, 1]")]
+    zone = next(w for w in p.close_due(T0 + 5000, 0) if w["scope"] == "zone")
+    assert zone["count"] == 3 and zone["nodes"] == 2 and zone["replicas_ready"] == 1
