@@ -1,0 +1,385 @@
+"""Latency-aware routing with fallback to a smaller variant, per SLA tier.
+
+One router serves one model family: a ``primary`` variant (e.g.
+``"llama2-70b"``) and an optional smaller ``fallback`` (``"llama2-13b"``),
+each deployed in several zones.  A :class:`Target` is one (variant, zone).
+Every window, each request class gets routing weights over the targets.
+
+**Prediction** (per target, from its window and the rate forecast)::
+
+    drain_rps  = capacity_rps if known, else rate_rps   # a queued target completes at capacity
+    excess_rps = forecast_rps - capacity_rps            # if both are known, else
+               = (queue_len - previous queue_len) / dt_s   # the queue's own growth
+    backlog    = max(0, queue_len + excess_rps * horizon_s)
+    wait_ms    = 1000 * backlog / drain_rps             # FIFO drain time ahead of a new request
+    ttft_pred  = ttft_p95_ms + wait_ms,   e2e_pred = e2e_p95_ms + wait_ms
+
+A class ``c`` sees the *normalised* latency ``x = max(ttft_pred /
+ttft_slo, e2e_pred / e2e_slo)`` (the e2e term only where both exist), so
+``x > 1`` means the class's SLO is predicted to be missed.
+
+**Weights** over the eligible targets of one variant (breaker not ``open``
+and capacity not 0; open targets get 0)::
+
+    w_i = m + (1 - n m) * cap_i exp(-x_i / T) / sum_j cap_j exp(-x_j / T)
+
+a softmax of ``-x / T`` (``temperature`` T = 0.25) weighted by capacity
+(``cap_i = capacity_rps`` when every scored target reports it, else 1), with
+a floor ``m = min(min_share, 1/n)`` for each of the ``n`` eligible targets.
+Because ``x`` is in units of the class's SLO, a tight class (trading) is
+steered hard to the fastest target, while a loose one (batch) is spread
+almost by capacity.  Half-open targets and targets without latency data get
+the floor only (the breaker's probes, and a way back in).
+
+**Fallback** (degradable classes, when a ``fallback`` variant exists): the
+class's expected ``x`` on the primary (weighted by the primary weights) is
+compared with 1.  Over 1 for ``enter_windows`` consecutive windows, with a
+fallback that is available and not predicted worse, the class moves to the
+fallback variant; a primary with no eligible target moves it at once.  It
+returns only after ``recover_windows`` consecutive windows with ``x < 1 -
+hysteresis``; a window without primary data neither counts nor resets.
+While in fallback the class keeps ``fallback_probe_share`` of its traffic on
+the primary, so the recovery can be observed.  A class that cannot be
+routed anywhere (e.g. not degradable and every primary target open) gets no
+weights and is listed in ``unroutable``.
+
+Examples
+--------
+>>> p = RoutingParams(primary="70b", fallback="13b", min_share=0.0)
+>>> obs = {Target("70b", "a"): TargetObs(ttft_p95_ms=450.0),
+...        Target("13b", "a"): TargetObs(ttft_p95_ms=120.0)}
+>>> s, d = step(p, RoutingState(), obs, [TRADING], dt_s=10.0)
+>>> sorted(d.fallback), d.weights["trading"][Target("13b", "a")]
+(['trading'], 0.95)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, NamedTuple
+
+from controllers.errors import ParameterError
+
+__all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "RequestClass", "RoutingDecision",
+           "RoutingParams", "RoutingState", "Target", "TargetObs", "predict_ms", "step"]
+
+BreakerName = Literal["closed", "open", "half_open"]
+_X_CAP = 1e6  # normalised-latency cap (a stuck queue), keeps the softmax finite
+
+
+def _num(name: str, value: object, *, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ParameterError(f"{name}={value!r}: must be a number")
+    if not math.isfinite(value) or value < 0 or (strict and value == 0):
+        raise ParameterError(f"{name}={value}: must be finite and {'> 0' if strict else '>= 0'}")
+    return float(value)
+
+
+class Target(NamedTuple):
+    """One variant of the family in one zone; ``key`` is ``"variant|zone"``."""
+
+    variant: str
+    zone: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}|{self.zone}"
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """An SLA tier: its SLOs, priority (0 = most urgent) and whether it may degrade."""
+
+    name: str
+    ttft_slo_ms: float
+    e2e_slo_ms: float | None = None
+    priority: int = 0
+    degradable: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ParameterError(f"name={self.name!r}: must be a non-empty string")
+        _num("ttft_slo_ms", self.ttft_slo_ms, strict=True)
+        if self.e2e_slo_ms is not None:
+            _num("e2e_slo_ms", self.e2e_slo_ms, strict=True)
+        if not isinstance(self.degradable, bool):
+            raise ParameterError(f"degradable={self.degradable!r}: must be a bool")
+
+
+TRADING = RequestClass("trading", ttft_slo_ms=300.0, priority=0, degradable=True)
+"""Seed spec 1: a trading agent's 300 ms SLA; a smaller model on time beats a late one."""
+VOICE = RequestClass("voice", ttft_slo_ms=800.0, priority=1, degradable=True)
+"""Conversational voice: the first token within ~800 ms keeps the turn natural."""
+BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2,
+                     degradable=False)
+"""Offline work: loose SLOs, never degraded to the smaller model."""
+DEFAULT_CLASSES = (TRADING, VOICE, BATCH)
+
+
+@dataclass(frozen=True)
+class TargetObs:
+    """A target's window: latency percentiles, queue, rates and breaker state."""
+
+    ttft_p95_ms: float | None
+    e2e_p95_ms: float | None = None
+    queue_len: float = 0.0
+    rate_rps: float = 0.0  # completions in the window
+    capacity_rps: float | None = None  # sustainable rate of the ready replicas
+    forecast_rps: float | None = None  # arrival rate forecast at the horizon
+    breaker: BreakerName = "closed"
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p95_ms", "e2e_p95_ms", "capacity_rps", "forecast_rps"):
+            if getattr(self, name) is not None:
+                _num(name, getattr(self, name))
+        _num("queue_len", self.queue_len)
+        _num("rate_rps", self.rate_rps)
+        if self.breaker not in ("closed", "open", "half_open"):
+            raise ParameterError(f"breaker={self.breaker!r}: must be closed, open or half_open")
+
+
+@dataclass(frozen=True)
+class RoutingParams:
+    """Variants, softmax temperature, floors and fallback hysteresis (validated).
+
+    Examples
+    --------
+    >>> RoutingParams(primary="70b", fallback="70b")
+    Traceback (most recent call last):
+    ...
+    controllers.errors.ParameterError: fallback='70b': must differ from primary
+    """
+
+    primary: str
+    fallback: str | None = None
+    temperature: float = 0.25  # in units of the class's SLO
+    min_share: float = 0.02  # floor per eligible target
+    hysteresis: float = 0.2  # return below SLO * (1 - hysteresis)
+    recover_windows: int = 3
+    enter_windows: int = 1
+    horizon_s: float = 30.0
+    fallback_probe_share: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.primary, str) or not self.primary:
+            raise ParameterError(f"primary={self.primary!r}: must be a non-empty string")
+        if self.fallback == self.primary:
+            raise ParameterError(f"fallback={self.fallback!r}: must differ from primary")
+        _num("temperature", self.temperature, strict=True)
+        _num("horizon_s", self.horizon_s)
+        for name in ("min_share", "hysteresis", "fallback_probe_share"):
+            if _num(name, getattr(self, name)) >= 1.0:
+                raise ParameterError(f"{name}={getattr(self, name)}: must lie in [0, 1)")
+        for name in ("recover_windows", "enter_windows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ParameterError(f"{name}={v!r}: must be an int >= 1")
+
+
+@dataclass(frozen=True)
+class RoutingState:
+    """Router memory (JSON via to_dict/from_dict): fallbacks, streaks, queues.
+
+    Examples
+    --------
+    >>> s = RoutingState(fallback={"voice": "primary over SLO"}, recover_streak={"voice": 2})
+    >>> RoutingState.from_dict(s.to_dict()) == s
+    True
+    """
+
+    fallback: dict[str, str] = field(default_factory=dict)  # class -> why it entered
+    over_streak: dict[str, int] = field(default_factory=dict)
+    recover_streak: dict[str, int] = field(default_factory=dict)
+    last_queue: dict[str, float] = field(default_factory=dict)  # Target.key -> queue_len
+    steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoutingState:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """Weights per class per target (each class's sum is 1, or empty if unroutable)."""
+
+    weights: dict[str, dict[Target, float]]
+    fallback: dict[str, str]  # classes in fallback -> reason
+    reasons: dict[str, str]  # every class -> why its routing is what it is
+    predicted_ttft_ms: dict[Target, float | None]
+    unroutable: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()  # classes that entered or left fallback this step
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields (targets as ``"variant|zone"`` keys)."""
+        return {"weights": {c: {t.key: w for t, w in ws.items()} for c, ws in self.weights.items()},
+                "fallback": dict(self.fallback), "reasons": dict(self.reasons),
+                "predicted_ttft_ms": {t.key: v for t, v in self.predicted_ttft_ms.items()},
+                "unroutable": list(self.unroutable), "changed": list(self.changed)}
+
+
+def predict_ms(params: RoutingParams, obs: TargetObs, prev_queue: float | None,
+               dt_s: float) -> tuple[float | None, float | None]:
+    """Predicted (ttft, e2e) in ms: windowed P95 plus the FIFO wait at the horizon.
+
+    Examples
+    --------
+    >>> p = RoutingParams(primary="m", horizon_s=10.0)
+    >>> # 20 queued, forecast 12 rps against a capacity of 10: 20 + 2*10 = 40 waiting, 4 s
+    >>> predict_ms(p, TargetObs(200.0, 900.0, queue_len=20, capacity_rps=10, forecast_rps=12),
+    ...            None, 10.0)
+    (4200.0, 4900.0)
+    """
+    drain = obs.capacity_rps if obs.capacity_rps is not None else obs.rate_rps
+    if obs.forecast_rps is not None and obs.capacity_rps is not None:
+        excess = obs.forecast_rps - obs.capacity_rps
+    else:
+        excess = 0.0 if prev_queue is None else (obs.queue_len - prev_queue) / dt_s
+    backlog = max(0.0, obs.queue_len + excess * params.horizon_s)
+    wait = 0.0 if backlog == 0.0 else (1000.0 * backlog / drain if drain > 0 else math.inf)
+    ttft = None if obs.ttft_p95_ms is None else obs.ttft_p95_ms + wait
+    e2e = None if obs.e2e_p95_ms is None else obs.e2e_p95_ms + wait
+    return ttft, e2e
+
+
+def _norm(c: RequestClass, ttft: float | None, e2e: float | None) -> float | None:
+    if ttft is None:
+        return None
+    x = ttft / c.ttft_slo_ms
+    if e2e is not None and c.e2e_slo_ms is not None:
+        x = max(x, e2e / c.e2e_slo_ms)
+    return min(x, _X_CAP)
+
+
+def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant: str | None,
+                     x: Mapping[Target, float | None]) -> tuple[dict[Target, float], float | None]:
+    """Weights over one variant's eligible targets and the expected normalised latency."""
+    elig = [t for t, o in obs.items() if t.variant == variant and o.breaker != "open"
+            and o.capacity_rps != 0.0]
+    if not elig:
+        return {}, math.inf
+    scored = [t for t in elig if obs[t].breaker == "closed" and x[t] is not None]
+    n = len(elig)
+    m = min(p.min_share, 1.0 / n)
+    if not scored:
+        return {t: 1.0 / n for t in elig}, None
+    caps = [obs[t].capacity_rps for t in scored]
+    use_caps = all(c is not None and c > 0 for c in caps)
+    xs = [x[t] or 0.0 for t in scored]
+    lo = min(xs)
+    raw = [(c if use_caps and c is not None else 1.0) * math.exp(-(xi - lo) / p.temperature)
+           for c, xi in zip(caps, xs, strict=True)]
+    total = sum(raw)
+    w = {t: m for t in elig}
+    for t, r in zip(scored, raw, strict=True):
+        w[t] += (1.0 - n * m) * r / total
+    ws = sum(w[t] for t in scored)
+    expected = sum(w[t] * xi for t, xi in zip(scored, xs, strict=True)) / ws
+    return w, expected
+
+
+def _blend(a: dict[Target, float], b: dict[Target, float], share_b: float) -> dict[Target, float]:
+    out = {t: (1.0 - share_b) * v for t, v in a.items()}
+    for t, v in b.items():
+        out[t] = out.get(t, 0.0) + share_b * v
+    return out
+
+
+def step(params: RoutingParams, state: RoutingState, observations: Mapping[Target, TargetObs],
+         classes: Sequence[RequestClass], dt_s: float) -> tuple[RoutingState, RoutingDecision]:
+    """Route each class for the next window (pure).
+
+    Parameters
+    ----------
+    params : RoutingParams
+    state : RoutingState
+        ``RoutingState()`` to start.
+    observations : Mapping[Target, TargetObs]
+        The window just closed, per target; targets of other variants are ignored.
+    classes : Sequence[RequestClass]
+        The SLA tiers to route (unique names), e.g. :data:`DEFAULT_CLASSES`.
+    dt_s : float
+        Window length, seconds (for the queue growth rate).
+
+    Returns
+    -------
+    (RoutingState, RoutingDecision)
+
+    Examples
+    --------
+    >>> p = RoutingParams(primary="70b", min_share=0.0, temperature=0.25)
+    >>> obs = {Target("70b", "a"): TargetObs(150.0), Target("70b", "b"): TargetObs(225.0)}
+    >>> _, d = step(p, RoutingState(), obs, [TRADING], 10.0)
+    >>> round(d.weights["trading"][Target("70b", "a")], 4)   # x = 0.5 vs 0.75: 1 / (1 + e^-1)
+    0.7311
+    """
+    _num("dt_s", dt_s, strict=True)
+    names = [c.name for c in classes]
+    if len(set(names)) != len(names):
+        raise ParameterError(f"classes={names}: class names must be unique")
+    pred = {t: predict_ms(params, o, state.last_queue.get(t.key), dt_s)
+            for t, o in observations.items()}
+    fb, over, rec = dict(state.fallback), dict(state.over_streak), dict(state.recover_streak)
+    weights: dict[str, dict[Target, float]] = {}
+    reasons: dict[str, str] = {}
+    unroutable: list[str] = []
+    changed: list[str] = []
+    for c in sorted(classes, key=lambda k: (k.priority, k.name)):
+        x = {t: _norm(c, *pred[t]) for t in observations}
+        wp, xp = _variant_weights(params, observations, params.primary, x)
+        can_fb = c.degradable and params.fallback is not None
+        wf, xf = _variant_weights(params, observations, params.fallback, x) if can_fb else ({}, None)
+        xp_txt = "unavailable" if xp == math.inf else "no data" if xp is None else f"{xp:.3g} x SLO"
+        if c.name not in fb:
+            if xp is not None:
+                over[c.name] = over.get(c.name, 0) + 1 if xp > 1.0 else 0
+            due = xp == math.inf or over.get(c.name, 0) >= params.enter_windows
+            better = xf is None or xp is None or xf < xp
+            if can_fb and wf and due and better:
+                fb[c.name] = f"primary predicted {xp_txt} (ttft SLO {c.ttft_slo_ms:g} ms)"
+                rec[c.name], over[c.name] = 0, 0
+                changed.append(c.name)
+                reasons[c.name] = f"enter fallback: {fb[c.name]}"
+            elif due and can_fb and wf:
+                reasons[c.name] = f"primary {xp_txt}, fallback not better ({xf:.3g} x SLO)"
+            else:
+                reasons[c.name] = f"primary {xp_txt}"
+        else:
+            if not wf:
+                del fb[c.name]
+                changed.append(c.name)
+                reasons[c.name] = "exit fallback: fallback unavailable"
+            else:
+                if xp is not None and xp != math.inf:
+                    rec[c.name] = rec.get(c.name, 0) + 1 if xp < 1.0 - params.hysteresis else 0
+                if rec.get(c.name, 0) >= params.recover_windows:
+                    del fb[c.name]
+                    rec[c.name] = 0
+                    changed.append(c.name)
+                    reasons[c.name] = (f"exit fallback: primary {xp_txt} < {1 - params.hysteresis:g}"
+                                       f" for {params.recover_windows} windows")
+                else:
+                    reasons[c.name] = (f"in fallback, primary {xp_txt}, recovering "
+                                       f"{rec.get(c.name, 0)}/{params.recover_windows}")
+        if c.name in fb:
+            weights[c.name] = _blend(wf, wp, params.fallback_probe_share) if wp else wf
+        elif wp:
+            weights[c.name] = wp
+        else:
+            weights[c.name] = {}
+            unroutable.append(c.name)
+            reasons[c.name] += "; unroutable"
+    for name in [k for k in fb if k not in names]:
+        del fb[name]  # a class that is no longer routed leaves no fallback behind
+    new = replace(state, fallback=fb, over_streak=over, recover_streak=rec,
+                  last_queue={t.key: o.queue_len for t, o in observations.items()},
+                  steps=state.steps + 1)
+    return new, RoutingDecision(weights, {k: fb[k] for k in names if k in fb}, reasons,
+                                {t: v[0] for t, v in pred.items()}, tuple(unroutable),
+                                tuple(changed))
