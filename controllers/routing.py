@@ -342,7 +342,8 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
             due = xp == math.inf or over.get(c.name, 0) >= params.enter_windows
             better = xf is None or xp is None or xf < xp
             if can_fb and wf and due and better:
-                fb[c.name] = f"primary predicted {xp_txt} (ttft SLO {c.ttft_slo_ms:g} ms)"
+                fb[c.name] = (f"primary {'' if xp == math.inf else 'predicted '}{xp_txt} "
+                              f"(ttft SLO {c.ttft_slo_ms:g} ms)")
                 rec[c.name], over[c.name] = 0, 0
                 changed.append(c.name)
                 reasons[c.name] = f"enter fallback: {fb[c.name]}"
