@@ -97,7 +97,8 @@ class Fleet:
                     state=READY if ready else STARTING, max_batch=cfg.max_batch,
                     kv_capacity_tokens=cfg.kv_capacity_tokens or perf.kv_capacity_tokens,
                     max_prefill_tokens=cfg.max_prefill_tokens, jitter=jit,
-                    prefix_cache=cfg.prefix_cache, context_aware=cfg.context_aware_decode, t_s=t)
+                    prefix_cache=cfg.prefix_cache, context_aware=cfg.context_aware_decode, t_s=t,
+                    kv_allocator=cfg.kv_allocator, copy_bandwidth_bytes_s=cfg.kv_copy_bandwidth_bytes_s)
         self._reps[key].append(r)
         if ready:
             self._ready[key].append(r)
@@ -358,6 +359,66 @@ class Fleet:
         self._push(start, _CALL, retime)
         self._push(start + duration_s, _CALL, retime)
         return [r.node for r in chosen]
+
+    def _replica(self, zone: str, model: str, node: str) -> Replica | None:
+        return next((r for r in self._reps[self._key(zone, model)] if r.node == node), None)
+
+    def relocate(self, zone: str, model: str, node: str, max_bytes: int,
+                 expected_generation: int | None, t_s: float) -> dict:
+        """One bounded KV compaction round on ``node`` at the fleet clock (``t_s`` is recorded).
+
+        Returns :meth:`sim.replica.Replica.relocate`'s outcome, or
+        ``{'refused': reason}`` (unknown node, no allocator, or ``'generation
+        changed'`` when the allocator's generation is not ``expected_generation``).
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1,
+        ...                       kv_allocator="contiguous"))
+        >>> f.relocate("az-a", "m", "az-a/m/r0", 10**9, 0, 0.0)["bytes_moved"]
+        0
+        >>> f.relocate("az-a", "m", "az-a/m/r0", 10**9, 5, 0.0)["refused"]
+        'generation changed'
+        """
+        r = self._replica(zone, model, node)
+        if r is None or r.state == GONE:
+            return {"refused": "unknown node", "node": node}
+        out, nxt = r.relocate(max_bytes, expected_generation, self.now)
+        if nxt is not None:
+            self._push(nxt, _REPLICA, r, r.version)
+        return {"zone": zone, "model": model, "t_s": max(float(t_s), self.now), **out}
+
+    def move_sessions(self, zone: str, model: str, node: str, t_s: float,
+                      max_requests: int | None = None) -> dict:
+        """Move ``node``'s waiting requests to ready peers whose KV can hold them now.
+
+        A peer is chosen per request by the most of its prefix blocks already
+        resident there, then the least outstanding tokens; requests no peer
+        can hold stay (in order). Running requests are not migrated.
+        """
+        src = self._replica(zone, model, node)
+        if src is None or src.state == GONE:
+            return {"refused": "unknown node", "node": node}
+        peers = [p for p in self._ready[(zone, model)] if p is not src and p.kv is not None]
+        moved: dict[str, str] = {}
+        kept = []
+        for q in src.take_queue():
+            fit = [p for p in peers if p.kv is not None
+                   and p.kv.fits(q.need * p.perf.kv_bytes_per_token, q.hash_ids)]
+            if not fit or (max_requests is not None and len(moved) >= max_requests):
+                kept.append(q)
+                continue
+            dst = max(fit, key=lambda p: (p.kv.resident_prefix(q.hash_ids), -p.outstanding))  # type: ignore[union-attr]
+            moved[q.request_id] = dst.node
+            nxt = dst.enqueue(q, self.now)
+            if nxt is not None:
+                self._push(nxt, _REPLICA, dst, dst.version)
+        for q in kept:
+            src.queue.append(q)
+            src.outstanding += q.need
+        nxt = src.poke(self.now, force=False) if moved else None
+        if nxt is not None:
+            self._push(nxt, _REPLICA, src, src.version)
+        return {"zone": zone, "model": model, "node": node, "t_s": max(float(t_s), self.now),
+                "moved": moved, "kept": len(kept)}
 
     def gpu_snapshot(self, t_s: float) -> list[dict]:
         """One GPU record per non-gone replica; ``gpu_util`` is busy time since the last snapshot.

@@ -15,11 +15,14 @@ and sizes in the API are bytes, multiples of ``block_bytes``.
 
 Prefix reuse. ``alloc(request_id, nbytes, hash_ids)``: the leading
 ``len(hash_ids)`` blocks of the request are prefix blocks identified by their
-Mooncake hash id. Each is a separate one-block region shared by every live
-request on the replica that names it (refcounted): a resident prefix block
-costs no new memory; a new one is allocated; it is freed when its last
-request frees. The rest of the request (at least one block, its decode tail)
-is its private contiguous region. Unreferenced prefix blocks are not kept.
+Mooncake hash id. Those already resident on the replica (held by a live
+request) are shared, refcounted, and cost no new memory; everything else (its
+new prefix blocks, the rest of the prompt and the output, at least one
+block) is one new contiguous region. When a request frees, a prefix block it
+created that other live requests still use stays where it is, a pinned
+one-block island inside the freed region, until its last holder frees: this
+is how prefix sharing fragments contiguous memory. Unreferenced prefix
+blocks are not kept.
 
 Fragmentation ratio (documented definition): ``1 - largest_free / total_free``
 (0 when nothing is free): 0 means all free memory is one hole; 0.9 means the
@@ -83,7 +86,7 @@ class CompactionResult:
 
 
 class _Base:
-    """Bookkeeping shared by both allocators: prefix refcounts and generation."""
+    """Bookkeeping shared by both allocators: ownership, prefix refcounts, generation."""
 
     def __init__(self, capacity_bytes: int, block_bytes: int) -> None:
         if block_bytes < 1 or capacity_bytes < block_bytes:
@@ -94,30 +97,28 @@ class _Base:
         self.total_bytes = self.n_blocks * self.block_bytes
         self.generation = 0
         self.used_blocks = 0
-        self._private: dict[str, tuple[int, int]] = {}  # request -> (start block, n blocks)
-        self._prefix: dict[int, list[int]] = {}  # hash id -> [start block, refcount]
-        self._refs: dict[str, tuple[int, ...]] = {}  # request -> its prefix hash ids
         self.prefix_hits = 0  # prefix blocks reused (memory saved, in blocks)
+        self._own: dict[str, list[int]] = {}  # request -> its blocks (contiguous: one run)
+        self._refs: dict[str, tuple[int, ...]] = {}  # request -> prefix hash ids it uses
+        self._created: dict[str, list[int]] = {}  # request -> prefix hash ids placed in its region
+        # hash id -> [block, owner request (None: a pinned island), holders]
+        self._prefix: dict[int, list] = {}
 
-    def _split(self, nbytes: int, hash_ids: Sequence[int] | None) -> tuple[int, list[int]]:
+    def _plan(self, nbytes: int, hash_ids: Sequence[int] | None) -> tuple[int, tuple[int, ...], list[int]]:
         if nbytes < 0:
             raise KvAllocError(f"nbytes={nbytes}: must be >= 0")
-        ids = list(dict.fromkeys(hash_ids or ()))
+        ids = tuple(dict.fromkeys(hash_ids or ()))
+        new = [h for h in ids if h not in self._prefix]
         need = -(-int(nbytes) // self.block_bytes)
-        return max(1, need - len(ids)), [h for h in ids if h not in self._prefix]
+        return max(1, len(new), need - (len(ids) - len(new))), ids, new
+
+    def new_blocks(self, nbytes: int, hash_ids: Sequence[int] | None = None) -> int:
+        """Blocks ``alloc`` would take now (its new region)."""
+        return self._plan(nbytes, hash_ids)[0]
 
     def fits(self, nbytes: int, hash_ids: Sequence[int] | None = None) -> bool:
         """Would ``alloc`` succeed now (no side effect)?"""
-        private, new = self._split(nbytes, hash_ids)
-        return self._largest_blocks() >= private and self.n_blocks - self.used_blocks >= private + len(new)
-
-    def new_blocks(self, nbytes: int, hash_ids: Sequence[int] | None = None) -> int:
-        """Blocks ``alloc`` would take now (private region + prefix blocks not resident)."""
-        private, new = self._split(nbytes, hash_ids)
-        return private + len(new)
-
-    def holds(self, request_id: str) -> bool:
-        return request_id in self._private
+        return self._largest_blocks() >= self._plan(nbytes, hash_ids)[0]
 
     def resident_prefix(self, hash_ids: Sequence[int] | None) -> int:
         """How many of ``hash_ids`` are resident (reusable) here."""
@@ -132,7 +133,7 @@ class _Base:
         return self.total_bytes - self.used_bytes
 
     def live_requests(self) -> set[str]:
-        return set(self._private)
+        return set(self._own)
 
     def largest_free_block(self) -> int:
         """Bytes of the largest contiguous free region."""
@@ -146,64 +147,70 @@ class _Base:
     def _largest_blocks(self) -> int:
         raise NotImplementedError
 
-    def _take(self, n: int) -> int | None:
+    def _take(self, n: int) -> list[int] | None:
         raise NotImplementedError
 
-    def _give(self, start: int, n: int) -> None:
+    def _release(self, blocks: list[int]) -> None:
+        raise NotImplementedError
+
+    def _free_sizes(self) -> list[int]:
         raise NotImplementedError
 
     def alloc(self, request_id: str, nbytes: int, hash_ids: Sequence[int] | None = None) -> int | None:
-        """Reserve ``nbytes`` for ``request_id``; returns the private region's byte offset or None.
+        """Reserve ``nbytes`` for ``request_id``; returns its new region's byte offset or None.
 
-        All or nothing: when the private region or a new prefix block does
-        not fit, nothing changes and None is returned.
+        All or nothing: when the new region does not fit, nothing changes.
         """
-        if request_id in self._private:
+        if request_id in self._own:
             raise KvAllocError(f"request_id={request_id!r}: already allocated")
-        if not self.fits(nbytes, hash_ids):
+        n, ids, new = self._plan(nbytes, hash_ids)
+        blocks = self._take(n)
+        if blocks is None:
             return None
-        private, new = self._split(nbytes, hash_ids)
-        start = self._take(private)
-        assert start is not None  # fits() is exact
-        ids = tuple(dict.fromkeys(hash_ids or ()))
+        for i, h in enumerate(new):
+            self._prefix[h] = [blocks[i], request_id, {request_id}]
         for h in ids:
-            ent = self._prefix.get(h)
-            if ent is None:
-                s = self._take(1)
-                assert s is not None
-                self._prefix[h] = [s, 1]
-            else:
-                ent[1] += 1
-                self.prefix_hits += 1
-        self._private[request_id] = (start, private)
-        self._refs[request_id] = ids
-        self.used_blocks += private + len(new)
+            if h not in new:
+                self._prefix[h][2].add(request_id)
+        self.prefix_hits += len(ids) - len(new)
+        self._own[request_id], self._refs[request_id], self._created[request_id] = blocks, ids, new
+        self.used_blocks += n
         self.generation += 1
-        return start * self.block_bytes
+        return blocks[0] * self.block_bytes
 
     def free(self, request_id: str) -> bool:
-        """Release ``request_id`` (and prefix blocks nobody else holds); False if unknown."""
-        reg = self._private.pop(request_id, None)
-        if reg is None:
+        """Release ``request_id``; prefix blocks others still use stay pinned. False if unknown."""
+        blocks = self._own.pop(request_id, None)
+        if blocks is None:
             return False
-        self._give(*reg)
-        freed = reg[1]
+        release = set(blocks)
         for h in self._refs.pop(request_id):
             ent = self._prefix[h]
-            ent[1] -= 1
-            if ent[1] == 0:
+            ent[2].discard(request_id)
+            if ent[2]:
+                if ent[1] == request_id:
+                    ent[1] = None  # pinned island inside the freed region
+                    release.discard(ent[0])
+            else:
                 del self._prefix[h]
-                self._give(ent[0], 1)
-                freed += 1
-        self.used_blocks -= freed
+                release.add(ent[0])  # a pinned island (or a block of this region)
+        del self._created[request_id]
+        self._release(sorted(release))
+        self.used_blocks -= len(release)
         self.generation += 1
         return True
 
     def regions(self) -> list[tuple[int, int, str]]:
-        """Live regions ``(offset_bytes, nbytes, owner)`` in address order; owner ``'#<hash>'`` for prefixes."""
-        b = self.block_bytes
-        out = [(s * b, n * b, r) for r, (s, n) in self._private.items()]
-        out += [(s * b, b, f"#{h}") for h, (s, _) in self._prefix.items()]
+        """Live runs ``(offset_bytes, nbytes, owner)`` in address order; ``'#<hash>'`` for pinned prefixes."""
+        b, out = self.block_bytes, []
+        for r, blocks in self._own.items():
+            run0 = prev = blocks[0]
+            for x in blocks[1:] + [-2]:
+                if x != prev + 1:
+                    out.append((run0 * b, (prev - run0 + 1) * b, r))
+                    run0 = x
+                prev = x
+        out += [(pos * b, b, f"#{h}") for h, (pos, owner, _) in self._prefix.items() if owner is None]
         return sorted(out)
 
     def free_block_histogram(self, bins: Sequence[int] = DEFAULT_HIST_BLOCKS) -> list[int]:
@@ -214,9 +221,6 @@ class _Base:
             if i >= 0:
                 out[i] += 1
         return out
-
-    def _free_sizes(self) -> list[int]:
-        raise NotImplementedError
 
 
 class ContiguousKvAllocator(_Base):
@@ -236,7 +240,9 @@ class ContiguousKvAllocator(_Base):
     def _free_sizes(self) -> list[int]:
         return list(self._fl)
 
-    def _take(self, n: int) -> int | None:
+    def _take(self, n: int) -> list[int] | None:
+        if n > self._largest_blocks():
+            return None
         for i, length in enumerate(self._fl):
             if length >= n:
                 start = self._fs[i]
@@ -246,8 +252,17 @@ class ContiguousKvAllocator(_Base):
                     self._fs[i], self._fl[i] = start + n, length - n
                 if length == self._largest:
                     self._largest = None
-                return start
+                return list(range(start, start + n))
         return None
+
+    def _release(self, blocks: list[int]) -> None:
+        i = 0
+        while i < len(blocks):
+            j = i
+            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
+                j += 1
+            self._give(blocks[i], j - i + 1)
+            i = j + 1
 
     def _give(self, start: int, n: int) -> None:
         i = bisect_left(self._fs, start)
@@ -269,27 +284,32 @@ class ContiguousKvAllocator(_Base):
         if max_bytes_moved < 0 or not bandwidth_bytes_s > 0:
             raise KvAllocError("max_bytes_moved >= 0 and bandwidth_bytes_s > 0 required")
         frag0, big0 = self.fragmentation_ratio(), self.largest_free_block()
-        owners: list[tuple[int, int, str | int]] = [(s, n, r) for r, (s, n) in self._private.items()]
-        owners += [(s, 1, h) for h, (s, _) in self._prefix.items()]
-        owners.sort()
+        units: list[tuple[int, int, str | int]] = [(b[0], len(b), r) for r, b in self._own.items()]
+        units += [(e[0], 1, h) for h, e in self._prefix.items() if e[1] is None]
+        units.sort(key=lambda u: u[0])
         budget, cursor, moved_blocks, moves = int(max_bytes_moved) // self.block_bytes, 0, 0, 0
         moved: set[str] = set()
         placed: list[tuple[int, int]] = []
-        for s, n, who in owners:
+        for s, n, who in units:
             if s > cursor and n <= budget:
                 budget -= n
                 moved_blocks += n
                 moves += 1
                 if isinstance(who, str):
-                    self._private[who] = (cursor, n)
+                    self._own[who] = list(range(cursor, cursor + n))
                     moved.add(who)
+                    for h in self._created[who]:
+                        ent = self._prefix.get(h)
+                        if ent is not None and ent[1] == who:
+                            ent[0] += cursor - s
+                            moved.update(ent[2])
                 else:
                     self._prefix[who][0] = cursor
-                    moved.update(r for r, ids in self._refs.items() if who in ids)
+                    moved.update(self._prefix[who][2])
                 s = cursor
             placed.append((s, n))
             cursor = s + n
-        if moves:  # rebuild the free list from the placed regions
+        if moves:  # rebuild the free list from the placed units
             self._fs, self._fl, pos = [], [], 0
             for s, n in placed:
                 if s > pos:
@@ -323,7 +343,6 @@ class PagedKvAllocator(_Base):
     def __init__(self, capacity_bytes: int, block_bytes: int) -> None:
         super().__init__(capacity_bytes, block_bytes)
         self._free: list[int] = list(range(self.n_blocks))  # free page ids, sorted
-        self._pages: dict[int, list[int]] = {}
 
     def _largest_blocks(self) -> int:
         return len(self._free)
@@ -331,15 +350,14 @@ class PagedKvAllocator(_Base):
     def _free_sizes(self) -> list[int]:
         return [len(self._free)] if self._free else []
 
-    def _take(self, n: int) -> int | None:
+    def _take(self, n: int) -> list[int] | None:
         if n > len(self._free):
             return None
         pages, self._free = self._free[:n], self._free[n:]
-        self._pages[pages[0]] = pages
-        return pages[0]
+        return pages
 
-    def _give(self, start: int, n: int) -> None:
-        for p in self._pages.pop(start):
+    def _release(self, blocks: list[int]) -> None:
+        for p in blocks:
             insort(self._free, p)
 
     def compact(self, max_bytes_moved: int, bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,

@@ -25,6 +25,13 @@ project's convention: ``e2e = ttft + output_tokens * step``); its
 completion. A request larger than the whole cache is admitted only alone.
 Prefix caching: the leading ``hash_ids`` blocks already seen on the replica
 (LRU over the cache's block count) are not prefilled again.
+
+KV memory (``FleetConfig.kv_allocator``): ``'reserve'`` (default) counts
+reserved tokens only; ``'contiguous'`` and ``'paged'`` place each admitted
+request in a :mod:`sim.kvalloc` allocator (512-token blocks, Mooncake prefix
+blocks shared), so with ``'contiguous'`` the head of the queue waits when no
+hole fits it. :meth:`Replica.relocate` compacts; the requests it moves pause
+for its duration (their remaining decode steps end that many steps later).
 """
 
 from __future__ import annotations
@@ -35,12 +42,14 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sim.kvalloc import COPY_BANDWIDTH_BYTES_S, ContiguousKvAllocator, PagedKvAllocator
 from sim.perf_model import PerfModel
 from sim.sde import JitterProcess
 
 BLOCK_TOKENS = 512
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
 IDLE, PREFILL, DECODE = 0, 1, 2
+KV_ALLOCATORS = {"reserve": None, "contiguous": ContiguousKvAllocator, "paged": PagedKvAllocator}
 
 
 class FleetConfigError(ValueError):
@@ -67,6 +76,10 @@ class FleetConfig:
     network_ms_median, network_sigma, initial_replicas, seed : float, float, int, int
         Lognormal network delay; replicas per (zone, model) ready at t = 0;
         seed of every random stream.
+    kv_allocator, kv_copy_bandwidth_bytes_s : str, float
+        ``'reserve'`` (token counting, the default), ``'contiguous'`` or
+        ``'paged'`` (see the module docstring); per-GPU copy bandwidth of a
+        compaction (times ``tensor_parallel``).
     """
 
     models: Mapping[str, PerfModel]
@@ -87,6 +100,8 @@ class FleetConfig:
     network_sigma: float = 0.3
     initial_replicas: int = 0
     seed: int = 0
+    kv_allocator: str = "reserve"
+    kv_copy_bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "zones", tuple(self.zones))
@@ -99,7 +114,9 @@ class FleetConfig:
                   "kv_capacity_tokens": self.kv_capacity_tokens is None or self.kv_capacity_tokens >= 1,
                   "network_ms_median": self.network_ms_median >= 0, "network_sigma": self.network_sigma >= 0,
                   "initial_replicas": self.initial_replicas >= 0, "jitter_theta": self.jitter_theta > 0,
-                  "jitter_L_bar": self.jitter_L_bar > 0, "jitter_sigma0": self.jitter_sigma0 >= 0}
+                  "jitter_L_bar": self.jitter_L_bar > 0, "jitter_sigma0": self.jitter_sigma0 >= 0,
+                  "kv_allocator": self.kv_allocator in KV_ALLOCATORS,
+                  "kv_copy_bandwidth_bytes_s": self.kv_copy_bandwidth_bytes_s > 0}
         for name, ok in checks.items():
             if not ok:
                 raise FleetConfigError(f"{name}: invalid value {getattr(self, name)!r}")
@@ -110,7 +127,7 @@ class Request:
 
     __slots__ = ("request_id", "zone", "model", "request_class", "prompt", "output", "hash_ids",
                  "arrival_t", "reach_t", "network_ms", "preprocess_ms", "prefill_start_t",
-                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need")
+                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need", "pause_steps")
 
     def __init__(self, request_id: str, zone: str, model: str, request_class: str, prompt: int,
                  output: int, hash_ids: list[int] | None, arrival_t: float, network_ms: float,
@@ -122,6 +139,7 @@ class Request:
         self.prefill_start_t = self.first_token_t = -1.0
         self.kv_hit_blocks, self.kv_hit, self.prefill_tokens = 0, False, prompt
         self.need = prompt + output
+        self.pause_steps = 0  # decode steps added by a relocation during its prefill
 
     def reset(self) -> None:
         """Forget service progress (the replica failed)."""
@@ -135,7 +153,8 @@ class Replica:
     def __init__(self, node: str, zone: str, model: str, perf: PerfModel, *, state: str,
                  max_batch: int, kv_capacity_tokens: int, max_prefill_tokens: int,
                  jitter: JitterProcess | None, prefix_cache: bool, context_aware: bool,
-                 t_s: float) -> None:
+                 t_s: float, kv_allocator: str = "reserve",
+                 copy_bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S) -> None:
         self.node, self.zone, self.model, self.perf, self.state = node, zone, model, perf, state
         self.max_batch, self.kv_cap, self.max_prefill = max_batch, kv_capacity_tokens, max_prefill_tokens
         self.jitter, self.prefix_cache, self.context_aware = jitter, prefix_cache, context_aware
@@ -155,6 +174,16 @@ class Replica:
         self.cache_cap = max(1, kv_capacity_tokens // BLOCK_TOKENS)
         self.spikes: list[tuple[float, float, float]] = []
         self._seq = 0
+        self.kv_kind, self.copy_bw = kv_allocator, copy_bandwidth_bytes_s * perf.tensor_parallel
+        self.kv: ContiguousKvAllocator | PagedKvAllocator | None = None
+        self._reset_kv(0)
+
+    def _reset_kv(self, generation: int) -> None:
+        cls = KV_ALLOCATORS[self.kv_kind]
+        if cls is not None:
+            bpt = self.perf.kv_bytes_per_token
+            self.kv = cls(max(self.kv_cap, BLOCK_TOKENS) * bpt, BLOCK_TOKENS * bpt)
+            self.kv.generation = generation
 
     # -- load and state ------------------------------------------------------------------
     @property
@@ -177,6 +206,9 @@ class Replica:
     def _admissible(self) -> bool:
         if self.state != READY or not self.queue or self.running >= self.max_batch:
             return False
+        if self.kv is not None:
+            q = self.queue[0]
+            return self.running == 0 or self.kv.fits(q.need * self.perf.kv_bytes_per_token, q.hash_ids)
         return self.kv_used + self.queue[0].need <= self.kv_cap or self.running == 0
 
     # -- inputs --------------------------------------------------------------------------
@@ -212,6 +244,8 @@ class Replica:
             r.reset()
         self.prefilling, self.heap = [], []
         self.kv_used = self.outstanding = self.sum_prompt = self.sum_start = 0
+        if self.kv is not None:
+            self._reset_kv(self.kv.generation + 1)
         self._set_phase(IDLE, t)
         self.version += 1
         return reqs
@@ -226,12 +260,16 @@ class Replica:
                 self.outstanding -= r.prompt
                 if r.output <= 0:
                     self.kv_used -= r.need
+                    if self.kv is not None:
+                        self.kv.free(r.request_id)
                     done.append(r)
                 else:
                     self._seq += 1
-                    heapq.heappush(self.heap, (self.steps_done + r.output, self._seq, r))
+                    start = self.steps_done + r.pause_steps
+                    r.pause_steps = 0
+                    heapq.heappush(self.heap, (start + r.output, self._seq, r))
                     self.sum_prompt += r.prompt
-                    self.sum_start += self.steps_done
+                    self.sum_start += start
             self.prefilling = []
         elif self.phase == DECODE:
             self.steps_done += self.seg_steps
@@ -239,6 +277,8 @@ class Replica:
             while heap and heap[0][0] <= self.steps_done:
                 target, _, r = heapq.heappop(heap)
                 self.kv_used -= r.need
+                if self.kv is not None:
+                    self.kv.free(r.request_id)
                 self.outstanding -= r.output
                 self.sum_prompt -= r.prompt
                 self.sum_start -= target - r.output
@@ -290,6 +330,8 @@ class Replica:
                 self._remember(r)
                 r.prefill_start_t = t
                 self.kv_used += r.need
+                if self.kv is not None:  # None when admitted alone and larger than the cache
+                    self.kv.alloc(r.request_id, r.need * self.perf.kv_bytes_per_token, r.hash_ids)
                 self.prefilling.append(r)
                 tokens += r.prefill_tokens
             self._set_phase(PREFILL, t)
@@ -310,6 +352,54 @@ class Replica:
         self._set_phase(IDLE, t)
         return None
 
+    # -- KV relocation -------------------------------------------------------------------
+    def relocate(self, max_bytes: int, expected_generation: int | None,
+                 t: float) -> tuple[dict, float | None]:
+        """Compact the KV allocator (one bounded round); returns the outcome and a new event time.
+
+        Refused when there is no allocator or its generation is not
+        ``expected_generation`` (None skips the check). Moved requests pause:
+        ``ceil(duration_s / step)`` decode steps are added to their targets.
+        """
+        kv = self.kv
+        if kv is None:
+            return {"refused": "no kv allocator"}, None
+        if expected_generation is not None and expected_generation != kv.generation:
+            return {"refused": "generation changed", "generation": kv.generation}, None
+        res = kv.compact(int(max_bytes), self.copy_bw)
+        moved, k = set(res.moved_request_ids), 0
+        if moved:
+            step_s = self.seg_step_s if self.phase == DECODE else (
+                self.perf.decode_step_ms(max(1, len(self.heap))) * self.factor(t) / 1000.0)
+            k = math.ceil(res.duration_s / step_s - 1e-12) if step_s > 0 else 0
+            heap = []
+            for target, seq, r in self.heap:
+                if r.request_id in moved:
+                    target += k
+                    self.sum_start += k
+                heap.append((target, seq, r))
+            heapq.heapify(heap)
+            self.heap = heap
+            for r in self.prefilling:
+                if r.request_id in moved:
+                    r.pause_steps += k
+        out = {"node": self.node, "bytes_moved": res.bytes_moved, "duration_s": res.duration_s,
+               "moved_request_ids": res.moved_request_ids, "pause_steps": k,
+               "fragmentation_before": res.fragmentation_before,
+               "fragmentation_after": res.fragmentation_after,
+               "largest_free_before": res.largest_free_before,
+               "largest_free_after": res.largest_free_after, "generation": res.generation}
+        return out, self.poke(t, force=False)
+
+    def waiting_kv_bytes(self) -> int:
+        """New KV bytes the head of the queue needs (0 when nothing waits)."""
+        if not self.queue:
+            return 0
+        q, bpt = self.queue[0], self.perf.kv_bytes_per_token
+        if self.kv is None:
+            return q.need * bpt
+        return self.kv.new_blocks(q.need * bpt, q.hash_ids) * self.kv.block_bytes
+
     # -- telemetry -----------------------------------------------------------------------
     def snapshot(self, t: float) -> dict:
         """GPU record fields of this replica; resets the utilisation window."""
@@ -324,15 +414,24 @@ class Replica:
         used_blocks = -(-self.kv_used // BLOCK_TOKENS)
         free_bytes = max(0, self.kv_cap - self.kv_used) * bpt
         loaded = self.state != STARTING
-        return {
+        kv, kv_bytes, total_blocks = self.kv, self.kv_used * bpt, self.kv_cap // BLOCK_TOKENS
+        if kv is not None:
+            used_blocks, total_blocks, kv_bytes = kv.used_blocks, kv.n_blocks, kv.used_bytes
+            free_bytes = kv.largest_free_block()
+        rec = {
             "node": self.node, "zone": self.zone, "model": self.model, "state": self.state,
             "gpu_util": float(util) if loaded else 0.0,
-            "mem_used_bytes": int(self.perf.weight_bytes + self.kv_used * bpt) if loaded else 0,
+            "mem_used_bytes": int(self.perf.weight_bytes + kv_bytes) if loaded else 0,
             "mem_total_bytes": int(self.perf.hbm_bytes),
-            "kv_blocks_used": int(used_blocks), "kv_blocks_total": int(self.kv_cap // BLOCK_TOKENS),
+            "kv_blocks_used": int(used_blocks), "kv_blocks_total": int(total_blocks),
             "largest_free_block_bytes": int(free_bytes),
             "queue_len": len(self.queue), "running": self.running,
         }
+        if kv is not None:  # allocator telemetry (issue 6); absent in 'reserve' mode
+            rec.update(fragmentation_ratio=float(kv.fragmentation_ratio()),
+                       free_block_hist=kv.free_block_histogram(), kv_generation=int(kv.generation),
+                       kv_free_bytes=int(kv.free_bytes), kv_waiting_bytes=int(self.waiting_kv_bytes()))
+        return rec
 
 
 def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:

@@ -334,3 +334,83 @@ def test_future_fail_replica_is_scheduled() -> None:
     f.advance_to(50.0)
     assert f.replicas("az-a", M) == {"starting": 1, "ready": 1, "draining": 0, "gone": 1}
     assert node not in {g["node"] for g in f.gpu_snapshot(50.0)}
+
+
+# -- KV allocator (issue 6) --------------------------------------------------------------
+KV_KEYS = GPU_KEYS | {"fragmentation_ratio", "free_block_hist", "kv_generation", "kv_free_bytes",
+                      "kv_waiting_bytes"}
+BLOCK_B = 512 * PM.kv_bytes_per_token
+
+
+def fragmented(**kw) -> tuple[Fleet, dict]:
+    """a, b, c take 2 blocks each of 10; b ends; d (6 blocks) waits behind a 2-block hole."""
+    f = make(kv_allocator="contiguous", kv_capacity_tokens=10 * 512, **kw)
+    for rid, out in (("a", 512), ("b", 10), ("c", 512)):
+        f.submit(0.0, "az-a", M, 512, out, rid)
+    f.advance_to(3.0)
+    f.submit(3.0, "az-a", M, 2048, 1024, "d")
+    f.advance_to(3.5)
+    (g,) = f.gpu_snapshot(3.5)
+    return f, g
+
+
+def test_contiguous_allocator_gpu_record_fields() -> None:
+    f, g = fragmented()
+    assert set(g) == KV_KEYS
+    json.dumps(g)
+    assert (g["kv_blocks_used"], g["kv_blocks_total"], g["queue_len"]) == (4, 10, 1)
+    assert g["largest_free_block_bytes"] == 4 * BLOCK_B  # free: 2 + 4 blocks, d needs 6
+    assert g["kv_free_bytes"] == 6 * BLOCK_B and g["kv_waiting_bytes"] == 6 * BLOCK_B
+    assert g["fragmentation_ratio"] == pytest.approx(1 - 4 / 6)
+    assert sum(g["free_block_hist"]) == 2 and g["kv_generation"] > 0
+
+
+def test_relocation_admits_the_waiting_request_and_pauses_the_moved_one() -> None:
+    f, g = fragmented(kv_copy_bandwidth_bytes_s=1e8)
+    res = f.relocate("az-a", M, g["node"], 10**12, g["kv_generation"], 3.5)
+    assert res["moved_request_ids"] == ["c"] and res["bytes_moved"] == 2 * BLOCK_B
+    assert res["duration_s"] == pytest.approx(2 * BLOCK_B / (1e8 * PM.tensor_parallel), rel=1e-3)
+    assert res["pause_steps"] >= 1 and res["fragmentation_after"] == 0.0
+    recs = {r["request_id"]: r for r in f.advance_to(200.0)}
+    assert set(recs) == {"a", "c", "d"} and f.stats()["conserved"]  # b ended before 3.0 s
+    # d was admitted at the next step boundary after the relocation, not after a or c finished
+    assert recs["d"]["arrival_ms"] + recs["d"]["ttft_ms"] < recs["a"]["ts_ms"]
+    # c and a were identical; c now ends pause_steps decode steps after a
+    assert recs["c"]["ts_ms"] > recs["a"]["ts_ms"]
+
+
+def test_relocation_refused_on_stale_generation_or_without_allocator() -> None:
+    f, g = fragmented()
+    stale = f.relocate("az-a", M, g["node"], 10**12, g["kv_generation"] - 1, 3.5)
+    assert stale["refused"] == "generation changed" and stale["generation"] == g["kv_generation"]
+    assert f.gpu_snapshot(3.5)[0]["largest_free_block_bytes"] == 4 * BLOCK_B  # nothing moved
+    assert make().relocate("az-a", M, f"az-a/{M}/r0", 1, None, 0.0)["refused"] == "no kv allocator"
+    assert f.relocate("az-a", M, "nope", 1, None, 0.0)["refused"] == "unknown node"
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_no_request_lost_across_relocations(kind: str) -> None:
+    f = make(kv_allocator=kind, kv_capacity_tokens=131072, initial_replicas=2, jitter=True)
+    tr = load_trace("mooncake").window(0.0, 120.0).scaled_to_qps(0.6)
+    for i in range(len(tr)):
+        f.submit(float(tr.arrival_s[i]), "az-a", M, int(tr.prompt_tokens[i]), int(tr.output_tokens[i]),
+                 f"q{i}", tr.hash_ids[i])
+    done: list[dict] = []
+    for t in np.arange(1.0, 2000.0, 1.0):
+        done += f.advance_to(float(t))
+        for g in f.gpu_snapshot(float(t)):
+            res = f.relocate("az-a", M, g["node"], 8 * BLOCK_B, g["kv_generation"], float(t))
+            assert "refused" not in res
+        assert f.stats()["conserved"]
+    assert sorted(r["request_id"] for r in done) == sorted(f"q{i}" for i in range(len(tr)))
+    assert all(g["kv_blocks_used"] == 0 for g in f.gpu_snapshot(2000.0))
+
+
+def test_move_sessions_sends_waiting_requests_to_a_peer_with_room() -> None:
+    f, g = fragmented(initial_replicas=1, startup_s=0.0)
+    f.set_desired("az-a", M, 2, 3.5)
+    f.advance_to(3.6)
+    out = f.move_sessions("az-a", M, g["node"], 3.6)
+    assert out["moved"] == {"d": f"az-a/{M}/r1"} and out["kept"] == 0
+    recs = {r["request_id"]: r["node"] for r in f.advance_to(200.0)}
+    assert recs["d"] == f"az-a/{M}/r1" and f.stats()["conserved"]

@@ -152,3 +152,17 @@ def test_paged_has_no_external_fragmentation(sizes: list[int], seed: int) -> Non
         assert p.fragmentation_ratio() == 0.0 and p.largest_free_block() == p.free_bytes
         assert p.used_bytes + p.free_bytes == p.total_bytes
     assert p.compact(10**9).bytes_moved == 0
+
+
+def test_shared_prefix_pins_an_island_in_a_freed_region() -> None:
+    a = ContiguousKvAllocator(10 * B, B)
+    a.alloc("x", 4 * B, hash_ids=[5])  # region 0-3, prefix 5 at block 0
+    a.alloc("y", 3 * B, hash_ids=[5])  # reuses 5: region 4-5
+    a.free("x")  # block 0 stays (y uses it); blocks 1-3 free
+    assert ("#5" in {o for _, _, o in a.regions()}) and a.used_bytes == 3 * B
+    assert a.free_block_histogram(bins=(1, 2, 4)) == [0, 1, 1]  # holes of 3 and 4 blocks
+    assert a.largest_free_block() == 4 * B and a.fragmentation_ratio() == pytest.approx(1 - 4 / 7)
+    a.compact(10**9)
+    assert a.largest_free_block() == 7 * B
+    a.free("y")
+    assert a.used_bytes == 0 and a.largest_free_block() == 10 * B
