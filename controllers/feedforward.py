@@ -5,7 +5,7 @@ their SLO, and a replica takes tens of seconds to load.  The feedforward path
 sizes the fleet from a fluid model of the demand instead::
 
     arrival_rps  = completion_rps + (queued_now - queued_before) / dt   # lambda = mu + dq/dt
-    demand_rps   = max(arrival_rps, rate_forecast(t + horizon))
+    demand_rps   = max(arrival_rps, rate_forecast(t + horizon)) + margin * forecast_mae
     backlog_rps  = queued_requests / drain_s          # clear the queue in drain_s
     replicas_ff  = (demand_rps + backlog_rps) / (capacity_rps * target_util)
 
@@ -14,7 +14,9 @@ completes at its capacity however fast requests arrive); the queue's growth
 is the rest of the arrival rate.  ``rate_forecast`` is Holt's linear-trend smoothing of the per-window arrival
 rate (level + trend, projected ``horizon_s`` ahead: replica start-up plus one
 control period), so a ramp is met by capacity that is ready when the ramp
-arrives.  ``capacity_rps`` is one replica's sustainable request rate within
+arrives.  The forecast's own running error at that horizon buys headroom
+(chance-constrained sizing): a workload whose bursts the forecast misses
+keeps spare replicas, a smooth one runs lean.  ``capacity_rps`` is one replica's sustainable request rate within
 the SLO (from profiling, as Dynamo's planner takes it; see
 :mod:`sim.profiling`).
 
@@ -66,6 +68,7 @@ class FeedforwardParams:
     beta: float = 0.3  # Holt trend smoothing
     burst_ratio: float = 1.25  # forecast / current above this = "burst" (feedforward mode)
     decay_per_step: float = 0.1  # share of (level - requirement) removed per quiet step
+    error_margin: float = 1.5  # headroom = error_margin x forecast MAE (about one sigma and a half)
     tolerance: float = 0.1  # lift only when the requirement exceeds the level by this share
 
     def __post_init__(self) -> None:
@@ -101,6 +104,8 @@ class FeedforwardState:
 class FeedforwardMeasurement:
     rate_rps: float  # completion rate of the period just closed
     queued: float  # requests waiting across the zone's replicas
+    forecast_rps: float | None = None  # an external forecast at the horizon (e.g. River's)
+    forecast_error_rps: float | None = None  # its running mean absolute error at that horizon
 
     def __post_init__(self) -> None:
         _positive("rate_rps", self.rate_rps, allow_zero=True)
@@ -110,6 +115,7 @@ class FeedforwardMeasurement:
 @dataclass(frozen=True)
 class FeedforwardOutput:
     replicas: float  # continuous requirement
+    arrival_rps: float  # completions + queue growth: the demand of the period just closed
     forecast_rps: float
     demand_rps: float
     backlog_rps: float
@@ -131,13 +137,15 @@ def step(params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMe
         prev = state.level + state.trend
         level = params.alpha * y + (1 - params.alpha) * prev
         trend = params.beta * (level - state.level) + (1 - params.beta) * state.trend
-    ahead = max(0.0, level + trend * (params.horizon_s / dt_s))
-    demand = max(y, ahead)
+    ahead = max(0.0, level + trend * (params.horizon_s / dt_s)
+                if meas.forecast_rps is None else meas.forecast_rps)
+    margin = params.error_margin * (meas.forecast_error_rps or 0.0)
+    demand = max(y, ahead) + margin
     backlog = meas.queued / params.drain_s
     replicas = (demand + backlog) / (params.capacity_rps * params.target_util)
     burst = y > 0 and ahead > params.burst_ratio * y
     return (FeedforwardState(level=level, trend=trend, steps=state.steps + 1, queued=meas.queued),
-            FeedforwardOutput(replicas=replicas, forecast_rps=ahead, demand_rps=demand,
+            FeedforwardOutput(replicas=replicas, arrival_rps=y, forecast_rps=ahead, demand_rps=demand,
                               backlog_rps=backlog, burst=burst))
 
 

@@ -29,10 +29,20 @@ from sim.traces import load_trace
 TRACE_SLOS = {"azure-conv": (1000.0, 150.0), "mooncake": (6000.0, 150.0)}
 
 
+# governor with and without each part (issue: what each part buys).
+GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
+    "governor": {"feedforward": True},                         # everything
+    "governor-fb": {"feedforward": False},                     # feedback PID only
+    "governor-fb-nodc": {"feedforward": False, "dead_time_comp": False},  # ... without delay comp.
+    "governor-fpid": {"feedforward": True, "controller": "fpid",
+                      "pid_gains": {"kp": 0.2, "ki": 0.05, "alpha": 0.8}},  # PID^alpha feedback
+}
+
+
 def strategy_names(selected: str) -> list[str]:
     from sim.baselines import BASELINES
 
-    names = ["governor", "governor-fb", *BASELINES]
+    names = [*GOVERNOR_VARIANTS, *BASELINES]
     if selected == "all":
         return names
     wanted = [s.strip() for s in selected.split(",") if s.strip()]
@@ -70,11 +80,12 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     results = []
     for name in strategy_names(args.strategies):
         run_cfg = cfg
-        if name == "governor":  # feedback PID + feedforward sized by the same profiled capacity
-            strat: Any = "governor"   # the baselines (static, dynamo-throughput) are given
-            run_cfg = dataclasses.replace(cfg, replica_capacity_rps=capacity)
-        elif name == "governor-fb":  # the feedback PID alone
-            strat = "governor"
+        if name in GOVERNOR_VARIANTS:
+            # feedforward is sized by the same profiled capacity static and Dynamo are given
+            variant = dict(GOVERNOR_VARIANTS[name])
+            use_ff = variant.pop("feedforward")
+            run_cfg = dataclasses.replace(cfg, replica_capacity_rps=capacity if use_ff else None, **variant)
+            strat: Any = "governor"
         else:
             strat = _factory(name, cfg, capacity, static_n)
         results.append(run(strat, scenario.workload, run_cfg, scenario.faults, scenario.duration_s, name=name))
@@ -148,6 +159,9 @@ def run_bench(args: Namespace) -> int:
     cfg_zones = ("az-a", "az-b")
     plots = {r.strategy: str(plot(r, out / f"{args.scenario}-{r.strategy}.png", meta["ttft_slo_ms"], cfg_zones))
              for r in results}
+    if args.markdown:
+        with open(args.markdown, "a") as fh:
+            fh.write(markdown(results, meta, args) + "\n")
     if args.json:
         print(json.dumps({"meta": meta, "strategies": [{"strategy": r.strategy, **r.metrics,
                                                         "plot": plots[r.strategy]} for r in results]}))
@@ -180,7 +194,26 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--seed", type=int, default=0)
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
+    bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
 
 
 def summary_rows(results: Sequence[RunResult]) -> list[Mapping[str, Any]]:
     return [{"strategy": r.strategy, **r.metrics} for r in results]
+
+
+def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namespace) -> str:
+    cmd = (f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
+           f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}")
+    lines = [f"### {meta['trace']} / {meta['scenario']}", "",
+             f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
+             f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "
+             f"per replica; static = {meta['static_replicas_per_zone']} per zone.", "",
+             "| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|---|" + "---:|" * len(COLUMNS)]
+    for r in results:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            v = r.metrics.get(key)
+            cells.append("-" if v is None else fmt.format(v))
+        lines.append(f"| {r.strategy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -78,6 +78,9 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_SESSION_TIMEOUT_S": "consumer-group session timeout (a join takes about half of it)",
     "GOVERNOR_DATA_DIR": "where the stream worker keeps its local state",
     "GOVERNOR_STARTUP_HINT_S": "expected replica start-up seconds (feedforward look-ahead)",
+    "GOVERNOR_CONTROLLER": "feedback controller: pid (velocity PID) or fpid (fractional PID^alpha)",
+    "GOVERNOR_DRIFT": "1/0: online drift detection (River ADWIN, Page-Hinkley) per (model, zone)",
+    "GOVERNOR_GAINS_FILE": "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
     "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
 }
 
@@ -114,6 +117,10 @@ class Settings:
     data_dir: str = "/tmp/governor"
     # Expected replica start-up time: the feedforward look-ahead horizon.
     startup_hint_s: float = 30.0
+    controller: str = "pid"  # "pid" (velocity PID) or "fpid" (fractional PID^alpha)
+    drift: bool = True
+    dead_time_comp: bool = True  # scale-ups multiply ready replicas while capacity is in flight
+    gains_file: str = ""  # JSON written by `governor tune`; overrides pid_gains when set
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -131,6 +138,8 @@ class Settings:
             raise SettingsError("GOVERNOR_ZONES must name at least one zone")
         if self.partitions < 1:
             raise SettingsError("GOVERNOR_PARTITIONS must be >= 1")
+        if self.controller not in ("pid", "fpid"):
+            raise SettingsError(f"GOVERNOR_CONTROLLER={self.controller!r}: choose pid or fpid")
 
     # -- topics ---------------------------------------------------------
     def topic(self, name: str) -> str:
@@ -138,7 +147,7 @@ class Settings:
 
     @property
     def topics(self) -> dict[str, str]:
-        names = ("telemetry", "metrics", "commands", "results", "deadletter")
+        names = ("telemetry", "metrics", "commands", "results", "deadletter", "events")
         return {n: self.topic(n) for n in names}
 
     def model(self, name: str) -> ModelSpec | None:
@@ -166,7 +175,15 @@ class Settings:
                 raise SettingsError(f"{name}={raw!r}: {exc}") from exc
 
         gains = d.pid_gains
-        if g("GOVERNOR_PID_GAINS"):
+        gains_file = g("GOVERNOR_GAINS_FILE") or ""
+        if gains_file:
+            try:
+                with open(gains_file) as fh:
+                    loaded = json.load(fh)
+                gains = {k: float(v) for k, v in loaded.get("gains", loaded).items()}
+            except (OSError, ValueError, AttributeError) as exc:
+                raise SettingsError(f"GOVERNOR_GAINS_FILE={gains_file!r}: {exc}") from exc
+        elif g("GOVERNOR_PID_GAINS"):
             try:
                 gains = {k: float(v) for k, v in json.loads(g("GOVERNOR_PID_GAINS", "")).items()}
             except (ValueError, AttributeError) as exc:
@@ -192,6 +209,9 @@ class Settings:
             session_timeout_s=num("GOVERNOR_SESSION_TIMEOUT_S", d.session_timeout_s),
             data_dir=g("GOVERNOR_DATA_DIR") or d.data_dir,
             startup_hint_s=num("GOVERNOR_STARTUP_HINT_S", d.startup_hint_s),
+            controller=g("GOVERNOR_CONTROLLER") or d.controller,
+            drift=(g("GOVERNOR_DRIFT") or "1").strip().lower() not in ("0", "false", "no", "off"),
+            gains_file=gains_file,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -216,4 +236,7 @@ class Settings:
             "GOVERNOR_SESSION_TIMEOUT_S": repr(self.session_timeout_s),
             "GOVERNOR_DATA_DIR": self.data_dir,
             "GOVERNOR_STARTUP_HINT_S": repr(self.startup_hint_s),
+            "GOVERNOR_CONTROLLER": self.controller,
+            "GOVERNOR_DRIFT": "1" if self.drift else "0",
+            "GOVERNOR_GAINS_FILE": self.gains_file,
         }

@@ -83,6 +83,9 @@ class LoopConfig:
     hardware: str = "h100-80gb"
     tensor_parallel: int = 8
     replica_capacity_rps: float | None = None  # set = governor uses its feedforward path
+    controller: str = "pid"
+    dead_time_comp: bool = True
+    drift: bool = True
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0 or self.window_s < self.tick_s:
@@ -96,7 +99,8 @@ class LoopConfig:
         spec = ModelSpec(self.model, ttft_slo_ms=self.ttft_slo_ms, itl_slo_ms=self.itl_slo_ms,
                          min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                          replica_capacity_rps=self.replica_capacity_rps)
-        return Settings(startup_hint_s=self.startup_s, zones=self.zones, models=(spec,), window_s=self.window_s,
+        return Settings(startup_hint_s=self.startup_s, controller=self.controller,
+                        dead_time_comp=self.dead_time_comp, drift=self.drift, zones=self.zones, models=(spec,), window_s=self.window_s,
                         lateness_s=self.lateness_s, eps_ref=self.eps_ref, pid_gains=dict(self.pid_gains),
                         command_ttl_s=max(60.0, 3 * self.window_s))
 

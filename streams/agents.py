@@ -72,6 +72,9 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
     commands = app.topic(settings.topic("commands"), partitions=parts)
     deadletter = app.topic(settings.topic("deadletter"), partitions=1)
+    events = app.topic(settings.topic("events"), partitions=parts)
+    snapshot_key = f"{settings.topic_prefix}:snapshot:scaler"
+    last_snapshot = [0.0]
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
@@ -110,8 +113,28 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         now = clock.now_ms()
         await publish_windows(processor.close_due(now, now))
 
+    async def restore_scaler() -> None:
+        try:
+            blob = await redis.get(snapshot_key)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("no scaler snapshot restored (redis: %s)", exc)
+            return
+        if blob:
+            log.info("scaler state restored from %s: %d keys", snapshot_key, scaler.restore(blob))
+
+    async def save_scaler() -> None:
+        now = asyncio.get_running_loop().time()
+        if now - last_snapshot[0] < 2.0:
+            return
+        last_snapshot[0] = now
+        try:
+            await redis.set(snapshot_key, scaler.snapshot())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("scaler snapshot not saved (redis: %s); next window retries", exc)
+
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
+        await restore_scaler()
         async for event in stream.events():
             try:
                 m = orjson.loads(event.value)
@@ -121,6 +144,12 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                     event.value.decode("utf-8", "replace"), clock.now_ms()))
                 continue
             cmd = scaler.on_window(m, clock.now_ms())
+            for ev in scaler.drain_events():
+                metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()
+                if ev["kind"] == "feedforward_mode":
+                    metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
+                await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
+            await save_scaler()
             if cmd is None:
                 continue
             metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas)

@@ -1,36 +1,65 @@
 """Window metrics -> scaling decisions -> commands, per (model, zone).
 
-The decision itself is :func:`controllers.pid.step` (pure).  This module owns
-the per-key controller state, turns a decision that changes the replica count
-into a :class:`~streams.commands.Command`, and reconciles: when the fleet's
-provisioned count (ready + starting) disagrees with the last target for
-``reconcile_after`` windows in a row (a command expired, a replica died),
-the target is re-issued.  It does no I/O, so the same code runs in the Faust
-agent and in the fast simulator.
+The decisions are pure functions in :mod:`controllers`; this module owns the
+per-key learned state and wires them together for each closed zone window:
+
+1. *Leading violation signal* (:func:`controllers.feedforward.leading_violation_rate`):
+   the window's violation rate plus the waiting requests already bound to miss.
+2. *Drift* (:mod:`controllers.drift`): ADWIN on the window's TTFT P95
+   (heavy-tailed), Page-Hinkley on the arrival rate (mean shifts).  A drift
+   event is returned to the caller (the agent publishes it) and a rate drift
+   resets the load forecaster, which re-learns the new regime.
+3. *Forecast* (:mod:`controllers.forecast`): River Holt-Winters of the arrival
+   rate (completions + queue growth), learned online, error tracked.
+4. *Feedforward* (:mod:`controllers.feedforward`), when the model has a
+   profiled ``replica_capacity_rps``: the replicas the demand forecast at
+   start-up + one period needs lift the feedback level (bumpless); when quiet
+   the level decays towards the requirement.
+5. *Feedback*: the velocity PID (:mod:`controllers.pid`) or the fractional
+   PID^alpha (:mod:`controllers.fpid`), ``Settings.controller``.
+
+A decision that changes the replica count becomes a
+:class:`~streams.commands.Command`; when the fleet's provisioned count
+disagrees with the target for ``reconcile_after`` windows the target is
+re-issued.  :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the learned
+state (controller, forecaster, detectors) across a worker restart.  No I/O.
 """
 from __future__ import annotations
 
 import logging
+import math
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controllers import feedforward as ff
+from controllers import fpid
+from controllers.drift import DriftDetector
+from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from governor.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
+SNAPSHOT_VERSION = 1
 
-def pid_params_for(settings: Settings, model: str) -> PidParams:
+
+def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
     spec = settings.model(model)
     if spec is None:
         raise KeyError(f"no model {model!r} in settings")
-    g = settings.pid_gains
-    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
-                     eps_ref=settings.eps_ref, min_replicas=spec.min_replicas,
-                     max_replicas=spec.max_replicas)
+    g = dict(settings.pid_gains)
+    common = {"eps_ref": settings.eps_ref, "min_replicas": spec.min_replicas,
+              "max_replicas": spec.max_replicas, "hold_while_pending": settings.dead_time_comp}
+    if settings.controller == "fpid":
+        extra = {k: g[k] for k in ("alpha", "eta", "gamma", "beta") if k in g}
+        if "memory" in g:
+            extra["memory"] = int(g["memory"])
+        return fpid.FpidParams(kp=g.get("kp", 0.2), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
+                               time_scale_s=settings.window_s, **extra, **common)
+    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0), **common)
 
 
 def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None:
@@ -44,11 +73,15 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
 
 @dataclass
 class KeyState:
-    pid: PidState = field(default_factory=PidState)
+    ctrl: PidState | fpid.FpidState = field(default_factory=PidState)
     ff: ff.FeedforwardState = field(default_factory=ff.FeedforwardState)
+    forecaster: LoadForecaster | None = None
+    latency_drift: DriftDetector | None = None
+    rate_drift: DriftDetector | None = None
     ff_mode: bool = False
     mismatched_windows: int = 0
     last_basis_ms: int = -1
+    queued: float | None = None
 
 
 class Scaler:
@@ -58,9 +91,36 @@ class Scaler:
         self.reconcile_after = reconcile_after
         self.params = {m.name: pid_params_for(settings, m.name) for m in settings.models}
         self.ff_params = {m.name: ff_params_for(settings, m.name) for m in settings.models}
+        self.horizon_steps = max(1, math.ceil((settings.startup_hint_s + settings.window_s) / settings.window_s))
         self.states: dict[tuple[str, str], KeyState] = {}
+        self.events: list[dict[str, Any]] = []  # drift and mode events for the caller to publish
         self.decisions = 0
 
+    # -- state ----------------------------------------------------------------
+    def _new_key(self) -> KeyState:
+        ctrl: PidState | fpid.FpidState = (fpid.FpidState() if self.settings.controller == "fpid"
+                                           else PidState())
+        return KeyState(ctrl=ctrl, forecaster=LoadForecaster("holtwinters", self.horizon_steps),
+                        latency_drift=DriftDetector("adwin", signal="ttft_p95_ms") if self.settings.drift else None,
+                        rate_drift=DriftDetector("page_hinkley", signal="arrival_rps") if self.settings.drift else None)
+
+    def snapshot(self) -> bytes:
+        """Learned state of every key (controller, forecaster, detectors) as bytes."""
+        return pickle.dumps({"version": SNAPSHOT_VERSION, "controller": self.settings.controller,
+                             "states": self.states, "decisions": self.decisions})
+
+    def restore(self, blob: bytes) -> int:
+        """Load a :meth:`snapshot`; returns the number of keys restored."""
+        data = pickle.loads(blob)  # noqa: S301 - our own snapshot from our own Redis
+        if data.get("version") != SNAPSHOT_VERSION or data.get("controller") != self.settings.controller:
+            log.warning("ignoring scaler snapshot (version %s, controller %s)", data.get("version"),
+                        data.get("controller"))
+            return 0
+        self.states = data["states"]
+        self.decisions = data.get("decisions", 0)
+        return len(self.states)
+
+    # -- decisions ------------------------------------------------------------
     def on_window(self, m: Mapping[str, Any], now_ms: int) -> Command | None:
         """Feed one zone-scope window record; maybe return a command."""
         if m.get("scope") != "zone":
@@ -69,23 +129,34 @@ class Scaler:
         params = self.params.get(model)
         if params is None:
             return None
-        ks = self.states.setdefault((model, zone), KeyState())
+        ks = self.states.get((model, zone)) or self.states.setdefault((model, zone), self._new_key())
         basis = int(m["window_end_ms"])
         if basis <= ks.last_basis_ms:
             return None  # a window we already decided on (redelivery): same decision, no new command
         ks.last_basis_ms = basis
+        window_s = float(m["window_s"])
         ready = int(m.get("replicas_ready") or 0)
         starting = int(m.get("replicas_starting") or 0)
-        # Lead the lagging signal: count the waiting requests already bound to miss.
-        eps = ff.leading_violation_rate(
-            int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
-            float(m.get("queue_len_mean") or 0.0) * max(ready, 1), float(m.get("rate_rps") or 0.0),
-            float(m.get("ttft_slo_ms") or self._slo(model)))
+        queued = float(m.get("queue_len_mean") or 0.0) * max(ready, 1)
+        rate = float(m.get("rate_rps") or 0.0)
+        eps = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
+                                        queued, rate, float(m.get("ttft_slo_ms") or self._slo(model)))
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
                               replicas_pending=starting)
-        previous = ks.pid.last_target
-        ff_out = self._feedforward(model, zone, ks, m, meas, params)
-        ks.pid, out = step(params, ks.pid, meas, float(m["window_s"]))
+        arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
+        ks.queued = queued
+        self._drift(ks, model, zone, m, arrival, basis)
+        limits = params.limits if isinstance(params, fpid.FpidParams) else params
+        ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits)
+        if ks.forecaster is not None:
+            ks.forecaster.learn(arrival)
+        previous = ks.ctrl.last_target
+        if isinstance(params, fpid.FpidParams):
+            assert isinstance(ks.ctrl, fpid.FpidState)
+            ks.ctrl, out = fpid.step(params, ks.ctrl, meas, window_s)
+        else:
+            assert isinstance(ks.ctrl, PidState)
+            ks.ctrl, out = step(params, ks.ctrl, meas, window_s)
         self.decisions += 1
         target = out.target_replicas
         reason = out.reason
@@ -102,37 +173,65 @@ class Scaler:
         return Command(kind="scale", zone=zone, model=model, target_replicas=target,
                        previous_replicas=previous if previous is not None else provisioned,
                        reason=reason, issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms,
-                       basis_ms=basis, controller="pid",
+                       basis_ms=basis, controller=self.settings.controller,
                        detail={"violation_rate": meas.violation_rate, "multiplier": out.multiplier,
                                "feedforward": None if ff_out is None else ff_out.to_dict(),
-                               "error": out.error, "held_pending": out.held_pending,
+                               "ff_mode": ks.ff_mode, "error": out.error,
+                               "held_pending": out.held_pending,
                                "e2e_p95_ms": m.get("e2e_p95_ms"), "ttft_p95_ms": m.get("ttft_p95_ms")})
 
     def _slo(self, model: str) -> float:
         spec = self.settings.model(model)
         return spec.ttft_slo_ms if spec else 1000.0
 
-    def _feedforward(self, model: str, zone: str, ks: KeyState, m: Mapping[str, Any],
-                     meas: PidMeasurement, params: PidParams) -> ff.FeedforwardOutput | None:
-        """Size from demand; lift (or let decay) the PID's level before it steps."""
+    def _drift(self, ks: KeyState, model: str, zone: str, m: Mapping[str, Any], arrival: float,
+               basis: int) -> None:
+        checks = ((ks.latency_drift, m.get("ttft_p95_ms")), (ks.rate_drift, arrival))
+        for detector, value in checks:
+            if detector is None or value is None:
+                continue
+            event = detector.update(float(value))
+            if event is None:
+                continue
+            detail = event.to_dict()
+            record = {**detail, "schema_version": 1, "kind": "drift", "detector": detail["kind"],
+                      "model": model, "zone": zone, "window_end_ms": basis}
+            self.events.append(record)
+            log.info("drift %s/%s: %s %s (%s)", zone, model, event.signal, event.direction, event.kind)
+            if detector is ks.rate_drift and ks.forecaster is not None:
+                ks.forecaster.reset()  # the old regime's level and trend would mislead
+
+    def _feedforward(self, model: str, zone: str, ks: KeyState, rate: float, queued: float,
+                     window_s: float, meas: PidMeasurement,
+                     params: PidParams) -> ff.FeedforwardOutput | None:
+        """Size from demand; lift (or let decay) the feedback level before it steps."""
         ffp = self.ff_params.get(model)
         if ffp is None:
             return None
-        window_s = float(m["window_s"])
-        ready = int(m.get("replicas_ready") or 0)
-        queued = float(m.get("queue_len_mean") or 0.0) * max(ready, 1)
+        forecast = error = None
+        if ks.forecaster is not None and ks.forecaster.ready:
+            forecast = max(0.0, ks.forecaster.forecast(self.horizon_steps)[-1])
+            error = ks.forecaster.errors_h.mae
         ks.ff, out = ff.step(ffp, ks.ff, ff.FeedforwardMeasurement(
-            rate_rps=float(m.get("rate_rps") or 0.0), queued=queued), window_s)
+            rate_rps=rate, queued=queued, forecast_rps=forecast, forecast_error_rps=error), window_s)
         need = min(max(out.replicas, float(params.min_replicas)), float(params.max_replicas))
-        level = ks.pid.level if ks.pid.level is not None else float(
-            ks.pid.last_target if ks.pid.last_target is not None else meas.replicas_current)
-        if need > level * (1.0 + ffp.tolerance):
-            ks.pid = replace(ks.pid, level=need)  # bumpless: the integrator starts at the demand
+        level = ks.ctrl.level if ks.ctrl.level is not None else float(
+            ks.ctrl.last_target if ks.ctrl.last_target is not None else meas.replicas_current)
+        lift = need > level * (1.0 + ffp.tolerance)
+        if lift:
+            ks.ctrl = replace(ks.ctrl, level=need)  # bumpless: the integrator starts at the demand
         elif meas.violation_rate <= params.eps_ref:
-            ks.pid = replace(ks.pid, level=level - ffp.decay_per_step * (level - need))
-        mode = out.burst or need > level * (1.0 + ffp.tolerance)
+            ks.ctrl = replace(ks.ctrl, level=level - ffp.decay_per_step * (level - need))
+        mode = out.burst or lift
         if mode != ks.ff_mode:
             log.info("%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",
                      zone, model, "on" if mode else "off", out.forecast_rps, need)
+            self.events.append({"schema_version": 1, "kind": "feedforward_mode", "model": model,
+                                "zone": zone, "on": mode, "forecast_rps": out.forecast_rps,
+                                "need_replicas": need})
             ks.ff_mode = mode
         return out
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events

@@ -34,6 +34,10 @@ class WorkerMetrics:
         self.windows = Counter("governor_windows_closed_total", "windows closed", ("scope",), registry=r)
         self.commands = Counter("governor_commands_issued_total", "commands published", ("kind", "zone"), registry=r)
         self.bridged = Counter("governor_commands_bridged_total", "commands written to Redis", ("zone",), registry=r)
+        self.events = Counter("governor_control_events_total", "drift detections and mode switches",
+                              ("kind", "signal"), registry=r)
+        self.ff_mode = Gauge("governor_feedforward_mode", "1 while feedforward drives the level",
+                             _LABELS, registry=r)
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
 
     def observe_window(self, m: Mapping[str, Any]) -> None:

@@ -1,0 +1,88 @@
+"""The per-key wiring of the controllers (streams.control.Scaler), without I/O."""
+from __future__ import annotations
+
+import pytest
+
+from governor.settings import ModelSpec, Settings
+from streams.control import Scaler
+
+MODEL = "m"
+
+
+def _settings(**kw) -> Settings:
+    spec = ModelSpec(MODEL, ttft_slo_ms=1000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=100,
+                     replica_capacity_rps=kw.pop("capacity", None))
+    return Settings(models=(spec,), window_s=10.0, zones=("az-a",), **kw)
+
+
+def _window(k: int, *, eps: float = 0.0, rate: float = 10.0, queue: float = 0.0, ready: int = 4,
+            starting: int = 0, p95: float = 300.0) -> dict:
+    return {"scope": "zone", "model": MODEL, "zone": "az-a", "window_start_ms": k * 10_000,
+            "window_end_ms": (k + 1) * 10_000, "window_s": 10.0, "count": int(rate * 10),
+            "violation_rate": eps, "rate_rps": rate, "queue_len_mean": queue, "ttft_p95_ms": p95,
+            "replicas_ready": ready, "replicas_starting": starting, "ttft_slo_ms": 1000.0}
+
+
+def _run(scaler: Scaler, windows: list[dict]) -> list:
+    return [scaler.on_window(w, w["window_end_ms"]) for w in windows]
+
+
+def test_redelivered_window_gives_no_second_command() -> None:
+    s = Scaler(_settings())
+    w = _window(0, eps=0.9)
+    first = s.on_window(w, 10_000)
+    assert first is not None and first.target_replicas > 4
+    assert s.on_window(w, 10_000) is None
+
+
+def test_growing_queue_is_seen_before_violations_finish() -> None:
+    """Same finished-request violation rate (0), but 400 waiting at 10 rps: scale up."""
+    s = Scaler(_settings())
+    cmd = s.on_window(_window(0, eps=0.0, queue=100.0), 10_000)
+    assert cmd is not None and cmd.reason == "scale_up"
+    assert cmd.detail["violation_rate"] > 0.5
+
+
+def test_feedforward_lifts_to_the_demand_at_once() -> None:
+    """Capacity 2 rps/replica, demand 10 completed + 400 queued in 10 s: far more than 4 replicas."""
+    s = Scaler(_settings(capacity=2.0))
+    _run(s, [_window(0, rate=10.0, queue=0.0)])
+    cmd = s.on_window(_window(1, rate=10.0, queue=100.0), 20_000)
+    assert cmd is not None
+    assert cmd.target_replicas >= 20  # (10 + 40 arrivals/s) / (2 * 0.8) = 31 before limits
+    assert cmd.detail["ff_mode"] is True
+    assert any(e["kind"] == "feedforward_mode" and e["on"] for e in s.drain_events())
+
+
+def test_rate_drift_is_reported_and_resets_the_forecaster() -> None:
+    s = Scaler(_settings(capacity=2.0))
+    windows = [_window(k, rate=10.0) for k in range(60)] + [_window(60 + k, rate=40.0) for k in range(40)]
+    _run(s, windows)
+    events = [e for e in s.drain_events() if e["kind"] == "drift"]
+    assert any(e["signal"] == "arrival_rps" and e["direction"] == "up" for e in events), events
+    fc = s.states[(MODEL, "az-a")].forecaster
+    assert fc is not None and fc.n_resets >= 1
+
+
+@pytest.mark.parametrize("controller", ["pid", "fpid"])
+def test_snapshot_restore_continues_identically(controller: str) -> None:
+    """A restarted worker that restores the snapshot decides as if it never stopped."""
+    gains = {"kp": 0.0, "ki": 0.05, "kd": 0.0} if controller == "pid" else {"kp": 0.2, "ki": 0.05}
+    settings = _settings(capacity=2.0, controller=controller, pid_gains=gains)
+    ws = [_window(k, eps=0.3 if 5 <= k < 12 else 0.0, rate=10.0 + k, queue=5.0 * (k % 3)) for k in range(30)]
+    straight = Scaler(settings)
+    a = _run(straight, ws)
+    first = Scaler(settings)
+    b = _run(first, ws[:15])
+    resumed = Scaler(settings)
+    assert resumed.restore(first.snapshot()) == 1
+    b += _run(resumed, ws[15:])
+    key = lambda c: None if c is None else (c.command_id, c.target_replicas)  # noqa: E731
+    assert [key(c) for c in a] == [key(c) for c in b]
+
+
+def test_snapshot_of_another_controller_is_ignored() -> None:
+    pid = Scaler(_settings())
+    _run(pid, [_window(0, eps=0.5)])
+    other = Scaler(_settings(controller="fpid", pid_gains={"kp": 0.2, "ki": 0.05}))
+    assert other.restore(pid.snapshot()) == 0 and other.states == {}
