@@ -8,6 +8,7 @@
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
     governor bench control        every autoscaler on the same seeded workload
+    governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("servers", help="start embedded Kafka (Tansu) and Redis and wait")
 
+    from governor.tune import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pipeline", help="pipeline ingest throughput vs raw consumer, decision latency")
@@ -108,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_fleet(settings, args))
     if args.command == "servers":
         return _servers(settings)
+    if args.command == "tune":
+        from governor.tune import run_tune
+
+        return run_tune(args)
     if args.command == "demo":
         from governor.demo import run_demo
 

@@ -58,8 +58,10 @@ def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParam
         if "memory" in g:
             extra["memory"] = int(g["memory"])
         return fpid.FpidParams(kp=g.get("kp", 0.2), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
+                               deadband=g.get("deadband", 0.015),
                                time_scale_s=settings.window_s, **extra, **common)
-    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0), **common)
+    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
+                     deadband=g.get("deadband", 0.015), **common)
 
 
 def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None:
@@ -67,8 +69,14 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     if spec is None or spec.replica_capacity_rps is None:
         return None
     # Look ahead over what a new replica needs to become useful: start-up plus a period.
+    # Tuned values (``governor tune``) come in the gains under ff_* names.
+    g = settings.pid_gains
+    tuned = {name: float(g[f"ff_{name}"]) for name in FF_TUNABLES if f"ff_{name}" in g}
     return ff.FeedforwardParams(capacity_rps=spec.replica_capacity_rps,
-                                horizon_s=settings.startup_hint_s + settings.window_s)
+                                horizon_s=settings.startup_hint_s + settings.window_s, **tuned)
+
+
+FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
 
 
 @dataclass

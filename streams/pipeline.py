@@ -123,6 +123,9 @@ class TelemetryProcessor:
         self.window_s = settings.window_s
         self.size_ms = int(round(settings.window_s * 1000))
         self.tracker = WindowTracker(self.size_ms, int(round(settings.lateness_s * 1000)))
+        # The clock closes windows only after this long without any message.
+        self.idle_close_ms = int(round(settings.lateness_s * 1000)) + self.size_ms
+        self._last_message_ms: int | None = None
         self.slos = {m.name: SloSpec(m.ttft_slo_ms, m.itl_slo_ms) for m in settings.models}
         self.records_in = 0
         self.dead_letter_count = 0
@@ -132,6 +135,7 @@ class TelemetryProcessor:
 
     # -- ingest -----------------------------------------------------------
     def process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
+        self._last_message_ms = now_ms
         out = ProcessResult()
         try:
             records = decode_envelope(raw)
@@ -247,6 +251,17 @@ class TelemetryProcessor:
 
     # -- windows ----------------------------------------------------------
     def close_due(self, now_ms: int | None, emitted_ms: int) -> list[dict[str, Any]]:
+        """Close the windows that are due.
+
+        By event time (the watermark) always; by the clock ``now_ms`` only when
+        no message has arrived for ``idle_close_ms`` -- traffic stopped, so the
+        watermark cannot move.  While messages flow, a consumer catching up on
+        a backlog (after a restart, say) sees old event times: closing by the
+        clock then would dead-letter the whole backlog as late.
+        """
+        if now_ms is not None and self._last_message_ms is not None \
+                and now_ms - self._last_message_ms < self.idle_close_ms:
+            now_ms = None
         closed = self.tracker.close_due(now_ms)
         if not closed:
             return []

@@ -164,3 +164,25 @@ def test_bad_gpu_sample_beside_valid_requests_keeps_its_index() -> None:
     assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [(2, "gpu_util=2.0 outside [0, 1]")]
     zone = next(w for w in p.close_due(T0 + 5000, 0) if w["scope"] == "zone")
     assert zone["count"] == 3 and zone["nodes"] == 2 and zone["replicas_ready"] == 1
+
+
+def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None:
+    """A consumer catching up sees event times far behind the clock; while messages
+    flow the clock must not close their windows (only the watermark does)."""
+    from governor.settings import Settings
+    from streams.pipeline import TelemetryProcessor
+    from streams.records import encode_envelope
+
+    p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
+    now = 10_000_000  # the clock is ~2 h ahead of the backlog's event times
+    rec = {"kind": "request", "request_id": "r", "model": "llama2-70b", "zone": "az-a", "node": "n",
+           "ttft_ms": 100.0, "e2e_ms": 900.0, "status": "ok"}
+    late = 0
+    for k in range(50):  # 50 messages, 100 ms of event time each
+        msg = encode_envelope([{**rec, "ts_ms": 1_000 + 100 * k}], "t", now)
+        late += len(p.process(msg, {"topic": "t", "partition": 0, "offset": k}, now + k).dead_letters)
+        p.close_due(now + k, now + k)
+    assert late == 0
+    # Once traffic stops for longer than window + lateness, the clock closes what is open.
+    closed = p.close_due(now + 60_000, now + 60_000)
+    assert closed and closed[-1]["scope"] == "zone"
