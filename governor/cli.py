@@ -8,6 +8,7 @@
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
     governor bench control        every autoscaler on the same seeded workload
+    governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 from __future__ import annotations
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_control import add_parser as add_control_parser
 
     add_control_parser(bsub)
+    from governor.bench_kv import add_parser as add_kv_parser
+
+    add_kv_parser(bsub)
     return p
 
 
@@ -125,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_pipeline import run_bench
 
         return run_bench(settings, args)
+    if args.command == "bench" and args.bench == "kv":
+        from governor.bench_kv import run_kv_bench
+
+        return run_kv_bench(args)
     if args.command == "bench" and args.bench == "control":
         from governor.bench_control import run_bench as run_control
 

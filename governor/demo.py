@@ -158,6 +158,11 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                    "wall_s": round(wall, 1), "speed": settings.clock_speed,
                    "trace": args.trace, "qps": args.qps, "duration_s": args.duration_s,
                    "step": {"at_s": args.step_at_s, "factor": args.step_factor},
+                   "window_s": settings.window_s, "lateness_s": settings.lateness_s,
+                   "startup_s": args.startup_s, "replicas_initial": args.replicas, "seed": args.seed,
+                   # (window end in trace s, zone, target) of every applied scale command
+                   "decisions": sorted(((r["basis_ms"] - t0_ms) / 1000.0, r["zone"], r["target_replicas"])
+                                       for r in collector.results if r.get("outcome") == "applied"),
                    "plot": str(png)})
     finally:
         await collector.stop()
