@@ -68,6 +68,11 @@ GPU_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "largest_free_block_bytes": ((int,), False, 0),
     "queue_len": ((int,), False, 0),
     "running": ((int,), False, 0),
+    # KV allocator telemetry (simulator's contiguous/paged allocators, engines that expose it)
+    "fragmentation_ratio": (_NUM, False, 0),
+    "kv_generation": ((int,), False, 0),
+    "kv_free_bytes": ((int,), False, 0),
+    "kv_waiting_bytes": ((int,), False, 0),
 }
 
 FIELDS_BY_KIND = {"request": REQUEST_FIELDS, "gpu": GPU_FIELDS}
@@ -190,6 +195,12 @@ def validate_record(rec: Any) -> str | None:
             return "mem_used_bytes exceeds mem_total_bytes"
         if (rec.get("kv_blocks_used") or 0) > (rec.get("kv_blocks_total") or 0) > 0:
             return "kv_blocks_used exceeds kv_blocks_total"
+        if (rec.get("fragmentation_ratio") or 0.0) > 1.0:
+            return f"fragmentation_ratio={rec['fragmentation_ratio']} above 1"
+        hist = rec.get("free_block_hist")
+        if hist is not None and not (isinstance(hist, list) and all(
+                type(v) is int and 0 <= v <= INT_MAX for v in hist)):
+            return "free_block_hist must be a list of non-negative ints"
     return None
 
 

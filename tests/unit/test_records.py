@@ -150,6 +150,12 @@ def _reference(rec: Any) -> str | None:
         return "mem_used_bytes exceeds mem_total_bytes"
     if (rec.get("kv_blocks_used") or 0) > (rec.get("kv_blocks_total") or 0) > 0:
         return "kv_blocks_used exceeds kv_blocks_total"
+    if (rec.get("fragmentation_ratio") or 0.0) > 1.0:
+        return f"fragmentation_ratio={rec['fragmentation_ratio']} above 1"
+    hist = rec.get("free_block_hist")
+    if hist is not None and not (isinstance(hist, list) and all(
+            type(v) is int and 0 <= v <= INT_MAX for v in hist)):
+        return "free_block_hist must be a list of non-negative ints"
     return None
 
 
@@ -181,3 +187,18 @@ def test_envelope_round_trip_and_errors() -> None:
                         (b'{"kind": "batch", "schema_version": 1, "records": 3}', "must be a list")):
         with pytest.raises(EnvelopeError, match=reason):
             decode_envelope(raw)
+
+
+def test_kv_allocator_fields_of_gpu_records_are_validated() -> None:
+    from sim.fleet import Fleet, FleetConfig
+    from sim.perf_model import PerfModel
+    from streams.records import validate_record
+
+    fleet = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1,
+                              kv_allocator="contiguous"), epoch_ms0=0)
+    (snap,) = fleet.gpu_snapshot(0.0)
+    assert "fragmentation_ratio" in snap and "free_block_hist" in snap
+    assert validate_record(snap) is None  # what the simulator sends is valid
+    assert "fragmentation_ratio" in validate_record({**snap, "fragmentation_ratio": 1.5})
+    assert "free_block_hist" in validate_record({**snap, "free_block_hist": [1, -2]})
+    assert "kv_generation" in validate_record({**snap, "kv_generation": "new"})
