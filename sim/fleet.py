@@ -5,7 +5,9 @@ trace time in seconds; records carry ``ts_ms = epoch_ms0 + round(t_s * 1000)``.
 Replica service is in :mod:`sim.replica`; this module owns the event heap,
 routing (least outstanding tokens among ready replicas of the zone, else the
 zone queue), the replica life cycle ``starting -> ready -> draining -> gone``,
-fault injection and the request/GPU records.
+fault injection and the request/GPU records. Which (zone, model) a request
+of a model family goes to by weights (:meth:`Fleet.submit_routed`) and
+injected request errors are in :mod:`sim.router`.
 
 Request timeline: a request arriving at ``t`` spends ``network_ms`` (seeded
 lognormal, median ``network_ms_median``) and ``preprocess_ms`` (``0.5 +
@@ -46,6 +48,7 @@ from sim.replica import (
     Request,
     request_record,
 )
+from sim.router import ErrorInjector, WeightedRouter, parse_target
 from sim.sde import JitterProcess
 
 __all__ = ["Fleet", "FleetConfig", "FleetConfigError"]
@@ -73,6 +76,9 @@ class Fleet:
         self._out: list[dict] = []
         self._gone = {k: 0 for k in keys}
         self.submitted = self.completed = self._pending_reach = self.failures = 0
+        self.router = WeightedRouter(np.random.default_rng([config.seed, 2]))
+        self.errors = ErrorInjector(np.random.default_rng([config.seed, 3]))
+        self.routing_log: list[dict] = []
         for k in keys:
             for _ in range(config.initial_replicas):
                 self._new_replica(k, 0.0, ready=True)
@@ -135,7 +141,10 @@ class Fleet:
 
     def _complete(self, q: Request, r: Replica, t: float) -> None:
         self.completed += 1
-        self._out.append(request_record(q, r.node, t, self.epoch_ms0))
+        rec = request_record(q, r.node, t, self.epoch_ms0)
+        if self.errors.active:
+            rec["status"] = self.errors.status(r.zone, r.model, t)
+        self._out.append(rec)
 
     def _run_until(self, t_end: float) -> None:
         heap, pop = self._heap, heapq.heappop
@@ -195,6 +204,48 @@ class Fleet:
         self.submitted += 1
         self._pending_reach += 1
         self._push(req.reach_t, _REACH, req)
+
+    def set_routing(self, family: str, weights: dict, t_s: float,
+                    request_class: str | None = None) -> dict[str, float]:
+        """Routing weights of ``family`` over ``(variant, zone)`` / ``'variant|zone'`` targets.
+
+        For ``request_class`` (None: every class without its own weights);
+        applies to requests submitted by :meth:`submit_routed` from now on
+        (``t_s`` is recorded in ``routing_log``). Returns the normalised weights.
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1))
+        >>> f.set_routing("fam", {"m|az-a": 1.0}, 0.0)
+        {'m|az-a': 1.0}
+        >>> f.submit_routed(0.0, "fam", "voice", 100, 4, "x")
+        ('m', 'az-a')
+        """
+        for k in weights:
+            v, z = parse_target(k)
+            self._key(z, v)
+        out = self.router.set(family, weights, request_class)
+        self.routing_log.append({"t_s": max(float(t_s), self.now), "family": family,
+                                 "request_class": request_class, "weights": out})
+        return out
+
+    def submit_routed(self, t_s: float, family: str, request_class: str, prompt_tokens: int,
+                      output_tokens: int, request_id: str,
+                      hash_ids: list[int] | None = None) -> tuple[str, str]:
+        """Submit to the (variant, zone) drawn from the family's weights; returns it."""
+        variant, zone = self.router.pick(family, request_class)
+        self.submit(t_s, zone, variant, prompt_tokens, output_tokens, request_id, hash_ids,
+                    request_class)
+        return variant, zone
+
+    def inject_errors(self, zone: str, model: str, rate: float, start_s: float,
+                      duration_s: float) -> None:
+        """Requests of (zone, model) finishing in the interval get ``status='error'`` w.p. ``rate``."""
+        self._key(zone, model)
+        self.errors.add(zone, model, rate, start_s, duration_s)
+
+    def queued(self, zone: str, model: str) -> int:
+        """Requests waiting for a prefill in (zone, model): zone queue plus replica queues."""
+        key = self._key(zone, model)
+        return len(self._zone_q[key]) + sum(len(r.queue) for r in self._reps[key])
 
     def advance_to(self, t_s: float) -> list[dict]:
         """Process every event up to ``t_s``; return the request records completed since the last call.
