@@ -32,6 +32,7 @@ TRACE_SLOS = {"azure-conv": (1000.0, 150.0), "mooncake": (6000.0, 150.0)}
 # governor with and without each part (issue: what each part buys).
 GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
     "governor": {"feedforward": True},                         # everything
+    "governor-kf": {"feedforward": True, "observer": True},    # + Kalman observer over the loop delay
     "governor-fb": {"feedforward": False},                     # feedback PID only
     "governor-fb-nodc": {"feedforward": False, "dead_time_comp": False},  # ... without delay comp.
     "governor-fpid": {"feedforward": True, "controller": "fpid",

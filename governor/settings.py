@@ -80,6 +80,7 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_STARTUP_HINT_S": "expected replica start-up seconds (feedforward look-ahead)",
     "GOVERNOR_CONTROLLER": "feedback controller: pid (velocity PID) or fpid (fractional PID^alpha)",
     "GOVERNOR_DRIFT": "1/0: online drift detection (River ADWIN, Page-Hinkley) per (model, zone)",
+    "GOVERNOR_OBSERVER": "1/0: Kalman observer of [util, queue, violations] predicted over the measured loop delay",
     "GOVERNOR_GAINS_FILE": "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
     "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
 }
@@ -120,6 +121,7 @@ class Settings:
     controller: str = "pid"  # "pid" (velocity PID) or "fpid" (fractional PID^alpha)
     drift: bool = True
     dead_time_comp: bool = True  # scale-ups multiply ready replicas while capacity is in flight
+    observer: bool = False  # Kalman observer + prediction over the measured loop delay
     gains_file: str = ""  # JSON written by `governor tune`; overrides pid_gains when set
 
     def __post_init__(self) -> None:
@@ -212,6 +214,7 @@ class Settings:
             controller=g("GOVERNOR_CONTROLLER") or d.controller,
             drift=(g("GOVERNOR_DRIFT") or "1").strip().lower() not in ("0", "false", "no", "off"),
             gains_file=gains_file,
+            observer=(g("GOVERNOR_OBSERVER") or "0").strip().lower() in ("1", "true", "yes", "on"),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -239,4 +242,5 @@ class Settings:
             "GOVERNOR_CONTROLLER": self.controller,
             "GOVERNOR_DRIFT": "1" if self.drift else "0",
             "GOVERNOR_GAINS_FILE": self.gains_file,
+            "GOVERNOR_OBSERVER": "1" if self.observer else "0",
         }

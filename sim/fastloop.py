@@ -86,6 +86,7 @@ class LoopConfig:
     controller: str = "pid"
     dead_time_comp: bool = True
     drift: bool = True
+    observer: bool = False
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0 or self.window_s < self.tick_s:
@@ -100,7 +101,7 @@ class LoopConfig:
                          min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                          replica_capacity_rps=self.replica_capacity_rps)
         return Settings(startup_hint_s=self.startup_s, controller=self.controller,
-                        dead_time_comp=self.dead_time_comp, drift=self.drift, zones=self.zones, models=(spec,), window_s=self.window_s,
+                        dead_time_comp=self.dead_time_comp, drift=self.drift, observer=self.observer, zones=self.zones, models=(spec,), window_s=self.window_s,
                         lateness_s=self.lateness_s, eps_ref=self.eps_ref, pid_gains=dict(self.pid_gains),
                         command_ttl_s=max(60.0, 3 * self.window_s))
 

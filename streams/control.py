@@ -35,6 +35,7 @@ from typing import Any
 
 from controllers import feedforward as ff
 from controllers import fpid
+from controllers import observer as obs
 from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
@@ -90,6 +91,10 @@ class KeyState:
     mismatched_windows: int = 0
     last_basis_ms: int = -1
     queued: float | None = None
+    kalman: obs.KalmanState | None = None
+    delay: obs.LoopDelay = field(default_factory=obs.LoopDelay)
+    # commands on their way: [basis_s, issued_s, target, applied_s | None]
+    inflight: list[list[Any]] = field(default_factory=list)
 
 
 class Scaler:
@@ -149,9 +154,11 @@ class Scaler:
         rate = float(m.get("rate_rps") or 0.0)
         eps = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
                                         queued, rate, float(m.get("ttft_slo_ms") or self._slo(model)))
+        arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
+        if self.settings.observer:
+            eps = self._observe(ks, model, m, basis, window_s, ready, starting, queued, rate, arrival, eps)
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
                               replicas_pending=starting)
-        arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
         ks.queued = queued
         self._drift(ks, model, zone, m, arrival, basis)
         limits = params.limits if isinstance(params, fpid.FpidParams) else params
@@ -178,6 +185,8 @@ class Scaler:
         else:
             ks.mismatched_windows = 0
         issued = max(now_ms, basis)
+        # Newer decisions supersede older ones still on their way.
+        ks.inflight = [[basis / 1000.0, issued / 1000.0, target, None]]
         return Command(kind="scale", zone=zone, model=model, target_replicas=target,
                        previous_replicas=previous if previous is not None else provisioned,
                        reason=reason, issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms,
@@ -187,6 +196,41 @@ class Scaler:
                                "ff_mode": ks.ff_mode, "error": out.error,
                                "held_pending": out.held_pending,
                                "e2e_p95_ms": m.get("e2e_p95_ms"), "ttft_p95_ms": m.get("ttft_p95_ms")})
+
+    def _observe(self, ks: KeyState, model: str, m: Mapping[str, Any], basis: int, window_s: float,
+                 ready: int, starting: int, queued: float, rate: float, arrival: float,
+                 eps: float) -> float:
+        """Delay compensation: measure the loop delay from the commands' life, filter
+        the loop state with the Kalman observer and predict it over that delay."""
+        now_s = basis / 1000.0
+        for cmd in list(ks.inflight):
+            b, issued, target, applied = cmd
+            if applied is None and ready + starting == target:
+                cmd[3] = applied = now_s  # the fleet shows the command (window resolution)
+            if applied is not None and ready == target:
+                ks.delay = ks.delay.observe(issued_at_s=issued, applied_at_s=applied,
+                                            effective_at_s=now_s, basis_at_s=b)
+                ks.inflight.remove(cmd)
+            elif now_s - b > 600.0:
+                ks.inflight.remove(cmd)  # never took effect (replaced, refused): stop waiting
+        per_replica_q = queued / max(ready, 1)
+        z = (float(m.get("gpu_util_mean") or 0.0), per_replica_q, eps)
+        if ks.kalman is None:
+            ks.kalman = obs.KalmanState.initial(z)
+        kp = obs.KalmanParams()
+        spec = self.settings.model(model)
+        steady = None
+        if spec is not None and spec.replica_capacity_rps and ready > 0:
+            u, q, _ = obs.load_steady_state(arrival, spec.replica_capacity_rps * ready)
+            steady = (u, q, None)
+        ks.kalman = obs.update(kp, ks.kalman, z, window_s, steady)
+        tau = ks.delay.tau_s if ks.delay.n else self.settings.startup_hint_s
+        _u, q_pred, eps_pred = obs.predict_ahead(kp, ks.kalman, tau, steady)
+        # Where the loop will be when a command lands: the predicted queue's doomed share.
+        lead = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
+                                         max(0.0, q_pred) * max(ready, 1), rate,
+                                         float(m.get("ttft_slo_ms") or self._slo(model)))
+        return min(1.0, max(0.0, eps_pred, lead))
 
     def _slo(self, model: str) -> float:
         spec = self.settings.model(model)

@@ -86,3 +86,28 @@ def test_snapshot_of_another_controller_is_ignored() -> None:
     _run(pid, [_window(0, eps=0.5)])
     other = Scaler(_settings(controller="fpid", pid_gains={"kp": 0.2, "ki": 0.05}))
     assert other.restore(pid.snapshot()) == 0 and other.states == {}
+
+
+def test_observer_measures_the_loop_delay_from_the_commands_life() -> None:
+    """Command at window 0 (basis 10 s); the fleet shows it at 20 s (starting) and
+    serves with it at 50 s: tau = ctrl 0 + net/apply 10 s + actuation 30 s."""
+    s = Scaler(_settings(observer=True))
+    cmd = s.on_window(_window(0, eps=0.9), 10_000)
+    assert cmd is not None
+    n = cmd.target_replicas
+    # eps at the reference while the replicas load: no new decision replaces the command
+    for k in (1, 2, 3):
+        assert s.on_window(_window(k, eps=0.02, ready=4, starting=n - 4), (k + 1) * 10_000) is None
+    s.on_window(_window(4, eps=0.02, ready=n, starting=0), 50_000)
+    delay = s.states[(MODEL, "az-a")].delay
+    assert delay.n == 1
+    assert delay.tau_net_s == pytest.approx(10.0) and delay.tau_act_s == pytest.approx(30.0)
+    assert delay.tau_s == pytest.approx(40.0)
+
+
+def test_observer_predicts_a_growing_queue_as_violations() -> None:
+    with_obs = Scaler(_settings(observer=True, capacity=2.0))
+    cmd = None
+    for k in range(3):
+        cmd = with_obs.on_window(_window(k, eps=0.0, rate=10.0, queue=4.0 * k, ready=4), (k + 1) * 10_000)
+    assert cmd is not None and cmd.detail["violation_rate"] > 0.0
