@@ -9,6 +9,7 @@
     governor bench pipeline       ingest throughput and decision latency
     governor bench control        every autoscaler on the same seeded workload
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
+    governor bench bandwidth      fit the bandwidth -> violation power law (seed 3.3)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 from __future__ import annotations
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
+    from governor.bench_bandwidth import add_parser as add_bw_parser
+
+    add_bw_parser(bsub)
     return p
 
 
@@ -129,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_pipeline import run_bench
 
         return run_bench(settings, args)
+    if args.command == "bench" and args.bench == "bandwidth":
+        from governor.bench_bandwidth import run_bandwidth
+
+        return run_bandwidth(args)
     if args.command == "bench" and args.bench == "kv":
         from governor.bench_kv import run_kv_bench
 

@@ -252,6 +252,8 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                         decisions.append((t, zone, n, scaler.name))
                         desired_seq[zone].append(n)
         tl["t_s"].append(t)
+    sde = {} if governor is None else {f"{model}|{zone}": est.to_dict()
+                                       for (model, zone), est in governor.scaler.sde_estimates().items()}
     # Drain: let in-flight requests finish (no new arrivals), so nothing is left uncounted.
     tail = fleet.advance_to(t + 600.0)
     finished.extend(tail)
@@ -259,7 +261,7 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
         strategy=name or (strategy if isinstance(strategy, str) else getattr(scalers[cfg.zones[0]], "name", "?")),
         metrics=summarise(finished, cfg, prov_gpu_s, busy_gpu_s, decisions, desired_seq,
                           submitted=i, wall_s=time.perf_counter() - wall0, duration_s=duration,
-                          in_flight=fleet.stats().get("in_flight", 0)),
+                          in_flight=fleet.stats().get("in_flight", 0)) | ({"sde_fit": sde} if sde else {}),
         timeline={k: np.asarray(v) for k, v in tl.items()}, decisions=decisions,
         finished=finished, windows=windows)
 

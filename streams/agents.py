@@ -150,6 +150,9 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                     metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
             await save_scaler()
+            for (model, zone), est in scaler.sde_estimates().items():
+                for name in ("theta", "mu", "sigma"):
+                    metrics.sde.labels(model, zone, name).set(getattr(est, name))
             if cmd is None:
                 continue
             metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas)

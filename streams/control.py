@@ -38,6 +38,7 @@ from controllers import fpid
 from controllers import observer as obs
 from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
+from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from governor.settings import Settings
 from streams.commands import Command
@@ -91,6 +92,7 @@ class KeyState:
     mismatched_windows: int = 0
     last_basis_ms: int = -1
     queued: float | None = None
+    sde: OnlineOuFit = field(default_factory=OnlineOuFit)  # OU fit of the window TTFT P50
     kalman: obs.KalmanState | None = None
     delay: obs.LoopDelay = field(default_factory=obs.LoopDelay)
     # commands on their way: [basis_s, issued_s, target, applied_s | None]
@@ -160,6 +162,8 @@ class Scaler:
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
                               replicas_pending=starting)
         ks.queued = queued
+        if m.get("ttft_p50_ms") is not None:
+            ks.sde = ks.sde.update(float(m["ttft_p50_ms"]), window_s)
         self._drift(ks, model, zone, m, arrival, basis)
         limits = params.limits if isinstance(params, fpid.FpidParams) else params
         ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits)
@@ -283,6 +287,10 @@ class Scaler:
                                 "need_replicas": need})
             ks.ff_mode = mode
         return out
+
+    def sde_estimates(self) -> dict[tuple[str, str], OuEstimate]:
+        """Fitted OU parameters of each key's TTFT P50 (seed 2.1, fitted online)."""
+        return {key: est for key, ks in self.states.items() if (est := ks.sde.estimate()) is not None}
 
     def drain_events(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []

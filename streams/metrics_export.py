@@ -38,6 +38,8 @@ class WorkerMetrics:
                               ("kind", "signal"), registry=r)
         self.ff_mode = Gauge("governor_feedforward_mode", "1 while feedforward drives the level",
                              _LABELS, registry=r)
+        self.sde = Gauge("governor_latency_sde", "online OU fit of TTFT P50 (theta 1/s, mu ms, sigma)",
+                         ("model", "zone", "param"), registry=r)
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
 
     def observe_window(self, m: Mapping[str, Any]) -> None:
