@@ -38,8 +38,8 @@ from controllers import fpid
 from controllers import observer as obs
 from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
-from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.pid import PidMeasurement, PidParams, PidState, step
+from controllers.sde_fit import OnlineOuFit, OuEstimate
 from governor.settings import Settings
 from streams.commands import Command
 
