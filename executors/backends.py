@@ -10,12 +10,30 @@ command they can never apply (acknowledged and reported as failed).
   reconciles against -- the same desired-state contract a Kubernetes
   Deployment's ``spec.replicas`` is.
 * :class:`DryRunBackend` only records what it would do (for rehearsals).
+* :class:`RoutingBackend` applies ``route`` commands where a gateway reads
+  them: the Redis hash ``<prefix>:routing:<zone>``, one field per request
+  class (field = class name, value = JSON ``{"weights": {"variant|zone": w},
+  "model": family, "command_id", "basis_ms", "issued_at_ms"}``; weights sum
+  to 1 per class), plus the field ``_version`` = the command's ``basis_ms``.
+  A gateway reads the field of its request's class (falling back to
+  ``*``) and draws the target by weight; it should ignore a field whose
+  ``basis_ms`` is older than one it has already used.  ``breaker`` commands
+  go to ``<prefix>:breaker:<zone>`` (field = ``variant|zone``, value =
+  JSON of the payload).  The simulated fleet reads the same hashes
+  (:meth:`SimFleetBackend.apply` delegates these kinds here).
+* :class:`WebhookBackend` POSTs the command's JSON to a URL (timeout, a few
+  retries with backoff; a 4xx answer is a rejection, a 5xx or no answer
+  is temporary).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import urllib.error
+import urllib.request
 from typing import Any, Protocol
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,8 +68,11 @@ class SimFleetBackend:
         self.redis = redis
         self.key = desired_key(prefix, zone)
         self.zone = zone
+        self.prefix = prefix
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
+        if cmd.kind in ("route", "breaker"):
+            return await RoutingBackend(self.redis, self.prefix).apply(cmd)
         if cmd.kind != "scale":
             raise BackendRejected(f"sim backend cannot apply {cmd.kind!r} commands")
         try:
@@ -73,3 +94,76 @@ class DryRunBackend:
         self.applied.append(cmd)
         log.info("dry-run: would set %s/%s to %d replicas", cmd.zone, cmd.model, cmd.target_replicas)
         return {"dry_run": True}
+
+
+def routing_key(prefix: str, zone: str) -> str:
+    """The Redis hash a gateway of ``zone`` reads its routing weights from."""
+    return f"{prefix}:routing:{zone}"
+
+
+def breaker_key(prefix: str, zone: str) -> str:
+    return f"{prefix}:breaker:{zone}"
+
+
+class RoutingBackend:
+    """Writes route/breaker commands to Redis hashes (the contract is in the module docstring)."""
+
+    name = "routing"
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self.redis = redis
+        self.prefix = prefix
+
+    async def apply(self, cmd: Command) -> dict[str, Any]:
+        try:
+            if cmd.kind == "route":
+                fields: dict[str, Any] = {"_version": cmd.basis_ms}
+                for cls, ws in cmd.payload["weights"].items():
+                    total = sum(ws.values())
+                    if total <= 0:
+                        raise BackendRejected(f"route: class {cls!r} has no positive weight")
+                    fields[cls] = orjson.dumps({
+                        "weights": {t: w / total for t, w in sorted(ws.items())}, "model": cmd.model,
+                        "command_id": cmd.command_id, "basis_ms": cmd.basis_ms,
+                        "issued_at_ms": cmd.issued_at_ms})
+                await self.redis.hset(routing_key(self.prefix, cmd.zone), mapping=fields)
+                return {"classes": sorted(cmd.payload["weights"])}
+            if cmd.kind == "breaker":
+                target = str(cmd.payload.get("target", cmd.model))
+                await self.redis.hset(breaker_key(self.prefix, cmd.zone), target,
+                                      orjson.dumps({**cmd.payload, "basis_ms": cmd.basis_ms}))
+                return {"target": target, "state": cmd.payload.get("state")}
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise BackendUnavailable(f"redis: {exc}") from exc
+        raise BackendRejected(f"routing backend cannot apply {cmd.kind!r} commands")
+
+
+class WebhookBackend:
+    """POSTs the command JSON to ``url`` (stdlib urllib, run in a thread)."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, timeout_s: float = 2.0, retries: int = 3, backoff_s: float = 0.2) -> None:
+        self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
+
+    def _post(self, body: bytes) -> int:
+        req = urllib.request.Request(self.url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - operator-set URL
+            return int(resp.status)
+
+    async def apply(self, cmd: Command) -> dict[str, Any]:
+        body = cmd.encode()
+        last = ""
+        for attempt in range(self.retries):
+            try:
+                status = await asyncio.to_thread(self._post, body)
+                return {"status": status, "attempts": attempt + 1}
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500:
+                    raise BackendRejected(f"webhook answered {exc.code}") from exc
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                last = str(exc)
+            await asyncio.sleep(self.backoff_s * 2 ** attempt)
+        raise BackendUnavailable(f"webhook {self.url}: {last} after {self.retries} attempts")

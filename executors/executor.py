@@ -133,7 +133,8 @@ class ZoneExecutor:
             self.metrics.expired.labels(self.zone).inc()
             await self._finish(entry_id, cmd, "expired", f"now {now} >= expires_at_ms {cmd.expires_at_ms}", now)
             return 1
-        last_basis = await self.redis.hget(self._basis_key, cmd.model)
+        basis_field = cmd.model if cmd.kind == "scale" else f"{cmd.kind}:{cmd.model}"
+        last_basis = await self.redis.hget(self._basis_key, basis_field)
         if last_basis is not None and cmd.basis_ms < int(last_basis):
             await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now)
             return 1
@@ -148,7 +149,7 @@ class ZoneExecutor:
         applied_at = self.clock.now_ms()
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._applied_key(cmd.command_id), applied_at, ex=self.marker_ttl_s)
-            pipe.hset(self._basis_key, cmd.model, cmd.basis_ms)
+            pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
             await pipe.execute()
         self.metrics.latency.labels(self.zone).set(applied_at - cmd.issued_at_ms)
         await self._finish(entry_id, cmd, "applied", "", applied_at, detail)

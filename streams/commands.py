@@ -3,7 +3,11 @@
 ``command_id`` is a hash of what the command *decides* (kind, zone, model,
 the window that caused it, the target): the same decision taken twice --
 say after a worker restart re-reads the same window -- yields the same id,
-and executors drop the duplicate.  Commands carry ``issued_at_ms`` and
+and executors drop the duplicate.  ``route``, ``breaker`` and ``canary``
+commands carry what they decide in ``payload`` (weights per class per
+``"variant|zone"`` target; a breaker's state; a canary's share), and a
+canonical JSON of it enters the id; ``scale`` commands keep an empty payload
+and their old ids.  Commands carry ``issued_at_ms`` and
 ``expires_at_ms``; an executor refuses an expired command rather than act on
 a stale view of the fleet.
 """
@@ -16,20 +20,34 @@ from typing import Any
 import orjson
 
 COMMAND_SCHEMA_VERSION = 1
-COMMAND_KINDS = frozenset({"scale"})
+COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary"})
 
 
 class CommandError(ValueError):
     """A command record is malformed; the message says which field."""
 
 
-def command_id(kind: str, zone: str, model: str, basis_ms: int, target: Any) -> str:
+def canonical_payload(payload: dict[str, Any]) -> str:
+    """Sorted-key JSON of a payload (the part of the id hash that encodes it)."""
+    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def command_id(kind: str, zone: str, model: str, basis_ms: int, target: Any,
+               payload: dict[str, Any] | None = None) -> str:
     """Deterministic id of a decision.
 
     >>> command_id("scale", "az-a", "m", 10_000, 4) == command_id("scale", "az-a", "m", 10_000, 4)
     True
+    >>> a = command_id("route", "az-a", "m", 1, 0, {"w": {"x": 0.5, "y": 0.5}})
+    >>> a == command_id("route", "az-a", "m", 1, 0, {"w": {"y": 0.5, "x": 0.5}})
+    True
+    >>> a == command_id("route", "az-a", "m", 1, 0, {"w": {"x": 0.6, "y": 0.4}})
+    False
     """
-    digest = hashlib.sha256(f"{kind}|{zone}|{model}|{basis_ms}|{target}".encode()).hexdigest()
+    basis = f"{kind}|{zone}|{model}|{basis_ms}|{target}"
+    if payload:
+        basis += "|" + canonical_payload(payload)
+    digest = hashlib.sha256(basis.encode()).hexdigest()
     return f"{kind}-{digest[:20]}"
 
 
@@ -46,6 +64,7 @@ class Command:
     previous_replicas: int | None = None
     controller: str = "pid"
     detail: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
     schema_version: int = COMMAND_SCHEMA_VERSION
     command_id: str = ""
 
@@ -62,7 +81,15 @@ class Command:
             raise CommandError(f"unsupported command schema_version {self.schema_version}")
         if not self.command_id:
             object.__setattr__(self, "command_id", command_id(
-                self.kind, self.zone, self.model, self.basis_ms, self.target_replicas))
+                self.kind, self.zone, self.model, self.basis_ms, self.target_replicas, self.payload))
+        if not isinstance(self.payload, dict):
+            raise CommandError("payload must be a JSON object")
+        if self.kind == "route":
+            weights = self.payload.get("weights")
+            if not isinstance(weights, dict) or not all(
+                    isinstance(ws, dict) and all(isinstance(w, int | float) and w >= 0 for w in ws.values())
+                    for ws in weights.values()):
+                raise CommandError("route payload needs weights: {class: {'variant|zone': weight >= 0}}")
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))

@@ -1,0 +1,121 @@
+"""Route and breaker commands: deterministic ids, Redis routing hash, webhook, executor."""
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+import time
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from executors.backends import (
+    BackendRejected,
+    BackendUnavailable,
+    RoutingBackend,
+    SimFleetBackend,
+    WebhookBackend,
+    breaker_key,
+    routing_key,
+)
+from executors.executor import ZoneExecutor
+from governor.clock import ScaledClock
+from governor.settings import Settings
+from streams.commands import Command, CommandError, stream_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+W = {"trading": {"llama2-70b|az-a": 3.0, "bloom-176b|az-a": 1.0}, "batch": {"bloom-176b|az-a": 1.0}}
+
+
+def _route(weights: dict, basis_ms: int = 1_000) -> Command:
+    now = int(time.time() * 1000)
+    return Command(kind="route", zone="az-a", model="chat", target_replicas=0, reason="test",
+                   issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=basis_ms, controller="routing",
+                   payload={"weights": weights})
+
+
+def test_route_command_ids_encode_weights_and_scale_ids_are_unchanged() -> None:
+    a, b = _route(W), _route({"batch": W["batch"], "trading": dict(reversed(W["trading"].items()))})
+    assert a.command_id == b.command_id
+    assert _route({**W, "batch": {"bloom-176b|az-a": 2.0}}).command_id != a.command_id
+    assert Command.decode(a.encode()) == a
+    scale = Command(kind="scale", zone="z", model="m", target_replicas=3, reason="", issued_at_ms=0,
+                    expires_at_ms=1, basis_ms=5)
+    from streams.commands import command_id
+    assert scale.command_id == command_id("scale", "z", "m", 5, 3)
+    with pytest.raises(CommandError):
+        _route({"trading": {"x|y": -1}})
+
+
+async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> None:
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        out = await RoutingBackend(redis, settings.topic_prefix).apply(_route(W))
+        assert out["classes"] == ["batch", "trading"]
+        h = await redis.hgetall(routing_key(settings.topic_prefix, "az-a"))
+        trading = orjson.loads(h[b"trading"])
+        assert trading["weights"] == {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75}
+        assert int(h[b"_version"]) == 1_000
+        now = int(time.time() * 1000)
+        brk = Command(kind="breaker", zone="az-a", model="chat", target_replicas=0, reason="trip",
+                      issued_at_ms=now, expires_at_ms=now + 1000, basis_ms=2_000,
+                      payload={"target": "bloom-176b|az-a", "state": "open"})
+        await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(brk)
+        raw = await redis.hget(breaker_key(settings.topic_prefix, "az-a"), "bloom-176b|az-a")
+        assert orjson.loads(raw)["state"] == "open"
+    finally:
+        await redis.aclose()
+
+
+async def test_executor_applies_a_route_command_once(settings: Settings) -> None:
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    ex = ZoneExecutor(zone="az-a", prefix=settings.topic_prefix, redis=redis,
+                      backend=RoutingBackend(redis, settings.topic_prefix), clock=ScaledClock(),
+                      results=None, results_topic="x", block_ms=50)
+    try:
+        await ex.ensure_group()
+        cmd = _route(W, basis_ms=5_000)
+        for _ in range(2):
+            await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
+        older = _route({"batch": {"bloom-176b|az-a": 1.0}}, basis_ms=4_000)
+        await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": older.encode()})
+        while sum(ex.stats.outcomes.values()) < 3:
+            await ex.poll_once()
+        assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}
+    finally:
+        await redis.aclose()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+    codes: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        code = self.codes.pop(0) if self.codes else 200
+        self.send_response(code)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_webhook_backend_posts_retries_and_rejects() -> None:
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_port}/routes"
+    try:
+        _Handler.codes[:] = [503]
+        out = await WebhookBackend(url, timeout_s=2, backoff_s=0.01).apply(_route(W))
+        assert out == {"status": 200, "attempts": 2}
+        assert orjson.loads(_Handler.bodies[-1])["payload"]["weights"]["batch"] == {"bloom-176b|az-a": 1.0}
+        _Handler.codes[:] = [400]
+        with pytest.raises(BackendRejected):
+            await WebhookBackend(url, backoff_s=0.01).apply(_route(W))
+    finally:
+        srv.shutdown()
+    with pytest.raises(BackendUnavailable):
+        await WebhookBackend(url, timeout_s=0.2, retries=2, backoff_s=0.01).apply(_route(W))
+    await asyncio.sleep(0)
