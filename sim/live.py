@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.router import sync_routing_from_redis
 from sim.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class LiveFleet:
         self.desired_poll_wall_s = desired_poll_wall_s
         self.stats = LiveStats()
         self._next = 0
+        self._routing_seen: dict[str, int] = {}
         self._zone_of = np.random.default_rng(seed).integers(0, len(self.zones), len(workload.arrival_s))
 
     def t_s(self) -> float:
@@ -95,6 +97,9 @@ class LiveFleet:
                 self.fleet.set_desired(zone, self.model, want, t)
                 self.stats.desired_changes.append((t, zone, self.model, want))
                 log.info("fleet %s/%s desired -> %d at t=%.1f s", zone, self.model, want, t)
+        if hasattr(self.fleet, "router") and hasattr(self.redis, "hgetall"):  # route commands: family = model
+            await sync_routing_from_redis(self.fleet, self.redis, self.prefix, self.zones, self.model,
+                                          t, self._routing_seen)
 
     def _corrupt(self, rec: dict[str, Any]) -> dict[str, Any]:
         name, value = self.rng.choice(_CORRUPTIONS[rec["kind"]])
@@ -126,9 +131,16 @@ class LiveFleet:
                 last_poll = loop.time()
             while self._next < len(w.arrival_s) and w.arrival_s[self._next] <= t:
                 i = self._next
-                self.fleet.submit(float(w.arrival_s[i]), self.zones[int(self._zone_of[i])], self.model,
-                                  int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"req-{i}",
-                                  hash_ids=w.hash_ids[i] if w.hash_ids is not None else None)
+                hashes = w.hash_ids[i] if w.hash_ids is not None else None
+                router = getattr(self.fleet, "router", None)
+                if router is not None and router.weights(self.model):  # route commands decide the target
+                    self.fleet.submit_routed(float(w.arrival_s[i]), self.model, "default",
+                                             int(w.prompt_tokens[i]), int(w.output_tokens[i]),
+                                             f"req-{i}", hashes)
+                else:
+                    self.fleet.submit(float(w.arrival_s[i]), self.zones[int(self._zone_of[i])], self.model,
+                                      int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"req-{i}",
+                                      hash_ids=hashes)
                 self._next += 1
                 self.stats.submitted += 1
             done = self.fleet.advance_to(t)

@@ -35,13 +35,15 @@ Examples
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from sim.replica import FleetConfigError
 
-__all__ = ["DEFAULT_CLASS", "ErrorInjector", "WeightedRouter", "parse_target"]
+__all__ = ["DEFAULT_CLASS", "ErrorInjector", "WeightedRouter", "parse_target", "sync_routing_from_redis"]
 
 DEFAULT_CLASS = "*"
 
@@ -154,3 +156,43 @@ class ErrorInjector:
             if start <= t < end:
                 rate *= 1.0 - r
         return "error" if rate < 1.0 and self._rng.random() >= rate else "ok"
+
+
+def routing_hash_key(prefix: str, zone: str) -> str:
+    # Same contract as executors.backends.routing_key (sim must not import executors).
+    return f"{prefix}:routing:{zone}"
+
+
+async def sync_routing_from_redis(fleet: Any, redis: Any, prefix: str, zones: list[str], family: str,
+                                  t_s: float, seen: dict[str, int]) -> list[str]:
+    """Apply the routing hashes the executors wrote (``<prefix>:routing:<zone>``) to ``fleet``.
+
+    Each class field's ``weights`` become :meth:`sim.fleet.Fleet.set_routing`
+    of ``family`` (field ``*``: the default); targets the fleet does not
+    have are dropped.  A zone's hash is re-read only when its ``_version``
+    (the command's ``basis_ms``) differs from ``seen[zone]``.  The simulated
+    fleet has one router per family, so the zones' hashes apply in order
+    (a real gateway reads its own zone's).  Returns the classes updated.
+    """
+    updated: list[str] = []
+    for zone in zones:
+        h = await redis.hgetall(routing_hash_key(prefix, zone))
+        if not h:
+            continue
+        version = int(h.get(b"_version", 0))
+        if seen.get(zone) == version:
+            continue
+        seen[zone] = version
+        for raw_cls, raw in sorted(h.items()):
+            cls = raw_cls.decode()
+            if cls == "_version":
+                continue
+            known = {}
+            for key, w in json.loads(raw)["weights"].items():
+                variant, z = parse_target(key)
+                if (z, variant) in fleet._reps:
+                    known[key] = float(w)
+            if any(w > 0 for w in known.values()):
+                fleet.set_routing(family, known, t_s, None if cls == DEFAULT_CLASS else cls)
+                updated.append(cls)
+    return updated

@@ -119,3 +119,25 @@ async def test_webhook_backend_posts_retries_and_rejects() -> None:
     with pytest.raises(BackendUnavailable):
         await WebhookBackend(url, timeout_s=0.2, retries=2, backoff_s=0.01).apply(_route(W))
     await asyncio.sleep(0)
+
+
+async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings) -> None:
+    from sim.fleet import Fleet, FleetConfig
+    from sim.perf_model import PerfModel
+    from sim.router import sync_routing_from_redis
+
+    perf = PerfModel.from_splitwise()
+    fleet = Fleet(FleetConfig(models={"bloom-176b": perf, "llama2-70b": perf}, zones=("az-a",),
+                              initial_replicas=1))
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(_route(W))
+        seen: dict[str, int] = {}
+        got = await sync_routing_from_redis(fleet, redis, settings.topic_prefix, ["az-a"], "chat", 0.0, seen)
+        assert got == ["batch", "trading"]
+        assert fleet.router.weights("chat", "trading") == pytest.approx(
+            {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75})
+        assert fleet.submit_routed(0.0, "chat", "batch", 10, 1, "x") == ("bloom-176b", "az-a")
+        assert await sync_routing_from_redis(fleet, redis, settings.topic_prefix, ["az-a"], "chat", 1.0, seen) == []
+    finally:
+        await redis.aclose()
