@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="report directory")
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--no-progress", action="store_true", help="no live progress view")
+    d.add_argument("--no-feedforward", dest="feedforward", action="store_false",
+                   help="feedback PID only (default: profile the replica capacity, feedforward on)")
 
     sub.add_parser("worker", help="run the Faust stream worker")
 

@@ -10,6 +10,7 @@ everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import json
 import logging
@@ -160,6 +161,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                    "step": {"at_s": args.step_at_s, "factor": args.step_factor},
                    "window_s": settings.window_s, "lateness_s": settings.lateness_s,
                    "startup_s": args.startup_s, "replicas_initial": args.replicas, "seed": args.seed,
+                   "replica_capacity_rps": model_spec.replica_capacity_rps,
                    # (window end in trace s, zone, target) of every applied scale command
                    "decisions": sorted(((r["basis_ms"] - t0_ms) / 1000.0, r["zone"], r["target_replicas"])
                                        for r in collector.results if r.get("outcome") == "applied"),
@@ -174,8 +176,20 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
 def run_demo(settings: Settings, args: Namespace) -> int:
     run_dir = Path(args.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if args.feedforward and settings.models[0].replica_capacity_rps is None:
+        # Dynamo-style profiling step: one replica's capacity within the SLO on this trace.
+        from sim.fastloop import LoopConfig
+        from sim.profiling import replica_capacity_rps
+
+        spec = settings.models[0]
+        capacity = replica_capacity_rps(load_trace(args.trace), LoopConfig(
+            model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms))
+        print(f"[governor] profiled capacity {capacity:.2f} req/s per replica: feedforward on",
+              file=sys.stderr)
+        settings = settings.replace(models=(dataclasses.replace(spec, replica_capacity_rps=capacity),
+                                            *settings.models[1:]))
     settings = settings.replace(clock_speed=args.speed, clock_origin_s=time.time(),
-                                data_dir=str(run_dir / "state"),
+                                startup_hint_s=args.startup_s, data_dir=str(run_dir / "state"),
                                 # Records reach the worker ~0.2-0.4 wall s after they finish;
                                 # in trace time that is speed x longer.
                                 lateness_s=max(settings.lateness_s, 0.8 * args.speed))

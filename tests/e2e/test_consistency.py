@@ -56,6 +56,7 @@ def test_fast_loop_reproduces_the_real_pipelines_decisions(tmp_path: Path) -> No
 
     workload = step_load(load_trace("azure-conv"), a["qps"], a["duration_s"], a["step_at_s"], a["step_factor"])
     cfg = LoopConfig(initial_replicas=a["replicas"], startup_s=a["startup_s"], seed=a["seed"],
+                     replica_capacity_rps=live["replica_capacity_rps"],
                      window_s=live["window_s"], lateness_s=live["lateness_s"], actuation_delay_s=1.0,
                      max_replicas=64)
     fast = run("governor", workload, cfg, duration_s=a["duration_s"])
