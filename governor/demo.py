@@ -10,8 +10,8 @@ everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import logging
 import os
