@@ -64,7 +64,7 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_TOPIC_PREFIX": "prefix of every Kafka topic (default 'governor')",
     "GOVERNOR_PARTITIONS": "partitions of the topics governor creates",
     "GOVERNOR_ZONES": "comma-separated zones (default az-a,az-b)",
-    "GOVERNOR_MODELS": "JSON list of model specs (name, ttft_slo_ms, itl_slo_ms, min/max_replicas)",
+    "GOVERNOR_MODELS": "JSON list of model specs (name, ttft_slo_ms, itl_slo_ms, min/max_replicas, replica_capacity_rps: set = feedforward on)",
     "GOVERNOR_WINDOW_S": "tumbling window length in (trace) seconds; also the control period",
     "GOVERNOR_LATENESS_S": "how long a window waits for late records before it closes",
     "GOVERNOR_EPS_REF": "SLO-violation-rate reference of the scaling PID (default 0.02)",
