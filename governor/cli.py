@@ -8,6 +8,7 @@
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
     governor bench control        every autoscaler on the same seeded workload
+    governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (seed 3.3)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
+    from governor.bench_traffic import add_parser as add_traffic_parser
+
+    add_traffic_parser(bsub)
     from governor.bench_bandwidth import add_parser as add_bw_parser
 
     add_bw_parser(bsub)
@@ -139,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_bandwidth import run_bandwidth
 
         return run_bandwidth(args)
+    if args.command == "bench" and args.bench == "traffic":
+        from governor.bench_traffic import run_traffic_bench
+
+        return run_traffic_bench(args)
     if args.command == "bench" and args.bench == "kv":
         from governor.bench_kv import run_kv_bench
 
