@@ -6,7 +6,11 @@ pending commands are claimed by the others) and, for each command:
 
 * ``duplicate`` -- its ``command_id`` was applied before (marker key in Redis);
 * ``expired``   -- the clock is past ``expires_at_ms``;
-* ``stale``     -- a newer decision for the same (zone, model) was applied;
+* ``stale``     -- a newer decision for the same (zone, model) was applied, by
+  ``basis_ms`` or by HLC: a command whose ``hlc`` is older than the last
+  applied HLC of its (zone, ``kind:model``) (hash
+  ``<prefix>:executor:<zone>:last_hlc``) is refused with reason ``hlc older
+  than last applied``; unstamped commands (``hlc == 0``) skip this check;
 * ``applied`` / ``failed`` -- what the backend did.
 
 Every outcome is acknowledged (XACK) and reported to the results topic.  A
@@ -14,6 +18,21 @@ temporary backend failure leaves the entry pending; it is retried after
 ``retry_idle_ms``.  The applied marker is written after the backend applied
 the command; commands are absolute targets, so the one re-apply a crash in
 between can cause is harmless.
+
+Cross-zone timing.  The executor keeps its own hybrid logical clock and
+merges every stamped command into it (HLC receive rule); results carry the
+command's ``hlc`` and the executor's ``executor_hlc`` after the merge.  A
+:class:`~executors.timing.ZoneTiming` probe loop (every ``probe_interval_s``)
+estimates the zone's RTT and the clock offset against Redis ``TIME``.
+
+Apply at a compensated time: a command whose ``detail`` has ``apply_at_ms``
+(on the shared run clock, i.e. the reference clock) is held until this
+executor's clock *corrected by the estimated offset* (``now + offset``; the
+offset is Redis minus local, scaled by the clock speed) reaches it, but never
+past ``expires_at_ms`` -- if the wait reaches the expiry the command is
+refused as ``expired``.  The wait holds this executor's poll loop (commands
+of one zone apply in order).  Commands without ``apply_at_ms`` (the default)
+apply at once.
 """
 from __future__ import annotations
 
@@ -31,14 +50,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from controllers.hlc import Hlc
 from executors.backends import Backend, BackendRejected, BackendUnavailable
+from executors.timing import ZoneTiming
 from governor.clock import ScaledClock
-from streams.commands import Command, CommandError, stream_key
+from streams.commands import Command, CommandError, hlc_stale, stream_key
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
 
 GROUP = "executors"
+
+
+def _apply_at(cmd: Command) -> float | None:
+    """``detail.apply_at_ms`` of a command, if it carries a numeric one."""
+    v = cmd.detail.get("apply_at_ms") if isinstance(cmd.detail, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 @dataclass
@@ -53,7 +80,9 @@ class ZoneExecutor:
     def __init__(self, *, zone: str, prefix: str, redis: aioredis.Redis, backend: Backend,
                  clock: ScaledClock, results: AIOKafkaProducer | None, results_topic: str,
                  metrics: ExecutorMetrics | None = None, consumer: str | None = None,
-                 block_ms: int = 200, retry_idle_ms: int = 5_000, marker_ttl_s: int = 24 * 3600) -> None:
+                 block_ms: int = 200, retry_idle_ms: int = 5_000, marker_ttl_s: int = 24 * 3600,
+                 timing: ZoneTiming | None = None, probe_interval_s: float = 5.0,
+                 rtt_factor: float | None = None) -> None:
         self.zone = zone
         self.prefix = prefix
         self.redis = redis
@@ -69,6 +98,10 @@ class ZoneExecutor:
         self.marker_ttl_s = marker_ttl_s
         self.stats = ExecutorStats()
         self._stopping = asyncio.Event()
+        self.hlc = Hlc()
+        self.probe_interval_s = probe_interval_s
+        self.timing = timing or ZoneTiming(zone, redis, producer=results, results_topic=results_topic,
+                                           registry=self.metrics.registry, factor=rtt_factor)
 
     def _applied_key(self, command_id: str) -> str:
         return f"{self.prefix}:applied:{self.zone}:{command_id}"
@@ -76,6 +109,10 @@ class ZoneExecutor:
     @property
     def _basis_key(self) -> str:
         return f"{self.prefix}:executor:{self.zone}:last_basis"
+
+    @property
+    def _hlc_key(self) -> str:
+        return f"{self.prefix}:executor:{self.zone}:last_hlc"
 
     async def ensure_group(self) -> None:
         try:
@@ -90,15 +127,35 @@ class ZoneExecutor:
     async def run(self) -> None:
         await self.ensure_group()
         log.info("executor %s reading %s as %s", self.zone, self.stream, self.consumer)
+        probes = (asyncio.create_task(self.timing.run(self.probe_interval_s, self._stopping))
+                  if self.probe_interval_s > 0 else None)
         delay = 0.1
-        while not self._stopping.is_set():
-            try:
-                await self.poll_once()
-                delay = 0.1
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("executor %s: redis unavailable (%s); retry in %.1f s", self.zone, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(5.0, delay * 2)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self.poll_once()
+                    delay = 0.1
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    log.warning("executor %s: redis unavailable (%s); retry in %.1f s", self.zone, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(5.0, delay * 2)
+        finally:
+            if probes is not None:
+                self._stopping.set()
+                await probes
+
+    def corrected_now_ms(self) -> float:
+        """This executor's clock corrected to the reference (Redis) clock: ``now + offset``."""
+        return self.clock.now_ms() + self.timing.offset_ms() * self.clock.speed
+
+    async def wait_apply_at(self, cmd: Command) -> None:
+        """Hold a command with ``detail.apply_at_ms`` until the corrected clock reaches it (or expiry)."""
+        apply_at = _apply_at(cmd)
+        if apply_at is None:
+            return
+        target = min(float(apply_at), float(cmd.expires_at_ms))
+        while (gap := target - self.corrected_now_ms()) > 0 and not self._stopping.is_set():
+            await asyncio.sleep(min(self.clock.to_wall_s(gap), 1.0))
 
     async def poll_once(self) -> int:
         """Handle what is pending for too long (ours or a dead peer's), then new entries."""
@@ -129,14 +186,31 @@ class ZoneExecutor:
         if await self.redis.exists(self._applied_key(cmd.command_id)):
             await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)
             return 1
+        if cmd.hlc:
+            self.hlc = self.hlc.receive(Hlc.decode(cmd.hlc), now)  # HLC receive rule
+            bridged = (fields or {}).get(b"bridged_ms")
+            if bridged is not None:
+                self.timing.observe_delivery(now - int(bridged))
         if cmd.expired(now):
             self.metrics.expired.labels(self.zone).inc()
             await self._finish(entry_id, cmd, "expired", f"now {now} >= expires_at_ms {cmd.expires_at_ms}", now)
+            return 1
+        last_hlc = await self.redis.hget(self._hlc_key, cmd.order_field)
+        if hlc_stale(cmd.hlc, None if last_hlc is None else int(last_hlc)):
+            await self._finish(entry_id, cmd, "stale", "hlc older than last applied", now,
+                               {"last_hlc": int(last_hlc or 0)})
             return 1
         basis_field = cmd.model if cmd.kind == "scale" else f"{cmd.kind}:{cmd.model}"
         last_basis = await self.redis.hget(self._basis_key, basis_field)
         if last_basis is not None and cmd.basis_ms < int(last_basis):
             await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now)
+            return 1
+        await self.wait_apply_at(cmd)
+        if _apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
+            now = self.clock.now_ms()
+            self.metrics.expired.labels(self.zone).inc()
+            await self._finish(entry_id, cmd, "expired", f"apply_at_ms {_apply_at(cmd)} "
+                               f"not reached before expires_at_ms {cmd.expires_at_ms}", now)
             return 1
         try:
             detail = await self.backend.apply(cmd)
@@ -150,6 +224,8 @@ class ZoneExecutor:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._applied_key(cmd.command_id), applied_at, ex=self.marker_ttl_s)
             pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
+            if cmd.hlc:
+                pipe.hset(self._hlc_key, cmd.order_field, cmd.hlc)
             await pipe.execute()
         self.metrics.latency.labels(self.zone).set(applied_at - cmd.issued_at_ms)
         await self._finish(entry_id, cmd, "applied", "", applied_at, detail)
@@ -167,7 +243,8 @@ class ZoneExecutor:
         if cmd is not None:
             result.update(command_id=cmd.command_id, model=cmd.model, kind=cmd.kind,
                           target_replicas=cmd.target_replicas, issued_at_ms=cmd.issued_at_ms,
-                          basis_ms=cmd.basis_ms, latency_ms=now - cmd.issued_at_ms)
+                          basis_ms=cmd.basis_ms, latency_ms=now - cmd.issued_at_ms,
+                          hlc=cmd.hlc, executor_hlc=self.hlc.encode())
         if self.results is not None:
             await self._report(result)
         await self.redis.xack(self.stream, GROUP, entry_id)

@@ -17,6 +17,10 @@ from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
 
+# RTT / clock-offset probes (executors/timing.py); the zone's RTT factor is learned
+# from observed bridge -> executor delays (ZoneExecutor(rtt_factor=...) pins one).
+PROBE_INTERVAL_S = 5.0
+
 
 async def run_executor(settings: Settings, zone: str, backend_name: str) -> int:
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0,
@@ -30,7 +34,7 @@ async def run_executor(settings: Settings, zone: str, backend_name: str) -> int:
     executor = ZoneExecutor(zone=zone, prefix=settings.topic_prefix, redis=redis, backend=backend,
                             clock=ScaledClock(settings.clock_speed, settings.clock_origin_s),
                             results=producer, results_topic=settings.topic("results"),
-                            metrics=metrics)
+                            metrics=metrics, probe_interval_s=PROBE_INTERVAL_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, executor.stop)
@@ -41,5 +45,8 @@ async def run_executor(settings: Settings, zone: str, backend_name: str) -> int:
     finally:
         await producer.stop()
         await redis.aclose()
-    log.info("executor %s stopped: %s", zone, executor.stats.outcomes)
+    t = executor.timing
+    log.info("executor %s stopped: %s; rtt base %.2f ms x factor %.2f, clock offset %.2f ms (+/- %.2f)",
+             zone, executor.stats.outcomes, t.rtt.base_ms(zone), t.rtt.factor(zone), t.offset_ms(),
+             t.offset.error_bound_ms())
     return 0

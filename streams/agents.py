@@ -163,6 +163,11 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
 
     @app.agent(commands, name="bridge")
     async def bridge(stream: Any) -> None:
+        # One hybrid logical clock per worker: each bridged command is a send event,
+        # stamped (tick at the clock's physical ms) before the XADD.  The stamp is not
+        # part of command_id, so a re-delivered decision is still dropped as a duplicate.
+        from controllers.hlc import Hlc
+        hlc = Hlc()
         async for event in stream.events():
             msg = event.message
             try:
@@ -174,8 +179,10 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                     "topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
                     bytes(event.value).decode("utf-8", "replace"), clock.now_ms()))
                 continue
+            now = clock.now_ms()
+            hlc = hlc.tick(now)
             await xadd_with_retry(redis, stream_key(settings.topic_prefix, cmd.zone),
-                                  {"cmd": event.value, "bridged_ms": str(clock.now_ms()).encode()},
+                                  {"cmd": cmd.with_hlc(hlc.encode()).encode(), "bridged_ms": str(now).encode()},
                                   metrics)
             metrics.bridged.labels(cmd.zone).inc()
 

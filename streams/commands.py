@@ -10,11 +10,18 @@ canonical JSON of it enters the id; ``scale`` commands keep an empty payload
 and their old ids.  Commands carry ``issued_at_ms`` and
 ``expires_at_ms``; an executor refuses an expired command rather than act on
 a stale view of the fleet.
+
+``hlc`` is a hybrid-logical-clock timestamp (``Hlc.encode()`` of
+:mod:`controllers.hlc`, ``l << 16 | c``) stamped by the bridge agent when it
+writes the command to the zone's Redis stream.  It is *not* part of
+``command_id`` (re-stamping a re-delivered decision keeps its id, so the
+duplicate is still dropped).  ``0`` means "unstamped" (an older producer);
+executors then skip the HLC order check (:func:`hlc_stale`).
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -67,6 +74,7 @@ class Command:
     payload: dict[str, Any] = field(default_factory=dict)
     schema_version: int = COMMAND_SCHEMA_VERSION
     command_id: str = ""
+    hlc: int = 0  # Hlc.encode() stamped by the bridge; 0 = unstamped; not part of command_id
 
     def __post_init__(self) -> None:
         if self.kind not in COMMAND_KINDS:
@@ -82,6 +90,8 @@ class Command:
         if not self.command_id:
             object.__setattr__(self, "command_id", command_id(
                 self.kind, self.zone, self.model, self.basis_ms, self.target_replicas, self.payload))
+        if isinstance(self.hlc, bool) or not isinstance(self.hlc, int) or self.hlc < 0:
+            raise CommandError(f"hlc must be a non-negative int, got {self.hlc!r}")
         if not isinstance(self.payload, dict):
             raise CommandError("payload must be a JSON object")
         if self.kind == "route":
@@ -109,6 +119,27 @@ class Command:
 
     def expired(self, now_ms: int) -> bool:
         return now_ms >= self.expires_at_ms
+
+    def with_hlc(self, hlc: int) -> Command:
+        """The same command (same ``command_id``) stamped with ``hlc``."""
+        return replace(self, hlc=int(hlc))
+
+    @property
+    def order_field(self) -> str:
+        """The ``kind:model`` key under which executors keep the last applied HLC."""
+        return f"{self.kind}:{self.model}"
+
+
+def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:
+    """Whether a command stamped ``cmd_hlc`` is older than the last applied one.
+
+    Unstamped commands (``0``, older producers) and a first command (no last
+    applied) are never stale; an equal stamp is not older.
+
+    >>> hlc_stale(5 << 16, 6 << 16), hlc_stale(6 << 16, 5 << 16), hlc_stale(0, 6 << 16), hlc_stale(7, None)
+    (True, False, False, False)
+    """
+    return cmd_hlc != 0 and last_applied_hlc is not None and cmd_hlc < last_applied_hlc
 
 
 def stream_key(prefix: str, zone: str) -> str:

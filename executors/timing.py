@@ -1,0 +1,119 @@
+"""Per-zone timing probes of an executor: network RTT and clock offset.
+
+Every ``interval_s`` the executor's :class:`ZoneTiming` probes
+
+* the round trip to Redis (``PING``) -- the zone's network RTT proxy, fed to
+  an :class:`~controllers.hlc.RttEstimator` (base = mean of the last 5
+  probes; factor configured per zone, else learned from observed command
+  delivery delays, see :meth:`ZoneTiming.observe_delivery`);
+* the round trip of the previous timing record to the Kafka results
+  producer (``send_and_wait``; optional, only with a producer);
+* the clock offset against Redis ``TIME``, NTP style: ``t0`` local send,
+  ``t1 = t2 =`` Redis ``TIME`` (the server clock), ``t3`` local receive, into
+  a :class:`~controllers.hlc.ClockOffsetEstimator` (minimum-delay sample of
+  the last 8).  Offset is *server minus local* (ms of wall time), so the
+  reference time is ``local + offset``.
+
+Each probe is published to the results topic as a ``timing`` record
+(``outcome: "timing"``) and to the Prometheus gauges
+``governor_zone_rtt_ms{zone, path}`` (``path`` = ``redis``, ``kafka``,
+``base``, ``compensation``) and ``governor_zone_clock_offset_ms{zone}`` on
+the executor's registry.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry, Gauge
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from controllers.hlc import ClockOffsetEstimator, RttEstimator
+
+log = logging.getLogger(__name__)
+
+TIMING_SCHEMA_VERSION = 1
+
+
+def _wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class ZoneTiming:
+    """RTT and clock-offset estimates of one zone's executor (mutable holder of pure values)."""
+
+    def __init__(self, zone: str, redis: aioredis.Redis, *, producer: AIOKafkaProducer | None = None,
+                 results_topic: str = "", registry: CollectorRegistry | None = None,
+                 factor: float | None = None, window: int = 5, offset_window: int = 8) -> None:
+        self.zone = zone
+        self.redis = redis
+        self.producer = producer
+        self.results_topic = results_topic
+        self.rtt = RttEstimator(window=window, factors={zone: factor} if factor else {})
+        self.offset = ClockOffsetEstimator(window=offset_window)
+        self.kafka_rtt_ms: float | None = None
+        self.probes = 0
+        r = registry or CollectorRegistry()
+        self.g_rtt = Gauge("governor_zone_rtt_ms", "zone network RTT proxy: redis/kafka probe, base, compensation",
+                           ("zone", "path"), registry=r)
+        self.g_offset = Gauge("governor_zone_clock_offset_ms", "Redis TIME minus executor clock (NTP filter)",
+                              ("zone",), registry=r)
+
+    def offset_ms(self) -> float:
+        """Estimated reference (Redis) clock minus this executor's clock, ms (0 before a probe)."""
+        return self.offset.offset_ms()
+
+    def observe_delivery(self, delay_ms: float) -> None:
+        """Learn the zone's RTT factor from one observed bridge -> executor delay (ms)."""
+        if delay_ms > 0:
+            self.rtt = self.rtt.observe_delay(self.zone, delay_ms)
+
+    async def probe_once(self) -> dict[str, Any]:
+        """One PING + one TIME exchange (+ the Kafka publish of the record); returns the record."""
+        p0 = time.perf_counter()
+        await self.redis.ping()
+        redis_rtt = max((time.perf_counter() - p0) * 1000.0, 1e-3)
+        self.rtt = self.rtt.probe(self.zone, redis_rtt)
+        t0 = _wall_ms()
+        secs, usecs = await self.redis.time()
+        t3 = _wall_ms()
+        server = secs * 1000.0 + usecs / 1000.0
+        self.offset = self.offset.sample(t0, server, server, t3)
+        self.probes += 1
+        record = {"schema_version": TIMING_SCHEMA_VERSION, "record": "timing", "outcome": "timing",
+                  "zone": self.zone, "at_ms": int(t3), "redis_rtt_ms": redis_rtt,
+                  "kafka_rtt_ms": self.kafka_rtt_ms, "base_rtt_ms": self.rtt.base_ms(self.zone),
+                  "rtt_factor": self.rtt.factor(self.zone),
+                  "compensation_ms": self.rtt.compensation_ms(self.zone),
+                  "clock_offset_ms": self.offset.offset_ms(), "offset_delay_ms": self.offset.delay_ms(),
+                  "offset_error_bound_ms": self.offset.error_bound_ms(), "probes": self.probes}
+        self.g_rtt.labels(self.zone, "redis").set(redis_rtt)
+        self.g_rtt.labels(self.zone, "base").set(record["base_rtt_ms"])
+        self.g_rtt.labels(self.zone, "compensation").set(record["compensation_ms"])
+        self.g_offset.labels(self.zone).set(record["clock_offset_ms"])
+        if self.producer is not None and self.results_topic:
+            k0 = time.perf_counter()
+            await self.producer.send_and_wait(self.results_topic, orjson.dumps(record), key=self.zone.encode())
+            self.kafka_rtt_ms = (time.perf_counter() - k0) * 1000.0
+            self.g_rtt.labels(self.zone, "kafka").set(self.kafka_rtt_ms)
+        return record
+
+    async def run(self, interval_s: float, stopping: asyncio.Event) -> None:
+        """Probe every ``interval_s`` until ``stopping`` is set; transient failures are logged and skipped."""
+        while not stopping.is_set():
+            try:
+                await self.probe_once()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                log.warning("timing %s: redis probe failed (%s)", self.zone, exc)
+            except Exception as exc:  # noqa: BLE001 - Kafka trouble must not stop the probes
+                log.warning("timing %s: probe failed (%s)", self.zone, exc)
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=interval_s)
+            except TimeoutError:
+                pass
