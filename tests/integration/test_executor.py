@@ -141,3 +141,92 @@ async def test_temporary_backend_failure_is_retried_not_lost(settings: Settings)
         await producer.stop()
         await redis.aclose()
         await redis_probe.aclose()
+
+
+async def test_older_hlc_after_newer_is_refused_stale(settings: Settings) -> None:
+    from controllers.hlc import Hlc
+
+    backend = DryRunBackend()
+    ex, producer, redis = await _executor(settings, backend)
+    try:
+        key = stream_key(settings.topic_prefix, "az-a")
+        now = int(time.time() * 1000)
+        # Same basis (so the basis rule cannot tell them apart); HLC orders them.
+        newer = _cmd(6, basis_ms=10_000).with_hlc(Hlc(now, 1).encode())
+        older = _cmd(3, basis_ms=10_000).with_hlc(Hlc(now, 0).encode())
+        legacy = _cmd(7, basis_ms=10_000)  # unstamped: skips the HLC check
+        for c in (newer, older, legacy):
+            await ex.handle(await redis.xadd(key, {"cmd": c.encode(), "bridged_ms": str(now).encode()}),
+                            {b"cmd": c.encode(), b"bridged_ms": str(now).encode()})
+        assert [c.target_replicas for c in backend.applied] == [6, 7]
+        results = {r["command_id"]: r for r in await _results(settings, 3)}
+        assert results[older.command_id]["outcome"] == "stale"
+        assert results[older.command_id]["reason"] == "hlc older than last applied"
+        assert results[newer.command_id]["outcome"] == "applied"
+        assert results[legacy.command_id]["outcome"] == "applied"
+        assert int(await redis.hget(f"{settings.topic_prefix}:executor:az-a:last_hlc", "scale:m")) == newer.hlc
+        # Receive rule: the executor's HLC is past every stamp it merged.
+        assert results[older.command_id]["executor_hlc"] > newer.hlc
+        assert Hlc.decode(ex.hlc.encode()) > Hlc.decode(newer.hlc)
+    finally:
+        await producer.stop()
+        await redis.aclose()
+
+
+async def test_probe_loop_estimates_rtt_and_clock_offset(settings: Settings) -> None:
+    ex, producer, redis = await _executor(settings, DryRunBackend())
+    ex.probe_interval_s = 0.05
+    try:
+        task = asyncio.create_task(ex.run())
+        deadline = time.monotonic() + 10
+        while ex.timing.probes < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        ex.stop()
+        await asyncio.wait_for(task, 10)
+        t = ex.timing
+        assert t.probes >= 6
+        base = t.rtt.base_ms("az-a")
+        assert 0 < base < 50, base
+        # Same host: Redis TIME and the local clock agree within a few ms.
+        assert abs(t.offset_ms()) < 5, t.offset_ms()
+        assert t.offset.error_bound_ms() < 25
+        reg = ex.metrics.registry
+        assert reg.get_sample_value("governor_zone_rtt_ms", {"zone": "az-a", "path": "redis"}) > 0
+        assert reg.get_sample_value("governor_zone_clock_offset_ms", {"zone": "az-a"}) is not None
+        assert reg.get_sample_value("governor_zone_rtt_ms", {"zone": "az-a", "path": "kafka"}) > 0
+        timing = [r for r in await _results(settings, 6) if r.get("record") == "timing"]
+        assert len(timing) >= 6 and all(r["outcome"] == "timing" and r["zone"] == "az-a" for r in timing)
+        assert any(r["kafka_rtt_ms"] for r in timing)
+        print(f"\nembedded redis: base rtt {base:.3f} ms, offset {t.offset_ms():.3f} ms "
+              f"(+/- {t.offset.error_bound_ms():.3f}), kafka rtt {t.kafka_rtt_ms:.3f} ms")
+    finally:
+        await producer.stop()
+        await redis.aclose()
+
+
+async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> None:
+    backend = DryRunBackend()
+    ex, producer, redis = await _executor(settings, backend)
+    try:
+        await ex.timing.probe_once()
+        now = int(time.time() * 1000)
+        cmd = Command(kind="scale", zone="az-a", model="m", target_replicas=2, reason="t",
+                      issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=1,
+                      detail={"apply_at_ms": now + 300})
+        key = stream_key(settings.topic_prefix, "az-a")
+        t0 = time.monotonic()
+        await ex.handle(await redis.xadd(key, {"cmd": cmd.encode()}), {b"cmd": cmd.encode()})
+        waited = time.monotonic() - t0
+        assert [c.target_replicas for c in backend.applied] == [2]
+        assert 0.2 < waited < 2.0, waited
+        # An apply_at past the expiry waits only until the expiry, then is refused as expired.
+        late = Command(kind="scale", zone="az-a", model="m", target_replicas=3, reason="t",
+                       issued_at_ms=now, expires_at_ms=int(time.time() * 1000) + 200, basis_ms=2,
+                       detail={"apply_at_ms": now + 60_000})
+        await ex.handle(await redis.xadd(key, {"cmd": late.encode()}), {b"cmd": late.encode()})
+        assert [c.target_replicas for c in backend.applied] == [2]
+        outcomes = {r.get("command_id"): r["outcome"] for r in await _results(settings, 3)}
+        assert outcomes[cmd.command_id] == "applied" and outcomes[late.command_id] == "expired"
+    finally:
+        await producer.stop()
+        await redis.aclose()
