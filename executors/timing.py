@@ -86,17 +86,19 @@ class ZoneTiming:
         server = secs * 1000.0 + usecs / 1000.0
         self.offset = self.offset.sample(t0, server, server, t3)
         self.probes += 1
-        record = {"schema_version": TIMING_SCHEMA_VERSION, "record": "timing", "outcome": "timing",
+        base, comp, offset = (self.rtt.base_ms(self.zone), self.rtt.compensation_ms(self.zone),
+                              self.offset.offset_ms())
+        record: dict[str, Any] = {"schema_version": TIMING_SCHEMA_VERSION, "record": "timing", "outcome": "timing",
                   "zone": self.zone, "at_ms": int(t3), "redis_rtt_ms": redis_rtt,
-                  "kafka_rtt_ms": self.kafka_rtt_ms, "base_rtt_ms": self.rtt.base_ms(self.zone),
+                  "kafka_rtt_ms": self.kafka_rtt_ms, "base_rtt_ms": base,
                   "rtt_factor": self.rtt.factor(self.zone),
-                  "compensation_ms": self.rtt.compensation_ms(self.zone),
-                  "clock_offset_ms": self.offset.offset_ms(), "offset_delay_ms": self.offset.delay_ms(),
+                  "compensation_ms": comp,
+                  "clock_offset_ms": offset, "offset_delay_ms": self.offset.delay_ms(),
                   "offset_error_bound_ms": self.offset.error_bound_ms(), "probes": self.probes}
         self.g_rtt.labels(self.zone, "redis").set(redis_rtt)
-        self.g_rtt.labels(self.zone, "base").set(record["base_rtt_ms"])
-        self.g_rtt.labels(self.zone, "compensation").set(record["compensation_ms"])
-        self.g_offset.labels(self.zone).set(record["clock_offset_ms"])
+        self.g_rtt.labels(self.zone, "base").set(base)
+        self.g_rtt.labels(self.zone, "compensation").set(comp)
+        self.g_offset.labels(self.zone).set(offset)
         if self.producer is not None and self.results_topic:
             k0 = time.perf_counter()
             await self.producer.send_and_wait(self.results_topic, orjson.dumps(record), key=self.zone.encode())
