@@ -29,6 +29,7 @@ def build_report(*, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tu
                  results: Sequence[Mapping[str, Any]], windows: Sequence[Mapping[str, Any]],
                  dead_letters: Sequence[Mapping[str, Any]], ttft_slo_ms: float, itl_slo_ms: float,
                  extra: Mapping[str, Any]) -> dict[str, Any]:
+    results = [r for r in results if r.get("outcome") != "timing"]  # executors' RTT/offset probes
     outcomes = Counter(r.get("outcome") for r in results)
     latencies = [r["latency_ms"] for r in results if r.get("outcome") == "applied" and "latency_ms" in r]
     zone_windows = [w for w in windows if w.get("scope") == "zone"]

@@ -91,7 +91,7 @@ class FleetConfig:
     jitter: bool = True
     jitter_theta: float = 0.03
     jitter_L_bar: float = 100.0
-    jitter_sigma0: float = 8.0
+    jitter_sigma0: float = 1.27  # fitted to the Splitwise repetitions (sim.calibration), not assumed
     jitter_k: float = 0.0
     jitter_L_knee: float = 150.0
     prefix_cache: bool = True
