@@ -158,6 +158,22 @@ async def test_malformed_records_land_in_dead_letter_topic_with_reason(loop: Set
     assert any(w["window_end_ms"] > later["ts_ms"] for w in seen["metrics"] if w["scope"] == "zone")
 
 
+async def test_worker_snapshots_the_controllers_learned_state_to_redis(loop: Settings) -> None:
+    """What a restarted worker restores: the control agent saves the Scaler's state."""
+    from streams.control import Scaler
+
+    redis = aioredis.Redis.from_url(str(loop.redis_url))
+    try:
+        blob = await redis.get(f"{loop.topic_prefix}:snapshot:scaler")
+    finally:
+        await redis.aclose()
+    assert blob, "no snapshot saved"
+    restored = Scaler(loop)
+    assert restored.restore(blob) >= 1
+    assert (MODEL, "az-a") in restored.states
+    assert restored.states[(MODEL, "az-a")].ctrl.last_target is not None
+
+
 def test_worker_log_has_no_tracebacks(loop: Settings, tmp_path: Path) -> None:
     # Runs last in this module: bad input above must not have crashed an agent.
     log_dir = Path(loop.data_dir).parent
