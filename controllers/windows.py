@@ -42,7 +42,7 @@ from controllers.sketch import DDSketch
 __all__ = [
     *("READY_STATES", "STARTING_STATES", "NodeSnapshot", "SloSpec", "WindowAggregate"),
     *("WindowTracker", "add_gpu", "add_requests", "initialize", "merge", "result"),
-    "window_start_ms",
+    "KV_COLUMNS", "node_kv", "node_result", "window_start_ms",
 ]
 
 READY_STATES = frozenset({"ready"})
@@ -54,6 +54,9 @@ GPU_COLUMNS = tuple(
     "ts_ms gpu_util queue_len running mem_used_bytes mem_total_bytes kv_blocks_used "
     "kv_blocks_total largest_free_block_bytes".split()
 )
+# Optional KV allocator columns of a GPU sample: NaN = the sample has no such
+# field (stored as -1 in the snapshot so snapshots stay totally ordered).
+KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
 _INT_FIELDS = tuple(
     "n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split()
 )
@@ -109,6 +112,11 @@ class NodeSnapshot:
     kv_blocks_used: int
     kv_blocks_total: int
     largest_free_block_bytes: int
+    # KV allocator fields of that sample; -1 = the sample did not carry it.
+    fragmentation_ratio: float = -1.0
+    kv_free_bytes: int = -1
+    kv_waiting_bytes: int = -1
+    kv_generation: int = -1
 
 
 @dataclass
@@ -245,7 +253,8 @@ def add_gpu(
     """Add a batch of GPU samples; ``nodes[i]``/``states[i]`` label row ``i``.
 
     The per-node snapshot keeps the sample with the latest ``ts_ms`` (ties:
-    the larger snapshot tuple, so the result is order-independent).
+    the larger snapshot tuple, so the result is order-independent).  The
+    :data:`KV_COLUMNS` are optional; NaN in them means "not reported".
 
     Examples
     --------
@@ -264,6 +273,10 @@ def add_gpu(
     for name, arr in f.items():
         if not np.all(np.isfinite(arr)) or np.any(arr < 0.0):
             raise ValueError(f"{name}: values must be finite and >= 0")
+    kv = {k: _column(cols, k, n, np.float64) for k in KV_COLUMNS if k in cols}
+    for name, arr in kv.items():
+        if np.any(np.isinf(arr)) or np.any(arr < 0.0):
+            raise ValueError(f"{name}: values must be finite (NaN: absent) and >= 0")
     if n == 0:
         return
     agg.n_gpu_samples += n
@@ -272,7 +285,13 @@ def add_gpu(
     agg.queue_len_max = max(agg.queue_len_max, float(f["queue_len"].max()))
     agg.running_sum += float(f["running"].sum())
     for i in range(n):
-        snap = NodeSnapshot(int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]))
+        extra: list[Any] = []
+        for k in KV_COLUMNS:
+            v = kv[k][i] if k in kv else math.nan
+            absent = bool(np.isnan(v))
+            extra.append((-1.0 if absent else float(v)) if k == "fragmentation_ratio"
+                         else (-1 if absent else int(v)))
+        snap = NodeSnapshot(int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]), *extra)
         prev = agg.nodes.get(nodes[i])
         if prev is None or snap > prev:
             agg.nodes[nodes[i]] = snap
@@ -350,6 +369,40 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
         ),
     )
     return out
+
+
+def node_kv(snap: NodeSnapshot | None) -> dict[str, Any]:
+    """The KV allocator fields of a node's latest sample (None: not reported).
+
+    ``largest_free_block_bytes`` is None only when the window has no GPU
+    sample; a sample without that field counts 0 (as in the zone's min).
+
+    Examples
+    --------
+    >>> node_kv(None)["kv_generation"] is None
+    True
+    >>> s = NodeSnapshot(1, "ready", 0, 0, 0, 0, 64, 0.5, 128, 96, 7)
+    >>> sorted(node_kv(s).items())  # doctest: +NORMALIZE_WHITESPACE
+    [('fragmentation_ratio', 0.5), ('kv_free_bytes', 128), ('kv_generation', 7),
+     ('kv_waiting_bytes', 96), ('largest_free_block_bytes', 64)]
+    """
+    if snap is None:
+        return {k: None for k in (*KV_COLUMNS, "largest_free_block_bytes")}
+    out: dict[str, Any] = {k: (v if (v := getattr(snap, k)) >= 0 else None) for k in KV_COLUMNS}
+    out["largest_free_block_bytes"] = snap.largest_free_block_bytes
+    return out
+
+
+def node_result(agg: WindowAggregate, node: str, window_s: float) -> dict[str, Any]:
+    """:func:`result` of a node's window plus :func:`node_kv` of its latest sample.
+
+    Examples
+    --------
+    >>> r = node_result(initialize(), "n1", 10.0)
+    >>> r["count"], r["kv_free_bytes"], r["largest_free_block_bytes"]
+    (0, None, None)
+    """
+    return {**result(agg, window_s), **node_kv(agg.nodes.get(node))}
 
 
 def _order(item: tuple[Hashable, int, WindowAggregate]) -> tuple[int, str]:

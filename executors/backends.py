@@ -9,6 +9,13 @@ command they can never apply (acknowledged and reported as failed).
   ``<prefix>:fleet:<zone>:desired`` (field = model) that the simulated fleet
   reconciles against -- the same desired-state contract a Kubernetes
   Deployment's ``spec.replicas`` is.
+  ``relocate`` commands are pushed (RPUSH) to the Redis list
+  ``<prefix>:fleet:<zone>:relocate`` as JSON ``{"node", "model", "max_bytes",
+  "expected_generation", "action", "command_id", "basis_ms"}``; the live
+  fleet drains it each poll and applies it with ``Fleet.relocate`` (the
+  generation check is the fleet's: it refuses a node whose allocator
+  generation went *back*, i.e. a replaced/restarted node, see
+  :mod:`sim.live`) and reports to ``<prefix>:fleet:<zone>:relocated``.
 * :class:`DryRunBackend` only records what it would do (for rehearsals).
 * :class:`RoutingBackend` applies ``route`` commands where a gateway reads
   them: the Redis hash ``<prefix>:routing:<zone>``, one field per request
@@ -61,6 +68,11 @@ def desired_key(prefix: str, zone: str) -> str:
     return f"{prefix}:fleet:{zone}:desired"
 
 
+def relocate_key(prefix: str, zone: str) -> str:
+    """The Redis list of KV relocation requests the (simulated) fleet drains."""
+    return f"{prefix}:fleet:{zone}:relocate"
+
+
 class SimFleetBackend:
     name = "sim"
 
@@ -73,6 +85,8 @@ class SimFleetBackend:
     async def apply(self, cmd: Command) -> dict[str, Any]:
         if cmd.kind in ("route", "breaker"):
             return await RoutingBackend(self.redis, self.prefix).apply(cmd)
+        if cmd.kind == "relocate":
+            return await self._relocate(cmd)
         if cmd.kind != "scale":
             raise BackendRejected(f"sim backend cannot apply {cmd.kind!r} commands")
         try:
@@ -82,6 +96,15 @@ class SimFleetBackend:
             raise BackendUnavailable(f"redis: {exc}") from exc
         return {"previous_desired": int(previous) if previous is not None else None,
                 "desired": cmd.target_replicas}
+
+
+    async def _relocate(self, cmd: Command) -> dict[str, Any]:
+        req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}
+        try:
+            depth = await self.redis.rpush(relocate_key(self.prefix, self.zone), orjson.dumps(req))
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise BackendUnavailable(f"redis: {exc}") from exc
+        return {"queued": True, "node": cmd.payload.get("node"), "queue_depth": int(depth)}
 
 
 class DryRunBackend:

@@ -200,7 +200,7 @@ class ZoneExecutor:
             await self._finish(entry_id, cmd, "stale", "hlc older than last applied", now,
                                {"last_hlc": int(last_hlc or 0)})
             return 1
-        basis_field = cmd.model if cmd.kind == "scale" else f"{cmd.kind}:{cmd.model}"
+        basis_field = cmd.model if cmd.kind == "scale" else cmd.order_field
         last_basis = await self.redis.hget(self._basis_key, basis_field)
         if last_basis is not None and cmd.basis_ms < int(last_basis):
             await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now)

@@ -414,6 +414,13 @@ class Fleet:
     def _replica(self, zone: str, model: str, node: str) -> Replica | None:
         return next((r for r in self._reps[self._key(zone, model)] if r.node == node), None)
 
+    def kv_generation(self, zone: str, model: str, node: str) -> int | None:
+        """The KV allocator generation of ``node`` now (None: unknown/gone node or no allocator)."""
+        r = self._replica(zone, model, node)
+        if r is None or r.state == GONE or r.kv is None:
+            return None
+        return int(r.kv.generation)
+
     def relocate(self, zone: str, model: str, node: str, max_bytes: int,
                  expected_generation: int | None, t_s: float) -> dict:
         """One bounded KV compaction round on ``node`` at the fleet clock (``t_s`` is recorded).

@@ -6,7 +6,21 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
 * ships finished-request and per-replica GPU records through the same
   :class:`~streams.producer.TelemetryProducer` inference nodes use,
 * reconciles the fleet with the desired replica counts the executors write
-  to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller.
+  to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller,
+* drains the KV relocation requests the executors push to the Redis list
+  ``<prefix>:fleet:<zone>:relocate`` (JSON ``{"node", "model", "max_bytes",
+  "expected_generation", "action", "command_id"}``) and applies them with
+  :meth:`sim.fleet.Fleet.relocate` (``action == "move"``:
+  :meth:`~sim.fleet.Fleet.move_sessions`); each outcome is pushed to
+  ``<prefix>:fleet:<zone>:relocated`` (last ``RELOCATED_KEEP``) and logged.
+
+Generation check (see :mod:`streams.memory`): a busy replica's allocator
+generation changes with every allocation, so a request planned on a window
+seconds old would nearly always be refused by an exact check.  The live fleet
+uses the generation as a coarse *layout* generation: it refuses with
+``'generation changed'`` only when the node's generation is now *lower*
+than expected (its allocator was reset: the node was replaced/restarted) and
+otherwise calls ``Fleet.relocate(..., expected_generation=None)``.
 
 It keeps the ground truth (every finished request, replicas over time) for
 the run's report.
@@ -21,11 +35,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from sim.router import sync_routing_from_redis
 from sim.workloads import Workload
 
 log = logging.getLogger(__name__)
+
+
+RELOCATED_KEEP = 1000
+
+
+def relocate_key(prefix: str, zone: str) -> str:
+    # Same contract as executors.backends.relocate_key.
+    return f"{prefix}:fleet:{zone}:relocate"
+
+
+def relocated_key(prefix: str, zone: str) -> str:
+    """Where the live fleet reports each relocation's outcome."""
+    return f"{prefix}:fleet:{zone}:relocated"
+
+
+def apply_relocation(fleet: Any, zone: str, req: dict[str, Any], t: float) -> dict[str, Any]:
+    """Apply one relocation request to the fleet under the coarse generation check."""
+    model, node = str(req["model"]), str(req["node"])
+    expected = req.get("expected_generation")
+    now_gen = fleet.kv_generation(zone, model, node)
+    base = {"zone": zone, "model": model, "node": node, "command_id": req.get("command_id"),
+            "action": req.get("action"), "t_s": t}
+    if now_gen is None:
+        return {**base, "refused": "unknown node or no kv allocator"}
+    if isinstance(expected, int) and now_gen < expected:
+        return {**base, "refused": "generation changed", "generation": now_gen,
+                "expected_generation": expected}
+    if req.get("action") == "move":
+        return {**base, **fleet.move_sessions(zone, model, node, t)}
+    out = fleet.relocate(zone, model, node, int(req["max_bytes"]), None, t)
+    return {**base, **out}
 
 
 def desired_key(prefix: str, zone: str) -> str:
@@ -58,6 +104,7 @@ class LiveStats:
     finished: list[dict[str, Any]] = field(default_factory=list)
     replicas: list[tuple[float, str, str, int, int, int]] = field(default_factory=list)
     desired_changes: list[tuple[float, str, str, int]] = field(default_factory=list)
+    relocations: list[dict[str, Any]] = field(default_factory=list)
 
 
 class LiveFleet:
@@ -97,9 +144,28 @@ class LiveFleet:
                 self.fleet.set_desired(zone, self.model, want, t)
                 self.stats.desired_changes.append((t, zone, self.model, want))
                 log.info("fleet %s/%s desired -> %d at t=%.1f s", zone, self.model, want, t)
+        if hasattr(self.fleet, "kv_generation") and hasattr(self.redis, "lpop"):
+            await self._sync_relocations(t)
         if hasattr(self.fleet, "router") and hasattr(self.redis, "hgetall"):  # route commands: family = model
             await sync_routing_from_redis(self.fleet, self.redis, self.prefix, self.zones, self.model,
                                           t, self._routing_seen)
+
+    async def _sync_relocations(self, t: float) -> None:
+        """Drain each zone's relocation list, apply, report the outcomes."""
+        for zone in self.zones:
+            raw = await self.redis.lpop(relocate_key(self.prefix, zone), 100)
+            for item in raw or []:
+                try:
+                    req = orjson.loads(item)
+                    out = apply_relocation(self.fleet, zone, req, t)
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    out = {"zone": zone, "refused": f"bad relocation request: {exc}", "t_s": t}
+                self.stats.relocations.append(out)
+                log.info("fleet %s relocation %s: %s", zone, out.get("node"),
+                         out.get("refused") or f"{out.get('bytes_moved', out.get('moved'))}")
+                key = relocated_key(self.prefix, zone)
+                await self.redis.rpush(key, orjson.dumps(out, default=str))
+                await self.redis.ltrim(key, -RELOCATED_KEEP, -1)
 
     def _corrupt(self, rec: dict[str, Any]) -> dict[str, Any]:
         name, value = self.rng.choice(_CORRUPTIONS[rec["kind"]])

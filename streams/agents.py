@@ -29,6 +29,7 @@ from governor.settings import Settings
 from streams.app import GovernorApp
 from streams.commands import Command, CommandError, stream_key
 from streams.control import Scaler
+from streams.memory import KvRelocator
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import TelemetryProcessor, dead_letter
 from streams.records import partition_key
@@ -67,6 +68,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     metrics = metrics or WorkerMetrics()
     processor = TelemetryProcessor(settings)
     scaler = Scaler(settings)
+    relocator = KvRelocator(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -143,6 +145,10 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                     "topic": event.message.topic, "offset": event.message.offset},
                     event.value.decode("utf-8", "replace"), clock.now_ms()))
                 continue
+            if m.get("scope") == "node" and (rc := relocator.on_node_window(m, clock.now_ms())) is not None:
+                metrics.commands.labels(rc.kind, rc.zone).inc()
+                log.info("command %s %s relocate %s (%s)", rc.command_id, rc.zone, rc.payload["node"], rc.reason)
+                await commands.send(key=rc.zone.encode(), value=rc.encode())
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
                 metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()

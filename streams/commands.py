@@ -6,7 +6,8 @@ say after a worker restart re-reads the same window -- yields the same id,
 and executors drop the duplicate.  ``route``, ``breaker`` and ``canary``
 commands carry what they decide in ``payload`` (weights per class per
 ``"variant|zone"`` target; a breaker's state; a canary's share), and a
-canonical JSON of it enters the id; ``scale`` commands keep an empty payload
+canonical JSON of it enters the id (``relocate``: ``{"node", "max_bytes",
+"expected_generation", "action"}``, see :mod:`streams.memory`); ``scale`` commands keep an empty payload
 and their old ids.  Commands carry ``issued_at_ms`` and
 ``expires_at_ms``; an executor refuses an expired command rather than act on
 a stale view of the fleet.
@@ -27,7 +28,7 @@ from typing import Any
 import orjson
 
 COMMAND_SCHEMA_VERSION = 1
-COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary"})
+COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary", "relocate"})
 
 
 class CommandError(ValueError):
@@ -100,6 +101,13 @@ class Command:
                     isinstance(ws, dict) and all(isinstance(w, int | float) and w >= 0 for w in ws.values())
                     for ws in weights.values()):
                 raise CommandError("route payload needs weights: {class: {'variant|zone': weight >= 0}}")
+        if self.kind == "relocate":
+            p = self.payload
+            if not isinstance(p.get("node"), str) or not p["node"] or p.get("action") not in ("compact", "move") \
+                    or not all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] >= 0
+                               for k in ("max_bytes", "expected_generation")):
+                raise CommandError("relocate payload needs node, action in (compact, move), "
+                                   "max_bytes >= 0 and expected_generation >= 0 (ints)")
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -126,7 +134,10 @@ class Command:
 
     @property
     def order_field(self) -> str:
-        """The ``kind:model`` key under which executors keep the last applied HLC."""
+        """The ``kind:model`` key under which executors keep the last applied HLC
+        (``relocate:model:node`` for relocations: nodes are independent)."""
+        if self.kind == "relocate":
+            return f"{self.kind}:{self.model}:{self.payload.get('node', '')}"
         return f"{self.kind}:{self.model}"
 
 

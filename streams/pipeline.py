@@ -35,6 +35,7 @@ from controllers.windows import (
     add_gpu,
     add_requests,
     merge,
+    node_result,
     result,
 )
 from governor.settings import Settings
@@ -75,7 +76,9 @@ FLUSH_ROWS = 2048
 
 _REQUEST_COLUMNS = ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens", "kv_hit", "ok")
 _GPU_COLUMNS = ("ts_ms", "gpu_util", "queue_len", "running", "mem_used_bytes", "mem_total_bytes",
-                "kv_blocks_used", "kv_blocks_total", "largest_free_block_bytes")
+                "kv_blocks_used", "kv_blocks_total", "largest_free_block_bytes",
+                # KV allocator fields (controllers.windows.KV_COLUMNS): None -> NaN = not reported
+                "fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
 
 
 class _Pending:
@@ -188,7 +191,9 @@ class TelemetryProcessor:
             else:
                 buf.gpus.append((ts, rec["gpu_util"], get("queue_len") or 0, get("running") or 0,
                                  rec["mem_used_bytes"], rec["mem_total_bytes"], get("kv_blocks_used") or 0,
-                                 get("kv_blocks_total") or 0, get("largest_free_block_bytes") or 0))
+                                 get("kv_blocks_total") or 0, get("largest_free_block_bytes") or 0,
+                                 get("fragmentation_ratio"), get("kv_free_bytes"), get("kv_waiting_bytes"),
+                                 get("kv_generation")))
                 buf.nodes.append(rec["node"])
                 buf.states.append(rec["state"])
                 if len(buf.gpus) >= FLUSH_ROWS:
@@ -286,8 +291,10 @@ class TelemetryProcessor:
     def _record(self, scope: str, model: str, zone: str, start: int, agg: Any,
                 emitted_ms: int, **extra: Any) -> dict[str, Any]:
         slo = self.slos[model]
+        summary = (node_result(agg, extra["node"], self.window_s) if scope == "node"
+                   else result(agg, self.window_s))
         return {"schema_version": METRICS_SCHEMA_VERSION, "kind": "window", "scope": scope,
                 "model": model, "zone": zone, "window_start_ms": start,
                 "window_end_ms": start + self.size_ms, "window_s": self.window_s,
                 "ttft_slo_ms": slo.ttft_slo_ms, "itl_slo_ms": slo.itl_slo_ms,
-                "emitted_ms": emitted_ms, **extra, **result(agg, self.window_s)}
+                "emitted_ms": emitted_ms, **extra, **summary}

@@ -1,0 +1,79 @@
+"""KV relocation on the real path: node windows -> ``relocate`` commands (no I/O).
+
+:class:`KvRelocator` keeps one :class:`~controllers.kv_policy.KvPolicyState`
+per (model, zone, node) and runs :func:`controllers.kv_policy.step` on each
+node-scope window record (the KV allocator fields of the node's latest GPU
+sample, see :func:`controllers.windows.node_kv`).  When the policy decides to
+``compact`` (or to ``move`` the waiting sessions to a peer with room) it
+returns a ``relocate`` command for the zone's executor:
+
+    payload = {"node", "max_bytes", "expected_generation", "action"}
+
+``basis_ms`` is the window end and ``command_id`` hashes the payload, so the
+same decision on the same window (a worker restart re-reading it) has the
+same id and the executor drops the duplicate.
+
+Generation contract.  ``expected_generation`` is the allocator generation of
+the sample the decision was taken on.  A busy replica's generation moves with
+every allocation and free (many per second), so by the time the command is
+applied it has almost always changed: the executor side (sim/live.py) does
+*not* require equality.  It refuses only when the current generation is
+*lower* than the expected one -- the allocator was reset, i.e. the node was
+replaced or restarted and the decision describes a layout that is gone.
+Compaction itself is safe on any current layout (bounded by ``max_bytes``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from controllers.errors import ParameterError
+from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
+from streams.commands import Command
+
+__all__ = ["KvRelocator"]
+
+_NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fragmentation_ratio",
+           "kv_generation")
+
+
+class KvRelocator:
+    """Per-node KV policy state; :meth:`on_node_window` -> a ``relocate`` command or None."""
+
+    def __init__(self, params: KvPolicyParams | None = None, ttl_ms: int = 60_000) -> None:
+        self.params = params or KvPolicyParams()
+        self.ttl_ms = int(ttl_ms)
+        self.states: dict[tuple[str, str, str], KvPolicyState] = {}
+        # latest largest free block per node, for the 'move' decision's peer room
+        self._largest: dict[tuple[str, str], dict[str, int]] = {}
+        self.decisions = 0
+
+    def on_node_window(self, record: dict[str, Any], now_ms: int) -> Command | None:
+        """Run the policy on one node window; a command when it compacts or moves."""
+        if record.get("scope") != "node" or not record.get("node"):
+            return None
+        model, zone, node = str(record["model"]), str(record["zone"]), str(record["node"])
+        if any(record.get(k) is None for k in _NEEDED) or record.get("replicas_ready", 1) == 0:
+            return None  # no allocator telemetry (or the node is not serving)
+        peers = self._largest.setdefault((model, zone), {})
+        peers[node] = int(record["largest_free_block_bytes"])
+        try:
+            obs = KvObs(int(record["largest_free_block_bytes"]), int(record["kv_free_bytes"]),
+                        int(record["kv_waiting_bytes"]), float(record["fragmentation_ratio"]),
+                        int(record["kv_generation"]),
+                        max((v for n, v in peers.items() if n != node), default=0))
+        except ParameterError:
+            return None  # inconsistent sample (e.g. largest free > free): skip this window
+        key = (model, zone, node)
+        state, decision = step(self.params, self.states.get(key, KvPolicyState()), obs)
+        self.states[key] = state
+        if decision.action not in ("compact", "move"):
+            return None
+        self.decisions += 1
+        basis = int(record.get("window_end_ms", now_ms))
+        return Command(kind="relocate", zone=zone, model=model, target_replicas=0,
+                       reason=decision.reason, issued_at_ms=now_ms, expires_at_ms=now_ms + self.ttl_ms,
+                       basis_ms=basis, controller="kv_policy",
+                       detail={"round": decision.round, "target_fragmentation": decision.target_fragmentation},
+                       payload={"node": node, "max_bytes": decision.bytes_budget,
+                                "expected_generation": decision.expected_generation,
+                                "action": decision.action})
