@@ -131,3 +131,12 @@ def test_fleet_window_to_command_to_relocation() -> None:
     gone = apply_relocation(fleet, "az-a", {**req, "expected_generation": 10**9}, 3.7)
     assert gone["refused"] == "generation changed"
     assert apply_relocation(fleet, "az-a", {**req, "node": "nope"}, 3.7)["refused"].startswith("unknown node")
+
+
+def test_live_fleet_applies_a_move_decision_with_move_sessions() -> None:
+    fleet, g = fragmented()
+    req = {"node": g["node"], "model": M, "max_bytes": 0, "expected_generation": g["kv_generation"],
+           "action": "move", "command_id": "relocate-x"}
+    out = apply_relocation(fleet, "az-a", req, 3.5)
+    assert out["moved"] == {} and out["kept"] == 1  # no peer: the waiting request stays, none lost
+    assert out["command_id"] == "relocate-x" and fleet.gpu_snapshot(3.5)[0]["queue_len"] == 1
