@@ -26,7 +26,11 @@ command they can never apply (acknowledged and reported as failed).
   ``*``) and draws the target by weight; it should ignore a field whose
   ``basis_ms`` is older than one it has already used.  ``breaker`` commands
   go to ``<prefix>:breaker:<zone>`` (field = ``variant|zone``, value =
-  JSON of the payload).  The simulated fleet reads the same hashes
+  JSON of the payload).  ``canary`` commands write the field
+  ``_canary|<model>`` of the routing hash (JSON ``{"model", "version",
+  "share", "command_id", "basis_ms", "issued_at_ms"}``): the share of
+  ``<model>``'s requests a gateway sends to ``<model>@<version>``; fields
+  starting with ``_`` are not request classes.  The simulated fleet reads the same hashes
   (:meth:`SimFleetBackend.apply` delegates these kinds here).
 * :class:`WebhookBackend` POSTs the command's JSON to a URL (timeout, a few
   retries with backoff; a 4xx answer is a rejection, a 5xx or no answer
@@ -83,7 +87,7 @@ class SimFleetBackend:
         self.prefix = prefix
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
-        if cmd.kind in ("route", "breaker"):
+        if cmd.kind in ("route", "breaker", "canary"):
             return await RoutingBackend(self.redis, self.prefix).apply(cmd)
         if cmd.kind == "relocate":
             return await self._relocate(cmd)
@@ -129,7 +133,7 @@ def breaker_key(prefix: str, zone: str) -> str:
 
 
 class RoutingBackend:
-    """Writes route/breaker commands to Redis hashes (the contract is in the module docstring)."""
+    """Writes route/breaker/canary commands to Redis hashes (the contract is in the module docstring)."""
 
     name = "routing"
 
@@ -156,6 +160,17 @@ class RoutingBackend:
                 await self.redis.hset(breaker_key(self.prefix, cmd.zone), target,
                                       orjson.dumps({**cmd.payload, "basis_ms": cmd.basis_ms}))
                 return {"target": target, "state": cmd.payload.get("state")}
+            if cmd.kind == "canary":
+                share = cmd.payload.get("share")
+                if (isinstance(share, bool) or not isinstance(share, int | float)
+                        or not 0.0 <= share <= 1.0 or not cmd.payload.get("version")):
+                    raise BackendRejected(f"canary: needs version and share in [0, 1], got {cmd.payload}")
+                await self.redis.hset(routing_key(self.prefix, cmd.zone), f"_canary|{cmd.model}",
+                                      orjson.dumps({**cmd.payload, "model": cmd.model,
+                                                    "command_id": cmd.command_id,
+                                                    "basis_ms": cmd.basis_ms,
+                                                    "issued_at_ms": cmd.issued_at_ms}))
+                return {"model": cmd.model, "version": cmd.payload["version"], "share": float(share)}
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
         raise BackendRejected(f"routing backend cannot apply {cmd.kind!r} commands")

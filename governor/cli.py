@@ -11,6 +11,7 @@
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (seed 3.3)
+    governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 from __future__ import annotations
@@ -78,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.tune import add_parser as add_tune_parser
 
     add_tune_parser(sub)
+    from governor.canary_cli import add_parser as add_canary_parser
+
+    add_canary_parser(sub)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -127,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_fleet(settings, args))
     if args.command == "servers":
         return _servers(settings)
+    if args.command == "canary":
+        from governor.canary_cli import run_canary
+
+        return run_canary(settings, args)
     if args.command == "tune":
         from governor.tune import run_tune
 

@@ -185,7 +185,7 @@ async def sync_routing_from_redis(fleet: Any, redis: Any, prefix: str, zones: li
         seen[zone] = version
         for raw_cls, raw in sorted(h.items()):
             cls = raw_cls.decode()
-            if cls == "_version":
+            if cls.startswith("_"):  # _version, _canary|<model>: not request classes
                 continue
             known = {}
             for key, w in json.loads(raw)["weights"].items():

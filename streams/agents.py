@@ -33,6 +33,7 @@ from streams.memory import KvRelocator
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import TelemetryProcessor, dead_letter
 from streams.records import partition_key
+from streams.traffic import CanaryDriver
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
+    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         metrics.observe_dead_letter(dl["reason"])
@@ -134,6 +136,21 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             log.warning("scaler snapshot not saved (redis: %s); next window retries", exc)
 
+    async def drive_canary(m: dict[str, Any]) -> None:
+        try:
+            cmds = await canary.on_window(m, clock.now_ms())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("canary step skipped (redis: %s)", exc)
+            return
+        except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: operator's to fix
+            log.error("canary step failed for %s: %s", m.get("model"), exc)
+            return
+        for cc in cmds:
+            metrics.commands.labels(cc.kind, cc.zone).inc()
+            log.info("command %s %s canary %s -> %.2f (%s)", cc.command_id, cc.zone,
+                     cc.model, cc.payload["share"], cc.reason)
+            await commands.send(key=cc.zone.encode(), value=cc.encode())
+
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
         await restore_scaler()
@@ -149,6 +166,8 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 metrics.commands.labels(rc.kind, rc.zone).inc()
                 log.info("command %s %s relocate %s (%s)", rc.command_id, rc.zone, rc.payload["node"], rc.reason)
                 await commands.send(key=rc.zone.encode(), value=rc.encode())
+            if m.get("scope") == "zone":
+                await drive_canary(m)
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
                 metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()
