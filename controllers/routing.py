@@ -278,7 +278,7 @@ def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant:
     total = sum(raw)
     w = {t: m for t in elig}
     for t, r in zip(scored, raw, strict=True):
-        w[t] += (1.0 - n * m) * r / total
+        w[t] += (1.0 - n * m) * (r / total)  # r/total first: 0.94 * 5e-324 rounds back to 5e-324
     ws = sum(w[t] for t in scored)
     expected = sum(w[t] * xi for t, xi in zip(scored, xs, strict=True)) / ws
     return w, expected

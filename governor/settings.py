@@ -83,6 +83,7 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_OBSERVER": "1/0: Kalman observer of [util, queue, violations] predicted over the measured loop delay",
     "GOVERNOR_GAINS_FILE": "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
     "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
+    "GOVERNOR_FALLBACKS": "comma-separated primary=fallback model pairs the worker routes (latency-aware, with fallback)",
 }
 
 
@@ -92,6 +93,18 @@ def _parse_models(raw: str) -> tuple[ModelSpec, ...]:
         return tuple(ModelSpec(**item) for item in items)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"GOVERNOR_MODELS: {exc}") from exc
+
+
+def _parse_fallbacks(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in (x.strip() for x in raw.split(",")):
+        if not item:
+            continue
+        primary, sep, fallback = (x.strip() for x in item.partition("="))
+        if not sep or not primary or not fallback or primary == fallback:
+            raise SettingsError(f"GOVERNOR_FALLBACKS: {item!r} is not primary=fallback")
+        pairs.append((primary, fallback))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,7 @@ class Settings:
     dead_time_comp: bool = True  # scale-ups multiply ready replicas while capacity is in flight
     observer: bool = False  # Kalman observer + prediction over the measured loop delay
     gains_file: str = ""  # JSON written by `governor tune`; overrides pid_gains when set
+    fallbacks: tuple[tuple[str, str], ...] = ()  # (primary, fallback) families the worker routes
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -215,6 +229,7 @@ class Settings:
             drift=(g("GOVERNOR_DRIFT") or "1").strip().lower() not in ("0", "false", "no", "off"),
             gains_file=gains_file,
             observer=(g("GOVERNOR_OBSERVER") or "0").strip().lower() in ("1", "true", "yes", "on"),
+            fallbacks=_parse_fallbacks(g("GOVERNOR_FALLBACKS", "")),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -243,4 +258,5 @@ class Settings:
             "GOVERNOR_DRIFT": "1" if self.drift else "0",
             "GOVERNOR_GAINS_FILE": self.gains_file,
             "GOVERNOR_OBSERVER": "1" if self.observer else "0",
+            "GOVERNOR_FALLBACKS": ",".join(f"{p}={f}" for p, f in self.fallbacks),
         }

@@ -33,7 +33,7 @@ from streams.memory import KvRelocator
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import TelemetryProcessor, dead_letter
 from streams.records import partition_key
-from streams.traffic import CanaryDriver
+from streams.traffic import CanaryDriver, RoutingDriver
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
+    routing = RoutingDriver(settings)  # GOVERNOR_FALLBACKS families (streams.traffic)
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         metrics.observe_dead_letter(dl["reason"])
@@ -151,6 +152,17 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                      cc.model, cc.payload["share"], cc.reason)
             await commands.send(key=cc.zone.encode(), value=cc.encode())
 
+    async def drive_routing(m: dict[str, Any]) -> None:
+        try:
+            cmds = routing.on_window(m, clock.now_ms())
+        except ValueError as exc:  # a window the router cannot use (ParameterError)
+            log.error("routing step failed for %s/%s: %s", m.get("model"), m.get("zone"), exc)
+            return
+        for rc in cmds:
+            metrics.commands.labels(rc.kind, rc.zone).inc()
+            log.info("command %s %s route %s (%s)", rc.command_id, rc.zone, rc.model, rc.reason)
+            await commands.send(key=rc.zone.encode(), value=rc.encode())
+
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
         await restore_scaler()
@@ -168,6 +180,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 await commands.send(key=rc.zone.encode(), value=rc.encode())
             if m.get("scope") == "zone":
                 await drive_canary(m)
+                await drive_routing(m)
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
                 metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()

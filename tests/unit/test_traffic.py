@@ -1,0 +1,67 @@
+"""RoutingDriver: zone windows of a primary and its fallback -> route commands."""
+from __future__ import annotations
+
+import pytest
+
+from governor.settings import Settings, SettingsError
+from streams.commands import Command
+from streams.traffic import RoutingDriver, window_obs
+
+P, F = "llama2-70b", "llama2-13b"
+
+
+def _w(model: str, zone: str, start: int, p95: float, scope: str = "zone") -> dict:
+    return {"kind": "window", "scope": scope, "model": model, "zone": zone, "window_start_ms": start,
+            "window_end_ms": start + 10_000, "ttft_p95_ms": p95, "e2e_p95_ms": None,
+            "queue_len_mean": 0.0, "rate_rps": 5.0, "replicas_ready": 2}
+
+
+def _feed(d: RoutingDriver, start: int, p95_primary: float, p95_fallback: float = 100.0) -> list[Command]:
+    out: list[Command] = []
+    for z in ("az-a", "az-b"):
+        out += d.on_window(_w(P, z, start, p95_primary), 1_000)
+        out += d.on_window(_w(F, z, start, p95_fallback), 1_000)
+    return out
+
+
+def test_settings_parse_fallbacks() -> None:
+    s = Settings.from_env({"GOVERNOR_FALLBACKS": f"{P}={F}, a=b"})
+    assert s.fallbacks == ((P, F), ("a", "b"))
+    assert Settings.from_env(s.to_env()).fallbacks == s.fallbacks
+    assert Settings.from_env({}).fallbacks == ()
+    with pytest.raises(SettingsError):
+        Settings.from_env({"GOVERNOR_FALLBACKS": "x"})
+
+
+def test_slow_primary_moves_degradable_classes_to_the_fallback_and_back() -> None:
+    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    assert d.on_window(_w(P, "az-a", 0, 2000.0, scope="node"), 1) == []
+    assert d.on_window(_w("bloom-176b", "az-a", 0, 2000.0), 1) == []
+    cmds = _feed(d, 0, 2000.0)
+    assert sorted(c.zone for c in cmds) == ["az-a", "az-b"] and {c.kind for c in cmds} == {"route"}
+    c = Command.decode(cmds[0].encode())
+    assert c.model == P and c.basis_ms == 10_000
+    trading = c.payload["weights"]["trading"]
+    assert sum(w for t, w in trading.items() if t.startswith(F)) > 0.9
+    assert sum(c.payload["weights"]["batch"].get(f"{F}|{z}", 0.0) for z in ("az-a", "az-b")) == 0.0
+    assert set(c.payload["fallback"]) >= {"trading", "voice"}
+    assert _feed(d, 10_000, 2000.0) == []  # same picture: nothing to publish
+    back: list[Command] = []
+    for i in range(2, 8):
+        back += _feed(d, i * 10_000, 100.0)
+    assert back and back[-1].payload["fallback"] == {}
+    assert sum(w for t, w in back[-1].payload["weights"]["trading"].items() if t.startswith(P)) > 0.9
+
+
+def test_a_missing_zone_window_is_judged_when_a_later_window_arrives() -> None:
+    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    assert d.on_window(_w(P, "az-a", 0, 2000.0), 1) == []
+    assert d.on_window(_w(F, "az-a", 0, 100.0), 1) == []
+    cmds = d.on_window(_w(P, "az-a", 10_000, 2000.0), 1)
+    assert cmds and cmds[0].basis_ms == 10_000
+
+
+def test_window_obs_of_an_absent_window_is_empty() -> None:
+    assert window_obs(None).requests == 0
+    o = window_obs({"count": 200, "error_rate": 0.015, "ttft_p99_ms": 900.0})
+    assert (o.requests, o.errors, o.p99_ms) == (200, 3, 900.0)
