@@ -129,6 +129,7 @@ class TelemetryProcessor:
         # The clock closes windows only after this long without any message.
         self.idle_close_ms = int(round(settings.lateness_s * 1000)) + self.size_ms
         self._last_message_ms: int | None = None
+        self._caught_up = True
         self.slos = {m.name: SloSpec(m.ttft_slo_ms, m.itl_slo_ms) for m in settings.models}
         self.records_in = 0
         self.dead_letter_count = 0
@@ -138,7 +139,13 @@ class TelemetryProcessor:
 
     # -- ingest -----------------------------------------------------------
     def process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
+        out = self._process(raw, source, now_ms)
         self._last_message_ms = now_ms
+        wm = self.tracker.watermark_ms
+        self._caught_up = wm is not None and now_ms - wm <= self.idle_close_ms
+        return out
+
+    def _process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
         out = ProcessResult()
         try:
             records = decode_envelope(raw)
@@ -258,14 +265,15 @@ class TelemetryProcessor:
     def close_due(self, now_ms: int | None, emitted_ms: int) -> list[dict[str, Any]]:
         """Close the windows that are due.
 
-        By event time (the watermark) always; by the clock ``now_ms`` only when
-        no message has arrived for ``idle_close_ms`` -- traffic stopped, so the
-        watermark cannot move.  While messages flow, a consumer catching up on
-        a backlog (after a restart, say) sees old event times: closing by the
-        clock then would dead-letter the whole backlog as late.
+        By event time (the watermark) always; by the clock ``now_ms`` when the
+        stream is caught up (the watermark was within window + lateness of
+        the clock when the last message arrived) or when no message has
+        arrived for ``idle_close_ms`` (traffic stopped).  A consumer catching
+        up on a backlog (after a restart, say) sees old event times: closing
+        by the clock then would dead-letter the whole backlog as late.
         """
         if now_ms is not None and self._last_message_ms is not None \
-                and now_ms - self._last_message_ms < self.idle_close_ms:
+                and now_ms - self._last_message_ms < self.idle_close_ms and not self._caught_up:
             now_ms = None
         closed = self.tracker.close_due(now_ms)
         if not closed:
