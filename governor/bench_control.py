@@ -71,6 +71,7 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     trace = load_trace(args.trace)
     slo = TRACE_SLOS.get(Path(str(args.trace)).name, TRACE_SLOS["azure-conv"])
     cfg = LoopConfig(initial_replicas=args.replicas, startup_s=args.startup_s, seed=args.seed,
+                     eps_ref=getattr(args, "eps_ref", 0.02),
                      ttft_slo_ms=args.ttft_slo_ms or slo[0], itl_slo_ms=args.itl_slo_ms or slo[1],
                      window_s=args.window_s)
     scenario = build(args.scenario, trace, args.qps, args.duration_s, cfg.zones)
@@ -94,7 +95,7 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
             "duration_s": args.duration_s, "seed": args.seed, "requests": len(scenario.workload),
             "replica_capacity_rps": round(capacity, 3), "static_replicas_per_zone": static_n,
             "ttft_slo_ms": cfg.ttft_slo_ms, "itl_slo_ms": cfg.itl_slo_ms,
-            "startup_s": cfg.startup_s, "window_s": cfg.window_s}
+            "startup_s": cfg.startup_s, "window_s": cfg.window_s, "eps_ref": cfg.eps_ref}
     return results, meta
 
 
@@ -193,6 +194,8 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--ttft-slo-ms", type=float, default=0.0, help="0 = the trace's default")
     bc.add_argument("--itl-slo-ms", type=float, default=0.0, help="0 = the trace's default")
     bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--eps-ref", type=float, default=0.02,
+                    help="violation-rate reference of governor's PID (seed: 0.02)")
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
@@ -204,7 +207,8 @@ def summary_rows(results: Sequence[RunResult]) -> list[Mapping[str, Any]]:
 
 def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namespace) -> str:
     cmd = (f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
-           f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}")
+           f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}"
+           + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else ""))
     lines = [f"### {meta['trace']} / {meta['scenario']}", "",
              f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
              f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "

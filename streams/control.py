@@ -276,7 +276,9 @@ class Scaler:
         lift = need > level * (1.0 + ffp.tolerance)
         if lift:
             ks.ctrl = replace(ks.ctrl, level=need)  # bumpless: the integrator starts at the demand
-        elif meas.violation_rate <= params.eps_ref:
+        elif meas.violation_rate <= params.eps_ref and ks.forecaster is not None and ks.forecaster.ready:
+            # Reclaim towards the requirement only once the forecast is warm: a cold
+            # model's first windows understate a ramp the trace is about to show.
             ks.ctrl = replace(ks.ctrl, level=level - ffp.decay_per_step * (level - need))
         mode = out.burst or lift
         if mode != ks.ff_mode:
