@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from governor.settings import Secret, Settings
@@ -176,49 +176,45 @@ class EmbeddedServers:
             changes["redis_url"] = Secret(self._start_redis())
         self.settings = self.settings.replace(**changes)
 
-    def _start_kafka(self, attempts: int = 3) -> str:
+    def _start_on_free_port(self, name: str, argv: Callable[[int], list[str]],
+                            ready: Callable[[int], bool], attempts: int = 3) -> int:
+        """Start ``name`` on a free loopback port; retry on another port if it
+        does not come up (the port may be taken between probe and bind)."""
         for attempt in range(attempts):
             port = free_port()
-            url = f"tcp://127.0.0.1:{port}"
-            proc = _Proc("tansu", [str(tansu_binary()), "broker", "--listener-url", url,
-                                   "--advertised-listener-url", url,
-                                   "--storage-engine", "memory://tansu/"],
-                         self.log_dir / "tansu.log")
+            proc = _Proc(name, argv(port), self.log_dir / f"{name}.log")
             self._procs.append(proc)
             try:
-                _wait(proc, lambda p=port: kafka_answers("127.0.0.1", p), self._timeout)
+                _wait(proc, lambda p=port: ready(p), self._timeout)
             except ServerError:
                 proc.stop()
                 self._procs.remove(proc)
                 if attempt == attempts - 1:
                     raise
                 continue
-            log.info("embedded Kafka (Tansu) on 127.0.0.1:%d", port)
-            self.started.append(f"kafka 127.0.0.1:{port}")
-            return f"127.0.0.1:{port}"
+            log.info("embedded %s on 127.0.0.1:%d", name, port)
+            return port
         raise AssertionError("unreachable")
 
-    def _start_redis(self, attempts: int = 3) -> str:
-        for attempt in range(attempts):
-            port = free_port()
-            url = f"redis://127.0.0.1:{port}/0"
-            proc = _Proc("redis-server", [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1",
-                                          "--save", "", "--appendonly", "no",
-                                          "--dir", str(self.log_dir)],
-                         self.log_dir / "redis.log")
-            self._procs.append(proc)
-            try:
-                _wait(proc, lambda u=url: redis_answers(u), self._timeout)
-            except ServerError:
-                proc.stop()
-                self._procs.remove(proc)
-                if attempt == attempts - 1:
-                    raise
-                continue
-            log.info("embedded Redis on 127.0.0.1:%d", port)
-            self.started.append(f"redis 127.0.0.1:{port}")
-            return url
-        raise AssertionError("unreachable")
+    def _start_kafka(self) -> str:
+        def argv(port: int) -> list[str]:
+            url = f"tcp://127.0.0.1:{port}"
+            return [str(tansu_binary()), "broker", "--listener-url", url,
+                    "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+
+        port = self._start_on_free_port("tansu", argv, lambda p: kafka_answers("127.0.0.1", p))
+        self.started.append(f"kafka 127.0.0.1:{port}")
+        return f"127.0.0.1:{port}"
+
+    def _start_redis(self) -> str:
+        def argv(port: int) -> list[str]:
+            return [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", str(self.log_dir)]
+
+        port = self._start_on_free_port("redis", argv,
+                                        lambda p: redis_answers(f"redis://127.0.0.1:{p}/0"))
+        self.started.append(f"redis 127.0.0.1:{port}")
+        return f"redis://127.0.0.1:{port}/0"
 
     def stop(self) -> None:
         for proc in reversed(self._procs):
