@@ -124,22 +124,12 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from governor.report import latency_panel
     from sim.fastloop import EPOCH_MS0
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
-    if result.finished:
-        t = np.array([(r["ts_ms"] - EPOCH_MS0) / 1000 for r in result.finished])
-        ttft = np.array([r["ttft_ms"] for r in result.finished])
-        edges = np.arange(0, t.max() + 10, 10)
-        idx = np.digitize(t, edges)
-        pts = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95)) for i in np.unique(idx) if (idx == i).sum() > 5]
-        if pts:
-            ax1.plot(*zip(*pts, strict=True), color="tab:red", label="TTFT P95 (10 s)")
-    ax1.axhline(ttft_slo_ms, color="k", ls="--", lw=1, label="TTFT SLO")
-    ax1.set_yscale("log")
-    ax1.set_ylabel("ms")
-    ax1.legend(loc="upper left", fontsize=8)
-    ax1.set_title(f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
+    latency_panel(ax1, result.finished, EPOCH_MS0, ttft_slo_ms,
+                  f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
                   f"{result.metrics['gpu_seconds']:,.0f} GPU-s")
     ts = result.timeline["t_s"]
     for zone in zones:

@@ -84,6 +84,25 @@ def render_text(rep: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def latency_panel(ax: Any, finished: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float,
+                  title: str) -> None:
+    """TTFT P95 per 10 s of completion time against the SLO, log scale."""
+    if finished:
+        t = np.array([(r["ts_ms"] - t0_ms) / 1000 for r in finished])
+        ttft = np.array([r["ttft_ms"] for r in finished])
+        edges = np.arange(0, t.max() + 10, 10)
+        idx = np.digitize(t, edges)
+        p95 = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95))
+               for i in np.unique(idx) if (idx == i).sum() > 5]
+        if p95:
+            ax.plot(*zip(*p95, strict=True), color="tab:red", label="TTFT P95 (10 s)")
+    ax.axhline(ttft_slo_ms, color="k", ls="--", lw=1, label="TTFT SLO")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title)
+
+
 def plot(path: Path, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tuple],
          windows: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float) -> Path:
     import matplotlib
@@ -96,16 +115,7 @@ def plot(path: Path, finished: Sequence[Mapping[str, Any]], replicas: Sequence[t
         t = np.array([(r["ts_ms"] - t0_ms) / 1000 for r in finished])
         ttft = np.array([r["ttft_ms"] for r in finished])
         ax1.scatter(t, ttft, s=2, alpha=0.25, color="tab:blue", label="TTFT per request")
-        edges = np.arange(0, t.max() + 10, 10)
-        idx = np.digitize(t, edges)
-        p95 = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95)) for i in np.unique(idx) if (idx == i).sum() > 5]
-        if p95:
-            ax1.plot(*zip(*p95, strict=True), color="tab:red", label="TTFT P95 (10 s)")
-    ax1.axhline(ttft_slo_ms, color="k", ls="--", lw=1, label="TTFT SLO")
-    ax1.set_yscale("log")
-    ax1.set_ylabel("ms")
-    ax1.legend(loc="upper left", fontsize=8)
-    ax1.set_title("latency (ground truth from the fleet)")
+    latency_panel(ax1, finished, t0_ms, ttft_slo_ms, "latency (ground truth from the fleet)")
     zones = sorted({z for _, z, *_ in replicas})
     for zone in zones:
         rows = [(t, ready, starting, desired) for t, z, _m, ready, starting, desired in replicas if z == zone]
