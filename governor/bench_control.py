@@ -124,7 +124,7 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from governor.report import latency_panel
+    from governor.report import latency_panel, replicas_panel, save
     from sim.fastloop import EPOCH_MS0
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
@@ -132,17 +132,9 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
                   f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
                   f"{result.metrics['gpu_seconds']:,.0f} GPU-s")
     ts = result.timeline["t_s"]
-    for zone in zones:
-        ax2.step(ts, result.timeline[f"{zone}.ready"], where="post", label=f"{zone} ready")
-        ax2.step(ts, result.timeline[f"{zone}.desired"], where="post", ls="--", label=f"{zone} desired")
-    ax2.set_ylabel("replicas")
-    ax2.set_xlabel("trace time (s)")
-    ax2.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    replicas_panel(ax2, {z: (ts, result.timeline[f"{z}.ready"], result.timeline[f"{z}.desired"])
+                         for z in zones})
+    return save(fig, path, 100)
 
 
 def run_bench(args: Namespace) -> int:

@@ -221,13 +221,19 @@ def _row(name: str, s: dict[str, Any]) -> str:
 
 
 # -- scenarios ---------------------------------------------------------------------------
-def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
+def _two_variants(args: argparse.Namespace) -> tuple[Any, ...]:
+    """What the routing and breaker scenarios share: primary + fallback in every zone."""
     replicas = {PRIMARY: args.primary_replicas, FALLBACK: args.fallback_replicas}
     cfg = _fleet({PRIMARY: PRIMARY, FALLBACK: FALLBACK}, replicas, args.seed)
     arr = workload(args.rate, args.duration_s, args.seed)
     targets = [rt.Target(m, z) for m in (PRIMARY, FALLBACK) for z in ZONES]
     caps = {tg: capacity_rps(cfg.models[tg.variant], replicas[tg.variant]) for tg in targets}
     base = _setup_replicas(replicas)
+    return replicas, cfg, arr, targets, caps, base
+
+
+def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
+    replicas, cfg, arr, targets, caps, base = _two_variants(args)
 
     def setup(f: Fleet) -> None:
         base(f)
@@ -254,12 +260,7 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scenario_breaker(args: argparse.Namespace) -> dict[str, Any]:
-    replicas = {PRIMARY: args.primary_replicas, FALLBACK: args.fallback_replicas}
-    cfg = _fleet({PRIMARY: PRIMARY, FALLBACK: FALLBACK}, replicas, args.seed)
-    arr = workload(args.rate, args.duration_s, args.seed)
-    targets = [rt.Target(m, z) for m in (PRIMARY, FALLBACK) for z in ZONES]
-    caps = {tg: capacity_rps(cfg.models[tg.variant], replicas[tg.variant]) for tg in targets}
-    base = _setup_replicas(replicas)
+    replicas, cfg, arr, targets, caps, base = _two_variants(args)
 
     def setup(f: Fleet) -> None:
         base(f)

@@ -103,6 +103,26 @@ def latency_panel(ax: Any, finished: Sequence[Mapping[str, Any]], t0_ms: int, tt
     ax.set_title(title)
 
 
+def replicas_panel(ax: Any, series: Mapping[str, tuple[Sequence[float], Sequence[int], Sequence[int]]]) -> None:
+    """Ready (solid) and desired (dashed) replicas per zone: zone -> (t, ready, desired)."""
+    for zone, (ts, ready, desired) in sorted(series.items()):
+        ax.step(ts, ready, where="post", label=f"{zone} ready")
+        ax.step(ts, desired, where="post", ls="--", label=f"{zone} desired")
+    ax.set_ylabel("replicas")
+    ax.set_xlabel("trace time (s)")
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def save(fig: Any, path: Path, dpi: int) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot(path: Path, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tuple],
          windows: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float) -> Path:
     import matplotlib
@@ -116,18 +136,11 @@ def plot(path: Path, finished: Sequence[Mapping[str, Any]], replicas: Sequence[t
         ttft = np.array([r["ttft_ms"] for r in finished])
         ax1.scatter(t, ttft, s=2, alpha=0.25, color="tab:blue", label="TTFT per request")
     latency_panel(ax1, finished, t0_ms, ttft_slo_ms, "latency (ground truth from the fleet)")
-    zones = sorted({z for _, z, *_ in replicas})
-    for zone in zones:
-        rows = [(t, ready, starting, desired) for t, z, _m, ready, starting, desired in replicas if z == zone]
+    series = {}
+    for zone in sorted({z for _, z, *_ in replicas}):
+        rows = [(t, ready, desired) for t, z, _m, ready, _starting, desired in replicas if z == zone]
         if rows:
-            ts, ready, starting, desired = zip(*rows, strict=True)
-            ax2.step(ts, ready, where="post", label=f"{zone} ready")
-            ax2.step(ts, desired, where="post", ls="--", label=f"{zone} desired")
-    ax2.set_ylabel("replicas")
-    ax2.set_xlabel("trace time (s)")
-    ax2.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            ts, ready, desired = zip(*rows, strict=True)
+            series[zone] = (ts, ready, desired)
+    replicas_panel(ax2, series)
+    return save(fig, path, 110)
