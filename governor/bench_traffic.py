@@ -29,195 +29,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from controllers import agent_weights as aw
 from controllers import breaker as brk
-from controllers import canary as can
 from controllers import routing as rt
-from sim.fleet import Fleet, FleetConfig
-from sim.perf_model import PerfModel
+from governor.bench_agents import agent_turn_calls, scenario_agents
+from governor.bench_canary import scenario_canary
+from governor.traffic_sim import (
+    FALLBACK,
+    PRIMARY,
+    ZONES,
+    ControlledRouting,
+    Policy,
+    _fleet,
+    _gpu_seconds,
+    _row,
+    _setup_replicas,
+    capacity_rps,
+    run_arm,
+    static_policy,
+    summarize,
+    workload,
+)
+from sim.fleet import Fleet
 
-PRIMARY, FALLBACK, FAMILY = "bloom-176b", "llama2-70b", "chat"
-CLASSES = {c.name: c for c in rt.DEFAULT_CLASSES}
-CLASS_MIX = {"trading": 0.3, "voice": 0.4, "batch": 0.3}
-# (prompt median, output median) tokens per class; lognormal, sigma 0.5
-CLASS_TOKENS = {"trading": (400, 16), "voice": (600, 48), "batch": (1500, 200)}
-ZONES = ("az-a", "az-b")
-
-Policy = Callable[[Fleet, float, list[dict]], None]
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
-def on_time(rec: dict) -> bool:
-    """The request met its class's SLO and did not fail."""
-    if rec.get("status", "ok") != "ok":
-        return False
-    c = CLASSES.get(rec["request_class"])
-    if c is None:
-        return True
-    return rec["ttft_ms"] <= c.ttft_slo_ms and (c.e2e_slo_ms is None or rec["e2e_ms"] <= c.e2e_slo_ms)
-
-
-def workload(rate_rps: float, duration_s: float, seed: int,
-             mix: dict[str, float] | None = None) -> list[tuple[float, str, int, int]]:
-    """Poisson arrivals ``(t_s, class, prompt, output)``, seeded."""
-    rng = np.random.default_rng([seed, 7])
-    mix = mix or CLASS_MIX
-    n = int(rng.poisson(rate_rps * duration_s))
-    ts = np.sort(rng.uniform(0.0, duration_s, n))
-    names = list(mix)
-    cls = rng.choice(len(names), size=n, p=np.array([mix[k] for k in names]) / sum(mix.values()))
-    out = []
-    for t, c in zip(ts.tolist(), cls.tolist(), strict=True):
-        name = names[c]
-        pm, om = CLASS_TOKENS[name]
-        p = max(16, int(rng.lognormal(math.log(pm), 0.5)))
-        o = max(1, int(rng.lognormal(math.log(om), 0.5)))
-        out.append((t, name, p, o))
-    return out
-
-
-def capacity_rps(perf: PerfModel, replicas: int, prompt: float = 800, output: float = 80,
-                 batch: int = 32) -> float:
-    """Rough sustainable rate of ``replicas``: batched decode tokens/s over the mean output."""
-    per_req_s = (float(perf.prefill_ms(prompt)) + output * perf.decode_step_ms(batch) / batch) / 1000
-    return replicas / per_req_s
-
-
-def run_arm(cfg: FleetConfig, arrivals: list[tuple[float, str, int, int]], duration_s: float,
-            window_s: float, setup: Callable[[Fleet], None], policy: Policy,
-            drain_s: float = 300.0, family: str = FAMILY) -> tuple[list[dict], Fleet]:
-    """Replay ``arrivals`` window by window, calling ``policy`` after each; return all records."""
-    fleet = Fleet(cfg, epoch_ms0=0)
-    setup(fleet)
-    policy(fleet, 0.0, [])
-    recs: list[dict] = []
-    i, t = 0, 0.0
-    while t < duration_s:
-        end = min(t + window_s, duration_s)
-        while i < len(arrivals) and arrivals[i][0] < end:
-            ta, c, p, o = arrivals[i]
-            fleet.submit_routed(ta, family, c, p, o, f"q{i}")
-            i += 1
-        win = fleet.advance_to(end)
-        recs += win
-        policy(fleet, end, win)
-        t = end
-    recs += fleet.advance_to(duration_s + drain_s)
-    return recs, fleet
-
-
-def summarize(recs: list[dict], gpu_seconds: float, submitted: int) -> dict[str, Any]:
-    """Percentiles, on-time delivery overall and per class, errors, GPU-seconds."""
-    ttft = [r["ttft_ms"] for r in recs]
-    e2e = [r["e2e_ms"] for r in recs]
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in recs:
-        by[r["request_class"]].append(r)
-    ok = sum(on_time(r) for r in recs)
-    out = {"requests": submitted, "completed": len(recs),
-           "ttft_p50_ms": _pct(ttft, 50), "ttft_p95_ms": _pct(ttft, 95), "ttft_p99_ms": _pct(ttft, 99),
-           "e2e_p50_ms": _pct(e2e, 50), "e2e_p95_ms": _pct(e2e, 95), "e2e_p99_ms": _pct(e2e, 99),
-           "on_time": ok / submitted if submitted else 0.0,
-           "error_rate": sum(r.get("status") == "error" for r in recs) / max(1, len(recs)),
-           "gpu_seconds": gpu_seconds, "per_class": {}}
-    for c, rs in sorted(by.items()):
-        out["per_class"][c] = {"n": len(rs), "on_time": sum(on_time(r) for r in rs) / len(rs),
-                               "ttft_p95_ms": _pct([r["ttft_ms"] for r in rs], 95)}
-    return out
-
-
-def _gpu_seconds(cfg: FleetConfig, replicas: dict[str, int], horizon_s: float) -> float:
-    return sum(n * cfg.models[m].tensor_parallel * len(cfg.zones) * horizon_s for m, n in replicas.items())
-
-
-def _fleet(models: dict[str, str], replicas: dict[str, int], seed: int) -> FleetConfig:
-    perf = {name: PerfModel.from_splitwise(model=base) for name, base in models.items()}
-    return FleetConfig(models=perf, zones=ZONES, initial_replicas=0, seed=seed, startup_s=0.0)
-
-
-def _setup_replicas(replicas: dict[str, int]) -> Callable[[Fleet], None]:
-    def setup(f: Fleet) -> None:
-        for z in f.config.zones:
-            for m, n in replicas.items():
-                f.set_desired(z, m, n, 0.0)
-    return setup
-
-
-def static_policy(weights: dict[str, float]) -> Policy:
-    """Fixed weights for every class."""
-    def pol(f: Fleet, t: float, win: list[dict]) -> None:
-        if t == 0.0:
-            f.set_routing(FAMILY, weights, t)
-    return pol
-
-
-def _target_windows(win: list[dict]) -> dict[str, list[dict]]:
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in win:
-        by[f"{r['model']}|{r['zone']}"].append(r)
-    return by
-
-
-class ControlledRouting:
-    """controllers.routing every window, optionally with a breaker per target."""
-
-    def __init__(self, targets: list[rt.Target], caps: dict[rt.Target, float], window_s: float,
-                 params: rt.RoutingParams, breaker: brk.BreakerParams | None = None) -> None:
-        self.targets, self.caps, self.window_s, self.params = targets, caps, window_s, params
-        self.state = rt.RoutingState()
-        self.breaker = breaker
-        self.bstate = {t: brk.BreakerState() for t in targets}
-        self.attain = brk.AttainmentHistory(window_s=window_s, horizon_s=300.0)
-        self.timeline: list[dict] = []
-        self.fallback_windows: dict[str, int] = defaultdict(int)
-
-    def __call__(self, f: Fleet, t: float, win: list[dict]) -> None:
-        if t == 0.0:
-            prim = {tg.key: self.caps[tg] for tg in self.targets if tg.variant == self.params.primary}
-            f.set_routing(FAMILY, prim, t)
-            return
-        by = _target_windows(win)
-        self.attain = self.attain.add(len(win), sum(on_time(r) for r in win))
-        obs = {}
-        for tg in self.targets:
-            rs = by.get(tg.key, [])
-            state = "closed"
-            if self.breaker is not None:
-                errs = sum(r.get("status") == "error" for r in rs)
-                self.bstate[tg], out = brk.step(self.breaker, self.bstate[tg],
-                                                brk.BreakerObs(len(rs), errs, self.attain.attainment()), t)
-                state = out.state_name
-                if out.changed:
-                    self.timeline.append({"t_s": t, "target": tg.key, "state": state, "reason": out.reason})
-            obs[tg] = rt.TargetObs(
-                ttft_p95_ms=_pct([r["ttft_ms"] for r in rs], 95), e2e_p95_ms=_pct([r["e2e_ms"] for r in rs], 95),
-                queue_len=float(f.queued(tg.zone, tg.variant)), rate_rps=len(rs) / self.window_s,
-                capacity_rps=self.caps[tg], breaker=state)  # type: ignore[arg-type]
-        self.state, d = rt.step(self.params, self.state, obs, rt.DEFAULT_CLASSES, self.window_s)
-        for c in d.fallback:
-            self.fallback_windows[c] += 1
-        for c, ws in d.weights.items():
-            if ws:
-                f.set_routing(FAMILY, {tg.key: w for tg, w in ws.items()}, t, c)
-
-
-def _row(name: str, s: dict[str, Any]) -> str:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:8.0f}"
-    pc = " ".join(f"{c}={v['on_time'] * 100:5.1f}%" for c, v in s["per_class"].items())
-    return (f"  {name:15s} ttft p50/p95/p99 {ms(s['ttft_p50_ms'])}{ms(s['ttft_p95_ms'])}{ms(s['ttft_p99_ms'])}"
-            f"  e2e p95/p99 {ms(s['e2e_p95_ms'])}{ms(s['e2e_p99_ms'])}  on-time {s['on_time'] * 100:5.1f}%"
-            f"  err {s['error_rate'] * 100:5.2f}%  gpu-s {s['gpu_seconds']:.0f}  [{pc}]")
+__all__ = ["SCENARIOS", "add_parser", "agent_turn_calls", "run_traffic_bench", "scenario_agents",
+           "scenario_breaker", "scenario_canary", "scenario_routing"]
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -279,161 +116,6 @@ def scenario_breaker(args: argparse.Namespace) -> dict[str, Any]:
         res[name] = summarize(recs, _gpu_seconds(cfg, replicas, args.duration_s + 300), len(arr))
         res[name]["errors"] = sum(r.get("status") == "error" for r in recs)
     res["breaker"]["timeline"] = ctl.timeline
-    return res
-
-
-def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
-    stable, v2 = FALLBACK, f"{FALLBACK}@v2"
-    replicas = {stable: args.canary_replicas, v2: args.canary_replicas}
-    cfg = _fleet({stable: FALLBACK, v2: FALLBACK}, replicas, args.seed)
-    dur = args.canary_duration_s
-    arr = workload(args.canary_rate, dur, args.seed, {"voice": 0.7, "trading": 0.3})
-    cp = can.CanaryParams(hold_s=args.hold_s, min_requests_per_stage=args.min_stage_requests)
-    start_s = args.canary_start_s
-
-    def mk_setup(bad: str) -> Callable[[Fleet], None]:
-        def setup(f: Fleet) -> None:
-            _setup_replicas(replicas)(f)
-            for z in ZONES:
-                if bad == "errors":
-                    f.inject_errors(z, v2, args.canary_error_rate, 0.0, 1e9)
-                elif bad == "latency":
-                    f.inject_latency_spike(z, v2, 1.0, args.canary_latency_factor, 0.0, 1e9)
-        return setup
-
-    def weights(share: float) -> dict[str, float]:
-        w = {f"{stable}|{z}": (1 - share) / len(ZONES) for z in ZONES}
-        w.update({f"{v2}|{z}": share / len(ZONES) for z in ZONES})
-        return w
-
-    class CanaryPolicy:
-        def __init__(self) -> None:
-            self.state = can.CanaryState()
-            self.events: list[dict] = []
-            self.stage_ttft: list[float] = []
-            self.share = 0.0
-
-        def __call__(self, f: Fleet, t: float, win: list[dict]) -> None:
-            if self.state.name == "pending" and t >= start_s:
-                self.state = can.start(cp, t)
-                self.events.append({"t_s": t, "event": "start", "share": can.traffic_share(cp, self.state)})
-            elif self.state.name == "running":
-                cr = [r for r in win if r["model"] == v2]
-                sr = [r for r in win if r["model"] == stable]
-                self.stage_ttft += [r["ttft_ms"] for r in cr]
-                p99 = _pct(self.stage_ttft, 99) if len(self.stage_ttft) >= cp.min_p99_requests else None
-                stage = self.state.stage
-                self.state, out = can.step(
-                    cp, self.state, can.VersionObs(len(cr), sum(r["status"] == "error" for r in cr), p99),
-                    can.VersionObs(len(sr), sum(r["status"] == "error" for r in sr), _pct([r["ttft_ms"] for r in sr], 99)), t)
-                if out.changed:
-                    self.events.append({"t_s": t, "event": out.state_name, "share": out.traffic_share,
-                                        "reason": out.reason})
-                if self.state.stage != stage:
-                    self.stage_ttft = []
-            share = can.traffic_share(cp, self.state)
-            if t == 0.0 or share != self.share:
-                self.share = share
-                f.set_routing(FAMILY, weights(share), t)
-
-    def bigbang(f: Fleet, t: float, win: list[dict]) -> None:
-        if t == 0.0:
-            f.set_routing(FAMILY, weights(0.0), t)
-        elif start_s <= t < start_s + args.window_s:
-            f.set_routing(FAMILY, weights(1.0), t)
-
-    res: dict[str, Any] = {}
-    for bad in ("errors", "latency", "good"):
-        arms: dict[str, Any] = {"canary": CanaryPolicy()}
-        if bad != "good":
-            arms["big-bang"] = bigbang
-        for name, pol in arms.items():
-            recs, _ = run_arm(cfg, arr, dur, args.window_s, mk_setup(bad), pol)
-            s = summarize(recs, _gpu_seconds(cfg, replicas, dur + 300), len(arr))
-            on_v2 = [r for r in recs if r["model"] == v2]
-            s["v2_requests"] = len(on_v2)
-            s["v2_share_of_all"] = len(on_v2) / len(arr)
-            s["v2_ttft_p99_ms"] = _pct([r["ttft_ms"] for r in on_v2], 99)
-            s["v2_errors"] = sum(r["status"] == "error" for r in on_v2)
-            if isinstance(pol, CanaryPolicy):
-                s["events"] = pol.events
-                s["final"] = pol.state.name
-                end = next((e["t_s"] for e in pol.events if e["event"] in can.TERMINAL), dur)
-                during = [r for r in recs if start_s * 1000 <= r["arrival_ms"] < end * 1000]
-                s["rollout_s"] = [start_s, end]
-                s["v2_share_during_rollout"] = (sum(r["model"] == v2 for r in during) / len(during)
-                                                if during else 0.0)
-            res[f"{bad}/{name}"] = s
-    return res
-
-
-def agent_turn_calls(path: str, sig: aw.AgentSignals, rng: np.random.Generator
-                     ) -> tuple[list[tuple[int, int]], float]:
-    """LLM calls ``(prompt, output)`` and fixed extra delay (ms) of one agent turn on ``path``.
-
-    Model (stated, not measured): ``llm``: one call (prompt 800, output 120);
-    with probability ``(1 - stability)`` the topic jumped and the answer needs
-    a second, clarifying call.  ``rag``: retrieval (60 ms) then one call with
-    1,500 retrieved tokens more; with probability ``1 - rag_score`` the
-    context was irrelevant and a second plain call follows.  ``tool``: a
-    planner call (output 24), the tool (lognormal, median 250 ms), the final
-    call (prompt 1,000); with probability ``1 - tool_conf`` the tool call was
-    wrong and planner + tool repeat once.
-    """
-    if path == "rag":
-        calls, extra = [(2300, 120)], 60.0
-        if rng.random() > sig.rag_score:
-            calls.append((900, 120))
-        return calls, extra
-    if path == "tool":
-        calls = [(800, 24)]
-        extra = float(rng.lognormal(math.log(250), 0.5))
-        if rng.random() > sig.tool_conf:
-            calls.append((900, 24))
-            extra += float(rng.lognormal(math.log(250), 0.5))
-        calls.append((1000, 120))
-        return calls, extra
-    calls = [(800, 120)]
-    if rng.random() > sig.stability:
-        calls.append((1000, 120))
-    return calls, 0.0
-
-
-def scenario_agents(args: argparse.Namespace) -> dict[str, Any]:
-    replicas = {FALLBACK: args.agent_replicas}
-    cfg = FleetConfig(models={FALLBACK: PerfModel.from_splitwise(model=FALLBACK)}, zones=("az-a",),
-                      initial_replicas=args.agent_replicas, seed=args.seed)
-    rng = np.random.default_rng([args.seed, 11])
-    n_conv = args.agent_conversations
-    sigs = [aw.AgentSignals(*rng.beta(2.0, 2.0, 3).tolist()) for _ in range(n_conv)]
-    n_turns = int(rng.poisson(args.agent_rate * args.duration_s))
-    turn_t = np.sort(rng.uniform(0, args.duration_s, n_turns)).tolist()
-    turn_conv = rng.integers(n_conv, size=n_turns).tolist()
-    res: dict[str, Any] = {}
-    for arm in ("static-1:1:1", "dynamic"):
-        r2 = np.random.default_rng([args.seed, 12])  # same draws in both arms
-        f = Fleet(cfg, epoch_ms0=0)
-        turns: list[tuple[list[str], float]] = []
-        paths: dict[str, int] = defaultdict(int)
-        for k, (t, c) in enumerate(zip(turn_t, turn_conv, strict=True)):
-            w = aw.weights(sigs[c]) if arm == "dynamic" else aw.STATIC_WEIGHTS
-            u = r2.random()
-            path = "rag" if u < w.rag else ("tool" if u < w.rag + w.tool else "llm")
-            paths[path] += 1
-            calls, extra = agent_turn_calls(path, sigs[c], r2)
-            ids = []
-            for j, (p, o) in enumerate(calls):
-                rid = f"t{k}c{j}"
-                f.submit(t, "az-a", FALLBACK, p, o, rid, request_class="agent")
-                ids.append(rid)
-            turns.append((ids, extra))
-        lat = {r["request_id"]: r["e2e_ms"] for r in f.advance_to(args.duration_s + 600)}
-        resp = [sum(lat[i] for i in ids) + extra for ids, extra in turns if all(i in lat for i in ids)]
-        res[arm] = {"turns": n_turns, "mean_response_ms": float(np.mean(resp)),
-                    "p95_response_ms": _pct(resp, 95),
-                    "completion": sum(x <= args.agent_deadline_ms for x in resp) / n_turns,
-                    "llm_calls": len(lat), "paths": dict(paths),
-                    "gpu_seconds": _gpu_seconds(cfg, replicas, args.duration_s + 600) / 1}
     return res
 
 

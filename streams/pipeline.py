@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from controllers.window_tracker import WindowTracker
 from controllers.windows import (
     SloSpec,
     WindowAggregate,
-    WindowTracker,
     add_gpu,
     add_requests,
     merge,

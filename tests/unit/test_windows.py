@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controllers.errors import LateWindowError, ParameterError
+from controllers.window_tracker import WindowTracker
 from controllers.windows import (
     GPU_COLUMNS,
     SloSpec,
     WindowAggregate,
-    WindowTracker,
     add_gpu,
     add_requests,
     initialize,
