@@ -84,6 +84,8 @@ ENV_VARS: dict[str, str] = {
     "GOVERNOR_GAINS_FILE": "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
     "GOVERNOR_LOG_LEVEL": "log level of every governor process (default INFO; read by the CLI)",
     "GOVERNOR_FALLBACKS": "comma-separated primary=fallback model pairs the worker routes (latency-aware, with fallback)",
+    "GOVERNOR_BREAKER_MIN_REQUESTS": "requests a circuit breaker's window must exceed before it may open (seed: 1000)",
+    "GOVERNOR_ZONE_REDUNDANCY": "zone losses the fleet is sized to survive without a scale-up (0 = none, 1 = N+1 zones)",
 }
 
 
@@ -137,6 +139,8 @@ class Settings:
     observer: bool = False  # Kalman observer + prediction over the measured loop delay
     gains_file: str = ""  # JSON written by `governor tune`; overrides pid_gains when set
     fallbacks: tuple[tuple[str, str], ...] = ()  # (primary, fallback) families the worker routes
+    breaker_min_requests: int = 1000  # seed 4.4: a breaker judges windows of more than this many requests
+    zone_redundancy: int = 0  # zone losses absorbed by standing capacity (1 = N+1 zones)
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -154,6 +158,11 @@ class Settings:
             raise SettingsError("GOVERNOR_ZONES must name at least one zone")
         if self.partitions < 1:
             raise SettingsError("GOVERNOR_PARTITIONS must be >= 1")
+        if self.breaker_min_requests < 1:
+            raise SettingsError("GOVERNOR_BREAKER_MIN_REQUESTS must be >= 1")
+        if not 0 <= self.zone_redundancy < len(self.zones):
+            raise SettingsError(f"GOVERNOR_ZONE_REDUNDANCY={self.zone_redundancy}: must be >= 0 and below "
+                                f"the number of zones ({len(self.zones)})")
         if self.controller not in ("pid", "fpid"):
             raise SettingsError(f"GOVERNOR_CONTROLLER={self.controller!r}: choose pid or fpid")
 
@@ -230,6 +239,8 @@ class Settings:
             gains_file=gains_file,
             observer=(g("GOVERNOR_OBSERVER") or "0").strip().lower() in ("1", "true", "yes", "on"),
             fallbacks=_parse_fallbacks(g("GOVERNOR_FALLBACKS", "")),
+            breaker_min_requests=int(num("GOVERNOR_BREAKER_MIN_REQUESTS", d.breaker_min_requests, int)),
+            zone_redundancy=int(num("GOVERNOR_ZONE_REDUNDANCY", d.zone_redundancy, int)),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -259,4 +270,6 @@ class Settings:
             "GOVERNOR_GAINS_FILE": self.gains_file,
             "GOVERNOR_OBSERVER": "1" if self.observer else "0",
             "GOVERNOR_FALLBACKS": ",".join(f"{p}={f}" for p, f in self.fallbacks),
+            "GOVERNOR_BREAKER_MIN_REQUESTS": str(self.breaker_min_requests),
+            "GOVERNOR_ZONE_REDUNDANCY": str(self.zone_redundancy),
         }
