@@ -10,14 +10,19 @@ before it takes the next event, so Faust commits the command's offset only
 after Redis has it; while Redis is down it retries with capped exponential
 backoff and the offset stays uncommitted.  Duplicates are dropped by the
 executors (deterministic ``command_id``).
+
+The control agent's learned state -- the scaler, the routing driver, the
+circuit breakers and the KV relocator -- is saved to Redis
+(``<prefix>:snapshot:<name>``, :class:`SnapshotStore`) at most every 2 s and
+restored when the agent starts.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
@@ -27,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from governor.clock import ScaledClock
 from governor.settings import Settings
 from streams.app import GovernorApp
+from streams.breaker_driver import BreakerDriver
 from streams.commands import Command, CommandError, stream_key
 from streams.control import Scaler
 from streams.memory import KvRelocator
@@ -38,6 +44,66 @@ from streams.traffic import CanaryDriver, RoutingDriver
 log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 100_000
+_REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class Snapshotting(Protocol):
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, blob: bytes) -> int: ...
+
+
+@dataclass
+class SnapshotStore:
+    """Saves and restores the control agent's state objects in Redis, one key each.
+
+    ``parts`` maps a name to an object with ``snapshot() -> bytes`` and
+    ``restore(blob) -> int``; its key is ``<prefix>:snapshot:<name>``.  All
+    parts are written in one ``MSET`` at most every ``every_s`` (loop time);
+    Redis trouble is logged and the next window retries.  A part whose
+    snapshot is missing or unreadable starts fresh (logged), the others are
+    still restored.
+    """
+
+    redis: aioredis.Redis
+    prefix: str
+    parts: Mapping[str, Snapshotting]
+    every_s: float = 2.0
+    _last_s: float = field(default=-float("inf"), init=False)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}:snapshot:{name}"
+
+    async def restore(self) -> dict[str, int]:
+        """Restore every part that has a snapshot; returns what each restored."""
+        done: dict[str, int] = {}
+        for name, part in self.parts.items():
+            try:
+                blob = await self.redis.get(self.key(name))
+            except _REDIS_ERRORS as exc:
+                log.warning("no %s snapshot restored (redis: %s)", name, exc)
+                continue
+            if not blob:
+                continue
+            try:
+                done[name] = part.restore(blob.encode() if isinstance(blob, str) else blob)
+            except Exception as exc:  # a corrupt snapshot must not stop the agent
+                log.error("%s snapshot %s unreadable, starting fresh: %r", name, self.key(name), exc)
+                continue
+            log.info("%s state restored from %s: %d keys", name, self.key(name), done[name])
+        return done
+
+    async def save(self, now_s: float) -> bool:
+        """Write every part's snapshot unless the last write is under ``every_s`` old."""
+        if now_s - self._last_s < self.every_s:
+            return False
+        self._last_s = now_s
+        try:
+            await self.redis.mset({self.key(n): p.snapshot() for n, p in self.parts.items()})
+        except _REDIS_ERRORS as exc:
+            log.warning("snapshots not saved (redis: %s); next window retries", exc)
+            return False
+        return True
 
 
 @dataclass
@@ -46,6 +112,8 @@ class Pipeline:
     processor: TelemetryProcessor
     scaler: Scaler
     metrics: WorkerMetrics
+    breaker: BreakerDriver
+    snapshots: SnapshotStore
 
 
 async def xadd_with_retry(redis: aioredis.Redis, key: str, fields: dict[str, bytes],
@@ -56,7 +124,7 @@ async def xadd_with_retry(redis: aioredis.Redis, key: str, fields: dict[str, byt
     while True:
         try:
             return await redis.xadd(key, fields, maxlen=STREAM_MAXLEN, approximate=True)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except _REDIS_ERRORS as exc:
             log.warning("redis unavailable writing %s (%s); retry in %.1f s", key, exc, delay)
             if metrics is not None:
                 metrics.redis_retries.inc()
@@ -70,19 +138,20 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     processor = TelemetryProcessor(settings)
     scaler = Scaler(settings)
     relocator = KvRelocator(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
+    breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
     commands = app.topic(settings.topic("commands"), partitions=parts)
     deadletter = app.topic(settings.topic("deadletter"), partitions=1)
     events = app.topic(settings.topic("events"), partitions=parts)
-    snapshot_key = f"{settings.topic_prefix}:snapshot:scaler"
-    last_snapshot = [0.0]
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
-    routing = RoutingDriver(settings)  # GOVERNOR_FALLBACKS families (streams.traffic)
+    routing = RoutingDriver(settings, breaker_of=breaker.state_of)  # GOVERNOR_FALLBACKS families (streams.traffic)
+    snapshots = SnapshotStore(redis, settings.topic_prefix,
+                              {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator})
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         metrics.observe_dead_letter(dl["reason"])
@@ -118,39 +187,22 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         now = clock.now_ms()
         await publish_windows(processor.close_due(now, now))
 
-    async def restore_scaler() -> None:
-        try:
-            blob = await redis.get(snapshot_key)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            log.warning("no scaler snapshot restored (redis: %s)", exc)
-            return
-        if blob:
-            log.info("scaler state restored from %s: %d keys", snapshot_key, scaler.restore(blob))
-
-    async def save_scaler() -> None:
-        now = asyncio.get_running_loop().time()
-        if now - last_snapshot[0] < 2.0:
-            return
-        last_snapshot[0] = now
-        try:
-            await redis.set(snapshot_key, scaler.snapshot())
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            log.warning("scaler snapshot not saved (redis: %s); next window retries", exc)
+    async def publish(cmd: Command, what: str) -> None:
+        metrics.commands.labels(cmd.kind, cmd.zone).inc()
+        log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason)
+        await commands.send(key=cmd.zone.encode(), value=cmd.encode())
 
     async def drive_canary(m: dict[str, Any]) -> None:
         try:
             cmds = await canary.on_window(m, clock.now_ms())
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except _REDIS_ERRORS as exc:
             log.warning("canary step skipped (redis: %s)", exc)
             return
         except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: operator's to fix
             log.error("canary step failed for %s: %s", m.get("model"), exc)
             return
         for cc in cmds:
-            metrics.commands.labels(cc.kind, cc.zone).inc()
-            log.info("command %s %s canary %s -> %.2f (%s)", cc.command_id, cc.zone,
-                     cc.model, cc.payload["share"], cc.reason)
-            await commands.send(key=cc.zone.encode(), value=cc.encode())
+            await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
 
     async def drive_routing(m: dict[str, Any]) -> None:
         try:
@@ -159,13 +211,21 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
             log.error("routing step failed for %s/%s: %s", m.get("model"), m.get("zone"), exc)
             return
         for rc in cmds:
-            metrics.commands.labels(rc.kind, rc.zone).inc()
-            log.info("command %s %s route %s (%s)", rc.command_id, rc.zone, rc.model, rc.reason)
-            await commands.send(key=rc.zone.encode(), value=rc.encode())
+            await publish(rc, f"route {rc.model}")
+
+    async def drive_breaker(m: dict[str, Any]) -> None:
+        cmds = breaker.on_window(m, clock.now_ms())  # malformed windows are skipped (logged) inside
+        for t in breaker.drain_transitions():
+            metrics.observe_breaker(t.model, t.zone, t.state, changed=True)
+        model, zone = m.get("model"), m.get("zone")
+        if isinstance(model, str) and isinstance(zone, str):
+            metrics.observe_breaker(model, zone, breaker.state_of(f"{model}|{zone}"), changed=False)
+        for bc in cmds:
+            await publish(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
 
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
-        await restore_scaler()
+        await snapshots.restore()
         async for event in stream.events():
             try:
                 m = orjson.loads(event.value)
@@ -175,11 +235,10 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                     event.value.decode("utf-8", "replace"), clock.now_ms()))
                 continue
             if m.get("scope") == "node" and (rc := relocator.on_node_window(m, clock.now_ms())) is not None:
-                metrics.commands.labels(rc.kind, rc.zone).inc()
-                log.info("command %s %s relocate %s (%s)", rc.command_id, rc.zone, rc.payload["node"], rc.reason)
-                await commands.send(key=rc.zone.encode(), value=rc.encode())
+                await publish(rc, f"relocate {rc.payload['node']}")
             if m.get("scope") == "zone":
                 await drive_canary(m)
+                await drive_breaker(m)  # before routing: the route sees this window's breaker state
                 await drive_routing(m)
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
@@ -187,17 +246,14 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 if ev["kind"] == "feedforward_mode":
                     metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
-            await save_scaler()
+            await snapshots.save(asyncio.get_running_loop().time())
             for (model, zone), est in scaler.sde_estimates().items():
                 for name in ("theta", "mu", "sigma"):
                     metrics.sde.labels(model, zone, name).set(getattr(est, name))
             if cmd is None:
                 continue
             metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas)
-            metrics.commands.labels(cmd.kind, cmd.zone).inc()
-            log.info("command %s %s/%s -> %d (%s)", cmd.command_id, cmd.zone, cmd.model,
-                     cmd.target_replicas, cmd.reason)
-            await commands.send(key=cmd.zone.encode(), value=cmd.encode())
+            await publish(cmd, f"{cmd.model} -> {cmd.target_replicas}")
 
     @app.agent(commands, name="bridge")
     async def bridge(stream: Any) -> None:
@@ -224,4 +280,5 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                                   metrics)
             metrics.bridged.labels(cmd.zone).inc()
 
-    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics)
+    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics, breaker=breaker,
+                    snapshots=snapshots)

@@ -21,16 +21,27 @@ applied it has almost always changed: the executor side (sim/live.py) does
 *lower* than the expected one -- the allocator was reset, i.e. the node was
 replaced or restarted and the decision describes a layout that is gone.
 Compaction itself is safe on any current layout (bounded by ``max_bytes``).
+
+:meth:`KvRelocator.snapshot` / :meth:`KvRelocator.restore` carry the
+per-node policy states, the peers' largest free blocks and the decision count
+as JSON, so a restarted worker continues an episode where it stopped.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import orjson
 
 from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
 from streams.commands import Command
 
 __all__ = ["KvRelocator"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
 
 _NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fragmentation_ratio",
            "kv_generation")
@@ -77,3 +88,21 @@ class KvRelocator:
                        payload={"node": node, "max_bytes": decision.bytes_budget,
                                 "expected_generation": decision.expected_generation,
                                 "action": decision.action})
+
+    def snapshot(self) -> bytes:
+        """Per-node policy states, peers' largest free blocks and the decision count, as JSON."""
+        return orjson.dumps({
+            "version": SNAPSHOT_VERSION, "decisions": self.decisions,
+            "states": [[*key, st.to_dict()] for key, st in self.states.items()],
+            "largest": [[model, zone, peers] for (model, zone), peers in self._largest.items()]})
+
+    def restore(self, blob: bytes) -> int:
+        """Load a :meth:`snapshot` (replacing the memory); returns the number of nodes."""
+        data = orjson.loads(blob)
+        if data.get("version") != SNAPSHOT_VERSION:
+            log.warning("ignoring KV relocator snapshot (version %s)", data.get("version"))
+            return 0
+        self.states = {(m, z, n): KvPolicyState.from_dict(st) for m, z, n, st in data["states"]}
+        self._largest = {(m, z): {str(n): int(v) for n, v in peers.items()} for m, z, peers in data["largest"]}
+        self.decisions = int(data.get("decisions", 0))
+        return len(self.states)

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 _LABELS = ("model", "zone")
+_BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_breaker_state
 
 
 class WorkerMetrics:
@@ -41,6 +42,12 @@ class WorkerMetrics:
         self.sde = Gauge("governor_latency_sde", "online OU fit of TTFT P50 (theta 1/s, mu ms, sigma)",
                          ("model", "zone", "param"), registry=r)
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
+        self.breaker_state = Gauge("governor_breaker_state",
+                                   "circuit breaker of a model|zone target: 0 closed, 1 half_open, 2 open",
+                                   _LABELS, registry=r)
+        self.breaker_transitions = Counter("governor_breaker_transitions_total",
+                                           "circuit breaker state changes, by the state entered",
+                                           ("model", "zone", "state"), registry=r)
 
     def observe_window(self, m: Mapping[str, Any]) -> None:
         self.windows.labels(m["scope"]).inc()
@@ -55,6 +62,12 @@ class WorkerMetrics:
             value = m.get(key)
             if value is not None:
                 gauge.labels(*lab).set(float(value))
+
+    def observe_breaker(self, model: str, zone: str, state: str, *, changed: bool) -> None:
+        """A target's breaker state after a window; ``changed`` counts a transition."""
+        self.breaker_state.labels(model, zone).set(_BREAKER_VALUES[state])
+        if changed:
+            self.breaker_transitions.labels(model, zone, state).inc()
 
     def observe_dead_letter(self, reason: str) -> None:
         # Label by the reason's kind (text before ':'), not the full text: bounded cardinality.

@@ -30,8 +30,9 @@ first window after ``abort``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -43,6 +44,8 @@ from governor.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
+
+ROUTING_SNAPSHOT_VERSION = 1
 
 __all__ = ["CanaryDriver", "RoutingDriver", "canary_key", "new_rollout", "params_from_dict", "params_to_dict",
            "window_obs"]
@@ -199,14 +202,22 @@ class RoutingDriver:
     weights per request class over the ``"variant|zone"`` targets, and one
     ``route`` command per zone is emitted when a class entered or left
     fallback, or any weight moved by more than ``min_change`` since the last
-    published weights.  The router's memory is this worker's (a fresh
-    worker starts from :class:`RoutingState`); with several workers, route on
-    one (the windows of a family must reach the same worker).
+    published weights.  The router's memory is this worker's; with several
+    workers, route on one (the windows of a family must reach the same
+    worker).  :meth:`snapshot` / :meth:`restore` carry it (router state, the
+    last published weights and the windows still being gathered) as JSON,
+    so a restarted worker routes as the stopped one.
+
+    ``breaker_of`` maps a target ``"variant|zone"`` to its circuit breaker's
+    state (the worker passes :meth:`streams.breaker_driver.BreakerDriver.state_of`);
+    :func:`controllers.routing.step` gives an ``open`` target no traffic and a
+    ``half_open`` one its floor share (the probes).
     """
 
     settings: Settings
     min_change: float = 0.05
     classes: tuple[rt.RequestClass, ...] = rt.DEFAULT_CLASSES
+    breaker_of: Callable[[str], str] | None = None
     _family: dict[str, str] = field(default_factory=dict)  # variant -> primary
     _params: dict[str, rt.RoutingParams] = field(default_factory=dict)
     _state: dict[str, rt.RoutingState] = field(default_factory=dict)
@@ -224,10 +235,12 @@ class RoutingDriver:
         spec = self.settings.model(str(m["model"]))
         cap = spec.replica_capacity_rps * ready if spec is not None and spec.replica_capacity_rps else None
         p95, e2e = m.get("ttft_p95_ms"), m.get("e2e_p95_ms")
+        breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{m['model']}|{m['zone']}")
         return rt.TargetObs(ttft_p95_ms=None if p95 is None else float(p95),
                             e2e_p95_ms=None if e2e is None else float(e2e),
                             queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
-                            rate_rps=float(m.get("rate_rps") or 0.0), capacity_rps=cap)
+                            rate_rps=float(m.get("rate_rps") or 0.0), capacity_rps=cap,
+                            breaker=cast(rt.BreakerName, breaker))
 
     def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
         """Feed one metrics record; returns the ``route`` commands to publish."""
@@ -269,3 +282,24 @@ class RoutingDriver:
                         controller="routing",
                         payload={"weights": weights, "fallback": dict(d.fallback)})
                 for z in self.settings.zones]
+
+    def snapshot(self) -> bytes:
+        """Router state, last published weights and the gathering windows per family, as JSON."""
+        pending = [[family, start, [[t.variant, t.zone, w] for t, w in ws.items()]]
+                   for (family, start), ws in self._pending.items()]
+        return orjson.dumps({"version": ROUTING_SNAPSHOT_VERSION,
+                             "state": {f: s.to_dict() for f, s in self._state.items()},
+                             "published": self._published, "pending": pending})
+
+    def restore(self, blob: bytes) -> int:
+        """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families."""
+        data = orjson.loads(blob)
+        if data.get("version") != ROUTING_SNAPSHOT_VERSION:
+            log.warning("ignoring routing snapshot (version %s)", data.get("version"))
+            return 0
+        known = set(self._params)
+        self._state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
+        self._published = {f: w for f, w in data["published"].items() if f in known}
+        self._pending = {(f, int(start)): {rt.Target(v, z): w for v, z, w in ws}
+                         for f, start, ws in data["pending"] if f in known}
+        return len(self._state)

@@ -140,3 +140,27 @@ def test_live_fleet_applies_a_move_decision_with_move_sessions() -> None:
     out = apply_relocation(fleet, "az-a", req, 3.5)
     assert out["moved"] == {} and out["kept"] == 1  # no peer: the waiting request stays, none lost
     assert out["command_id"] == "relocate-x" and fleet.gpu_snapshot(3.5)[0]["queue_len"] == 1
+
+
+@pytest.mark.parametrize("cut", [1, 3, 5])
+def test_a_restored_relocator_decides_like_the_original(cut: int) -> None:
+    from tests.unit.test_breaker_driver import assert_restores_alike
+
+    # r0 fragments for several windows (an episode over rounds); r2 moves to r1, a peer with room.
+    recs = []
+    for i in range(1, 8):
+        recs += [_window(largest=3 * GIB, end_ms=i * 1000, gen=i),
+                 _window("az-a/m/r1", largest=9 * GIB, waiting=0, end_ms=i * 1000),
+                 _window("az-a/m/r2", largest=GIB, free=2 * GIB, waiting=2 * GIB, end_ms=i * 1000)]
+
+    def feed(rel: KvRelocator, w: dict[str, Any]) -> list[Command]:
+        cmd = rel.on_node_window(w, w["window_end_ms"])
+        return [] if cmd is None else [cmd]
+
+    rest = assert_restores_alike(lambda: KvRelocator(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=4)),
+                                 feed, recs, cut)
+    assert rest
+    rel = KvRelocator()
+    feed(rel, recs[0])
+    assert KvRelocator().restore(rel.snapshot()) == 1
+    assert rel.restore(b'{"version": 2}') == 0 and len(rel.states) == 1

@@ -65,3 +65,54 @@ def test_window_obs_of_an_absent_window_is_empty() -> None:
     assert window_obs(None).requests == 0
     o = window_obs({"count": 200, "error_rate": 0.015, "ttft_p99_ms": 900.0})
     assert (o.requests, o.errors, o.p99_ms) == (200, 3, 900.0)
+
+
+def test_an_open_breaker_takes_its_target_out_of_the_routing() -> None:
+    states = {f"{P}|az-a": "open", f"{P}|az-b": "half_open"}
+    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)),
+                      breaker_of=lambda t: states.get(t, "closed"))
+    assert d.obs(_w(P, "az-a", 0, 100.0)).breaker == "open"
+    cmds = _feed(d, 0, 100.0)
+    batch = cmds[0].payload["weights"]["batch"]  # not degradable: stays on the primary
+    assert batch.get(f"{P}|az-a", 0.0) == 0.0
+    assert batch[f"{P}|az-b"] == pytest.approx(1.0)  # the half-open target alone is left
+
+
+def test_the_breaker_drivers_state_feeds_the_router() -> None:
+    from streams.breaker_driver import BreakerDriver
+
+    s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),), breaker_min_requests=200)
+    brk = BreakerDriver(s)
+    d = RoutingDriver(s, breaker_of=brk.state_of)
+    trip = {**_w(P, "az-a", 0, 100.0), "count": 500, "error_rate": 0.1, "violation_rate": 0.1}
+    assert brk.on_window(trip, 1)[0].payload["state"] == "open"
+    weights = _feed(d, 0, 100.0)[0].payload["weights"]
+    assert all(ws.get(f"{P}|az-a", 0.0) == 0.0 for ws in weights.values())
+
+
+def _routing_stream() -> list[dict]:
+    """Primary slow, then fast again, then slow: fallback entered, left and entered."""
+    out = []
+    for i, p95 in enumerate([2000.0] * 3 + [100.0] * 6 + [2000.0] * 3):
+        for z in ("az-a", "az-b"):
+            out += [_w(P, z, i * 10_000, p95 + 10 * i), _w(F, z, i * 10_000, 100.0)]
+    return out
+
+
+@pytest.mark.parametrize("cut", [2, 13, 22, 30])  # mid-gathering and at window boundaries
+def test_a_restored_routing_driver_decides_like_the_original(cut: int) -> None:
+    from tests.unit.test_breaker_driver import assert_restores_alike
+
+    s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))
+    rest = assert_restores_alike(lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w["window_end_ms"]),
+                                 _routing_stream(), cut)
+    assert rest
+
+
+def test_routing_snapshot_drops_families_no_longer_routed() -> None:
+    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    _feed(d, 0, 2000.0)
+    blob = d.snapshot()
+    assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(blob) == 1
+    assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(blob) == 0
+    assert d.restore(b'{"version": 0}') == 0

@@ -1,0 +1,224 @@
+"""The adaptive circuit breaker on the real path: zone windows -> ``breaker`` commands (no I/O).
+
+:class:`BreakerDriver` keeps one :class:`~controllers.breaker.BreakerState`
+per *target* ``"<model>|<zone>"`` and runs :func:`controllers.breaker.step`
+on every zone-scope window record of that target (seed spec 4.4):
+
+* **requests / errors** -- the window's ``count`` and ``round(error_rate *
+  count)``; the controller's count-based sliding window of the most recent
+  windows holding more than ``GOVERNOR_BREAKER_MIN_REQUESTS`` requests does
+  the rest.
+* **SLO attainment over the last 5 minutes** -- per window, the requests
+  *on time* are ``round(count * (1 - violation_rate))``: a request is on time
+  when it did not fail and its TTFT and ITL were within the model's SLO (the
+  window's own definition of a violation, :mod:`controllers.windows`).  Each
+  target keeps an :class:`~controllers.breaker.AttainmentHistory` of its
+  last 5 minutes of windows; the attainment a breaker sees is that of its
+  *model* over every zone (the pooled histories of the model's targets):
+  the threshold rises while the model's fleet misses its SLOs, since taking
+  a target away would push its load onto the model's other zones.
+* **time** -- the window's end (event time), so a replay or a restored
+  worker decides exactly as a live one.
+
+A redelivered window (its end not newer than the target's last) is ignored.
+An open target receives no traffic, so its own windows may stop; every
+window of *another* target therefore also advances the open targets whose
+cool-down has elapsed by that window's end (to ``half_open``, at that end;
+windows of the target up to that end, gathered while open, are then
+ignored).
+
+On every state change (``closed`` / ``open`` / ``half_open``) it emits one
+``breaker`` command per zone in ``GOVERNOR_ZONES`` (every zone's gateway may
+route to the target)::
+
+    payload = {"target": "<model>|<zone>", "state": ..., "probe_budget": int,
+               "threshold": float, "error_ratio": float}
+
+with the controller's reason, ``basis_ms`` = the window end and
+``controller="breaker"``.  The command's ``model`` is the *target*
+(``"<model>|<zone>"``): executors order commands per (kind, model), and the
+breakers of one model's zones are independent, so a state change of one
+zone must never be refused as stale because another zone's breaker moved
+on a newer window.  Executors write the payload into
+``<prefix>:breaker:<zone>`` (field = target; :mod:`executors.backends`).
+
+:meth:`BreakerDriver.snapshot` / :meth:`BreakerDriver.restore` carry the
+whole memory as JSON, so a restarted worker decides as the stopped one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from controllers.breaker import (
+    AttainmentHistory,
+    BreakerObs,
+    BreakerOutput,
+    BreakerParams,
+    BreakerState,
+    rolling_attainment,
+    step,
+)
+from governor.settings import Settings
+from streams.commands import Command
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "parse_window"]
+
+SNAPSHOT_VERSION = 1
+HORIZON_S = 300.0  # the seed's "SLO attainment of the last 5 minutes"
+Target = tuple[str, str]  # (model, zone)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One state change of one target (for the metrics and the log)."""
+
+    model: str
+    zone: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Window:
+    model: str
+    zone: str
+    end_ms: int
+    requests: int
+    errors: int
+    on_time: int
+
+
+def _rate(m: Mapping[str, Any], name: str) -> float:
+    v = m.get(name)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name}={v!r}: must be a number in [0, 1]")
+    return float(v)
+
+
+def parse_window(m: Mapping[str, Any]) -> _Window:
+    """The fields a breaker needs from a zone window; ``ValueError`` says what is wrong.
+
+    >>> w = parse_window({"model": "m", "zone": "z", "window_end_ms": 10_000, "count": 1000,
+    ...                   "error_rate": 0.012, "violation_rate": 0.05})
+    >>> w.requests, w.errors, w.on_time
+    (1000, 12, 950)
+    """
+    model, zone, end, count = m.get("model"), m.get("zone"), m.get("window_end_ms"), m.get("count")
+    if not isinstance(model, str) or not model or not isinstance(zone, str) or not zone:
+        raise ValueError(f"model={model!r} zone={zone!r}: must be non-empty strings")
+    if isinstance(end, bool) or not isinstance(end, int | float) or not math.isfinite(end):
+        raise ValueError(f"window_end_ms={end!r}: must be a number")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count={count!r}: must be an int >= 0")
+    errors = min(count, round(_rate(m, "error_rate") * count))
+    on_time = max(0, min(count, round(count * (1.0 - _rate(m, "violation_rate")))))
+    return _Window(model, zone, int(end), count, errors, on_time)
+
+
+def _key(target: Target) -> str:
+    return f"{target[0]}|{target[1]}"
+
+
+class BreakerDriver:
+    """One adaptive breaker per ``model|zone`` target, fed by zone windows."""
+
+    def __init__(self, settings: Settings, params: BreakerParams | None = None) -> None:
+        self.settings = settings
+        self.params = params or BreakerParams(min_requests=settings.breaker_min_requests)
+        self.states: dict[Target, BreakerState] = {}
+        self.history: dict[Target, AttainmentHistory] = {}
+        self.last_end_ms: dict[Target, int] = {}
+        self._transitions: list[Transition] = []
+
+    def state_of(self, target: str) -> str:
+        """The current state of ``"<model>|<zone>"`` (``closed`` when never seen)."""
+        model, _, zone = target.rpartition("|")
+        st = self.states.get((model, zone))
+        return "closed" if st is None else st.name
+
+    def drain_transitions(self) -> list[Transition]:
+        """The state changes since the last call."""
+        out, self._transitions = self._transitions, []
+        return out
+
+    def attainment(self, model: str) -> float:
+        """The model's SLO attainment over the last 5 minutes, every zone pooled."""
+        return rolling_attainment([p for t, h in sorted(self.history.items()) if t[0] == model for p in h.pairs])
+
+    def on_window(self, m: Mapping[str, Any], now_ms: int) -> list[Command]:
+        """Feed one metrics record; returns the ``breaker`` commands to publish."""
+        if m.get("scope") != "zone" or m.get("kind", "window") != "window":
+            return []
+        try:
+            w = parse_window(m)
+        except ValueError as exc:
+            log.warning("breaker: window skipped (%s)", exc)
+            return []
+        target = (w.model, w.zone)
+        if w.end_ms <= self.last_end_ms.get(target, -1):
+            return []  # redelivered, or gathered while open and already stepped past
+        self.last_end_ms[target] = w.end_ms
+        hist = self.history.get(target) or AttainmentHistory(window_s=self.settings.window_s, horizon_s=HORIZON_S)
+        self.history[target] = hist.add(w.requests, w.on_time)
+        cmds = self._step(target, BreakerObs(w.requests, w.errors, self.attainment(w.model)), w.end_ms, now_ms)
+        for other, st in sorted(self.states.items()):
+            if other != target and st.name == "open" and self._due(st, w.end_ms):
+                self.last_end_ms[other] = max(self.last_end_ms.get(other, -1), w.end_ms)
+                cmds += self._step(other, BreakerObs(0, 0, self.attainment(other[0])), w.end_ms, now_ms)
+        return cmds
+
+    @staticmethod
+    def _due(st: BreakerState, end_ms: int) -> bool:
+        assert st.opened_at_s is not None and st.open_for_s is not None
+        return st.opened_at_s + st.open_for_s <= end_ms / 1000.0
+
+    def _step(self, target: Target, obs: BreakerObs, end_ms: int, now_ms: int) -> list[Command]:
+        state, out = step(self.params, self.states.get(target, BreakerState()), obs, end_ms / 1000.0)
+        self.states[target] = state
+        if not out.changed:
+            return []
+        self._transitions.append(Transition(target[0], target[1], out.state_name, out.reason))
+        return self._commands(target, out, end_ms, now_ms)
+
+    def _commands(self, target: Target, out: BreakerOutput, end_ms: int, now_ms: int) -> list[Command]:
+        key = _key(target)
+        ttl = int(self.settings.command_ttl_s * 1000)
+        payload = {"target": key, "state": out.state_name, "probe_budget": int(out.probe_budget),
+                   "threshold": float(out.threshold), "error_ratio": float(out.error_ratio)}
+        return [Command(kind="breaker", zone=z, model=key, target_replicas=0, reason=out.reason[:500],
+                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=end_ms,
+                        controller="breaker", payload=dict(payload))
+                for z in self.settings.zones]
+
+    # -- snapshots ------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """Every target's breaker state, attainment history and last window end, as JSON."""
+        targets = {_key(t): {"state": s.to_dict(), "history": self.history[t].to_dict(),
+                             "last_end_ms": self.last_end_ms.get(t, -1)}
+                   for t, s in self.states.items() if t in self.history}
+        return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
+
+    def restore(self, blob: bytes) -> int:
+        """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
+        data = orjson.loads(blob)
+        if data.get("version") != SNAPSHOT_VERSION:
+            log.warning("ignoring breaker snapshot (version %s)", data.get("version"))
+            return 0
+        states, history, last = {}, {}, {}
+        for key, d in data["targets"].items():
+            model, _, zone = key.rpartition("|")
+            states[(model, zone)] = BreakerState.from_dict(d["state"])
+            history[(model, zone)] = AttainmentHistory.from_dict(d["history"])
+            last[(model, zone)] = int(d["last_end_ms"])
+        self.states, self.history, self.last_end_ms = states, history, last
+        return len(states)

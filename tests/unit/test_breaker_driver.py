@@ -1,0 +1,261 @@
+"""BreakerDriver: zone windows -> breaker commands per zone; its snapshot; the
+worker's SnapshotStore; the breaker metrics."""
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from governor.settings import Settings
+from streams.agents import SnapshotStore
+from streams.breaker_driver import BreakerDriver, parse_window
+from streams.commands import Command
+from streams.metrics_export import WorkerMetrics
+
+pytestmark = pytest.mark.timeout(30)
+
+M = "llama2-70b"
+ZONES = ("az-a", "az-b", "az-c")
+S = Settings(zones=ZONES, breaker_min_requests=200)
+
+
+def _w(end_s: float, count: int, error_rate: float = 0.0, violation_rate: float | None = None,
+       zone: str = "az-a", model: str = M, **kw: Any) -> dict[str, Any]:
+    end = int(end_s * 1000)
+    return {"kind": "window", "scope": "zone", "model": model, "zone": zone, "window_start_ms": end - 10_000,
+            "window_end_ms": end, "count": count, "error_rate": error_rate,
+            "violation_rate": error_rate if violation_rate is None else violation_rate, **kw}
+
+
+def _tripped(d: BreakerDriver) -> list[Command]:
+    assert d.on_window(_w(10, 150, 0.02), 1) == []  # 150 requests: not more than 200 yet
+    return d.on_window(_w(20, 150, 0.02), 2)  # 300 requests, 6 errors
+
+
+def test_trip_emits_one_command_per_zone_with_the_exact_payload() -> None:
+    d = BreakerDriver(S)
+    cmds = _tripped(d)
+    assert [c.zone for c in cmds] == list(ZONES)
+    thr = 0.005 * (1 + 0.5 * (1 - 0.98))  # attainment: 2 % of the requests violated
+    for c in cmds:
+        assert c.kind == "breaker" and c.controller == "breaker" and c.basis_ms == 20_000
+        assert c.model == f"{M}|az-a"  # executors order breaker commands per target
+        assert c.payload == {"target": f"{M}|az-a", "state": "open", "probe_budget": 0,
+                             "threshold": pytest.approx(thr), "error_ratio": 0.02}
+        assert c.reason.startswith("trip: error_ratio 0.02 > threshold")
+        assert Command.decode(c.encode()) == c
+    assert len({c.command_id for c in cmds}) == len(ZONES)
+    assert d.state_of(f"{M}|az-a") == "open" and d.state_of(f"{M}|az-b") == "closed"
+    assert [(t.model, t.zone, t.state) for t in d.drain_transitions()] == [(M, "az-a", "open")]
+    assert d.drain_transitions() == []
+
+
+def test_no_command_while_the_state_is_unchanged() -> None:
+    d = BreakerDriver(S)
+    for i in range(1, 6):  # 0.4 % errors on 300-request windows: below the 0.5 % threshold
+        assert d.on_window(_w(10 * i, 300, 0.004), i) == []
+    assert d.drain_transitions() == [] and d.state_of(f"{M}|az-a") == "closed"
+    d = BreakerDriver(S)
+    _tripped(d)
+    assert d.on_window(_w(30, 500, 0.5), 3) == []  # open: traffic while open is ignored
+    assert d.on_window(_w(40, 0), 4) == []  # 20 s of the 30 s cool-down
+    assert [t.state for t in d.drain_transitions()] == ["open"]
+
+
+def test_half_open_after_open_for_s_then_closes_after_passing_probes() -> None:
+    d = BreakerDriver(S)
+    _tripped(d)
+    cmds = d.on_window(_w(50, 0), 5)  # 30 s after the trip at 20 s
+    assert {c.payload["state"] for c in cmds} == {"half_open"} and len(cmds) == len(ZONES)
+    assert cmds[0].payload["probe_budget"] == 20 and cmds[0].basis_ms == 50_000
+    assert d.on_window(_w(60, 10), 6) == []  # 10 of 20 probes: still probing, no command
+    cmds = d.on_window(_w(70, 15), 7)
+    assert [c.payload["state"] for c in cmds] == ["closed"] * len(ZONES)
+    assert cmds[0].reason.startswith("probes passed")
+    assert [t.state for t in d.drain_transitions()] == ["open", "half_open", "closed"]
+
+
+def test_failed_probes_reopen_with_backoff() -> None:
+    d = BreakerDriver(S)
+    _tripped(d)
+    d.on_window(_w(50, 0), 5)
+    cmds = d.on_window(_w(60, 20, 0.1), 6)
+    assert cmds[0].payload["state"] == "open" and "re-open for 60 s" in cmds[0].reason
+    assert d.on_window(_w(110, 0), 7) == []  # 50 s of 60
+    assert d.on_window(_w(120, 0), 8)[0].payload["state"] == "half_open"
+
+
+def test_an_open_target_without_windows_is_advanced_by_other_targets_windows() -> None:
+    d = BreakerDriver(S)
+    _tripped(d)
+    assert d.on_window(_w(40, 100, zone="az-b"), 4) == []  # az-a's cool-down not over
+    cmds = d.on_window(_w(50, 100, zone="az-b"), 5)
+    assert {(c.payload["target"], c.payload["state"]) for c in cmds} == {(f"{M}|az-a", "half_open")}
+    assert cmds[0].basis_ms == 50_000
+    # az-a's own window of that period was gathered while open: ignored, not a probe.
+    assert d.on_window(_w(50, 40, 1.0), 6) == []
+    assert d.state_of(f"{M}|az-a") == "half_open"
+
+
+def test_redelivered_window_is_ignored() -> None:
+    d = BreakerDriver(S)
+    w = _w(10, 150, 0.02)
+    d.on_window(w, 1)
+    assert d.on_window(w, 1) == []  # would have made 300 requests and tripped
+    assert d.state_of(f"{M}|az-a") == "closed"
+
+
+def test_attainment_is_the_models_over_every_zone_for_five_minutes() -> None:
+    d = BreakerDriver(S)
+    d.on_window(_w(10, 100, 0.0, violation_rate=0.0), 1)
+    d.on_window(_w(10, 100, 0.0, violation_rate=0.5, zone="az-b"), 1)
+    d.on_window(_w(10, 100, 0.0, violation_rate=1.0, model="bloom-176b"), 1)  # another model
+    assert d.attainment(M) == 0.75
+    d.on_window(_w(20, 101, 0.1, violation_rate=0.1), 2)
+    assert d.on_window(_w(20, 0, zone="az-b"), 2) == []
+    for i in range(3, 33):  # 5 minutes of clean windows push the slow zone out
+        d.on_window(_w(10 * i, 0, zone="az-b"), i)
+    assert d.attainment(M) == pytest.approx((100 + 91) / 201)
+
+
+@pytest.mark.parametrize("bad", [
+    {"count": None},  # no request count
+    {"count": -1},  # negative count
+    {"count": 1.5},  # not an int
+    {"error_rate": "x"},  # not a number
+    {"error_rate": 2.0},  # above 1
+    {"violation_rate": -0.1},  # below 0
+    {"error_rate": math.nan},  # NaN
+    {"window_end_ms": None},  # no window end
+    {"window_end_ms": math.inf},  # infinite end
+    {"model": None},  # no model
+    {"zone": ""},  # empty zone
+])
+def test_malformed_windows_are_skipped_not_fatal(bad: dict[str, Any]) -> None:
+    d = BreakerDriver(S)
+    assert d.on_window({**_w(10, 150, 0.02), **bad}, 1) == []
+    assert d.on_window(_w(20, 150, 0.02), 2) == []  # the bad window did not count
+    assert d.on_window(_w(30, 100, 0.02), 3)[0].payload["state"] == "open"
+
+
+def test_node_windows_and_other_records_are_ignored() -> None:
+    d = BreakerDriver(S)
+    assert d.on_window({**_w(10, 5000, 0.5), "scope": "node"}, 1) == []
+    assert d.on_window({**_w(10, 5000, 0.5), "kind": "event"}, 1) == []
+    assert d.states == {}
+    with pytest.raises(ValueError, match="count"):
+        parse_window({"model": "m", "zone": "z", "window_end_ms": 1})
+
+
+def _stream() -> list[dict[str, Any]]:
+    """Two zones over 4 minutes: az-a trips, its probes fail, then it recovers; az-b stays closed."""
+    out = []
+    for i in range(1, 25):
+        bad = 0.03 if i < 8 else 0.0
+        out += [_w(10 * i, 120, bad, zone="az-a"), _w(10 * i, 150, 0.001, violation_rate=0.2, zone="az-b")]
+    return out
+
+
+def assert_restores_alike(make: Callable[[], Any], feed: Callable[[Any, dict[str, Any]], list[Command]],
+                          records: list[dict[str, Any]], cut: int) -> list[bytes]:
+    """Feed ``records[:cut]``, snapshot, restore into a fresh object, feed the rest to
+    both: the same commands (byte for byte) and the same final snapshot.  Returns them."""
+    a = make()
+    for r in records[:cut]:
+        feed(a, r)
+    b = make()
+    b.restore(a.snapshot())
+    rest_a = [c.encode() for r in records[cut:] for c in feed(a, r)]
+    rest_b = [c.encode() for r in records[cut:] for c in feed(b, r)]
+    assert rest_a == rest_b
+    assert b.snapshot() == a.snapshot()
+    return rest_a
+
+
+@pytest.mark.parametrize("cut", [3, 9, 14, 20])
+def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
+    rest = assert_restores_alike(lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"] + 5),
+                                 _stream(), cut)
+    assert rest  # every cut has transitions ahead (trip at 2, probes at 8-10, recovery at 22-24)
+
+
+def test_breaker_snapshot_of_another_version_is_ignored() -> None:
+    d = BreakerDriver(S)
+    _tripped(d)
+    assert d.restore(b'{"version": 99, "targets": {}}') == 0
+    assert d.state_of(f"{M}|az-a") == "open"
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.down = False
+        self.msets = 0
+
+    async def get(self, key: str) -> bytes | None:
+        if self.down:
+            raise RedisConnectionError("down")
+        return self.data.get(key)
+
+    async def mset(self, mapping: dict[str, bytes]) -> bool:
+        if self.down:
+            raise RedisConnectionError("down")
+        self.msets += 1
+        self.data.update(mapping)
+        return True
+
+
+class Part:
+    def __init__(self, blob: bytes = b"x", fail: bool = False) -> None:
+        self.blob, self.fail, self.restored = blob, fail, b""
+
+    def snapshot(self) -> bytes:
+        return self.blob
+
+    def restore(self, blob: bytes) -> int:
+        if self.fail:
+            raise ValueError("corrupt")
+        self.restored = blob
+        return len(blob)
+
+
+def test_snapshot_store_saves_every_part_at_most_every_2_s_and_restores_them() -> None:
+    redis = FakeRedis()
+    parts = {"scaler": Part(b"s"), "routing": Part(b"rr"), "breaker": Part(b"bbb"), "kv": Part(b"kkkk")}
+    store = SnapshotStore(redis, "p", parts)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        assert await store.save(100.0) and not await store.save(101.9) and await store.save(102.0)
+        assert redis.msets == 2
+        assert redis.data == {"p:snapshot:scaler": b"s", "p:snapshot:routing": b"rr",
+                              "p:snapshot:breaker": b"bbb", "p:snapshot:kv": b"kkkk"}
+        fresh = {n: Part(fail=(n == "routing")) for n in parts}
+        redis.data.pop("p:snapshot:kv")
+        got = await SnapshotStore(redis, "p", fresh).restore()  # type: ignore[arg-type]
+        assert got == {"scaler": 1, "breaker": 3}  # routing corrupt, kv missing: both start fresh
+        assert fresh["breaker"].restored == b"bbb"
+        redis.down = True
+        assert not await store.save(200.0)  # logged, not raised; the next window retries
+        assert await store.restore() == {}
+        redis.down = False
+        assert not await store.save(201.0) and await store.save(202.0)
+
+    asyncio.run(run())
+
+
+def test_breaker_metrics() -> None:
+    m = WorkerMetrics()
+    m.observe_breaker(M, "az-a", "open", changed=True)
+    m.observe_breaker(M, "az-a", "half_open", changed=True)
+    m.observe_breaker(M, "az-b", "closed", changed=False)
+    val = m.registry.get_sample_value
+    assert val("governor_breaker_state", {"model": M, "zone": "az-a"}) == 1.0
+    assert val("governor_breaker_state", {"model": M, "zone": "az-b"}) == 0.0
+    assert val("governor_breaker_transitions_total", {"model": M, "zone": "az-a", "state": "open"}) == 1.0
+    assert val("governor_breaker_transitions_total", {"model": M, "zone": "az-b", "state": "closed"}) is None
+    m.observe_breaker(M, "az-a", "open", changed=True)
+    assert val("governor_breaker_state", {"model": M, "zone": "az-a"}) == 2.0
