@@ -7,6 +7,16 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
   :class:`~streams.producer.TelemetryProducer` inference nodes use,
 * reconciles the fleet with the desired replica counts the executors write
   to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller,
+* acts as the gateway of the contract in :mod:`executors.backends`
+  (:func:`sim.router.sync_routing_from_redis` every poll, its
+  :class:`~sim.router.TrafficGate` per request): route weights from
+  ``<prefix>:routing:<zone>`` (family = ``model``), the canary share
+  ``_canary|<model>`` of the request's zone (to ``<model>@<version>`` when the
+  fleet has it), and the breakers of ``<prefix>:breaker:<zone>`` -- an open
+  target gets no requests (its weight is removed and the rest renormalised;
+  without route weights the zone choice avoids it), a half-open one 5 % of its
+  share and at most ``probe_budget`` requests per breaker version;
+  ``stats.routed`` counts the requests per ``"variant|zone"``,
 * drains the KV relocation requests the executors push to the Redis list
   ``<prefix>:fleet:<zone>:relocate`` (JSON ``{"node", "model", "max_bytes",
   "expected_generation", "action", "command_id"}``) and applies them with
@@ -37,7 +47,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sim.router import sync_routing_from_redis
+from sim.router import TrafficGate, sync_routing_from_redis
 from sim.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -105,6 +115,7 @@ class LiveStats:
     replicas: list[tuple[float, str, str, int, int, int]] = field(default_factory=list)
     desired_changes: list[tuple[float, str, str, int]] = field(default_factory=list)
     relocations: list[dict[str, Any]] = field(default_factory=list)
+    routed: dict[str, int] = field(default_factory=dict)  # "variant|zone" -> requests submitted there
 
 
 class LiveFleet:
@@ -129,6 +140,7 @@ class LiveFleet:
         self.stats = LiveStats()
         self._next = 0
         self._routing_seen: dict[str, int] = {}
+        self.gate = TrafficGate(np.random.default_rng([seed, 5]))  # breakers and canary shares
         self._zone_of = np.random.default_rng(seed).integers(0, len(self.zones), len(workload.arrival_s))
 
     def t_s(self) -> float:
@@ -148,7 +160,7 @@ class LiveFleet:
             await self._sync_relocations(t)
         if hasattr(self.fleet, "router") and hasattr(self.redis, "hgetall"):  # route commands: family = model
             await sync_routing_from_redis(self.fleet, self.redis, self.prefix, self.zones, self.model,
-                                          t, self._routing_seen)
+                                          t, self._routing_seen, self.gate)
 
     async def _sync_relocations(self, t: float) -> None:
         """Drain each zone's relocation list, apply, report the outcomes."""
@@ -166,6 +178,27 @@ class LiveFleet:
                 key = relocated_key(self.prefix, zone)
                 await self.redis.rpush(key, orjson.dumps(out, default=str))
                 await self.redis.ltrim(key, -RELOCATED_KEEP, -1)
+
+    def _target(self, i: int) -> tuple[str, str]:
+        """(variant, zone) of request ``i``, as a gateway picks it (see :class:`sim.router.TrafficGate`)."""
+        router = getattr(self.fleet, "router", None)
+        if router is not None and router.weights(self.model):  # route commands decide the target
+            variant, zone = router.pick(self.model, "default")
+        else:
+            variant = self.model
+            zone = self.gate.zone_for(self.model, self.zones[int(self._zone_of[i])], self.zones)
+        return self.gate.variant_for(variant, zone), zone
+
+    def _submit(self, i: int, t: float) -> None:
+        w = self.workload
+        variant, zone = self._target(i)
+        self.fleet.submit(float(w.arrival_s[i]), zone, variant, int(w.prompt_tokens[i]),
+                          int(w.output_tokens[i]), f"req-{i}",
+                          hash_ids=w.hash_ids[i] if w.hash_ids is not None else None)
+        key = f"{variant}|{zone}"
+        self.stats.routed[key] = self.stats.routed.get(key, 0) + 1
+        if self.gate.sent(variant, zone) and self.gate.routes:  # a probe budget ran out
+            self.gate.apply(self.fleet, t)
 
     def _corrupt(self, rec: dict[str, Any]) -> dict[str, Any]:
         name, value = self.rng.choice(_CORRUPTIONS[rec["kind"]])
@@ -196,17 +229,7 @@ class LiveFleet:
                 await self._sync_desired(t)
                 last_poll = loop.time()
             while self._next < len(w.arrival_s) and w.arrival_s[self._next] <= t:
-                i = self._next
-                hashes = w.hash_ids[i] if w.hash_ids is not None else None
-                router = getattr(self.fleet, "router", None)
-                if router is not None and router.weights(self.model):  # route commands decide the target
-                    self.fleet.submit_routed(float(w.arrival_s[i]), self.model, "default",
-                                             int(w.prompt_tokens[i]), int(w.output_tokens[i]),
-                                             f"req-{i}", hashes)
-                else:
-                    self.fleet.submit(float(w.arrival_s[i]), self.zones[int(self._zone_of[i])], self.model,
-                                      int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"req-{i}",
-                                      hash_ids=hashes)
+                self._submit(self._next, t)
                 self._next += 1
                 self.stats.submitted += 1
             done = self.fleet.advance_to(t)
