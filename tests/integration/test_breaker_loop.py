@@ -1,0 +1,88 @@
+"""The circuit breaker on the real path: request telemetry with 6 % errors ->
+the worker (a real process) trips the target's breaker -> one breaker command
+per zone -> the zone executors -> ``<prefix>:breaker:<zone>`` says "open";
+the breaker's state is in the worker's snapshot."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from executors.backends import SimFleetBackend, breaker_key
+from executors.executor import ZoneExecutor
+from governor.clock import ScaledClock
+from governor.processes import WORKER_READY, start_worker
+from governor.settings import Settings
+from governor.topics import ensure_topics
+from streams.breaker_driver import BreakerDriver
+from streams.producer import TelemetryProducer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+MODEL = "llama2-70b"
+TARGET = f"{MODEL}|az-a"
+
+
+def _req(i: int, now: int, error: bool) -> dict:
+    return {"kind": "request", "request_id": f"r{i}", "ts_ms": now, "model": MODEL, "zone": "az-a",
+            "node": "az-a/n1", "ttft_ms": 200.0, "itl_ms": 30.0, "e2e_ms": 3200.0,
+            "prompt_tokens": 1000, "output_tokens": 100, "status": "error" if error else "ok"}
+
+
+async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
+        settings: Settings, tmp_path: Path) -> None:
+    settings = settings.replace(zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0)
+    await ensure_topics(settings)
+    worker = start_worker(settings, tmp_path)
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
+                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
+                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+                 for z in settings.zones]
+    try:
+        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
+        for ex in executors:
+            await ex.ensure_group()
+        # 4 s at 150 requests/s, every 16th fails (6.25 % >> the 0.5 % threshold).
+        i = 0
+        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
+                                     source="test", linger_ms=20) as producer:
+            for _ in range(20):
+                now = int(time.time() * 1000)
+                for _ in range(30):
+                    await producer.send(_req(i, now, i % 16 == 0))
+                    i += 1
+                await asyncio.sleep(0.2)
+        states: dict[str, dict] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(states) < len(executors):
+            for ex in executors:
+                await ex.poll_once()
+                raw = await redis.hget(breaker_key(settings.topic_prefix, ex.zone), TARGET)
+                if raw is not None:
+                    states[ex.zone] = orjson.loads(raw)
+        assert set(states) == {"az-a", "az-b"}, (states, worker.tail())
+        for zone, st in states.items():
+            assert st["state"] == "open", (zone, st)
+            assert st["target"] == TARGET and st["probe_budget"] == 0
+            assert st["error_ratio"] > st["threshold"] >= 0.005
+            assert st["basis_ms"] > 0
+        assert all(ex.stats.outcomes.get("applied", 0) >= 1 for ex in executors)
+        assert "breaker" in worker.log_text() and "Traceback" not in worker.log_text()
+        # The control agent saved the breaker with the other snapshots (every >= 2 s).
+        restored = BreakerDriver(settings)
+        for _ in range(50):
+            blob = await redis.get(f"{settings.topic_prefix}:snapshot:breaker")
+            if blob and restored.restore(blob) and restored.state_of(TARGET) == "open":
+                break
+            await asyncio.sleep(0.1)
+        assert restored.state_of(TARGET) == "open"
+        for name in ("scaler", "routing", "kv"):
+            assert await redis.exists(f"{settings.topic_prefix}:snapshot:{name}")
+    finally:
+        worker.stop()
+        await redis.aclose()
