@@ -11,11 +11,14 @@ command they can never apply (acknowledged and reported as failed).
   Deployment's ``spec.replicas`` is.
   ``relocate`` commands are pushed (RPUSH) to the Redis list
   ``<prefix>:fleet:<zone>:relocate`` as JSON ``{"node", "model", "max_bytes",
-  "expected_generation", "action", "command_id", "basis_ms"}``; the live
-  fleet drains it each poll and applies it with ``Fleet.relocate`` (the
-  generation check is the fleet's: it refuses a node whose allocator
-  generation went *back*, i.e. a replaced/restarted node, see
-  :mod:`sim.live`) and reports to ``<prefix>:fleet:<zone>:relocated``.
+  "expected_generation", "action", "command_id", "basis_ms"}`` (the
+  command's result says ``queued``); the live fleet drains it each poll and
+  applies it with ``Fleet.relocate`` (the generation check is the fleet's:
+  it refuses a node whose allocator generation went *back*, i.e. a
+  replaced/restarted node, see :mod:`sim.live`) and reports the outcome to
+  ``<prefix>:fleet:<zone>:relocated`` (:attr:`SimFleetBackend.outcomes_key`),
+  which the executor relays to the results topic
+  (:mod:`executors.outcomes`).
 * :class:`DryRunBackend` only records what it would do (for rehearsals).
 * :class:`RoutingBackend` applies ``route`` commands where a gateway reads
   them: the Redis hash ``<prefix>:routing:<zone>``, one field per request
@@ -25,13 +28,36 @@ command they can never apply (acknowledged and reported as failed).
   A gateway reads the field of its request's class (falling back to
   ``*``) and draws the target by weight; it should ignore a field whose
   ``basis_ms`` is older than one it has already used.  ``breaker`` commands
-  go to ``<prefix>:breaker:<zone>`` (field = ``variant|zone``, value =
-  JSON of the payload).  ``canary`` commands write the field
+  go to ``<prefix>:breaker:<zone>`` (field = the target ``variant|zone``,
+  value = JSON of the payload plus ``basis_ms``: ``{"target", "state":
+  "closed"|"open"|"half_open", "probe_budget", "threshold", "error_ratio",
+  "basis_ms"}``).  ``canary`` commands write the field
   ``_canary|<model>`` of the routing hash (JSON ``{"model", "version",
   "share", "command_id", "basis_ms", "issued_at_ms"}``): the share of
   ``<model>``'s requests a gateway sends to ``<model>@<version>``; fields
   starting with ``_`` are not request classes.  The simulated fleet reads the same hashes
   (:meth:`SimFleetBackend.apply` delegates these kinds here).
+
+  What a gateway does with them, in order, per request (the simulated fleet
+  does exactly this: :class:`sim.router.TrafficGate`, polled every 0.2 s):
+
+  1. *Breakers on the weights.*  An ``open`` target gets no traffic: its
+     weight is removed and the others renormalised.  A ``half_open`` target
+     keeps 5 % of its share (the rest goes to the closed targets in
+     proportion) for at most ``probe_budget`` requests per breaker version
+     (``basis_ms``); once they are sent it counts as open until a newer
+     breaker version arrives.  ``closed``, or no field, is no change.  If
+     every target of a class is open the weights apply unchanged: a breaker
+     moves traffic, it does not drop a class.  Without route weights the
+     gateway's own zone choice avoids an open ``model|zone`` the same way.
+  2. *Draw* the target ``(variant, zone)`` by the resulting weights.
+  3. *Canary.*  If zone ``zone``'s routing hash has ``_canary|<variant>``
+     and ``<variant>@<version>`` is deployed there, send the request to it
+     with probability ``share`` (times that canary target's breaker
+     factor: 0 open, 0.05 probing).
+  A field is re-read when its version differs from the one in use
+  (``_version`` for the classes of a zone, ``basis_ms`` for a canary or
+  breaker field); a breaker field that disappears counts as closed.
 * :class:`WebhookBackend` POSTs the command's JSON to a URL (timeout, a few
   retries with backoff; a 4xx answer is a rejection, a 5xx or no answer
   is temporary).
@@ -77,6 +103,11 @@ def relocate_key(prefix: str, zone: str) -> str:
     return f"{prefix}:fleet:{zone}:relocate"
 
 
+def relocated_key(prefix: str, zone: str) -> str:
+    """The Redis list where the (simulated) fleet reports each relocation's outcome."""
+    return f"{prefix}:fleet:{zone}:relocated"
+
+
 class SimFleetBackend:
     name = "sim"
 
@@ -85,6 +116,7 @@ class SimFleetBackend:
         self.key = desired_key(prefix, zone)
         self.zone = zone
         self.prefix = prefix
+        self.outcomes_key = relocated_key(prefix, zone)  # the fleet's relocation outcomes (relayed)
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
         if cmd.kind in ("route", "breaker", "canary"):

@@ -15,7 +15,14 @@ pending commands are claimed by the others) and, for each command:
 
 Every outcome is acknowledged (XACK) and reported to the results topic.  A
 temporary backend failure leaves the entry pending; it is retried after
-``retry_idle_ms``.  The applied marker is written after the backend applied
+``retry_idle_ms``.  While the topic is unavailable, reporting retries with
+capped backoff (0.1 s doubling to 5 s) and holds the poll loop.
+
+Outcomes that come after the command: a backend with an ``outcomes_key``
+(the sim backend: ``<prefix>:fleet:<zone>:relocated``, where the fleet
+reports each relocation it applied or refused) has them relayed to the
+results topic as ``record: "relocation_outcome"`` records between two polls,
+at least once (:mod:`executors.outcomes`).  The applied marker is written after the backend applied
 the command; commands are absolute targets, so the one re-apply a crash in
 between can cause is harmless.
 
@@ -52,6 +59,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controllers.hlc import Hlc
 from executors.backends import Backend, BackendRejected, BackendUnavailable
+from executors.outcomes import OutcomeRelay, inflight_key
 from executors.timing import ZoneTiming
 from governor.clock import ScaledClock
 from streams.commands import Command, CommandError, hlc_stale, stream_key
@@ -102,6 +110,11 @@ class ZoneExecutor:
         self.probe_interval_s = probe_interval_s
         self.timing = timing or ZoneTiming(zone, redis, producer=results, results_topic=results_topic,
                                            registry=self.metrics.registry, factor=rtt_factor)
+        # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
+        source = getattr(backend, "outcomes_key", None)
+        self.relay = (OutcomeRelay(redis, source, inflight_key(prefix, zone), zone=zone, backend=backend.name,
+                                   publish=self._report, now_ms=clock.now_ms)
+                      if source and results is not None else None)
 
     def _applied_key(self, command_id: str) -> str:
         return f"{self.prefix}:applied:{self.zone}:{command_id}"
@@ -134,6 +147,8 @@ class ZoneExecutor:
             while not self._stopping.is_set():
                 try:
                     await self.poll_once()
+                    if self.relay is not None:
+                        await self.relay.pump()
                     delay = 0.1
                 except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                     log.warning("executor %s: redis unavailable (%s); retry in %.1f s", self.zone, exc, delay)

@@ -22,7 +22,9 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
   "expected_generation", "action", "command_id"}``) and applies them with
   :meth:`sim.fleet.Fleet.relocate` (``action == "move"``:
   :meth:`~sim.fleet.Fleet.move_sessions`); each outcome is pushed to
-  ``<prefix>:fleet:<zone>:relocated`` (last ``RELOCATED_KEEP``) and logged.
+  ``<prefix>:fleet:<zone>:relocated`` (last ``RELOCATED_KEEP``) and logged,
+  and the zone's executor relays it to the results topic
+  (``executors/outcomes.py``).
 
 Generation check (see :mod:`streams.memory`): a busy replica's allocator
 generation changes with every allocation, so a request planned on a window

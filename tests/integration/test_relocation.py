@@ -1,16 +1,22 @@
 """A relocate command through ZoneExecutor + SimFleetBackend lands in the Redis
-relocate list, and the live fleet's drain applies it and reports the outcome."""
+relocate list, the live fleet's drain applies it and reports the outcome, and
+the executor relays the outcome to the results topic (none lost when the
+broker is down or the executor dies mid-publish)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from aiokafka.errors import KafkaConnectionError
 
 from executors.backends import SimFleetBackend, relocate_key
 from executors.executor import ZoneExecutor
+from executors.outcomes import inflight_key
 from governor.clock import ScaledClock
 from governor.settings import Settings
 from sim.live import LiveFleet, relocated_key
@@ -65,3 +71,102 @@ def test_relocator_command_round_trips_through_the_executor_codec() -> None:
          "fragmentation_ratio": 0.99, "kv_generation": 3}
     cmd = KvRelocator().on_node_window(w, 0)
     assert cmd is not None and Command.decode(cmd.with_hlc(5 << 16).encode()).command_id == cmd.command_id
+
+
+class _Results:
+    """Stands in for the results producer: the first ``fail`` sends find the broker down;
+    ``die`` makes the next send kill the executor (a crash between LMOVE and the ack)."""
+
+    def __init__(self, fail: int = 0, die: bool = False) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.fail, self.die, self.attempts = fail, die, 0
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.attempts += 1
+        if self.die:
+            self.die = False
+            raise asyncio.CancelledError  # the process goes away mid-publish
+        if self.fail:
+            self.fail -= 1
+            raise KafkaConnectionError("broker down")
+        self.sent.append(orjson.loads(value))
+
+
+async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list[Command], dict]:
+    """Two relocate commands applied by an executor and the live fleet: one compacts, one is refused."""
+    fleet, g = fragmented(kv_copy_bandwidth_bytes_s=1e8)
+    ex = ZoneExecutor(zone="az-a", prefix=prefix, redis=redis, backend=SimFleetBackend(redis, prefix, "az-a"),
+                      clock=ScaledClock(), results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+    await ex.ensure_group()
+    cmds = [_relocate(g["node"], g["kv_generation"]), _relocate("az-a/x/r9", 0, basis_ms=4_000)]
+    for c in cmds:
+        await redis.xadd(stream_key(prefix, "az-a"), {"cmd": c.encode()})
+    assert await ex.poll_once() == 2
+    live = LiveFleet(fleet, SimpleNamespace(arrival_s=[]), model=M, zones=["az-a"], producer=None,  # type: ignore[arg-type]
+                     redis=redis, prefix=prefix, now_ms=lambda: 0, t0_ms=0)
+    await live._sync_relocations(3.5)
+    return cmds, g
+
+
+def _relaying_executor(redis: aioredis.Redis, prefix: str, results: _Results) -> ZoneExecutor:
+    return ZoneExecutor(zone="az-a", prefix=prefix, redis=redis, backend=SimFleetBackend(redis, prefix, "az-a"),
+                        clock=ScaledClock(), results=results, results_topic="r",  # type: ignore[arg-type]
+                        block_ms=50, probe_interval_s=0)
+
+
+async def test_outcomes_reach_the_results_topic_through_a_broker_outage(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = settings.topic_prefix
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(s: float) -> None:  # the backoff, without the wall time
+        waits.append(s)
+        await real_sleep(0)
+
+    monkeypatch.setattr("executors.executor.asyncio.sleep", fake_sleep)
+    try:
+        (cmd, other), g = await _fleet_with_outcomes(redis, prefix)
+        results = _Results(fail=3)
+        ex = _relaying_executor(redis, prefix, results)
+        assert ex.relay is not None and await ex.relay.pump() == 2
+        assert waits == [0.1, 0.2, 0.4] and results.attempts == 5  # backed off, nothing dropped
+        done, refused = results.sent
+        assert done["record"] == done["kind"] == "relocation_outcome"
+        assert (done["command_id"], done["node"], done["zone"], done["action"]) == (
+            cmd.command_id, g["node"], "az-a", "compact")
+        assert done["outcome"] == "relocation_applied" and done["applied"] and done["reason"] == ""
+        assert done["bytes_moved"] == 2 * BLOCK_B and done["pause_steps"] >= 1 and done["t_s"] == 3.5
+        assert done["fragmentation_before"] == pytest.approx(g["fragmentation_ratio"])
+        assert done["fragmentation_after"] == 0.0 < done["fragmentation_before"]
+        assert refused["command_id"] == other.command_id and not refused["applied"]
+        assert refused["outcome"] == "relocation_refused" and refused["reason"].startswith("unknown node")
+        assert refused["bytes_moved"] is None
+        assert await redis.llen(relocated_key(prefix, "az-a")) == 0
+        assert await redis.llen(inflight_key(prefix, "az-a")) == 0
+        assert await ex.relay.pump() == 0  # nothing twice
+    finally:
+        await redis.aclose()
+
+
+async def test_an_outcome_in_flight_when_the_executor_dies_is_published_by_the_next(settings: Settings) -> None:
+    prefix = settings.topic_prefix
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        (cmd, other), _ = await _fleet_with_outcomes(redis, prefix)
+        dying = _relaying_executor(redis, prefix, _Results(die=True))
+        assert dying.relay is not None
+        with pytest.raises(asyncio.CancelledError):
+            await dying.relay.pump()
+        assert await redis.llen(inflight_key(prefix, "az-a")) == 1  # moved, never acknowledged
+        assert await redis.llen(relocated_key(prefix, "az-a")) == 1
+        results = _Results()
+        nxt = _relaying_executor(redis, prefix, results)
+        assert nxt.relay is not None and await nxt.relay.pump() == 2
+        assert [r["command_id"] for r in results.sent] == [cmd.command_id, other.command_id]
+        assert await redis.llen(inflight_key(prefix, "az-a")) == 0
+        # An executor without a results producer (a test, a dry run) leaves the list alone.
+        assert _relaying_executor(redis, prefix, None).relay is None  # type: ignore[arg-type]
+    finally:
+        await redis.aclose()
