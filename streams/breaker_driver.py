@@ -130,7 +130,18 @@ def _key(target: Target) -> str:
 
 
 class BreakerDriver:
-    """One adaptive breaker per ``model|zone`` target, fed by zone windows."""
+    """One adaptive breaker per ``model|zone`` target, fed by zone windows.
+
+    Examples
+    --------
+    >>> d = BreakerDriver(Settings(zones=("az-a", "az-b"), breaker_min_requests=200))
+    >>> w = {"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 300,
+    ...      "error_rate": 0.02, "violation_rate": 0.02}
+    >>> [(c.zone, c.payload["state"], c.payload["error_ratio"]) for c in d.on_window(w, 0)]
+    [('az-a', 'open', 0.02), ('az-b', 'open', 0.02)]
+    >>> d.state_of("m|az-a"), d.on_window(w, 0)          # a redelivered window changes nothing
+    ('open', [])
+    """
 
     def __init__(self, settings: Settings, params: BreakerParams | None = None) -> None:
         self.settings = settings
@@ -214,11 +225,13 @@ class BreakerDriver:
         if data.get("version") != SNAPSHOT_VERSION:
             log.warning("ignoring breaker snapshot (version %s)", data.get("version"))
             return 0
-        states, history, last = {}, {}, {}
+        states: dict[Target, BreakerState] = {}
+        history: dict[Target, AttainmentHistory] = {}
+        last: dict[Target, int] = {}
         for key, d in data["targets"].items():
             model, _, zone = key.rpartition("|")
             states[(model, zone)] = BreakerState.from_dict(d["state"])
             history[(model, zone)] = AttainmentHistory.from_dict(d["history"])
             last[(model, zone)] = int(d["last_end_ms"])
-        self.states, self.history, self.last_end_ms = states, history, last
+        self.states, self.history, self.last_end_ms = states, history, last  # all or nothing
         return len(states)

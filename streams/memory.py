@@ -102,7 +102,8 @@ class KvRelocator:
         if data.get("version") != SNAPSHOT_VERSION:
             log.warning("ignoring KV relocator snapshot (version %s)", data.get("version"))
             return 0
-        self.states = {(m, z, n): KvPolicyState.from_dict(st) for m, z, n, st in data["states"]}
-        self._largest = {(m, z): {str(n): int(v) for n, v in peers.items()} for m, z, peers in data["largest"]}
+        states = {(m, z, n): KvPolicyState.from_dict(st) for m, z, n, st in data["states"]}
+        largest = {(m, z): {str(n): int(v) for n, v in peers.items()} for m, z, peers in data["largest"]}
+        self.states, self._largest = states, largest  # all or nothing
         self.decisions = int(data.get("decisions", 0))
-        return len(self.states)
+        return len(states)

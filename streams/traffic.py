@@ -298,8 +298,9 @@ class RoutingDriver:
             log.warning("ignoring routing snapshot (version %s)", data.get("version"))
             return 0
         known = set(self._params)
-        self._state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
-        self._published = {f: w for f, w in data["published"].items() if f in known}
-        self._pending = {(f, int(start)): {rt.Target(v, z): w for v, z, w in ws}
-                         for f, start, ws in data["pending"] if f in known}
-        return len(self._state)
+        state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
+        published = {f: w for f, w in data["published"].items() if f in known}
+        pending = {(f, int(start)): {rt.Target(v, z): w for v, z, w in ws}
+                   for f, start, ws in data["pending"] if f in known}
+        self._state, self._published, self._pending = state, published, pending  # all or nothing
+        return len(state)

@@ -188,6 +188,12 @@ def test_breaker_snapshot_of_another_version_is_ignored() -> None:
     _tripped(d)
     assert d.restore(b'{"version": 99, "targets": {}}') == 0
     assert d.state_of(f"{M}|az-a") == "open"
+    bad = d.snapshot().replace(b'"name":"open"', b'"name":"ajar"')
+    with pytest.raises(ValueError):  # the worker's SnapshotStore logs it and starts fresh
+        BreakerDriver(S).restore(bad)
+    with pytest.raises(ValueError):
+        d.restore(bad)
+    assert d.state_of(f"{M}|az-a") == "open"  # a failed restore changes nothing
 
 
 class FakeRedis:
