@@ -18,11 +18,40 @@ each stage).  Roll back at once when any of these holds:
   trip it before that many requests arrive (at 250 and 0.8 %: the 3rd error);
 * P99: the window's canary P99 ``> max_p99_ms`` (default 800 ms), judged on
   windows with at least ``min_p99_requests`` (20) canary requests.  A P99 of
-  fewer requests is mostly the maximum; callers with little canary traffic
-  should pass P99s of merged windows (DDSketch merges are exact);
+  fewer requests is mostly the maximum; at small stages the sequential test
+  below judges the tail on the stage's counts instead;
 * optional, relative to stable: the canary's stage error rate exceeds the
   stable one by more than ``max_error_rate_delta``, or its window P99 is above
   ``max_p99_ratio`` x stable's (each only when stable has as many requests).
+
+Two sequential tests judge latency on the stage's *cumulative* counts, so a
+slow version is caught at the 1 % stage, where no window holds 20 canary
+requests.  Each counts the canary requests whose TTFT is over a threshold
+and runs a one-sided, open-ended SPRT of ``H0: p <= p0`` against ``H1: p =
+p1`` on the count ``k`` of ``n`` requests::
+
+    llr = k ln(p1 / p0) + (n - k) ln((1 - p1) / (1 - p0))   roll back when llr >= ln(1 / alpha)
+
+Under ``H0`` the likelihood ratio is a (super)martingale, so by Ville's
+inequality a version that satisfies ``H0`` is rolled back with probability at
+most ``sequential_alpha`` (0.1 %) however many windows are looked at.
+
+* **over the P99 limit** (the seed's rule, sequential): requests over
+  ``max_p99_ms``; ``p0 = 1 %`` (P99 at the limit), ``p1 = limit_p1`` (5 %: the
+  canary's P95 over the limit).
+* **slower than stable** (relative, ``max_slowdown`` k = 2; None = off):
+  requests over k x stable's window TTFT P95, on windows where stable has
+  ``min_ref_requests`` (100).  If the canary's TTFT is at most k times
+  stable's in distribution, a request exceeds that with probability at most
+  5 %: ``p0 = 5 %``, ``p1 = slowdown_p1`` (50 %: the canary's median over k x
+  stable's P95).  A version up to k times slower is not rolled back by it.
+
+A window reports quantiles, not requests, so the counts are lower bounds
+from the canary's window quantiles (:func:`exceedances`): if its ``q``
+quantile of ``n`` requests is over the threshold, at least ``n - ceil((n -
+1) q)`` requests are (the rank of the interpolated quantile).  A lower count
+lowers the ratio, so the false-rollback bound holds (up to the quantile
+sketch's relative accuracy).
 
 Promote to the next stage (or to ``promoted`` after the last) when the
 stage has been held ``hold_s`` **and** it saw ``min_requests_per_stage``
@@ -54,11 +83,13 @@ from typing import Any, Literal
 
 from controllers.errors import ParameterError
 
-__all__ = ["CanaryOutput", "CanaryParams", "CanaryState", "VersionObs", "abort",
-           "expected_exposure", "start", "step", "traffic_share"]
+__all__ = ["CanaryOutput", "CanaryParams", "CanaryState", "VersionObs", "abort", "exceedances",
+           "expected_exposure", "sprt_llr", "start", "step", "traffic_share"]
 
 StateName = Literal["pending", "running", "promoted", "rolled_back", "aborted"]
 TERMINAL = ("promoted", "rolled_back", "aborted")
+LIMIT_P0 = 0.01  # share of requests over max_p99_ms when the P99 is at the limit
+SLOWDOWN_P0 = 0.05  # share over k x stable's P95 when the canary is at most k times slower
 
 
 def _num(name: str, value: object, *, strict: bool = False) -> float:
@@ -97,6 +128,11 @@ class CanaryParams:
     max_error_rate_delta: float | None = None
     max_p99_ratio: float | None = None
     max_stage_s: float | None = None
+    sequential_alpha: float = 0.001
+    limit_p1: float = 0.05
+    max_slowdown: float | None = 2.0
+    slowdown_p1: float = 0.5
+    min_ref_requests: int = 100
 
     def __post_init__(self) -> None:
         st = self.stages
@@ -113,8 +149,16 @@ class CanaryParams:
         if not 0.0 < _num("max_error_rate", self.max_error_rate) < 1.0:
             raise ParameterError(f"max_error_rate={self.max_error_rate}: must lie in (0, 1)")
         _num("max_p99_ms", self.max_p99_ms, strict=True)
-        for name in ("min_requests_per_stage", "min_judge_requests", "min_p99_requests"):
+        for name in ("min_requests_per_stage", "min_judge_requests", "min_p99_requests",
+                     "min_ref_requests"):
             _count(name, getattr(self, name))
+        if not 0.0 < _num("sequential_alpha", self.sequential_alpha) < 1.0:
+            raise ParameterError(f"sequential_alpha={self.sequential_alpha}: must lie in (0, 1)")
+        for name, p0 in (("limit_p1", LIMIT_P0), ("slowdown_p1", SLOWDOWN_P0)):
+            if not p0 < _num(name, getattr(self, name)) < 1.0:
+                raise ParameterError(f"{name}={getattr(self, name)}: must lie in ({p0:g}, 1)")
+        if self.max_slowdown is not None and _num("max_slowdown", self.max_slowdown) < 1.0:
+            raise ParameterError(f"max_slowdown={self.max_slowdown}: must be >= 1")
         if self.max_error_rate_delta is not None:
             _num("max_error_rate_delta", self.max_error_rate_delta)
         if self.max_p99_ratio is not None and _num("max_p99_ratio", self.max_p99_ratio) < 1.0:
@@ -129,18 +173,60 @@ class CanaryParams:
 
 @dataclass(frozen=True)
 class VersionObs:
-    """One version's requests, errors and P99 over the window just closed."""
+    """One version's requests, errors and TTFT quantiles over the window just closed.
+
+    Quantiles are None when unknown (or the window had no requests).
+    """
 
     requests: int
     errors: int
-    p99_ms: float | None = None  # None when the window had no requests
+    p99_ms: float | None = None
+    p50_ms: float | None = None
+    p95_ms: float | None = None
 
     def __post_init__(self) -> None:
         _count("requests", self.requests)
         if _count("errors", self.errors) > self.requests:
             raise ParameterError(f"errors={self.errors}: exceeds requests={self.requests}")
-        if self.p99_ms is not None:
-            _num("p99_ms", self.p99_ms)
+        for name in ("p50_ms", "p95_ms", "p99_ms"):
+            if getattr(self, name) is not None:
+                _num(name, getattr(self, name))
+
+
+def exceedances(obs: VersionObs, threshold_ms: float) -> int:
+    """At least how many of the window's requests had a TTFT over ``threshold_ms``.
+
+    From the lowest known quantile ``q`` over the threshold: the linearly
+    interpolated ``q`` quantile of ``n`` values (at rank ``h = (n - 1) q``)
+    exceeds it only if the ``n - ceil(h)`` largest values do.
+
+    Examples
+    --------
+    >>> exceedances(VersionObs(4, 0, p99_ms=900.0, p50_ms=500.0), 800.0)   # only the largest
+    1
+    >>> exceedances(VersionObs(4, 0, p99_ms=900.0, p50_ms=850.0), 800.0)   # the 2 largest
+    2
+    >>> exceedances(VersionObs(1, 0, p99_ms=900.0), 800.0)                 # a single request
+    1
+    >>> exceedances(VersionObs(100, 0, p99_ms=700.0, p50_ms=100.0), 800.0)
+    0
+    """
+    n = obs.requests
+    for q, v in ((0.50, obs.p50_ms), (0.95, obs.p95_ms), (0.99, obs.p99_ms)):
+        if n and v is not None and v > threshold_ms:
+            return n - math.ceil(round((n - 1) * q, 9))
+    return 0
+
+
+def sprt_llr(k: int, n: int, p0: float, p1: float) -> float:
+    """Log-likelihood ratio of ``k`` exceedances in ``n`` under ``p1`` against ``p0``.
+
+    >>> round(sprt_llr(4, 4, 0.05, 0.5), 3)        # 4 of 4 over: 4 ln 10
+    9.21
+    >>> round(sprt_llr(0, 100, 0.01, 0.05), 3)     # 100 under: 100 ln(0.95 / 0.99)
+    -4.124
+    """
+    return k * math.log(p1 / p0) + (n - k) * math.log((1.0 - p1) / (1.0 - p0))
 
 
 @dataclass(frozen=True)
@@ -164,6 +250,9 @@ class CanaryState:
     canary_total: int = 0
     all_total: int = 0
     reason: str = ""
+    stage_over_limit: int = 0  # canary requests over max_p99_ms (lower bound)
+    stage_slow: int = 0  # canary requests over max_slowdown x stable's P95 (lower bound)
+    stage_ref_requests: int = 0  # canary requests of windows with a stable P95 to compare
 
     def __post_init__(self) -> None:
         if self.name not in ("pending", "running", *TERMINAL):
@@ -245,6 +334,15 @@ def _rollback_reason(p: CanaryParams, s: CanaryState, canary: VersionObs,
                 and stable.requests >= max(p.min_p99_requests, 1)
                 and canary.p99_ms > p.max_p99_ratio * stable.p99_ms):
             return f"p99 {canary.p99_ms:g} ms > {p.max_p99_ratio:g} x stable {stable.p99_ms:g} ms"
+    bound = math.log(1.0 / p.sequential_alpha)
+    llr = sprt_llr(s.stage_over_limit, s.stage_requests, LIMIT_P0, p.limit_p1)
+    if llr >= bound:
+        return (f"{s.stage_over_limit}/{s.stage_requests} requests over {p.max_p99_ms:g} ms "
+                f"(sequential test, llr {llr:.2f} >= {bound:.2f}: p99 over the limit)")
+    llr = sprt_llr(s.stage_slow, s.stage_ref_requests, SLOWDOWN_P0, p.slowdown_p1)
+    if p.max_slowdown is not None and llr >= bound:
+        return (f"{s.stage_slow}/{s.stage_ref_requests} requests over {p.max_slowdown:g} x "
+                f"stable's p95 (sequential test, llr {llr:.2f} >= {bound:.2f})")
     if (p.max_error_rate_delta is not None
             and s.stable_requests >= max(p.min_judge_requests, 1)):
         stable_rate = s.stable_errors / s.stable_requests
@@ -286,7 +384,13 @@ def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: V
         return state, CanaryOutput(traffic_share(params, state), state.name, False,
                                    state.reason or state.name, state.stage)
     assert state.stage_started_s is not None
+    ref = stable.p95_ms if stable.requests >= max(params.min_ref_requests, 1) else None
+    slow = 0 if ref is None or params.max_slowdown is None else exceedances(
+        canary, params.max_slowdown * ref)
     s = replace(state, stage_requests=state.stage_requests + canary.requests,
+                stage_over_limit=state.stage_over_limit + exceedances(canary, params.max_p99_ms),
+                stage_slow=state.stage_slow + slow,
+                stage_ref_requests=state.stage_ref_requests + (0 if ref is None else canary.requests),
                 stage_errors=state.stage_errors + canary.errors,
                 stable_requests=state.stable_requests + stable.requests,
                 stable_errors=state.stable_errors + stable.errors,
@@ -304,7 +408,8 @@ def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: V
             return s, CanaryOutput(1.0, "promoted", True, s.reason, s.stage)
         nxt = s.stage + 1
         s = replace(s, stage=nxt, stage_started_s=now, stage_requests=0, stage_errors=0,
-                    stable_requests=0, stable_errors=0,
+                    stable_requests=0, stable_errors=0, stage_over_limit=0, stage_slow=0,
+                    stage_ref_requests=0,
                     reason=f"promote to {params.stages[nxt]:.0%}")
         return s, CanaryOutput(params.stages[nxt], "running", True, s.reason, nxt)
     if params.max_stage_s is not None and elapsed > params.max_stage_s:

@@ -1,14 +1,20 @@
 """``governor bench traffic --scenario canary``: a bad version rolled out 1 -> 5 -> 20 -> 100 %.
 
-A bad ``llama2-70b@v2`` (errors, or slow) is rolled out by
-:mod:`controllers.canary`; arms ``big-bang`` (100 % at the start),
-``canary``, and ``canary-good`` (a healthy v2, which must be promoted).
-Reported: the share of *all* requests v2 served before the rollback.
+``llama2-70b@v2`` is rolled out by :mod:`controllers.canary`.  Versions:
+``errors`` (``--canary-error-rate``, 2 %), ``p99`` (TTFT x
+``--canary-p99-factor``, 8: its P99 is over 800 ms even unloaded), ``slow``
+(TTFT x ``--canary-latency-factor``, 5: P99 under 800 ms at low load, 5x
+stable's) and ``good`` (healthy; must be promoted).  Arms: ``canary`` (the
+default rules), ``canary-abs`` (the slow versions, without the rule relative
+to stable) and ``big-bang`` (100 % at the start).  The canary sees what the
+stream worker sees: per window, each version's count, errors and TTFT
+P50/P95/P99.  Reported: the share of *all* requests v2 served.
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from controllers import canary as can
@@ -27,6 +33,14 @@ from governor.traffic_sim import (
 from sim.fleet import Fleet
 
 
+def version_obs(win: list[dict], model: str) -> can.VersionObs:
+    """One version's window as the stream worker reports it: count, errors, TTFT quantiles."""
+    rs = [r for r in win if r["model"] == model]
+    ttft = [r["ttft_ms"] for r in rs]
+    return can.VersionObs(len(rs), sum(r["status"] == "error" for r in rs), _pct(ttft, 99),
+                          _pct(ttft, 50), _pct(ttft, 95))
+
+
 def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
     stable, v2 = FALLBACK, f"{FALLBACK}@v2"
     replicas = {stable: args.canary_replicas, v2: args.canary_replicas}
@@ -36,14 +50,16 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
     cp = can.CanaryParams(hold_s=args.hold_s, min_requests_per_stage=args.min_stage_requests)
     start_s = args.canary_start_s
 
+    slow_factor = {"p99": args.canary_p99_factor, "slow": args.canary_latency_factor}
+
     def mk_setup(bad: str) -> Callable[[Fleet], None]:
         def setup(f: Fleet) -> None:
             _setup_replicas(replicas)(f)
             for z in ZONES:
                 if bad == "errors":
                     f.inject_errors(z, v2, args.canary_error_rate, 0.0, 1e9)
-                elif bad == "latency":
-                    f.inject_latency_spike(z, v2, 1.0, args.canary_latency_factor, 0.0, 1e9)
+                elif bad in slow_factor:
+                    f.inject_latency_spike(z, v2, 1.0, slow_factor[bad], 0.0, 1e9)
         return setup
 
     def weights(share: float) -> dict[str, float]:
@@ -52,30 +68,24 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
         return w
 
     class CanaryPolicy:
-        def __init__(self) -> None:
+        """The worker's view: per window, each version's count, errors and TTFT P50/P95/P99."""
+
+        def __init__(self, params: can.CanaryParams) -> None:
+            self.params = params
             self.state = can.CanaryState()
             self.events: list[dict] = []
-            self.stage_ttft: list[float] = []
             self.share = 0.0
 
         def __call__(self, f: Fleet, t: float, win: list[dict]) -> None:
+            cp = self.params
             if self.state.name == "pending" and t >= start_s:
                 self.state = can.start(cp, t)
                 self.events.append({"t_s": t, "event": "start", "share": can.traffic_share(cp, self.state)})
             elif self.state.name == "running":
-                cr = [r for r in win if r["model"] == v2]
-                sr = [r for r in win if r["model"] == stable]
-                self.stage_ttft += [r["ttft_ms"] for r in cr]
-                p99 = _pct(self.stage_ttft, 99) if len(self.stage_ttft) >= cp.min_p99_requests else None
-                stage = self.state.stage
-                self.state, out = can.step(
-                    cp, self.state, can.VersionObs(len(cr), sum(r["status"] == "error" for r in cr), p99),
-                    can.VersionObs(len(sr), sum(r["status"] == "error" for r in sr), _pct([r["ttft_ms"] for r in sr], 99)), t)
+                self.state, out = can.step(cp, self.state, version_obs(win, v2), version_obs(win, stable), t)
                 if out.changed:
                     self.events.append({"t_s": t, "event": out.state_name, "share": out.traffic_share,
                                         "reason": out.reason})
-                if self.state.stage != stage:
-                    self.stage_ttft = []
             share = can.traffic_share(cp, self.state)
             if t == 0.0 or share != self.share:
                 self.share = share
@@ -88,8 +98,10 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
             f.set_routing(FAMILY, weights(1.0), t)
 
     res: dict[str, Any] = {}
-    for bad in ("errors", "latency", "good"):
-        arms: dict[str, Any] = {"canary": CanaryPolicy()}
+    for bad in ("errors", "p99", "slow", "good"):
+        arms: dict[str, Any] = {"canary": CanaryPolicy(cp)}
+        if bad in slow_factor:  # the seed's absolute rules alone (sequential P99 test included)
+            arms["canary-abs"] = CanaryPolicy(replace(cp, max_slowdown=None))
         if bad != "good":
             arms["big-bang"] = bigbang
         for name, pol in arms.items():
@@ -108,6 +120,9 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
                 s["rollout_s"] = [start_s, end]
                 s["v2_share_during_rollout"] = (sum(r["model"] == v2 for r in during) / len(during)
                                                 if during else 0.0)
+                first = next((e["t_s"] for e in pol.events if e["event"] != "start"), end)
+                s["v2_ttft_p99_first_stage_ms"] = _pct(
+                    [r["ttft_ms"] for r in on_v2 if r["arrival_ms"] < first * 1000], 99)
             res[f"{bad}/{name}"] = s
     return res
 

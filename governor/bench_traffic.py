@@ -16,9 +16,10 @@ sets the fleet's routing weights for the next one.
 * ``breaker``: ``az-a``'s primary returns errors at ``--error-rate`` for a
   while.  Arms: ``no-breaker`` (static by capacity), ``breaker``
   (:mod:`controllers.breaker` per target feeding the router, half-open probes).
-* ``canary``: a bad ``llama2-70b@v2`` (errors, or a P99 over 800 ms) rolled
-  out 1 -> 5 -> 20 -> 100 %.  Arms: ``big-bang`` (100 % at the start),
-  ``canary`` (:mod:`controllers.canary`), and ``canary-good`` (a healthy v2).
+* ``canary``: a ``llama2-70b@v2`` with 2 % errors, a P99 over 800 ms, 5x
+  stable's TTFT, or healthy, rolled out 1 -> 5 -> 20 -> 100 %.  Arms:
+  ``big-bang`` (100 % at the start), ``canary`` (:mod:`controllers.canary`)
+  and ``canary-abs`` (without the rule relative to stable).
 * ``agents``: agent turns take the RAG, tool or plain-LLM path drawn from
   the 4.1 weights (dynamic) or 1:1:1 (static); see :func:`agent_turn_calls`.
 
@@ -151,7 +152,10 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--hold-s", type=float, default=60.0)
     b.add_argument("--min-stage-requests", type=int, default=250)
     b.add_argument("--canary-error-rate", type=float, default=0.02)
-    b.add_argument("--canary-latency-factor", type=float, default=5.0)
+    b.add_argument("--canary-latency-factor", type=float, default=5.0,
+                   help="TTFT factor of the 'slow' version (P99 under 800 ms at low load)")
+    b.add_argument("--canary-p99-factor", type=float, default=8.0,
+                   help="TTFT factor of the 'p99' version (P99 over 800 ms at any load)")
     b.add_argument("--agent-rate", type=float, default=6.0, help="agent turns per second")
     b.add_argument("--agent-conversations", type=int, default=200)
     b.add_argument("--agent-replicas", type=int, default=4)

@@ -7,6 +7,7 @@ write that key, against ``REDIS_URL`` (no embedded servers).
 
     governor canary start --model llama2-70b --version v2 [--stages 0.01,0.05,0.2,1.0]
                           [--hold-s 300] [--max-error-rate 0.008] [--max-p99-ms 800]
+                          [--max-slowdown 2] [--sequential-alpha 0.001]
     governor canary status --model llama2-70b [--json]
     governor canary abort --model llama2-70b --reason "bad outputs"
 """
@@ -44,6 +45,10 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-error-rate", type=float, default=0.008)
     s.add_argument("--max-p99-ms", type=float, default=800.0)
     s.add_argument("--min-requests-per-stage", type=int, default=500)
+    s.add_argument("--max-slowdown", type=float, default=2.0,
+                   help="roll back a canary slower than this x stable's TTFT P95 (0 = off)")
+    s.add_argument("--sequential-alpha", type=float, default=0.001,
+                   help="false-rollback bound of the sequential latency tests")
     s.add_argument("--force", action="store_true", help="replace a rollout that is still running")
     st = csub.add_parser("status", help="print a rollout's state")
     st.add_argument("--model", required=True)
@@ -153,7 +158,9 @@ def run_canary(settings: Settings, args: argparse.Namespace) -> int:
                 params = can.CanaryParams(stages=stages, hold_s=args.hold_s,
                                           max_error_rate=args.max_error_rate,
                                           max_p99_ms=args.max_p99_ms,
-                                          min_requests_per_stage=args.min_requests_per_stage)
+                                          min_requests_per_stage=args.min_requests_per_stage,
+                                          max_slowdown=args.max_slowdown or None,
+                                          sequential_alpha=args.sequential_alpha)
             except (ValueError, ParameterError) as exc:
                 print(f"governor canary: {exc}", file=sys.stderr)
                 return 2

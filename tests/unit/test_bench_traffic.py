@@ -38,6 +38,17 @@ def test_canary_rolls_back_a_bad_version_before_one_percent() -> None:
     assert res["errors/big-bang"]["v2_errors"] > bad["v2_errors"]
 
 
+def test_canary_catches_a_slow_version_at_the_first_stage_and_promotes_a_good_one() -> None:
+    """TTFT x5 stays under 800 ms unloaded: only the rule relative to stable sees it at 1 %."""
+    res = bt.scenario_canary(_args(canary_duration_s=500.0, canary_rate=20.0, canary_replicas=2,
+                                   min_stage_requests=50, hold_s=30.0))
+    slow = res["slow/canary"]
+    assert slow["final"] == "rolled_back" and "rolled back at 1%" in slow["events"][-1]["reason"]
+    assert slow["v2_share_of_all"] < 0.01
+    assert res["slow/canary-abs"]["v2_requests"] > slow["v2_requests"]  # caught later without it
+    assert res["good/canary"]["final"] == "promoted"
+
+
 def test_agents_dynamic_vs_static_same_turns() -> None:
     res = bt.scenario_agents(_args(duration_s=120.0, agent_rate=2.0))
     s, d = res["static-1:1:1"], res["dynamic"]

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import pickle
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy import stats
 
 from controllers.canary import (
     CanaryParams,
     CanaryState,
     VersionObs,
     abort,
+    exceedances,
     expected_exposure,
+    sprt_llr,
     start,
     step,
     traffic_share,
@@ -138,6 +142,112 @@ def test_stalled_stage_aborts() -> None:
     assert outs[9].state_name == "aborted" and "stalled at 1%" in outs[9].reason
 
 
+# -- sequential latency tests ------------------------------------------------------------
+STABLE = VersionObs(400, 0, 150.0, 80.0, 120.0)  # 400 requests, TTFT P95 120 ms: threshold 2 x 120
+
+
+def window(p50: float, p95: float, p99: float, n: int = 4) -> VersionObs:
+    return VersionObs(n, 0, p99, p50, p95)
+
+
+@pytest.mark.parametrize(
+    ("obs", "threshold", "count"),
+    [
+        (window(300.0, 400.0, 500.0), 240.0, 2),  # median of 4 over: rank 1.5 -> the 2 largest
+        (window(200.0, 300.0, 350.0), 240.0, 1),  # only P95 over: rank 2.85 -> the largest
+        (window(200.0, 230.0, 239.0), 240.0, 0),  # nothing over
+        (window(100.0, 200.0, 900.0, n=100), 800.0, 1),  # P99 of 100: rank 98.01 -> 1
+        (window(100.0, 900.0, 950.0, n=100), 800.0, 5),  # P95 of 100: rank 94.05 -> 5
+        (window(900.0, 900.0, 900.0, n=1), 800.0, 1),  # a single request over
+        (VersionObs(4, 0, 900.0), 800.0, 1),  # only a P99 known
+        (VersionObs(0, 0, None), 800.0, 0),  # an empty window
+    ],
+)
+def test_exceedances_are_rank_bounds_of_the_quantiles(obs, threshold, count) -> None:
+    assert exceedances(obs, threshold) == count
+
+
+def test_exceedance_bound_holds_on_samples() -> None:
+    """Oracle: on random samples the bound never exceeds the true count."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        xs = rng.lognormal(5.0, 0.8, size=int(rng.integers(1, 60)))
+        thr = float(rng.uniform(50, 600))
+        obs = VersionObs(len(xs), 0, *(float(np.percentile(xs, q)) for q in (99, 50, 95)))
+        assert exceedances(obs, thr) <= int((xs > thr).sum())
+
+
+@pytest.mark.parametrize(("k", "n", "p0", "p1"), [(4, 4, 0.05, 0.5), (3, 200, 0.01, 0.05),
+                                                   (0, 50, 0.01, 0.05), (7, 17, 0.05, 0.5)])
+def test_sprt_llr_is_the_binomial_likelihood_ratio(k, n, p0, p1) -> None:
+    """Oracle: scipy's binomial log-pmf ratio."""
+    ref = stats.binom.logpmf(k, n, p1) - stats.binom.logpmf(k, n, p0)
+    assert sprt_llr(k, n, p0, p1) == pytest.approx(ref)
+
+
+def test_slower_than_stable_rolls_back_on_the_third_small_window() -> None:
+    """Canary median 300 ms > 2 x stable's P95 (240 ms): 2 of 4 over per window.
+
+    llr after w windows: w (2 ln 10 + 2 ln(0.5 / 0.95)) = 3.32 w; ln(1/0.001) = 6.91
+    is crossed at w = 3 (6.64 after two).  No window has 20 requests, so no P99 is judged.
+    """
+    s, outs = run(P, [(window(300.0, 400.0, 500.0), STABLE)] * 3)
+    assert [o.state_name for o in outs] == ["running", "running", "rolled_back"]
+    assert (s.stage_slow, s.stage_ref_requests) == (6, 12)
+    assert "6/12 requests over 2 x stable's p95" in outs[-1].reason
+
+
+@pytest.mark.parametrize(
+    ("params", "canary", "stable"),
+    [
+        (P, window(150.0, 200.0, 230.0), STABLE),  # 1.9x stable's P95 at most: within k = 2
+        (P, window(300.0, 400.0, 500.0), VersionObs(99, 0, 150.0, 80.0, 120.0)),  # stable < 100
+        (P, window(300.0, 400.0, 500.0), VersionObs(400, 0, 150.0)),  # stable P95 unknown
+        (CanaryParams(hold_s=60.0, min_requests_per_stage=100, max_slowdown=None),
+         window(300.0, 400.0, 500.0), STABLE),  # the relative rule off
+    ],
+)
+def test_no_relative_rollback_without_a_reference_or_within_k(params, canary, stable) -> None:
+    s, outs = run(params, [(canary, stable)] * 20)
+    assert all(o.state_name == "running" for o in outs)
+
+
+def test_tail_over_the_p99_limit_rolls_back_sequentially() -> None:
+    """One request of 4 over 800 ms per window (25 %, P99 limit allows 1 %).
+
+    llr per window: ln 5 + 3 ln(0.95 / 0.99) = 1.486; crosses 6.91 in window 5.
+    Stable has no P95, so only the absolute rule can fire.
+    """
+    s, outs = run(P, [(window(300.0, 900.0, 950.0), healthy())] * 5)
+    assert [o.state_name for o in outs] == ["running"] * 4 + ["rolled_back"]
+    assert s.stage_over_limit == 5 and "5/20 requests over 800 ms" in outs[-1].reason
+
+
+def test_sequential_counts_restart_at_each_stage() -> None:
+    """4 slow windows spread over two stages (2 + 2) never reach the bound."""
+    p = CanaryParams(hold_s=20.0, min_requests_per_stage=8)
+    slow = window(300.0, 400.0, 500.0)
+    s, outs = run(p, [(slow, STABLE), (slow, STABLE), (slow, STABLE)])
+    assert outs[1].reason == "promote to 5%" and outs[2].state_name == "running"
+    assert (s.stage, s.stage_slow, s.stage_ref_requests) == (1, 2, 4)
+
+
+@pytest.mark.parametrize(("p_over", "max_rollbacks", "min_rollbacks"),
+                         [(0.01, 0.05 + 0.035, 0.0),  # H0 at its boundary: <= alpha (+3 sigma)
+                          (0.10, 1.0, 0.95)])  # 10x the allowed tail: caught
+def test_false_rollbacks_stay_under_alpha_over_many_windows(p_over, max_rollbacks,
+                                                            min_rollbacks) -> None:
+    """Monte Carlo over 200 one-request windows: Ville's bound, and power."""
+    p = CanaryParams(hold_s=1e9, sequential_alpha=0.05, max_slowdown=None)
+    rng = np.random.default_rng(11)
+    runs, rolled = 300, 0
+    for _ in range(runs):
+        over = rng.random(200) < p_over
+        _, outs = run(p, [(window(*[900.0 if o else 100.0] * 3, n=1), healthy()) for o in over])
+        rolled += outs[-1].state_name == "rolled_back"
+    assert min_rollbacks <= rolled / runs <= max_rollbacks
+
+
 @pytest.mark.parametrize(
     ("stage", "elapsed", "expected"),
     [
@@ -161,7 +271,10 @@ def test_measured_exposure() -> None:
     [({"stages": (0.2, 0.1)}, "stages"), ({"stages": ()}, "stages"), ({"stages": (0.0, 1.0)}, "stages"),
      ({"hold_s": (10.0, 10.0)}, "hold_s"), ({"max_error_rate": 0.0}, "max_error_rate"),
      ({"max_p99_ms": 0.0}, "max_p99_ms"), ({"max_p99_ratio": 0.5}, "max_p99_ratio"),
-     ({"min_requests_per_stage": -1}, "min_requests_per_stage"), ({"max_stage_s": 10.0}, "max_stage_s")],
+     ({"min_requests_per_stage": -1}, "min_requests_per_stage"), ({"max_stage_s": 10.0}, "max_stage_s"),
+     ({"sequential_alpha": 0.0}, "sequential_alpha"), ({"limit_p1": 0.01}, "limit_p1"),
+     ({"slowdown_p1": 0.04}, "slowdown_p1"), ({"max_slowdown": 0.5}, "max_slowdown"),
+     ({"min_ref_requests": -1}, "min_ref_requests")],
 )
 def test_params_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):
