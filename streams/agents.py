@@ -217,9 +217,9 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         cmds = breaker.on_window(m, clock.now_ms())  # malformed windows are skipped (logged) inside
         for t in breaker.drain_transitions():
             metrics.observe_breaker(t.model, t.zone, t.state, changed=True)
-        model, zone = m.get("model"), m.get("zone")
-        if isinstance(model, str) and isinstance(zone, str):
-            metrics.observe_breaker(model, zone, breaker.state_of(f"{model}|{zone}"), changed=False)
+        target = (str(m.get("model")), str(m.get("zone")))
+        if target in breaker.states:  # a target the breaker judges (not a malformed window)
+            metrics.observe_breaker(*target, breaker.states[target].name, changed=False)
         for bc in cmds:
             await publish(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from executors.backends import SimFleetBackend, breaker_key
 from executors.executor import ZoneExecutor
 from governor.clock import ScaledClock
+from governor.embedded import free_port
 from governor.processes import WORKER_READY, start_worker
 from governor.settings import Settings
 from governor.topics import ensure_topics
@@ -35,7 +37,8 @@ def _req(i: int, now: int, error: bool) -> dict:
 
 async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         settings: Settings, tmp_path: Path) -> None:
-    settings = settings.replace(zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0)
+    settings = settings.replace(zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0,
+                                metrics_port=free_port())
     await ensure_topics(settings)
     worker = start_worker(settings, tmp_path)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
@@ -83,6 +86,10 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         assert restored.state_of(TARGET) == "open"
         for name in ("scaler", "routing", "kv"):
             assert await redis.exists(f"{settings.topic_prefix}:snapshot:{name}")
+        url = f"http://127.0.0.1:{settings.metrics_port}/metrics"
+        text = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
+        assert f'governor_breaker_state{{model="{MODEL}",zone="az-a"}} 2.0' in text
+        assert f'governor_breaker_transitions_total{{model="{MODEL}",state="open",zone="az-a"}} 1.0' in text
     finally:
         worker.stop()
         await redis.aclose()
