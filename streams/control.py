@@ -18,6 +18,15 @@ per-key learned state and wires them together for each closed zone window:
 5. *Feedback*: the velocity PID (:mod:`controllers.pid`) or the fractional
    PID^alpha (:mod:`controllers.fpid`), ``Settings.controller``.
 
+Across the zones of a model, :mod:`controllers.zone_capacity` watches every
+zone's windows: a zone whose windows stop (or show no replicas while it had
+demand) is lost, its demand is added at once to the survivors' feedforward
+(a demand floor), routing weights leave it, and it gets them back once it
+reports again and has its share ready (``zone_lost`` / ``zone_healed`` /
+``zone_returned`` events; :meth:`Scaler.zone_weights`).  With
+``Settings.zone_redundancy = k`` every zone's floor covers its part of any
+``k`` lost zones' demand.
+
 A decision that changes the replica count becomes a
 :class:`~streams.commands.Command`; when the fleet's provisioned count
 disagrees with the target for ``reconcile_after`` windows the target is
@@ -36,6 +45,7 @@ from typing import Any
 from controllers import feedforward as ff
 from controllers import fpid
 from controllers import observer as obs
+from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
@@ -81,6 +91,20 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
 
 
+def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
+    """Zone-aware capacity of ``model``: loss timeout, hysteresis, ``zone_redundancy``.
+
+    A healed zone gets its traffic back when its share is ready, or at the
+    latest after two start-ups plus two periods (whatever is ready then).
+    """
+    ffp = ff_params_for(settings, model)
+    heal_windows = max(3, math.ceil(2 * (settings.startup_hint_s + settings.window_s) / settings.window_s))
+    return zc.ZoneCapacityParams(zones=tuple(settings.zones), window_s=settings.window_s,
+                                 redundancy=settings.zone_redundancy, max_heal_windows=heal_windows,
+                                 capacity_rps=None if ffp is None else ffp.capacity_rps,
+                                 target_util=0.8 if ffp is None else ffp.target_util)
+
+
 @dataclass
 class KeyState:
     ctrl: PidState | fpid.FpidState = field(default_factory=PidState)
@@ -108,6 +132,8 @@ class Scaler:
         self.ff_params = {m.name: ff_params_for(settings, m.name) for m in settings.models}
         self.horizon_steps = max(1, math.ceil((settings.startup_hint_s + settings.window_s) / settings.window_s))
         self.states: dict[tuple[str, str], KeyState] = {}
+        self.zone_params = {m.name: zone_params_for(settings, m.name) for m in settings.models}
+        self.zones: dict[str, zc.ZoneCapacityState] = {}  # per model: status, demand, floors
         self.events: list[dict[str, Any]] = []  # drift and mode events for the caller to publish
         self.decisions = 0
 
@@ -122,7 +148,8 @@ class Scaler:
     def snapshot(self) -> bytes:
         """Learned state of every key (controller, forecaster, detectors) as bytes."""
         return pickle.dumps({"version": SNAPSHOT_VERSION, "controller": self.settings.controller,
-                             "states": self.states, "decisions": self.decisions})
+                             "states": self.states, "decisions": self.decisions,
+                             "zones": {m: st.to_dict() for m, st in self.zones.items()}})
 
     def restore(self, blob: bytes) -> int:
         """Load a :meth:`snapshot`; returns the number of keys restored."""
@@ -133,6 +160,8 @@ class Scaler:
             return 0
         self.states = data["states"]
         self.decisions = data.get("decisions", 0)
+        # Older snapshots have no zone state: every zone starts as up.
+        self.zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
         return len(self.states)
 
     # -- decisions ------------------------------------------------------------
@@ -157,6 +186,7 @@ class Scaler:
         eps = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
                                         queued, rate, float(m.get("ttft_slo_ms") or self._slo(model)))
         arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
+        floor = self._zones(model, zone, basis, arrival, ready, starting)
         if self.settings.observer:
             eps = self._observe(ks, model, m, basis, window_s, ready, starting, queued, rate, arrival, eps)
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
@@ -166,7 +196,7 @@ class Scaler:
             ks.sde = ks.sde.update(float(m["ttft_p50_ms"]), window_s)
         self._drift(ks, model, zone, m, arrival, basis)
         limits = params.limits if isinstance(params, fpid.FpidParams) else params
-        ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits)
+        ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits, floor)
         if ks.forecaster is not None:
             ks.forecaster.learn(arrival)
         previous = ks.ctrl.last_target
@@ -197,6 +227,7 @@ class Scaler:
                        basis_ms=basis, controller=self.settings.controller,
                        detail={"violation_rate": meas.violation_rate, "multiplier": out.multiplier,
                                "feedforward": None if ff_out is None else ff_out.to_dict(),
+                               "zone_floor_rps": floor,
                                "ff_mode": ks.ff_mode, "error": out.error,
                                "held_pending": out.held_pending,
                                "e2e_p95_ms": m.get("e2e_p95_ms"), "ttft_p95_ms": m.get("ttft_p95_ms")})
@@ -257,10 +288,33 @@ class Scaler:
             if detector is ks.rate_drift and ks.forecaster is not None:
                 ks.forecaster.reset()  # the old regime's level and trend would mislead
 
+    def _zones(self, model: str, zone: str, basis: int, arrival: float, ready: int, starting: int) -> float:
+        """Fold the window into the model's zone view; publish its events; this zone's demand floor."""
+        zp = self.zone_params[model]
+        state, events = zc.observe(zp, self.zones.get(model, zc.ZoneCapacityState()), zone,
+                                   zc.ZoneWindow(basis, arrival, ready, starting))
+        self.zones[model] = state
+        for ev in events:
+            log.warning("%s/%s %s: %s", ev.zone, model, ev.kind, ev.to_dict())
+            self.events.append({"schema_version": 1, **ev.to_dict(), "model": model})
+        return zc.floor_rps(zp, state, zone, basis)
+
+    def zone_weights(self, model: str) -> dict[str, float]:
+        """Routing shares of ``model``'s traffic over the zones (0 for a lost or healing zone)."""
+        zp = self.zone_params.get(model)
+        if zp is None:
+            return {}
+        return zc.weights(zp, self.zones.get(model, zc.ZoneCapacityState()))
+
+    def zone_status(self, model: str) -> dict[str, str]:
+        """``up`` / ``lost`` / ``healing`` per zone that has reported."""
+        return {z: st.status for z, st in self.zones.get(model, zc.ZoneCapacityState()).zones.items()}
+
     def _feedforward(self, model: str, zone: str, ks: KeyState, rate: float, queued: float,
-                     window_s: float, meas: PidMeasurement,
-                     params: PidParams) -> ff.FeedforwardOutput | None:
-        """Size from demand; lift (or let decay) the feedback level before it steps."""
+                     window_s: float, meas: PidMeasurement, params: PidParams,
+                     floor_rps: float = 0.0) -> ff.FeedforwardOutput | None:
+        """Size from demand (at least ``floor_rps``, the zone-aware floor); lift (or let
+        decay) the feedback level before it steps."""
         ffp = self.ff_params.get(model)
         if ffp is None:
             return None
@@ -270,7 +324,8 @@ class Scaler:
             error = ks.forecaster.errors_h.mae
         ks.ff, out = ff.step(ffp, ks.ff, ff.FeedforwardMeasurement(
             rate_rps=rate, queued=queued, forecast_rps=forecast, forecast_error_rps=error), window_s)
-        need = min(max(out.replicas, float(params.min_replicas)), float(params.max_replicas))
+        need = max(out.replicas, floor_rps / (ffp.capacity_rps * ffp.target_util))
+        need = min(max(need, float(params.min_replicas)), float(params.max_replicas))
         level = ks.ctrl.level if ks.ctrl.level is not None else float(
             ks.ctrl.last_target if ks.ctrl.last_target is not None else meas.replicas_current)
         lift = need > level * (1.0 + ffp.tolerance)

@@ -111,3 +111,72 @@ def test_observer_predicts_a_growing_queue_as_violations() -> None:
     for k in range(3):
         cmd = with_obs.on_window(_window(k, eps=0.0, rate=10.0, queue=4.0 * k, ready=4), (k + 1) * 10_000)
     assert cmd is not None and cmd.detail["violation_rate"] > 0.0
+
+
+# -- zone-aware capacity (controllers.zone_capacity wired per model) -------------------------
+
+def _two_zone_scaler(**kw) -> Scaler:
+    spec = ModelSpec(MODEL, ttft_slo_ms=1000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=100,
+                     replica_capacity_rps=2.0)
+    return Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a", "az-b"), **kw))
+
+
+def _zw(zone: str, k: int, **kw) -> dict:
+    return {**_window(k, **kw), "zone": zone}
+
+
+def test_a_silent_zone_is_lost_and_its_demand_sized_on_the_survivor_at_once() -> None:
+    """8 rps per zone at 2 rps/replica x 0.8: az-a alone needs 5 replicas, with az-b's share 10.
+    az-b's last window is k=5 (ends 60 s); at az-a's window ending 90 s it has missed two."""
+    s = _two_zone_scaler()
+    for k in range(6):
+        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+        s.on_window(_zw("az-b", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    s.drain_events()
+    before = s.on_window(_zw("az-a", 6, rate=8.0, ready=6), 70_000)
+    s.on_window(_zw("az-a", 7, rate=8.0, ready=6), 80_000)
+    assert s.zone_status(MODEL) == {"az-a": "up", "az-b": "up"}
+    assert before is None or before.target_replicas < 10
+    cmd = s.on_window(_zw("az-a", 8, rate=8.0, ready=6), 90_000)
+    assert cmd is not None and cmd.target_replicas >= 10
+    assert cmd.detail["zone_floor_rps"] == pytest.approx(16.0, rel=0.05)
+    lost = [e for e in s.drain_events() if e["kind"] == "zone_lost"]
+    assert len(lost) == 1 and lost[0]["zone"] == "az-b" and lost[0]["model"] == MODEL
+    assert s.zone_weights(MODEL) == {"az-a": 1.0, "az-b": 0.0}
+
+
+def test_zone_state_survives_a_restart_and_the_heal_is_seen_after_it() -> None:
+    s = _two_zone_scaler()
+    for k in range(6):
+        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+        s.on_window(_zw("az-b", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    for k in (6, 7, 8):
+        s.on_window(_zw("az-a", k, rate=16.0, ready=10), (k + 1) * 10_000)
+    resumed = _two_zone_scaler()
+    assert resumed.restore(s.snapshot()) == 2
+    assert resumed.zone_status(MODEL)["az-b"] == "lost"
+    assert resumed.zone_weights(MODEL) == s.zone_weights(MODEL) == {"az-a": 1.0, "az-b": 0.0}
+    resumed.on_window(_zw("az-b", 9, rate=0.0, ready=0, starting=5), 100_000)
+    assert [e["kind"] for e in resumed.drain_events() if e["kind"].startswith("zone")] == ["zone_healed"]
+    assert resumed.zone_weights(MODEL)["az-b"] == 0.0  # nothing ready yet: no traffic
+    resumed.on_window(_zw("az-a", 9, rate=16.0, ready=10), 100_000)
+    resumed.on_window(_zw("az-b", 10, rate=0.0, ready=5, starting=0), 110_000)
+    assert [e["kind"] for e in resumed.drain_events() if e["kind"].startswith("zone")] == ["zone_returned"]
+    assert resumed.zone_weights(MODEL) == {"az-a": 0.5, "az-b": 0.5}
+
+
+def test_zone_redundancy_sizes_each_zone_for_the_other_zones_share() -> None:
+    """N+1 over two zones at 8 rps each: each zone is sized for 16 rps = 10 replicas."""
+    plain, n1 = _two_zone_scaler(), _two_zone_scaler(zone_redundancy=1)
+    targets = {}
+    for name, s in (("plain", plain), ("n1", n1)):
+        last = None
+        for k in range(6):
+            for zone in ("az-a", "az-b"):
+                cmd = s.on_window(_zw(zone, k, rate=8.0, ready=6), (k + 1) * 10_000)
+                if cmd is not None and zone == "az-a":
+                    last = cmd.target_replicas
+        targets[name] = last
+    assert targets["n1"] is not None and targets["n1"] >= 10
+    assert targets["plain"] is None or targets["plain"] < 10
+    assert not [e for e in n1.drain_events() if e["kind"].startswith("zone")]  # no loss, only floors
