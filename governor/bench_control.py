@@ -37,7 +37,11 @@ GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
     "governor-fb-nodc": {"feedforward": False, "dead_time_comp": False},  # ... without delay comp.
     "governor-fpid": {"feedforward": True, "controller": "fpid",
                       "pid_gains": {"kp": 0.2, "ki": 0.05, "alpha": 0.8}},  # PID^alpha feedback
+    # N+1 zones (GOVERNOR_ZONE_REDUNDANCY=1): every zone sized so the others carry a lost one's share
+    "governor-n1": {"feedforward": True, "zone_redundancy": 1},
 }
+
+ZONE_NAMES = ("az-a", "az-b", "az-c", "az-d", "az-e")
 
 
 def strategy_names(selected: str) -> list[str]:
@@ -70,7 +74,11 @@ def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # typ
 def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     trace = load_trace(args.trace)
     slo = TRACE_SLOS.get(Path(str(args.trace)).name, TRACE_SLOS["azure-conv"])
+    n_zones = int(getattr(args, "zones", 2))
+    if not 2 <= n_zones <= len(ZONE_NAMES):
+        raise SystemExit(f"--zones {n_zones}: choose 2..{len(ZONE_NAMES)}")
     cfg = LoopConfig(initial_replicas=args.replicas, startup_s=args.startup_s, seed=args.seed,
+                     zones=ZONE_NAMES[:n_zones], balancer=getattr(args, "balancer", "uniform"),
                      eps_ref=getattr(args, "eps_ref", 0.02),
                      ttft_slo_ms=args.ttft_slo_ms or slo[0], itl_slo_ms=args.itl_slo_ms or slo[1],
                      window_s=args.window_s)
@@ -95,7 +103,8 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
             "duration_s": args.duration_s, "seed": args.seed, "requests": len(scenario.workload),
             "replica_capacity_rps": round(capacity, 3), "static_replicas_per_zone": static_n,
             "ttft_slo_ms": cfg.ttft_slo_ms, "itl_slo_ms": cfg.itl_slo_ms,
-            "startup_s": cfg.startup_s, "window_s": cfg.window_s, "eps_ref": cfg.eps_ref}
+            "startup_s": cfg.startup_s, "window_s": cfg.window_s, "eps_ref": cfg.eps_ref,
+            "zones": list(cfg.zones), "balancer": cfg.balancer}
     return results, meta
 
 
@@ -140,7 +149,7 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
 def run_bench(args: Namespace) -> int:
     results, meta = run_all(args)
     out = Path(args.out)
-    cfg_zones = ("az-a", "az-b")
+    cfg_zones = tuple(meta["zones"])
     plots = {r.strategy: str(plot(r, out / f"{args.scenario}-{r.strategy}.png", meta["ttft_slo_ms"], cfg_zones))
              for r in results}
     if args.markdown:
@@ -154,7 +163,8 @@ def run_bench(args: Namespace) -> int:
           f"{meta['duration_s']:.0f} s  {meta['requests']:,} requests  seed {meta['seed']}")
     print(f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
           f"profiled capacity {meta['replica_capacity_rps']} req/s per replica; "
-          f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s")
+          f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
+          f"{len(meta['zones'])} zones, {meta['balancer']} balancer")
     print(table(results))
     print(f"plots: {out}/{args.scenario}-<strategy>.png")
     sys.stdout.flush()
@@ -171,6 +181,10 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
     bc.add_argument("--static-replicas", type=int, default=0,
                     help="replicas per zone of the static baseline (0 = sized for the peak minute)")
+    bc.add_argument("--zones", type=int, default=2, help="number of zones (2..5)")
+    bc.add_argument("--balancer", default="uniform", choices=("uniform", "health"),
+                    help="global balancer: uniform over reachable zones, or also skip zones with "
+                         "no ready replica (governor steers it by its zone weights either way)")
     bc.add_argument("--startup-s", type=float, default=30.0)
     bc.add_argument("--window-s", type=float, default=10.0)
     bc.add_argument("--ttft-slo-ms", type=float, default=0.0, help="0 = the trace's default")
@@ -190,7 +204,9 @@ def summary_rows(results: Sequence[RunResult]) -> list[Mapping[str, Any]]:
 def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namespace) -> str:
     cmd = (f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
            f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}"
-           + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else ""))
+           + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else "")
+           + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
+           + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else ""))
     lines = [f"### {meta['trace']} / {meta['scenario']}", "",
              f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
              f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "

@@ -87,6 +87,11 @@ class LoopConfig:
     dead_time_comp: bool = True
     drift: bool = True
     observer: bool = False
+    zone_redundancy: int = 0  # GOVERNOR_ZONE_REDUNDANCY: zone losses sized for in standing capacity
+    # The global balancer in front of the zones: "uniform" sends a zone its share as soon as
+    # it is reachable (so a healed zone gets traffic while its replicas still start);
+    # "health" also skips zones with no ready replica (a load balancer's health check).
+    balancer: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0 or self.window_s < self.tick_s:
@@ -95,13 +100,16 @@ class LoopConfig:
             raise LoopConfigError("actuation_delay_s and startup_s must be >= 0")
         if not self.min_replicas <= self.initial_replicas <= self.max_replicas:
             raise LoopConfigError("need min_replicas <= initial_replicas <= max_replicas")
+        if self.balancer not in ("uniform", "health"):
+            raise LoopConfigError(f"balancer={self.balancer!r}: choose uniform or health")
 
     def settings(self) -> Settings:
         spec = ModelSpec(self.model, ttft_slo_ms=self.ttft_slo_ms, itl_slo_ms=self.itl_slo_ms,
                          min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                          replica_capacity_rps=self.replica_capacity_rps)
         return Settings(startup_hint_s=self.startup_s, controller=self.controller,
-                        dead_time_comp=self.dead_time_comp, drift=self.drift, observer=self.observer, zones=self.zones, models=(spec,), window_s=self.window_s,
+                        dead_time_comp=self.dead_time_comp, drift=self.drift, observer=self.observer,
+                        zone_redundancy=self.zone_redundancy, zones=self.zones, models=(spec,), window_s=self.window_s,
                         lateness_s=self.lateness_s, eps_ref=self.eps_ref, pid_gains=dict(self.pid_gains),
                         command_ttl_s=max(60.0, 3 * self.window_s))
 
@@ -114,6 +122,7 @@ class RunResult:
     decisions: list[tuple[float, str, int, str]]  # (t_s, zone, desired, reason)
     finished: list[dict[str, Any]]
     windows: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)  # the Scaler's (drift, mode, zone)
 
 
 class _GovernorStrategy:
@@ -123,10 +132,26 @@ class _GovernorStrategy:
 
     def __init__(self, settings: Settings) -> None:
         self.scaler = Scaler(settings)
+        self.events: list[dict[str, Any]] = []
 
     def on_window(self, m: Mapping[str, Any], now_ms: int) -> tuple[str, int, str] | None:
         cmd = self.scaler.on_window(m, now_ms)
+        self.events.extend(self.scaler.drain_events())
         return None if cmd is None else (cmd.zone, cmd.target_replicas, cmd.reason)
+
+
+def _pick_zone(weights: Mapping[str, float], reachable: Sequence[str], u: float) -> str | None:
+    """The zone whose cumulative weight (over the reachable zones) passes ``u`` in [0, 1)."""
+    w = [max(0.0, weights.get(z, 0.0)) for z in reachable]
+    total = sum(w)
+    if total <= 0:
+        return None
+    acc = 0.0
+    for z, wz in zip(reachable, w, strict=True):
+        acc += wz / total
+        if u < acc:
+            return z
+    return reachable[-1]
 
 
 StrategyFactory = Callable[[str], "Autoscaler"]  # zone -> autoscaler for that zone
@@ -158,6 +183,7 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
     arrivals_last: dict[str, deque[float]] = defaultdict(deque)
     rng = np.random.default_rng(cfg.seed)
     zone_of = rng.integers(0, len(cfg.zones), len(workload))
+    route_u = rng.random(len(workload))  # drawn after zone_of: the default routing is unchanged
     finished: list[dict[str, Any]] = []
     windows: list[dict[str, Any]] = []
     tl: dict[str, list[float]] = defaultdict(list)
@@ -186,9 +212,17 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                 del cut_until[zone]
                 fleet.set_desired(zone, cfg.model, max(saved_desired.pop(zone, 1), cfg.min_replicas), until)
         live_zones = [z for z in cfg.zones if z not in cut_until] or list(cfg.zones)
+        if cfg.balancer == "health":
+            live_zones = [z for z in live_zones if fleet.replicas(z, cfg.model)["ready"] > 0] or live_zones
+        # The global balancer: uniform over the zones, unless governor's zone-aware capacity
+        # has moved routing off a lost or healing zone (Scaler.zone_weights).
+        weights = governor.scaler.zone_weights(cfg.model) if governor is not None else {}
+        steer = bool(weights) and len(set(weights.values())) > 1
         while i < len(workload) and workload.arrival_s[i] <= t:
             zone = cfg.zones[int(zone_of[i])]
-            if zone in cut_until:  # the global balancer sends the cut zone's traffic elsewhere
+            if steer:
+                zone = _pick_zone(weights, live_zones, float(route_u[i])) or zone
+            if zone not in live_zones:  # the global balancer sends a cut zone's traffic elsewhere
                 zone = live_zones[i % len(live_zones)]
             fleet.submit(float(workload.arrival_s[i]), zone, cfg.model, int(workload.prompt_tokens[i]),
                          int(workload.output_tokens[i]), f"r{i}",
@@ -263,7 +297,7 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                           submitted=i, wall_s=time.perf_counter() - wall0, duration_s=duration,
                           in_flight=fleet.stats().get("in_flight", 0)) | ({"sde_fit": sde} if sde else {}),
         timeline={k: np.asarray(v) for k, v in tl.items()}, decisions=decisions,
-        finished=finished, windows=windows)
+        finished=finished, windows=windows, events=[] if governor is None else governor.events)
 
 
 def summarise(finished: Sequence[Mapping[str, Any]], cfg: LoopConfig, prov_gpu_s: float,

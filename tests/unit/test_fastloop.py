@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from sim.baselines import BASELINES
-from sim.fastloop import Fault, LoopConfig, LoopConfigError, run
+from sim.fastloop import EPOCH_MS0, Fault, LoopConfig, LoopConfigError, run
 from sim.scenarios import SCENARIOS, ScenarioError, build
 from sim.traces import load_trace
 
@@ -53,6 +53,48 @@ def test_feedforward_adds_capacity_earlier_than_feedback_alone() -> None:
     assert ff.metrics["slo_attainment"] >= fb.metrics["slo_attainment"]
 
 
+def test_zone_cut_is_detected_shifted_and_handed_back_when_ready() -> None:
+    """az-b is cut at 240 s for 180 s.  governor marks it lost two windows after its last
+    one, healed when it reports again at 420 s, and routes traffic back only once its
+    replicas are ready: no request reaches az-b between the heal and the return."""
+    sc = build("zone-cut", TRACE, 8.0, 600.0)
+    r = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.0), sc.faults,
+            sc.duration_s)
+    zone_ev = [(e["kind"], e["zone"], (e["window_end_ms"] - EPOCH_MS0) / 1000.0)
+               for e in r.events if e["kind"].startswith("zone_")]
+    assert [(k, z) for k, z, _ in zone_ev] == [("zone_lost", "az-b"), ("zone_healed", "az-b"),
+                                               ("zone_returned", "az-b")]
+    (_, _, lost_t), (_, _, healed_t), (_, _, returned_t) = zone_ev
+    assert 240.0 < lost_t <= 270.0  # last window seen ends 230 s (the cut drops the next)
+    assert 420.0 < healed_t < returned_t <= healed_t + 60.0
+    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished
+                 if rec["zone"] == "az-b"]
+    assert not [t for t in arrived_b if 419.0 <= t < returned_t]
+    assert r.metrics["unfinished"] == 0
+
+
+def test_zone_redundancy_costs_gpu_seconds_without_a_loss() -> None:
+    sc = build("replay", TRACE, 8.0, 300.0)
+    cfg = dataclasses.replace(CFG, replica_capacity_rps=3.0)
+    plain = run("governor", sc.workload, cfg, sc.faults, sc.duration_s)
+    n1 = run("governor", sc.workload, dataclasses.replace(cfg, zone_redundancy=1), sc.faults, sc.duration_s)
+    assert n1.metrics["gpu_seconds"] > plain.metrics["gpu_seconds"]
+    assert not [e for e in n1.events if e["kind"].startswith("zone_")]
+
+
+def test_health_checked_balancer_keeps_traffic_off_a_zone_with_nothing_ready() -> None:
+    sc = build("zone-cut", TRACE, 8.0, 600.0)
+    from sim.baselines.static import StaticParams
+
+    r = run(lambda zone: BASELINES["static"](StaticParams(replicas=3)), sc.workload,
+            dataclasses.replace(CFG, balancer="health"), sc.faults, sc.duration_s, name="static")
+    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished
+                 if rec["zone"] == "az-b"]
+    # az-b comes back at 420 s with replicas starting (20 s): nothing is sent there meanwhile
+    assert not [t for t in arrived_b if 421.0 <= t < 439.0]
+    assert [t for t in arrived_b if t >= 441.0]
+
+
 def test_a_baseline_runs_in_the_harness() -> None:
     sc = build("replay", TRACE, 4.0, 200.0)
     from sim.baselines.static import StaticParams
@@ -86,3 +128,5 @@ def test_bad_parameters_are_refused() -> None:
         LoopConfig(tick_s=20.0, window_s=10.0)
     with pytest.raises(LoopConfigError):
         Fault("meteor", "az-a", 1.0)
+    with pytest.raises(LoopConfigError):
+        LoopConfig(balancer="anycast")
