@@ -15,8 +15,17 @@ Definitions (the seed leaves them loose; these are the ones used):
 - An *episode* starts at a trigger and ends when the target is met
   (``converged``) or after ``max_rounds`` compaction rounds (not converged);
   each round moves at most ``max_bytes_per_round`` (bounded work).
+- *Can compaction help?* An episode starts only when ``free >=
+  trigger_factor * waiting`` (one hole could hold the waiting request with
+  the seed's headroom), or, with ``compact_when_blocked``, when the waiting
+  request is blocked by fragmentation alone: ``largest_free < waiting <=
+  free`` (it fits once the free memory is one hole; a paged allocator would
+  admit it now). Off by default (the seed's reading); ``governor bench kv``
+  turns it on.
+- *Budget*: ``max_bytes_per_round``; :meth:`KvPolicyParams.for_pause` derives
+  it from a pause bound (bytes = pause x copy bandwidth).
 - *Move* instead of compacting: when compaction cannot make the room
-  (``free < trigger_factor * waiting``, or the episode ran out of rounds
+  (neither condition above holds, or the episode ran out of rounds
   with the trigger still on) and a peer has a hole of at least
   ``trigger_factor * waiting`` (``peer_largest_free_bytes``), the decision is
   ``'move'``: send the waiting sessions there (the fleet prefers the peer
@@ -73,6 +82,7 @@ class KvPolicyParams:
     max_bytes_per_round: int = 8 << 30
     max_rounds: int = 3
     allow_move: bool = True
+    compact_when_blocked: bool = False
 
     def __post_init__(self) -> None:
         _num("trigger_factor", self.trigger_factor, 1.0)
@@ -82,8 +92,25 @@ class KvPolicyParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParameterError(f"{name}={value!r}: must be an int >= 1")
-        if not isinstance(self.allow_move, bool):
-            raise ParameterError(f"allow_move={self.allow_move!r}: must be a bool")
+        for name in ("allow_move", "compact_when_blocked"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name}={getattr(self, name)!r}: must be a bool")
+
+    @classmethod
+    def for_pause(cls, max_pause_s: float, copy_bandwidth_bytes_s: float, **kw: Any) -> KvPolicyParams:
+        """Params whose per-round byte budget is what the copy engine moves in ``max_pause_s``.
+
+        The pause a round causes is ``bytes / copy_bandwidth_bytes_s`` (plus a
+        per-region overhead), so bounding the bytes bounds the pause.
+
+        Examples
+        --------
+        >>> KvPolicyParams.for_pause(0.010, 6e12).max_bytes_per_round  # 10 ms at 6 TB/s
+        60000000000
+        """
+        budget = _num("max_pause_s", max_pause_s, 0.0, lo_open=True) * _num(
+            "copy_bandwidth_bytes_s", copy_bandwidth_bytes_s, 0.0, lo_open=True)
+        return cls(max_bytes_per_round=max(1, int(budget)), **kw)
 
     @property
     def target_fragmentation(self) -> float:
@@ -210,7 +237,9 @@ def step(params: KvPolicyParams, state: KvPolicyState, obs: KvObs) -> tuple[KvPo
         return nxt, decide("compact", "compacting towards target", nxt.rounds)
     if not triggered:
         return state, decide("none", "no waiting request blocked by fragmentation")
-    if obs.free_bytes < need or at_target:
+    blocked = (params.compact_when_blocked
+               and obs.largest_free_block_bytes < obs.waiting_kv_bytes <= obs.free_bytes)
+    if (obs.free_bytes < need and not blocked) or at_target:
         return no_room(state, "too little free memory for compaction to help")
     nxt = replace(state, in_episode=True, rounds=1, episodes=state.episodes + 1,
                   frag_at_trigger=float(obs.fragmentation_ratio))
