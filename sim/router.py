@@ -291,10 +291,17 @@ class TrafficGate:
         return 1.0 if b is None else b.factor
 
     def set_breaker(self, target: str, state: str, probe_budget: int, basis_ms: int) -> None:
-        """A new breaker version for ``target``; probes are counted afresh (``'closed'`` forgets it)."""
+        """A new breaker version for ``target``; probes are counted afresh (``'closed'`` forgets it).
+
+        The same (state, ``basis_ms``) again -- the copy the breaker driver
+        sends to every zone's hash -- keeps the probes already counted.
+        """
         parse_target(target)
         if state not in BREAKER_STATES:
             raise FleetConfigError(f"breaker state of {target!r}: {state!r} is not one of {sorted(BREAKER_STATES)}")
+        old = self.breakers.get(target)
+        if old is not None and (old.state, old.basis_ms) == (state, int(basis_ms)):
+            return
         if state == "closed":
             self.breakers.pop(target, None)
         else:
@@ -378,8 +385,10 @@ async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
     mine = f"{zone}|breaker|"
     for key in [k for k in seen if k.startswith(mine) and k[len(mine):].encode() not in h]:
         del seen[key]
-        gate.breakers.pop(key[len(mine):], None)
-        changed = True
+        target = key[len(mine):]
+        if not any(k.endswith(f"|breaker|{target}") for k in seen):  # no other zone's hash has it
+            gate.breakers.pop(target, None)
+            changed = True
     for raw_target, raw in sorted(h.items()):
         target = raw_target.decode()
         try:

@@ -105,6 +105,8 @@ def test_half_open_target_gets_five_percent_until_its_probe_budget_is_spent() ->
     assert g.factor("m", "z1") == HALF_OPEN_SHARE and g.factor("m", "z2") == 1.0
     assert [g.sent("m", "z1") for _ in range(4)] == [False, False, True, False]  # True: budget just spent
     assert g.factor("m", "z1") == 0.0 and g.breakers["m|z1"].probes_sent == 3
+    g.set_breaker("m|z1", "half_open", probe_budget=3, basis_ms=10)  # another zone's copy: same budget
+    assert g.factor("m", "z1") == 0.0
     g.set_breaker("m|z1", "half_open", probe_budget=3, basis_ms=20)  # a new version: a fresh budget
     assert g.factor("m", "z1") == HALF_OPEN_SHARE
     g.set_breaker("m|z1", "closed", 0, 30)
@@ -183,8 +185,14 @@ async def test_sync_applies_breakers_to_weights_with_same_version_skipping() -> 
                                           "basis_ms": 9})
     await sync_routing_from_redis(f, r, "p", ["az-a"], "fam", 3.0, seen, g)
     assert f.router.weights("fam") == pytest.approx({"big|az-a": 0.025, "small|az-a": 0.975})
-    del r.h["p:breaker:az-a"][b"big|az-a"]  # the field is gone: closed again
-    await sync_routing_from_redis(f, r, "p", ["az-a"], "fam", 4.0, seen, g)
+    r.put("p:breaker:az-b", "big|az-a", {"target": "big|az-a", "state": "half_open", "probe_budget": 2,
+                                          "basis_ms": 9})  # the driver writes every zone's hash
+    await sync_routing_from_redis(f, r, "p", ["az-a", "az-b"], "fam", 3.5, seen, g)
+    del r.h["p:breaker:az-a"][b"big|az-a"]
+    await sync_routing_from_redis(f, r, "p", ["az-a", "az-b"], "fam", 3.6, seen, g)
+    assert "big|az-a" in g.breakers  # still in az-b's hash
+    del r.h["p:breaker:az-b"][b"big|az-a"]  # gone everywhere: closed again
+    await sync_routing_from_redis(f, r, "p", ["az-a", "az-b"], "fam", 4.0, seen, g)
     assert f.router.weights("fam") == pytest.approx({"big|az-a": 0.5, "small|az-a": 0.5})
 
 
