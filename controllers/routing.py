@@ -21,15 +21,27 @@ ttft_slo, e2e_pred / e2e_slo)`` (the e2e term only where both exist), so
 **Weights** over the eligible targets of one variant (breaker not ``open``
 and capacity not 0; open targets get 0)::
 
-    w_i = m + (1 - n m) * cap_i exp(-x_i / T) / sum_j cap_j exp(-x_j / T)
+    w_i = m + (1 - n m) * prior_i exp(-x_i / T) / sum_j prior_j exp(-x_j / T)
 
-a softmax of ``-x / T`` (``temperature`` T = 0.25) weighted by capacity
-(``cap_i = capacity_rps`` when every scored target reports it, else 1), with
+a softmax of ``-x / T`` (``temperature`` T = 0.25) weighted by a prior, with
 a floor ``m = min(min_share, 1/n)`` for each of the ``n`` eligible targets.
 Because ``x`` is in units of the class's SLO, a tight class (trading) is
-steered hard to the fastest target, while a loose one (batch) is spread
-almost by capacity.  Half-open targets and targets without latency data get
-the floor only (the breaker's probes, and a way back in).
+steered hard to the fastest target, while a loose one (batch) follows the
+prior.  Half-open targets and targets without latency data get the floor
+only (the breaker's probes, and a way back in).
+
+The **prior** (``split``) is the variant's load spread so that its mean
+latency is least (:func:`min_latency_split`, ``"min-latency"``, the
+default): each target an M/M/1-like server with its capacity and its
+predicted TTFT, the variant's load the sum of its targets' completion rates.
+Equal latencies give the split by capacity; a target several times slower
+than the rest gets (almost) nothing while the rest have headroom, and a
+share again as the load nears their capacity.  The latency it uses is held
+(:func:`held_latency_ms`): a rise counts at once, a fall only as far as the
+window's completions support it, so a slowed target that got a few probe
+requests is not flooded again on the evidence of two fast ones.  Without
+capacities or load (``rate_rps`` 0) the prior is ``capacity_rps`` (1 if
+unknown), as with ``split="capacity"``.
 
 **Fallback** (degradable classes, when a ``fallback`` variant exists): the
 class's expected ``x`` on the primary (weighted by the primary weights) is
@@ -63,7 +75,8 @@ from typing import Any, Literal, NamedTuple
 from controllers.errors import ParameterError
 
 __all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "RequestClass", "RoutingDecision",
-           "RoutingParams", "RoutingState", "Target", "TargetObs", "predict_ms", "step"]
+           "RoutingParams", "RoutingState", "Target", "TargetObs", "held_latency_ms",
+           "min_latency_split", "predict_ms", "step"]
 
 BreakerName = Literal["closed", "open", "half_open"]
 _X_CAP = 1e6  # normalised-latency cap (a stuck queue), keeps the softmax finite
@@ -161,6 +174,8 @@ class RoutingParams:
     enter_windows: int = 1
     horizon_s: float = 30.0
     fallback_probe_share: float = 0.05
+    split: Literal["capacity", "min-latency"] = "min-latency"
+    release_requests: float = 20.0  # completions that weigh as much as the held latency
 
     def __post_init__(self) -> None:
         if not isinstance(self.primary, str) or not self.primary:
@@ -169,6 +184,9 @@ class RoutingParams:
             raise ParameterError(f"fallback={self.fallback!r}: must differ from primary")
         _num("temperature", self.temperature, strict=True)
         _num("horizon_s", self.horizon_s)
+        if self.split not in ("capacity", "min-latency"):
+            raise ParameterError(f"split={self.split!r}: must be capacity or min-latency")
+        _num("release_requests", self.release_requests)
         for name in ("min_share", "hysteresis", "fallback_probe_share"):
             if _num(name, getattr(self, name)) >= 1.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must lie in [0, 1)")
@@ -193,6 +211,7 @@ class RoutingState:
     over_streak: dict[str, int] = field(default_factory=dict)
     recover_streak: dict[str, int] = field(default_factory=dict)
     last_queue: dict[str, float] = field(default_factory=dict)  # Target.key -> queue_len
+    held_ttft_ms: dict[str, float] = field(default_factory=dict)  # Target.key -> held prediction
     steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,8 +276,89 @@ def _norm(c: RequestClass, ttft: float | None, e2e: float | None) -> float | Non
     return min(x, _X_CAP)
 
 
+def held_latency_ms(params: RoutingParams, held_ms: float | None, latency_ms: float,
+                    completions: float) -> float:
+    """The latency the split uses: a rise at once, a fall weighed by its evidence.
+
+    ``held + (latency - held) * n / (n + release_requests)`` when the window's
+    prediction is lower, with ``n`` its completions: the P95 of fewer than
+    ``1 / (1 - 0.95) = 20`` requests is little more than their maximum, so a
+    slowed target is trusted again only as completions show it.
+
+    Examples
+    --------
+    >>> p = RoutingParams(primary="m")
+    >>> held_latency_ms(p, 1200.0, 1500.0, 2.0)     # slower: at once
+    1500.0
+    >>> held_latency_ms(p, 1200.0, 300.0, 20.0)     # 20 completions: half way
+    750.0
+    >>> held_latency_ms(p, 1200.0, 300.0, 0.0)      # none: unchanged
+    1200.0
+    """
+    if held_ms is None or latency_ms >= held_ms:
+        return latency_ms
+    n = completions
+    return held_ms + (latency_ms - held_ms) * (n / (n + params.release_requests)
+                                               if n + params.release_requests > 0 else 1.0)
+
+
+def min_latency_split(latency_ms: Sequence[float], capacity_rps: Sequence[float],
+                      load_rps: float) -> list[float]:
+    """Rates that minimise the mean latency of ``load_rps`` over parallel servers.
+
+    Each target is modelled by an M/M/1-like latency curve ``s / (1 - l /
+    mu)`` at rate ``l`` (``s``: its latency, ``mu``: its capacity, both > 0).
+    Minimising ``sum_i l_i s_i / (1 - l_i / mu_i)`` subject to ``sum_i l_i =
+    load`` (Lagrange; the square-root rule) gives::
+
+        l_i = mu_i * max(0, 1 - u sqrt(s_i)),   u = (sum_A mu_i - load) / sum_A mu_i sqrt(s_i)
+
+    over the active set ``A`` of the fastest targets, filled in order of
+    latency while ``u sqrt(s_i) < 1``.  Equal latencies give the split by
+    capacity; a target several times slower than the rest gets nothing while
+    the rest have the headroom, and a share again as the load nears their
+    capacity.  At or above the total capacity the split is by capacity.
+
+    Examples
+    --------
+    >>> min_latency_split([100.0, 100.0], [30.0, 10.0], 20.0)    # by capacity
+    [15.0, 5.0]
+    >>> [round(v, 3) for v in min_latency_split([100.0, 400.0], [10.0, 10.0], 3.0)]  # slow: idle
+    [3.0, 0.0]
+    >>> # u = (20 - 6) / (10 * 10 + 10 * 20) = 0.0467: 10 (1 - 0.467), 10 (1 - 0.933)
+    >>> [round(v, 3) for v in min_latency_split([100.0, 400.0], [10.0, 10.0], 6.0)]
+    [5.333, 0.667]
+    """
+    n = len(latency_ms)
+    if n == 0 or len(capacity_rps) != n:
+        raise ParameterError(f"capacity_rps: needs one per latency ({n}), got {len(capacity_rps)}")
+    for i in range(n):
+        _num("latency_ms", latency_ms[i], strict=True)
+        _num("capacity_rps", capacity_rps[i], strict=True)
+    _num("load_rps", load_rps)
+    total = sum(capacity_rps)
+    if load_rps >= total:
+        return [float(c) for c in capacity_rps]
+    order = sorted(range(n), key=lambda i: latency_ms[i])
+    mu_sum = root_sum = 0.0
+    u = 0.0
+    active = 0
+    for k, i in enumerate(order):
+        mu_sum += capacity_rps[i]
+        root_sum += capacity_rps[i] * math.sqrt(latency_ms[i])
+        u = (mu_sum - load_rps) / root_sum
+        active = k + 1
+        if k + 1 < n and u * math.sqrt(latency_ms[order[k + 1]]) >= 1.0:
+            break
+    out = [0.0] * n
+    for i in order[:active]:
+        out[i] = capacity_rps[i] * max(0.0, 1.0 - u * math.sqrt(latency_ms[i]))
+    return out
+
+
 def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant: str | None,
-                     x: Mapping[Target, float | None]) -> tuple[dict[Target, float], float | None]:
+                     x: Mapping[Target, float | None], ttft: Mapping[Target, float | None]
+                     ) -> tuple[dict[Target, float], float | None]:
     """Weights over one variant's eligible targets and the expected normalised latency."""
     elig = [t for t, o in obs.items() if t.variant == variant and o.breaker != "open"
             and o.capacity_rps != 0.0]
@@ -271,10 +371,16 @@ def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant:
         return {t: 1.0 / n for t in elig}, None
     caps = [obs[t].capacity_rps for t in scored]
     use_caps = all(c is not None and c > 0 for c in caps)
+    prior = [c if use_caps and c is not None else 1.0 for c in caps]
+    load = sum(obs[t].rate_rps for t in elig)
+    lat = [ttft[t] for t in scored]
+    if p.split == "min-latency" and use_caps and load > 0 and all(
+            v is not None and v > 0 for v in lat):
+        split = min_latency_split([v or 0.0 for v in lat], prior, load)
+        prior = [max(v, 1e-9 * c) for v, c in zip(split, prior, strict=True)]
     xs = [x[t] or 0.0 for t in scored]
     lo = min(xs)
-    raw = [(c if use_caps and c is not None else 1.0) * math.exp(-(xi - lo) / p.temperature)
-           for c, xi in zip(caps, xs, strict=True)]
+    raw = [c * math.exp(-(xi - lo) / p.temperature) for c, xi in zip(prior, xs, strict=True)]
     total = sum(raw)
     w = {t: m for t in elig}
     for t, r in zip(scored, raw, strict=True):
@@ -325,6 +431,12 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
         raise ParameterError(f"classes={names}: class names must be unique")
     pred = {t: predict_ms(params, o, state.last_queue.get(t.key), dt_s)
             for t, o in observations.items()}
+    held = dict(state.held_ttft_ms)
+    for t, (ttft_ms, _) in pred.items():
+        if ttft_ms is not None:
+            held[t.key] = held_latency_ms(params, held.get(t.key), ttft_ms,
+                                          observations[t].rate_rps * dt_s)
+    split_ttft = {t: held[t.key] if pred[t][0] is not None else None for t in observations}
     fb, over, rec = dict(state.fallback), dict(state.over_streak), dict(state.recover_streak)
     weights: dict[str, dict[Target, float]] = {}
     reasons: dict[str, str] = {}
@@ -332,9 +444,10 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
     changed: list[str] = []
     for c in sorted(classes, key=lambda k: (k.priority, k.name)):
         x = {t: _norm(c, *pred[t]) for t in observations}
-        wp, xp = _variant_weights(params, observations, params.primary, x)
+        wp, xp = _variant_weights(params, observations, params.primary, x, split_ttft)
         can_fb = c.degradable and params.fallback is not None
-        wf, xf = _variant_weights(params, observations, params.fallback, x) if can_fb else ({}, None)
+        wf, xf = (_variant_weights(params, observations, params.fallback, x, split_ttft) if can_fb
+                  else ({}, None))
         xp_txt = "unavailable" if xp == math.inf else "no data" if xp is None else f"{xp:.3g} x SLO"
         if c.name not in fb:
             if xp is not None:
@@ -380,6 +493,7 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
         del fb[name]  # a class that is no longer routed leaves no fallback behind
     new = replace(state, fallback=fb, over_streak=over, recover_streak=rec,
                   last_queue={t.key: o.queue_len for t, o in observations.items()},
+                  held_ttft_ms=held,
                   steps=state.steps + 1)
     return new, RoutingDecision(weights, {k: fb[k] for k in names if k in fb}, reasons,
                                 {t: v[0] for t, v in pred.items()}, tuple(unroutable),

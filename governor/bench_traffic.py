@@ -12,7 +12,9 @@ sets the fleet's routing weights for the next one.
   ``static-primary`` (weights by capacity over the primary's zones, the
   fallback replicas idle), ``static-all`` (by capacity over every target),
   ``routing`` (:func:`controllers.routing.step` every window, fallback to
-  ``llama2-70b`` per degradable class).
+  ``llama2-70b`` per degradable class) and ``routing-by-cap`` (the same with
+  the prior weights by capacity instead of the min-latency split).
+  ``fallback_share``: the share of requests the smaller model served.
 * ``breaker``: ``az-a``'s primary returns errors at ``--error-rate`` for a
   while.  Arms: ``no-breaker`` (static by capacity), ``breaker``
   (:mod:`controllers.breaker` per target feeding the router, half-open probes).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from controllers import breaker as brk
@@ -80,20 +83,27 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
             f.inject_latency_spike("az-a", PRIMARY, args.spike_fraction, args.spike_factor,
                                    start, args.spike_s)
 
-    ctl = ControlledRouting(targets, caps, args.window_s, rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK))
+    params = rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK)
+    ctl = ControlledRouting(targets, caps, args.window_s, params)
     arms: dict[str, Policy] = {
         "static-primary": static_policy({tg.key: caps[tg] for tg in targets if tg.variant == PRIMARY}),
         "static-all": static_policy({tg.key: caps[tg] for tg in targets}),
+        "routing-by-cap": ControlledRouting(targets, caps, args.window_s, replace(params, split="capacity")),
         "routing": ctl}
     horizon = args.duration_s + 300.0
     res = {}
     for name, pol in arms.items():
         recs, fleet = run_arm(cfg, arr, args.duration_s, args.window_s, setup, pol)
         res[name] = summarize(recs, _gpu_seconds(cfg, replicas, horizon), len(arr))
+        # what the arm paid in quality: requests served by the smaller model
+        res[name]["fallback_share"] = sum(r["model"] == FALLBACK for r in recs) / max(1, len(recs))
     res["routing"]["fallback_windows"] = dict(ctl.fallback_windows)
-    a, b = res["static-primary"], res["routing"]
-    res["p95_ttft_cut_ms"] = a["ttft_p95_ms"] - b["ttft_p95_ms"]
-    res["p95_e2e_cut_ms"] = a["e2e_p95_ms"] - b["e2e_p95_ms"]
+    b = res["routing"]
+    for base_arm, suffix in (("static-primary", ""), ("static-all", "_vs_static_all")):
+        a = res[base_arm]
+        res[f"p95_ttft_cut{suffix}_ms"] = a["ttft_p95_ms"] - b["ttft_p95_ms"]
+        res[f"p99_ttft_cut{suffix}_ms"] = a["ttft_p99_ms"] - b["ttft_p99_ms"]
+        res[f"p95_e2e_cut{suffix}_ms"] = a["e2e_p95_ms"] - b["e2e_p95_ms"]
     return res
 
 
@@ -168,8 +178,8 @@ def _print(name: str, res: dict[str, Any]) -> None:
     for arm, s in res.items():
         if isinstance(s, dict) and "ttft_p95_ms" in s:
             print(_row(arm, s))
-            extra = {k: v for k, v in s.items() if k.startswith("v2_") or k in ("final", "rollout_s", "errors",
-                                                                               "fallback_windows")}
+            extra = {k: v for k, v in s.items() if k.startswith("v2_") or k in (
+                "final", "rollout_s", "errors", "fallback_windows", "fallback_share")}
             if extra:
                 print("      " + json.dumps(extra, default=float))
             for ev in s.get("events", []) + s.get("timeline", []):

@@ -18,9 +18,16 @@ def _args(**kw: object) -> argparse.Namespace:
 def test_routing_cuts_p95_at_equal_gpu_seconds() -> None:
     res = bt.scenario_routing(_args(duration_s=240.0, spikes=1, spike_start_s=60.0, spike_s=90.0))
     a, b = res["static-primary"], res["routing"]
-    assert a["gpu_seconds"] == b["gpu_seconds"]
+    assert a["gpu_seconds"] == b["gpu_seconds"] == res["static-all"]["gpu_seconds"]
     assert res["p95_ttft_cut_ms"] > 380.0
     assert b["on_time"] > a["on_time"]
+    # against the capacity-proportional static split: TTFT P95 lower, e2e P95 by > 380 ms,
+    # with fewer requests degraded to the smaller model
+    assert res["p95_ttft_cut_vs_static_all_ms"] > 0.0
+    assert res["p95_e2e_cut_vs_static_all_ms"] > 380.0
+    assert b["fallback_share"] < res["static-all"]["fallback_share"]
+    # the min-latency split is what moves batch off the slowed primary
+    assert b["ttft_p95_ms"] < res["routing-by-cap"]["ttft_p95_ms"]
 
 
 def test_breaker_opens_and_lowers_client_errors() -> None:

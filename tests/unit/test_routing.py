@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 import pickle
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy import optimize
 
 from controllers.errors import ParameterError
 from controllers.routing import (
@@ -21,6 +24,8 @@ from controllers.routing import (
     RoutingState,
     Target,
     TargetObs,
+    held_latency_ms,
+    min_latency_split,
     predict_ms,
     step,
 )
@@ -92,6 +97,102 @@ def test_temperature_is_relative_to_the_class_slo() -> None:
     w = {c: d.weights[c][A70] for c in ("trading", "voice", "batch")}
     assert w["trading"] > w["voice"] > w["batch"] > 0.5
     assert w["batch"] == pytest.approx(0.5, abs=0.01)  # 10 s SLO: nearly an even split
+
+
+# -- the min-latency split (the prior of the weights) ------------------------------------
+@pytest.mark.parametrize(
+    ("latency", "capacity", "load", "expected"),
+    [
+        # equal latencies: by capacity, 3:1
+        ((100.0, 100.0), (30.0, 10.0), 20.0, (15.0, 5.0)),
+        # 4x slower, light load: u = (10 - 3) / (10 * 10) = 0.07, 0.07 * 20 >= 1: idle
+        ((100.0, 400.0), (10.0, 10.0), 3.0, (3.0, 0.0)),
+        # 4x slower, 6 rps: u = (20 - 6) / (100 + 200) = 0.04667: 10 (1 - 0.4667), 10 (1 - 0.9333)
+        ((100.0, 400.0), (10.0, 10.0), 6.0, (5.3333, 0.6667)),
+        # at or over the total capacity: by capacity
+        ((100.0, 400.0), (10.0, 10.0), 25.0, (10.0, 10.0)),
+        # three targets: u = (20 - 10) / (10 * 10 + 10 * sqrt 150) = 0.044949; 0.044949 * 30 >= 1
+        ((100.0, 150.0, 900.0), (10.0, 10.0, 10.0), 10.0, (5.5051, 4.4949, 0.0)),
+    ],
+)
+def test_min_latency_split_by_hand(latency, capacity, load, expected) -> None:
+    assert min_latency_split(latency, capacity, load) == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_min_latency_split_minimises_the_mean_latency(seed) -> None:
+    """Oracle: scipy's SLSQP on sum_i l_i s_i / (1 - l_i / mu_i) subject to sum_i l_i = load."""
+    rng = np.random.default_rng(seed)
+    s, mu = rng.uniform(50, 800, 4), rng.uniform(2, 20, 4)
+    load = float(rng.uniform(0.1, 0.9) * mu.sum())
+
+    def cost(lam: np.ndarray) -> float:
+        return float(np.sum(lam * s / (1.0 - lam / mu)))
+
+    ref = optimize.minimize(cost, mu * load / mu.sum(), method="SLSQP",
+                            bounds=[(0.0, m * 0.999) for m in mu],
+                            constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - load}],
+                            options={"ftol": 1e-12, "maxiter": 500})
+    ours = np.array(min_latency_split(list(s), list(mu), load))
+    assert ours.sum() == pytest.approx(load)
+    assert cost(ours) <= ref.fun * (1 + 1e-6)
+    assert ours == pytest.approx(ref.x, abs=1e-3 * load)
+
+
+@pytest.mark.parametrize(("args", "name"), [(((0.0,), (1.0,), 1.0), "latency_ms"),
+                                            (((1.0,), (0.0,), 1.0), "capacity_rps"),
+                                            (((1.0, 2.0), (1.0,), 1.0), "capacity_rps"),
+                                            (((1.0,), (1.0,), -1.0), "load_rps")])
+def test_min_latency_split_validates(args, name) -> None:
+    with pytest.raises(ParameterError, match=name):
+        min_latency_split(*args)
+
+
+@pytest.mark.parametrize(
+    ("held", "latency", "completions", "expected"),
+    [
+        (None, 300.0, 1.0, 300.0),  # first reading
+        (300.0, 1200.0, 1.0, 1200.0),  # a rise counts at once, on one request
+        (1200.0, 300.0, 20.0, 750.0),  # 20 completions: n / (n + 20) = half way
+        (1200.0, 300.0, 1.0, 1157.14),  # one fast probe: 1/21 of the way
+        (1200.0, 300.0, 0.0, 1200.0),  # no completions: no evidence
+    ],
+)
+def test_held_latency(held, latency, completions, expected) -> None:
+    assert held_latency_ms(P, held, latency, completions) == pytest.approx(expected, abs=0.01)
+
+
+def _two_primaries(ttft_a: float, ttft_b: float, rate: float = 3.0) -> dict[Target, TargetObs]:
+    return {A70: TargetObs(ttft_a, capacity_rps=10.0, rate_rps=rate),
+            B70: TargetObs(ttft_b, capacity_rps=10.0, rate_rps=rate)}
+
+
+@pytest.mark.parametrize(
+    ("split", "expected_b"),
+    [
+        # prior 5.333 : 0.667 (the split above), tilt exp(-(0.04 - 0.01) / 0.25) = 0.8869:
+        # 0.667 * 0.8869 / (5.333 + 0.5913) = 0.0998; 0.02 + 0.96 * 0.0998 = 0.1158
+        ("min-latency", 0.1158),
+        # by capacity: 0.8869 / 1.8869 = 0.4700; 0.02 + 0.96 * 0.4700 = 0.4712
+        ("capacity", 0.4712),
+    ],
+)
+def test_batch_leaves_a_slowed_target_only_with_the_min_latency_split(split, expected_b) -> None:
+    """Batch (10 s SLO) barely feels 100 vs 400 ms in its softmax; the split moves it."""
+    _, d = step(replace(P, split=split), RoutingState(), _two_primaries(100.0, 400.0),
+                [BATCH], DT)
+    assert d.weights["batch"][B70] == pytest.approx(expected_b, abs=1e-4)
+
+
+def test_split_follows_the_held_latency_after_a_spike() -> None:
+    """400 ms, then one window at 100 ms with 2 completions: held 400 - 300 * 2/22 = 372.7."""
+    s, _ = step(P, RoutingState(), _two_primaries(100.0, 400.0), [BATCH], DT)
+    s, d = step(P, s, {A70: TargetObs(100.0, capacity_rps=10.0, rate_rps=5.8),
+                       B70: TargetObs(100.0, capacity_rps=10.0, rate_rps=0.2)}, [BATCH], DT)
+    assert s.held_ttft_ms[B70.key] == pytest.approx(400.0 - 300.0 * 2 / 22)
+    assert d.weights["batch"][B70] < 0.2  # not yet trusted: still well under half
+    _, d = step(P, RoutingState(), _two_primaries(100.0, 100.0), [BATCH], DT)
+    assert d.weights["batch"][B70] == pytest.approx(0.5)  # fresh state, equal: by capacity
 
 
 # Fallback hysteresis for trading (SLO 300 ms, h = 0.2 -> recover below 240 ms, 3 windows).
