@@ -145,6 +145,9 @@ def format_status(rollout: dict[str, Any]) -> str:
              f"  share      {rollout['share']:.2%} (published {rollout['published_share']:.2%})",
              f"  stage      canary {s['stage_errors']}/{s['stage_requests']} errors, "
              f"stable {s['stable_errors']}/{s['stable_requests']}",
+             f"  latency    {s.get('stage_over_limit', 0)}/{s['stage_requests']} over "
+             f"{p['max_p99_ms']:g} ms, {s.get('stage_slow', 0)}/{s.get('stage_ref_requests', 0)} over "
+             f"{p.get('max_slowdown') or '-'} x stable's p95",
              f"  exposure   {s['canary_total']}/{s['all_total']} requests",
              f"  reason     {s['reason']}"]
     return "\n".join(lines)
