@@ -20,8 +20,9 @@ Definitions (the seed leaves them loose; these are the ones used):
   the seed's headroom), or, with ``compact_when_blocked``, when the waiting
   request is blocked by fragmentation alone: ``largest_free < waiting <=
   free`` (it fits once the free memory is one hole; a paged allocator would
-  admit it now). Off by default (the seed's reading); ``governor bench kv``
-  turns it on.
+  admit it now; compacting is then preferred to a move: it is local and
+  takes milliseconds). Off by default (the seed's reading); ``governor
+  bench kv`` turns it on.
 - *Budget*: ``max_bytes_per_round``; :meth:`KvPolicyParams.for_pause` derives
   it from a pause bound (bytes = pause x copy bandwidth).
 - *Move* instead of compacting: when compaction cannot make the room

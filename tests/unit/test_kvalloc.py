@@ -54,6 +54,7 @@ def test_contiguous_invariants_hold_under_any_sequence(ops: list) -> None:
             assert a.generation > gen
         elif op[0] == "compact":
             before = {(n, o) for _, n, o in a.regions()}
+            prefixes = {h: (e[1], frozenset(e[2])) for h, e in a._prefix.items()}
             frag0 = a.fragmentation_ratio()
             big0, plan = a.largest_free_block(), a.plan_compaction(op[1] * B)
             res = a.compact(op[1] * B, bandwidth_bytes_s=1.0)
@@ -61,6 +62,9 @@ def test_contiguous_invariants_hold_under_any_sequence(ops: list) -> None:
             assert res.fragmentation_after <= frag0 + 1e-12  # never more fragmented
             assert a.largest_free_block() == plan.largest_free_after >= big0  # as planned, never smaller
             assert res.bytes_moved == plan.bytes_moved
+            # prefix blocks keep owner and holders; an owned one stays inside its (moved) region
+            assert {h: (e[1], frozenset(e[2])) for h, e in a._prefix.items()} == prefixes
+            assert all(e[0] in a._own[e[1]] for e in a._prefix.values() if e[1] is not None)
             assert res.bytes_moved <= op[1] * B
             assert (a.generation > gen) == (res.bytes_moved > 0)
             assert set(res.moved_request_ids) <= set(live)
