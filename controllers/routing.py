@@ -375,7 +375,7 @@ def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant:
     load = sum(obs[t].rate_rps for t in elig)
     lat = [ttft[t] for t in scored]
     if p.split == "min-latency" and use_caps and load > 0 and all(
-            v is not None and v > 0 for v in lat):
+            v is not None and 0 < v < math.inf for v in lat):
         split = min_latency_split([v or 0.0 for v in lat], prior, load)
         prior = [max(v, 1e-9 * c) for v, c in zip(split, prior, strict=True)]
     xs = [x[t] or 0.0 for t in scored]
