@@ -39,7 +39,7 @@ command they can never apply (acknowledged and reported as failed).
   (:meth:`SimFleetBackend.apply` delegates these kinds here).
 
   What a gateway does with them, in order, per request (the simulated fleet
-  does exactly this: :class:`sim.router.TrafficGate`, polled every 0.2 s):
+  does exactly this: :class:`sim.gateway.TrafficGate`, polled every 0.2 s):
 
   1. *Breakers on the weights.*  An ``open`` target gets no traffic: its
      weight is removed and the others renormalised.  A ``half_open`` target

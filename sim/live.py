@@ -8,8 +8,8 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
 * reconciles the fleet with the desired replica counts the executors write
   to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller,
 * acts as the gateway of the contract in :mod:`executors.backends`
-  (:func:`sim.router.sync_routing_from_redis` every poll, its
-  :class:`~sim.router.TrafficGate` per request): route weights from
+  (:func:`sim.gateway.sync_routing_from_redis` every poll, its
+  :class:`~sim.gateway.TrafficGate` per request): route weights from
   ``<prefix>:routing:<zone>`` (family = ``model``), the canary share
   ``_canary|<model>`` of the request's zone (to ``<model>@<version>`` when the
   fleet has it), and the breakers of ``<prefix>:breaker:<zone>`` -- an open
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sim.router import TrafficGate, sync_routing_from_redis
+from sim.gateway import TrafficGate, sync_routing_from_redis
 from sim.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class LiveFleet:
                 await self.redis.ltrim(key, -RELOCATED_KEEP, -1)
 
     def _target(self, i: int) -> tuple[str, str]:
-        """(variant, zone) of request ``i``, as a gateway picks it (see :class:`sim.router.TrafficGate`)."""
+        """(variant, zone) of request ``i``, as a gateway picks it (see :class:`sim.gateway.TrafficGate`)."""
         router = getattr(self.fleet, "router", None)
         if router is not None and router.weights(self.model):  # route commands decide the target
             variant, zone = router.pick(self.model, "default")

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from executors.backends import SimFleetBackend
 from governor.settings import Settings
 from sim.fleet import Fleet, FleetConfig
+from sim.gateway import HALF_OPEN_SHARE
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel
-from sim.router import HALF_OPEN_SHARE
 from sim.workloads import Workload
 from streams.commands import Command
 

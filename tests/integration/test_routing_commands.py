@@ -123,8 +123,8 @@ async def test_webhook_backend_posts_retries_and_rejects() -> None:
 
 async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings) -> None:
     from sim.fleet import Fleet, FleetConfig
+    from sim.gateway import sync_routing_from_redis
     from sim.perf_model import PerfModel
-    from sim.router import sync_routing_from_redis
 
     perf = PerfModel.from_splitwise()
     fleet = Fleet(FleetConfig(models={"bloom-176b": perf, "llama2-70b": perf}, zones=("az-a",),

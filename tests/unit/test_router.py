@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 
 from sim.fleet import Fleet, FleetConfig, FleetConfigError
+from sim.gateway import HALF_OPEN_SHARE, TrafficGate, gate_weights, sync_routing_from_redis
 from sim.perf_model import PerfModel
-from sim.router import (
-    HALF_OPEN_SHARE,
-    ErrorInjector,
-    TrafficGate,
-    WeightedRouter,
-    gate_weights,
-    parse_target,
-    sync_routing_from_redis,
-)
+from sim.router import ErrorInjector, WeightedRouter, parse_target
 
 
 def _fleet(seed: int = 0) -> Fleet:
@@ -77,7 +70,7 @@ def test_error_rate_is_close_to_the_injected_probability() -> None:
     assert 0.04 < n / 20000 < 0.06
 
 
-# -- the gateway contract: breakers and canary shares (sim.router.TrafficGate) -----------------
+# -- the gateway contract: breakers and canary shares (sim.gateway.TrafficGate) -----------------
 
 @pytest.mark.parametrize(("weights", "factors", "expected"), [
     # no breaker: the weights, normalised

@@ -1,0 +1,321 @@
+"""The gateway contract in the simulator: breakers and canary shares on top of route weights.
+
+* :class:`TrafficGate` and :func:`gate_weights` are what a gateway applies
+  on top of the weights of :class:`sim.router.WeightedRouter`: circuit
+  breakers (an open target gets nothing, a half-open one
+  :data:`HALF_OPEN_SHARE` of its share for at most ``probe_budget``
+  requests) and canary shares (``model`` -> ``model@version``).
+* :func:`sync_routing_from_redis` reads all three from the Redis hashes the
+  executors write (the contract is in :mod:`executors.backends`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sim.replica import FleetConfigError
+from sim.router import DEFAULT_CLASS, parse_target
+
+__all__ = ["HALF_OPEN_SHARE", "BreakerView", "TrafficGate", "gate_weights", "sync_routing_from_redis"]
+
+log = logging.getLogger(__name__)
+
+
+def routing_hash_key(prefix: str, zone: str) -> str:
+    # Same contract as executors.backends.routing_key (sim must not import executors).
+    return f"{prefix}:routing:{zone}"
+
+
+def breaker_hash_key(prefix: str, zone: str) -> str:
+    # Same contract as executors.backends.breaker_key.
+    return f"{prefix}:breaker:{zone}"
+
+
+# -- the gateway contract: breakers and canary shares on top of the route weights ----------
+HALF_OPEN_SHARE = 0.05  # a half-open target keeps this fraction of its share (while probes last)
+BREAKER_STATES = frozenset({"closed", "open", "half_open"})
+
+
+@dataclass
+class BreakerView:
+    """A gateway's view of one target's breaker (a field of ``<prefix>:breaker:<zone>``).
+
+    ``probes_sent`` counts the requests sent to the target since this breaker
+    version (``basis_ms``) was read; a half-open target whose ``probe_budget``
+    is spent gets no more traffic until a newer breaker version arrives.
+
+    >>> BreakerView("half_open", probe_budget=2).factor
+    0.05
+    >>> BreakerView("half_open", probe_budget=2, probes_sent=2).factor, BreakerView("open").factor
+    (0.0, 0.0)
+    """
+
+    state: str = "closed"
+    probe_budget: int = 0
+    basis_ms: int = 0
+    probes_sent: int = 0
+
+    @property
+    def factor(self) -> float:
+        """The multiplier of the target's traffic share: 1 closed, 0 open, HALF_OPEN_SHARE probing."""
+        if self.state == "closed":
+            return 1.0
+        if self.state == "half_open" and self.probes_sent < self.probe_budget:
+            return HALF_OPEN_SHARE
+        return 0.0
+
+
+def gate_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -> dict[str, float]:
+    """Route weights after the breakers (pure).
+
+    Each target's normalised share is multiplied by its factor (missing: 1,
+    closed).  An open target (factor 0) gets nothing; a half-open one keeps
+    ``factor x`` its share; what they give up goes to the closed targets in
+    proportion to their shares.  With no closed target left the probing
+    targets share the traffic; with none at all the weights are returned
+    unchanged (normalised): a breaker sheds a class's traffic to other
+    targets, it does not drop the class.
+
+    >>> gate_weights({"a|z": 1, "b|z": 1}, {"a|z": 0.0})
+    {'b|z': 1.0}
+    >>> {t: round(w, 3) for t, w in gate_weights({"a|z": 1, "b|z": 1}, {"a|z": 0.05}).items()}
+    {'a|z': 0.025, 'b|z': 0.975}
+    >>> gate_weights({"a|z": 3, "b|z": 1}, {"a|z": 0.0, "b|z": 0.0})
+    {'a|z': 0.75, 'b|z': 0.25}
+    """
+    total = sum(w for w in weights.values() if w > 0)
+    if total <= 0:
+        return {}
+    share = {t: w / total for t, w in weights.items() if w > 0}
+    closed = {t: s for t, s in share.items() if factors.get(t, 1.0) >= 1.0}
+    probing = {t: s * factors[t] for t, s in share.items() if 0.0 < factors.get(t, 1.0) < 1.0}
+    if not closed:
+        kept = probing or share
+        kept_total = sum(kept.values())
+        return {t: s / kept_total for t, s in sorted(kept.items())}
+    scale = (1.0 - sum(probing.values())) / sum(closed.values())
+    return dict(sorted({**{t: s * scale for t, s in closed.items()}, **probing}.items()))
+
+
+class TrafficGate:
+    """What a gateway applies on top of the route weights: breakers and canary shares.
+
+    * Route weights (kept raw in ``routes``, per (family, class)) reach the
+      fleet's router through :func:`gate_weights` (:meth:`apply`).
+    * Without route weights a request keeps the zone it was given unless that
+      zone's target ``model|zone`` is open or probing; then it moves to the
+      other zones so that the zone shares are ``gate_weights`` of equal
+      weights (:meth:`zone_for`).
+    * Canary: in zone ``z`` a request for ``model`` goes to ``model@version``
+      with probability ``share`` (the ``_canary|<model>`` field of ``z``'s
+      routing hash) times that target's breaker factor (:meth:`variant_for`).
+    * :meth:`sent` counts the probes of half-open targets.
+
+    Draws come from the gate's own seeded stream.
+
+    >>> g = TrafficGate(np.random.default_rng(0))
+    >>> g.set_breaker("m|z1", "open", 0, 1)
+    >>> {g.zone_for("m", "z1", ["z1", "z2"]) for _ in range(20)}
+    {'z2'}
+    >>> g.set_canary("z2", "m", "m@v2", 1.0)
+    >>> g.variant_for("m", "z2"), g.variant_for("m", "z1")
+    ('m@v2', 'm')
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._draws: list[float] = []
+        self.routes: dict[tuple[str, str | None], dict[str, float]] = {}
+        self.breakers: dict[str, BreakerView] = {}
+        self.canary: dict[tuple[str, str], tuple[str, float]] = {}  # (zone, model) -> (variant, share)
+
+    def _draw(self) -> float:
+        if not self._draws:
+            self._draws = self._rng.random(4096).tolist()
+        return self._draws.pop()
+
+    def factors(self) -> dict[str, float]:
+        return {t: b.factor for t, b in self.breakers.items()}
+
+    def factor(self, variant: str, zone: str) -> float:
+        b = self.breakers.get(f"{variant}|{zone}")
+        return 1.0 if b is None else b.factor
+
+    def set_breaker(self, target: str, state: str, probe_budget: int, basis_ms: int) -> None:
+        """A new breaker version for ``target``; probes are counted afresh (``'closed'`` forgets it).
+
+        The same (state, ``basis_ms``) again -- the copy the breaker driver
+        sends to every zone's hash -- keeps the probes already counted.
+        """
+        parse_target(target)
+        if state not in BREAKER_STATES:
+            raise FleetConfigError(f"breaker state of {target!r}: {state!r} is not one of {sorted(BREAKER_STATES)}")
+        old = self.breakers.get(target)
+        if old is not None and (old.state, old.basis_ms) == (state, int(basis_ms)):
+            return
+        if state == "closed":
+            self.breakers.pop(target, None)
+        else:
+            self.breakers[target] = BreakerView(state, max(0, int(probe_budget)), int(basis_ms))
+
+    def set_canary(self, zone: str, model: str, variant: str, share: float) -> None:
+        if not 0.0 <= float(share) <= 1.0:
+            raise FleetConfigError(f"canary share of {model!r} in {zone!r}: {share!r} not in [0, 1]")
+        self.canary[(zone, model)] = (variant, float(share))
+
+    def apply(self, fleet: Any, t_s: float) -> None:
+        """Set every stored class's gated weights on ``fleet`` (its router)."""
+        factors = self.factors()
+        for (family, cls), weights in sorted(self.routes.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            fleet.set_routing(family, gate_weights(weights, factors), t_s, cls)
+
+    def zone_for(self, model: str, zone: str, zones: Sequence[str]) -> str:
+        """The zone a request given ``zone`` goes to, avoiding open and probing zones (see the class)."""
+        if not self.breakers:
+            return zone
+        uniform = 1.0 / len(zones)
+        gated = gate_weights({f"{model}|{z}": 1.0 for z in zones}, self.factors())
+        keep = gated.get(f"{model}|{zone}", 0.0) / uniform
+        if keep >= 1.0 - 1e-12 or self._draw() < keep:
+            return zone
+        excess = {t: w - uniform for t, w in gated.items() if w > uniform}
+        if not excess:
+            return zone
+        targets = list(excess)
+        cum = np.cumsum([excess[t] for t in targets])
+        k = int(np.searchsorted(cum, self._draw() * cum[-1], side="right"))
+        return parse_target(targets[min(k, len(targets) - 1)])[1]
+
+    def variant_for(self, model: str, zone: str) -> str:
+        """``model``, or its canary version with the zone's share times the canary's breaker factor."""
+        entry = self.canary.get((zone, model))
+        if entry is None:
+            return model
+        variant, share = entry
+        p = share * self.factor(variant, zone)
+        return variant if p > 0.0 and self._draw() < p else model
+
+    def sent(self, variant: str, zone: str) -> bool:
+        """Count one request sent to (variant, zone); True when it spent a probe budget."""
+        b = self.breakers.get(f"{variant}|{zone}")
+        if b is None or b.state != "half_open" or b.probes_sent >= b.probe_budget:
+            return False
+        b.probes_sent += 1
+        return b.probes_sent >= b.probe_budget
+
+
+def _changed(seen: dict[str, int], key: str, basis_ms: int) -> bool:
+    """Same-version skipping: True (and remembered) when ``basis_ms`` differs from the one seen."""
+    if seen.get(key) == basis_ms:
+        return False
+    seen[key] = basis_ms
+    return True
+
+
+def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: bytes,
+                 seen: dict[str, int]) -> None:
+    c = json.loads(raw)
+    model = field.partition("|")[2]
+    variant, share, basis_ms = f"{model}@{c['version']}", float(c["share"]), int(c.get("basis_ms", 0))
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share {share!r} not in [0, 1]")
+    if not _changed(seen, f"{zone}|{field}", basis_ms):
+        return
+    if (zone, variant) in fleet._reps and (zone, model) in fleet._reps:
+        gate.set_canary(zone, model, variant, share)
+    else:
+        gate.canary.pop((zone, model), None)
+        log.info("canary %s in %s: the fleet has no %s there; ignored", model, zone, variant)
+
+
+async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
+                         seen: dict[str, int]) -> bool:
+    """Apply the zone's breaker hash; True when a breaker changed (fields gone: closed)."""
+    h = await redis.hgetall(breaker_hash_key(prefix, zone))
+    changed = False
+    mine = f"{zone}|breaker|"
+    for key in [k for k in seen if k.startswith(mine) and k[len(mine):].encode() not in h]:
+        del seen[key]
+        target = key[len(mine):]
+        if not any(k.endswith(f"|breaker|{target}") for k in seen):  # no other zone's hash has it
+            gate.breakers.pop(target, None)
+            changed = True
+    for raw_target, raw in sorted(h.items()):
+        target = raw_target.decode()
+        try:
+            b = json.loads(raw)
+            if _changed(seen, mine + target, int(b.get("basis_ms", 0))):
+                gate.set_breaker(target, str(b["state"]), int(b.get("probe_budget") or 0),
+                                 int(b.get("basis_ms", 0)))
+                changed = True
+        except (ValueError, KeyError, TypeError) as exc:  # bad input is data: skip the field
+            if _changed(seen, mine + target, -1):  # warn once, not every poll
+                log.warning("breaker %s in %s: unusable field (%s); skipped", target, zone, exc)
+    return changed
+
+
+async def sync_routing_from_redis(fleet: Any, redis: Any, prefix: str, zones: list[str], family: str,
+                                  t_s: float, seen: dict[str, int],
+                                  gate: TrafficGate | None = None) -> list[str]:
+    """Apply what the executors wrote for a gateway to ``fleet`` (the contract is :mod:`executors.backends`).
+
+    * Route weights, ``<prefix>:routing:<zone>``: each class field's
+      ``weights`` become :meth:`sim.fleet.Fleet.set_routing` of ``family``
+      (field ``*``: the default); targets the fleet does not have are
+      dropped.  A zone's classes are re-read only when its ``_version`` (the
+      command's ``basis_ms``) differs from ``seen[zone]``.  The simulated
+      fleet has one router per family, so the zones' hashes apply in order
+      (a real gateway reads its own zone's).
+    * Canary, field ``_canary|<model>``: the share of ``<model>``'s requests
+      in that zone sent to ``<model>@<version>`` when the fleet has both
+      there (:meth:`TrafficGate.variant_for`); re-read when its ``basis_ms``
+      differs from ``seen['<zone>|_canary|<model>']``.
+    * Breakers, ``<prefix>:breaker:<zone>`` (field ``variant|zone``, JSON
+      ``{"state", "probe_budget", "basis_ms", ...}``): the weights reach the
+      router through :func:`gate_weights` (open: none, half-open: 5 % of the
+      share and at most ``probe_budget`` requests per breaker version); a
+      field is re-read when its ``basis_ms`` differs from
+      ``seen['<zone>|breaker|<target>']``, and a field that disappeared
+      counts as closed.
+
+    ``gate`` keeps the canary shares, breakers and raw weights between polls
+    (:class:`sim.live.LiveFleet` passes its own); without one, a throwaway
+    gate still filters the weights by the breakers read now.  Returns the
+    classes whose weights were read.
+    """
+    gate = gate if gate is not None else TrafficGate(np.random.default_rng(0))
+    updated: list[str] = []
+    breakers_changed = False
+    for zone in zones:
+        breakers_changed |= await _read_breakers(redis, prefix, zone, gate, seen)
+        h = await redis.hgetall(routing_hash_key(prefix, zone))
+        for raw_field, raw in sorted(h.items()):
+            name = raw_field.decode()
+            if name.startswith("_canary|"):
+                try:
+                    _read_canary(fleet, gate, zone, name, raw, seen)
+                except (ValueError, KeyError, TypeError, FleetConfigError) as exc:
+                    if _changed(seen, f"{zone}|{name}", -1):  # warn once, not every poll
+                        log.warning("canary field %s in %s: unusable (%s); skipped", name, zone, exc)
+        if not h or not _changed(seen, zone, int(h.get(b"_version", 0))):
+            continue
+        for raw_cls, raw in sorted(h.items()):
+            cls = raw_cls.decode()
+            if cls.startswith("_"):  # _version, _canary|<model>: not request classes
+                continue
+            known = {}
+            for key, w in json.loads(raw)["weights"].items():
+                variant, z = parse_target(key)
+                if (z, variant) in fleet._reps:
+                    known[key] = float(w)
+            if any(w > 0 for w in known.values()):
+                gate.routes[(family, None if cls == DEFAULT_CLASS else cls)] = known
+                updated.append(cls)
+    if updated or (breakers_changed and gate.routes):
+        gate.apply(fleet, t_s)
+    return updated
