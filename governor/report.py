@@ -29,7 +29,9 @@ def build_report(*, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tu
                  results: Sequence[Mapping[str, Any]], windows: Sequence[Mapping[str, Any]],
                  dead_letters: Sequence[Mapping[str, Any]], ttft_slo_ms: float, itl_slo_ms: float,
                  extra: Mapping[str, Any]) -> dict[str, Any]:
-    results = [r for r in results if r.get("outcome") != "timing"]  # executors' RTT/offset probes
+    # executors' RTT/offset probes and relayed relocation outcomes are not command results
+    relocations = [r for r in results if r.get("record") == "relocation_outcome"]
+    results = [r for r in results if r.get("outcome") != "timing" and r.get("record") != "relocation_outcome"]
     outcomes = Counter(r.get("outcome") for r in results)
     latencies = [r["latency_ms"] for r in results if r.get("outcome") == "applied" and "latency_ms" in r]
     zone_windows = [w for w in windows if w.get("scope") == "zone"]
@@ -46,6 +48,8 @@ def build_report(*, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tu
                          "end": s[-1][1] + s[-1][2]} for z, s in replica_series.items()},
         "commands": {"outcomes": dict(outcomes), "applied": outcomes.get("applied", 0),
                      "issue_to_apply_ms": percentiles(latencies)},
+        "relocations": {"applied": sum(bool(r.get("applied")) for r in relocations),
+                        "refused": sum(not r.get("applied") for r in relocations)},
         "pipeline": {"zone_windows": len(zone_windows),
                      "requests_in_windows": int(sum(w.get("count", 0) for w in zone_windows))},
         "dead_letters": {"count": len(dead_letters),
@@ -74,6 +78,9 @@ def render_text(rep: Mapping[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(c["outcomes"].items())))
     lines.append(f"commands applied      {c['applied']}  (issue -> apply P50 {ms(c['issue_to_apply_ms']['p50'])}, "
                  f"P99 {ms(c['issue_to_apply_ms']['p99'])}, trace time)")
+    if sum(rep.get("relocations", {}).values()):
+        lines.append(f"KV relocations        applied {rep['relocations']['applied']}, "
+                     f"refused {rep['relocations']['refused']}")
     p = rep["pipeline"]
     lines.append(f"pipeline windows      {p['zone_windows']} zone windows holding {p['requests_in_windows']:,} requests")
     d = rep["dead_letters"]
