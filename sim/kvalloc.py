@@ -84,6 +84,8 @@ from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.kvcompact import best_plan
+
 __all__ = ["COPY_BANDWIDTH_BYTES_S", "DEFAULT_HIST_BLOCKS", "MOVE_OVERHEAD_S", "CompactionPlan",
            "CompactionResult",
            "ContiguousKvAllocator", "KvAllocError", "PagedKvAllocator"]
@@ -333,60 +335,10 @@ class ContiguousKvAllocator(_Base):
         # items in address order: (start, n, unit index or -1 for a free extent)
         items = sorted([(s, n, i) for i, (s, n, _) in enumerate(units)]
                        + [(s, n, -1) for s, n in zip(self._fs, self._fl, strict=True)])
-        free_total = self.n_blocks - self.used_blocks
-        # (hole, cost, moves): the largest hole, then the fewest blocks copied
-        best: tuple[int, int, tuple[tuple[int, int, int, int], ...]] = (self._largest_blocks(), 0, ())
-        for i in range(len(items)):
-            if i > 0 and items[i - 1][2] < 0:
-                continue  # a run never starts right after a free extent (the longer run dominates)
-            live = lead = 0
-            packed = True  # items[i..j] are all units so far: packed at the run's start, they may stay
-            for j in range(i, len(items)):
-                if items[j][2] >= 0:
-                    live += items[j][1]
-                packed = packed and items[j][2] >= 0
-                lead = live if packed else lead
-                floor = live - lead  # no plan of this run (or a longer one) moves fewer blocks
-                if floor > budget or (best[0] == free_total and floor >= best[1]):
-                    break
-                if j + 1 < len(items) and items[j + 1][2] < 0:
-                    continue  # nor ends right before one
-                span = items[j][0] + items[j][1] - items[i][0]
-                if live == 0 or min(span, free_total) < best[0]:
-                    continue
-                got = self._plan_run(items, i, j, budget)
-                if got is not None and (got[0], -got[1]) > (best[0], -best[1]):
-                    best = got
+        best = best_plan(items, self.n_blocks - self.used_blocks, self._largest_blocks(), budget)
         b = self.block_bytes
         moves = tuple((units[u][2], src * b, dst * b, n * b) for u, src, dst, n in best[2])
         return CompactionPlan(moves, best[1] * b, best[0] * b)
-
-    def _plan_run(self, items: list[tuple[int, int, int]], i: int, j: int,
-                  budget: int) -> tuple[int, int, tuple[tuple[int, int, int, int], ...]] | None:
-        """Empty ``items[i..j]``: evacuate its units (largest first, best fit) into free extents
-        outside it, slide those that do not fit to its low end. ``(hole, cost, moves)`` or None
-        over ``budget``; a move is ``(unit index, from_block, to_block, n_blocks)``."""
-        outside = sorted((n, s) for s, n, u in items[:i] + items[j + 1:] if u < 0)
-        inside = sorted((it for it in items[i:j + 1] if it[2] >= 0), key=lambda it: (-it[1], it[0]))
-        moves, stay = [], []
-        for s, n, u in inside:
-            k = bisect_left(outside, (n, -1))
-            if k == len(outside):
-                stay.append((s, n, u))
-                continue
-            hn, hs = outside.pop(k)
-            moves.append((u, s, hs, n))
-            if hn > n:
-                insort(outside, (hn - n, hs + n))
-        cursor = items[i][0]
-        for s, n, u in sorted(stay):
-            if s != cursor:
-                moves.append((u, s, cursor, n))
-            cursor += n
-        cost = sum(m[3] for m in moves)
-        if cost > budget:
-            return None
-        return items[j][0] + items[j][1] - cursor, cost, tuple(moves)
 
     def compact(self, max_bytes_moved: int, bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
                 move_overhead_s: float = MOVE_OVERHEAD_S) -> CompactionResult:
