@@ -306,6 +306,26 @@ class Scaler:
             return {}
         return zc.weights(zp, self.zones.get(model, zc.ZoneCapacityState()))
 
+    def zone_route_commands(self, model: str, basis_ms: int, now_ms: int) -> list[Command]:
+        """``route`` commands carrying :meth:`zone_weights` to every zone's gateway.
+
+        Payload ``{"weights": {"*": {"<model>|<zone>": share}}}``: the routing
+        backend's contract (class ``*`` = every request class), so a gateway
+        sends a lost or healing zone nothing.  Published on ``zone_lost`` and
+        ``zone_returned`` events (the caller's choice of when).
+        """
+        shares = self.zone_weights(model)
+        if not shares:
+            return []
+        issued = max(now_ms, basis_ms)
+        payload = {"weights": {"*": {f"{model}|{z}": round(w, 6) for z, w in shares.items()}}}
+        status = self.zone_status(model)
+        reason = "zone-aware routing: " + ", ".join(f"{z} {st}" for z, st in sorted(status.items()))
+        return [Command(kind="route", zone=z, model=model, target_replicas=0, reason=reason,
+                        issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms, basis_ms=basis_ms,
+                        controller="zone_capacity", payload=dict(payload))
+                for z in self.settings.zones]
+
     def zone_status(self, model: str) -> dict[str, str]:
         """``up`` / ``lost`` / ``healing`` per zone that has reported."""
         return {z: st.status for z, st in self.zones.get(model, zc.ZoneCapacityState()).zones.items()}

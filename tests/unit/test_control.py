@@ -180,3 +180,19 @@ def test_zone_redundancy_sizes_each_zone_for_the_other_zones_share() -> None:
     assert targets["n1"] is not None and targets["n1"] >= 10
     assert targets["plain"] is None or targets["plain"] < 10
     assert not [e for e in n1.drain_events() if e["kind"].startswith("zone")]  # no loss, only floors
+
+
+def test_zone_route_commands_carry_the_weights_to_every_zone() -> None:
+    s = _two_zone_scaler()
+    for k in range(6):
+        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+        s.on_window(_zw("az-b", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    for k in (6, 7, 8):
+        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    cmds = s.zone_route_commands(MODEL, 90_000, 91_000)
+    assert [c.zone for c in cmds] == ["az-a", "az-b"]
+    assert all(c.kind == "route" and c.payload == {"weights": {"*": {"m|az-a": 1.0, "m|az-b": 0.0}}}
+               for c in cmds)
+    assert cmds[0].command_id == s.zone_route_commands(MODEL, 90_000, 95_000)[0].command_id  # idempotent
+    assert "az-b lost" in cmds[0].reason
+    assert s.zone_route_commands("unknown-model", 90_000, 91_000) == []
