@@ -10,6 +10,15 @@ windows plus instantaneous fleet observations, every ``period_s``.  Decisions
 reach the fleet after ``actuation_delay_s`` (command path + API latency).
 Everything is seeded; the same inputs give the same run.
 
+The global balancer in front of the zones sends each request to a seeded
+uniform zone; a cut zone's requests go to the reachable ones.  With
+``LoopConfig.balancer="health"`` it also skips zones with no ready replica
+(a load balancer's health check).  For ``governor`` it follows the Scaler's
+zone weights (:meth:`streams.control.Scaler.zone_weights`) whenever they
+are not uniform, i.e. while zone-aware capacity keeps traffic off a lost or
+healing zone -- the fast loop's stand-in for the ``route`` commands the
+worker would send to the gateways.
+
 Cost accounting per tick: provisioned GPU-seconds count every replica that
 holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
 GPU-seconds weight ready replicas by their measured busy fraction; waste is

@@ -13,7 +13,9 @@ diurnal        a compressed day: rate follows 0.4 .. 1.6 x qps sinusoidally
 spike          the seed's injected I/O-delay spikes: service time x3 on half
                of a zone's replicas for 120 s, twice
 replica-loss   one replica of each zone fails every 300 s
-zone-cut       the second zone is cut off for 300 s mid-run
+zone-cut       the second zone is cut off at 40 % of the run for 30 % of it (at
+               most 300 s; 240-420 s of a 600 s run): its replicas and
+               ingress are gone, the balancer sends its traffic to the others
 slow-start     replica start-up becomes 3x slower a third of the way in
 =============  ==============================================================
 """
