@@ -148,6 +148,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
+    routed_families = {m for pair in settings.fallbacks for m in pair}  # the RoutingDriver's
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
     routing = RoutingDriver(settings, breaker_of=breaker.state_of)  # GOVERNOR_FALLBACKS families (streams.traffic)
     snapshots = SnapshotStore(redis, settings.topic_prefix,
@@ -246,6 +247,12 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 if ev["kind"] == "feedforward_mode":
                     metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
+                if ev["kind"] in ("zone_lost", "zone_returned") and ev["model"] not in routed_families:
+                    # Zone-aware routing: gateways stop sending to a lost zone and wait for a
+                    # healed one's capacity.  A fallback family's routes are the RoutingDriver's
+                    # (a lost zone has no windows there, so it gets no weight either).
+                    for rc in scaler.zone_route_commands(ev["model"], int(ev["window_end_ms"]), clock.now_ms()):
+                        await publish(rc, f"route {rc.model} by zone")
             await snapshots.save(asyncio.get_running_loop().time())
             for (model, zone), est in scaler.sde_estimates().items():
                 for name in ("theta", "mu", "sigma"):

@@ -82,13 +82,21 @@ def new_rollout(model: str, version: str, params: can.CanaryParams, now_s: float
 
 
 def window_obs(m: dict[str, Any] | None) -> can.VersionObs:
-    """A zone window's requests, errors and TTFT P99 (an absent window is empty)."""
+    """A zone window's requests, errors and TTFT P50/P95/P99 (an absent window is empty).
+
+    The quantiles feed the canary's sequential latency tests (requests over
+    the P99 limit, and over k x stable's P95) as well as its P99 rule.
+    """
     if m is None:
         return can.VersionObs(0, 0, None)
     n = int(m.get("count") or 0)
     errors = min(n, round(float(m.get("error_rate") or 0.0) * n))
-    p99 = m.get("ttft_p99_ms")
-    return can.VersionObs(n, errors, float(p99) if p99 is not None and n else None)
+
+    def ttft(q: int) -> float | None:
+        v = m.get(f"ttft_p{q}_ms")
+        return float(v) if v is not None and n else None
+
+    return can.VersionObs(n, errors, ttft(99), p50_ms=ttft(50), p95_ms=ttft(95))
 
 
 @dataclass
