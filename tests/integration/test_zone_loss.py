@@ -1,0 +1,94 @@
+"""Zone-aware routing on the real path: both zones report, then az-b goes dark ->
+the worker (a real process) marks az-b lost -> a ``route`` command per zone ->
+the zone executors write ``<prefix>:routing:<zone>`` with no weight on az-b;
+the ``zone_lost`` event is on the events topic."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
+
+from executors.backends import SimFleetBackend, routing_key
+from executors.executor import ZoneExecutor
+from governor.clock import ScaledClock
+from governor.processes import WORKER_READY, start_worker
+from governor.settings import Settings
+from governor.topics import ensure_topics
+from streams.producer import TelemetryProducer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+MODEL = "llama2-70b"
+
+
+def _records(i: int, now: int, zone: str) -> list[dict]:
+    req = {"kind": "request", "request_id": f"{zone}-{i}", "ts_ms": now, "model": MODEL, "zone": zone,
+           "node": f"{zone}/n1", "ttft_ms": 200.0, "itl_ms": 30.0, "e2e_ms": 3200.0,
+           "prompt_tokens": 1000, "output_tokens": 100, "status": "ok"}
+    gpu = {"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": zone, "node": f"{zone}/n1", "state": "ready",
+           "gpu_util": 0.5, "mem_used_bytes": 60, "mem_total_bytes": 80, "queue_len": 0, "running": 4}
+    return [req, gpu]
+
+
+async def _zone_events(settings: Settings, timeout_s: float) -> list[dict]:
+    consumer = AIOKafkaConsumer(settings.topic("events"), bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    out: list[dict] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not any(e.get("kind") == "zone_lost" for e in out):
+            batch = await consumer.getmany(timeout_ms=500)
+            out += [orjson.loads(m.value) for msgs in batch.values() for m in msgs]
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Settings, tmp_path: Path) -> None:
+    settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0)
+    await ensure_topics(settings)
+    worker = start_worker(settings, tmp_path)
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
+                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
+                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+                 for z in settings.zones]
+    try:
+        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
+        for ex in executors:
+            await ex.ensure_group()
+        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
+                                     source="test", linger_ms=20) as producer:
+            # 5 s with demand in both zones (4 requests/s each), then az-b goes dark for 6 s.
+            for step in range(55):
+                now = int(time.time() * 1000)
+                for zone in ("az-a", "az-b") if step < 25 else ("az-a",):
+                    for rec in _records(step, now, zone):
+                        await producer.send(rec)
+                await asyncio.sleep(0.2)
+        weights: dict[str, dict] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(weights) < len(executors):
+            for ex in executors:
+                await ex.poll_once()
+                raw = await redis.hget(routing_key(settings.topic_prefix, ex.zone), "*")
+                if raw is not None:
+                    weights[ex.zone] = orjson.loads(raw)["weights"]
+            await asyncio.sleep(0.1)
+        assert set(weights) == {"az-a", "az-b"}, (weights, worker.tail())
+        for zone, ws in weights.items():
+            assert ws.get(f"{MODEL}|az-a") == pytest.approx(1.0), (zone, ws)
+            assert ws.get(f"{MODEL}|az-b", 0.0) == 0.0, (zone, ws)
+        events = await _zone_events(settings, 20)
+        lost = [e for e in events if e.get("kind") == "zone_lost"]
+        assert lost and lost[0]["zone"] == "az-b" and lost[0]["model"] == MODEL, events
+        assert "Traceback" not in worker.log_text()
+    finally:
+        worker.stop()
+        await redis.aclose()
