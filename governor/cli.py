@@ -64,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("executor", help="run one zone's command executor")
     e.add_argument("--zone", required=True)
-    e.add_argument("--backend", choices=["sim", "dry-run"], default="sim")
+    e.add_argument("--backend", choices=["sim", "dry-run", "routing", "webhook"], default="sim",
+                   help="sim: the simulated fleet's Redis contract; dry-run: log only; routing: route/breaker/"
+                        "canary commands into the gateway's Redis hashes (others fail); webhook: POST every "
+                        "command to --webhook-url")
+    e.add_argument("--webhook-url", default="", help="URL the webhook backend POSTs each command to")
 
     f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")
     f.add_argument("--trace", default="azure-conv")
@@ -124,7 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.zone not in settings.zones:
             print(f"governor: zone {args.zone!r} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
             return 2
-        return asyncio.run(run_executor(settings, args.zone, args.backend))
+        if args.backend == "webhook" and not args.webhook_url.startswith(("http://", "https://")):
+            print("governor: --backend webhook needs --webhook-url http(s)://...", file=sys.stderr)
+            return 2
+        return asyncio.run(run_executor(settings, args.zone, args.backend, args.webhook_url))
     if args.command == "fleet":
         from governor.fleet_main import run_fleet
 

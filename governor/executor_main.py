@@ -8,7 +8,13 @@ import signal
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from executors.backends import Backend, DryRunBackend, SimFleetBackend
+from executors.backends import (
+    Backend,
+    DryRunBackend,
+    RoutingBackend,
+    SimFleetBackend,
+    WebhookBackend,
+)
 from executors.executor import ZoneExecutor
 from governor.clock import ScaledClock
 from governor.processes import EXECUTOR_READY
@@ -22,11 +28,23 @@ log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 5.0
 
 
-async def run_executor(settings: Settings, zone: str, backend_name: str) -> int:
+def make_backend(name: str, redis: aioredis.Redis, prefix: str, zone: str, webhook_url: str = "") -> Backend:
+    """The backend ``--backend name`` selects (see executors/backends.py for each contract)."""
+    if name == "sim":
+        return SimFleetBackend(redis, prefix, zone)
+    if name == "dry-run":
+        return DryRunBackend()
+    if name == "routing":
+        return RoutingBackend(redis, prefix)
+    if name == "webhook":
+        return WebhookBackend(webhook_url)
+    raise ValueError(f"unknown backend {name!r}")
+
+
+async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0,
                                     socket_connect_timeout=5.0)
-    backend: Backend = (SimFleetBackend(redis, settings.topic_prefix, zone)
-                        if backend_name == "sim" else DryRunBackend())
+    backend = make_backend(backend_name, redis, settings.topic_prefix, zone, webhook_url)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5)
     await producer.start()
     metrics = ExecutorMetrics()

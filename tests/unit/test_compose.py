@@ -542,3 +542,19 @@ def test_k8s_deployments_are_consistent() -> None:
         for s in services
         for p in s["spec"]["ports"]
     )
+
+
+def test_every_executor_backend_of_the_cli_is_built() -> None:
+    """``governor executor --backend X`` for every choice gives that backend (no server needed)."""
+    from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, WebhookBackend
+    from governor.executor_main import make_backend
+
+    want = {"sim": SimFleetBackend, "dry-run": DryRunBackend, "routing": RoutingBackend,
+            "webhook": WebhookBackend}
+    from governor.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    backend = next(a for a in sub.choices["executor"]._actions if a.dest == "backend")
+    assert set(backend.choices or ()) == set(want)
+    for name, cls in want.items():
+        assert isinstance(make_backend(name, None, "p", "az-a", "http://gw/cmd"), cls)  # type: ignore[arg-type]
