@@ -11,17 +11,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
-from executors.backends import SimFleetBackend, breaker_key
-from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
+from executors.backends import breaker_key
 from governor.embedded import free_port
-from governor.processes import WORKER_READY, start_worker
 from governor.settings import Settings
-from governor.topics import ensure_topics
 from streams.breaker_driver import BreakerDriver
 from streams.producer import TelemetryProducer
+from tests.integration.harness import worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -39,17 +35,7 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         settings: Settings, tmp_path: Path) -> None:
     settings = settings.replace(zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0,
                                 metrics_port=free_port())
-    await ensure_topics(settings)
-    worker = start_worker(settings, tmp_path)
-    redis = aioredis.Redis.from_url(str(settings.redis_url))
-    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
-                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
-                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
-                 for z in settings.zones]
-    try:
-        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
-        for ex in executors:
-            await ex.ensure_group()
+    async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
         # 4 s at 150 requests/s, every 16th fails (6.25 % >> the 0.5 % threshold).
         i = 0
         async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
@@ -90,6 +76,3 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         text = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
         assert f'governor_breaker_state{{model="{MODEL}",zone="az-a"}} 2.0' in text
         assert f'governor_breaker_transitions_total{{model="{MODEL}",state="open",zone="az-a"}} 1.0' in text
-    finally:
-        worker.stop()
-        await redis.aclose()

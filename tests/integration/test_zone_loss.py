@@ -10,16 +10,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
-from executors.backends import SimFleetBackend, routing_key
-from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
-from governor.processes import WORKER_READY, start_worker
+from executors.backends import routing_key
 from governor.settings import Settings
-from governor.topics import ensure_topics
 from streams.producer import TelemetryProducer
+from tests.integration.harness import worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -52,17 +48,7 @@ async def _zone_events(settings: Settings, timeout_s: float) -> list[dict]:
 
 async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Settings, tmp_path: Path) -> None:
     settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0)
-    await ensure_topics(settings)
-    worker = start_worker(settings, tmp_path)
-    redis = aioredis.Redis.from_url(str(settings.redis_url))
-    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
-                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
-                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
-                 for z in settings.zones]
-    try:
-        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
-        for ex in executors:
-            await ex.ensure_group()
+    async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
         async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
                                      source="test", linger_ms=20) as producer:
             # 5 s with demand in both zones (4 requests/s each), then az-b goes dark for 6 s.
@@ -89,6 +75,3 @@ async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Set
         lost = [e for e in events if e.get("kind") == "zone_lost"]
         assert lost and lost[0]["zone"] == "az-b" and lost[0]["model"] == MODEL, events
         assert "Traceback" not in worker.log_text()
-    finally:
-        worker.stop()
-        await redis.aclose()

@@ -145,13 +145,19 @@ def test_a_silent_zone_is_lost_and_its_demand_sized_on_the_survivor_at_once() ->
     assert s.zone_weights(MODEL) == {"az-a": 1.0, "az-b": 0.0}
 
 
-def test_zone_state_survives_a_restart_and_the_heal_is_seen_after_it() -> None:
+def _az_b_goes_dark(rate_after: float, ready_after: int) -> Scaler:
+    """Six windows of 8 rps in both zones, then three of az-a alone (az-b is lost)."""
     s = _two_zone_scaler()
     for k in range(6):
         s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
         s.on_window(_zw("az-b", k, rate=8.0, ready=6), (k + 1) * 10_000)
     for k in (6, 7, 8):
-        s.on_window(_zw("az-a", k, rate=16.0, ready=10), (k + 1) * 10_000)
+        s.on_window(_zw("az-a", k, rate=rate_after, ready=ready_after), (k + 1) * 10_000)
+    return s
+
+
+def test_zone_state_survives_a_restart_and_the_heal_is_seen_after_it() -> None:
+    s = _az_b_goes_dark(rate_after=16.0, ready_after=10)
     resumed = _two_zone_scaler()
     assert resumed.restore(s.snapshot()) == 2
     assert resumed.zone_status(MODEL)["az-b"] == "lost"
@@ -183,12 +189,7 @@ def test_zone_redundancy_sizes_each_zone_for_the_other_zones_share() -> None:
 
 
 def test_zone_route_commands_carry_the_weights_to_every_zone() -> None:
-    s = _two_zone_scaler()
-    for k in range(6):
-        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
-        s.on_window(_zw("az-b", k, rate=8.0, ready=6), (k + 1) * 10_000)
-    for k in (6, 7, 8):
-        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    s = _az_b_goes_dark(rate_after=8.0, ready_after=6)
     cmds = s.zone_route_commands(MODEL, 90_000, 91_000)
     assert [c.zone for c in cmds] == ["az-a", "az-b"]
     assert all(c.kind == "route" and c.payload == {"weights": {"*": {"m|az-a": 1.0, "m|az-b": 0.0}}}

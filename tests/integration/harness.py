@@ -1,0 +1,38 @@
+"""A real worker process and one in-process executor per zone, for the loop tests."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from executors.backends import SimFleetBackend
+from executors.executor import ZoneExecutor
+from governor.clock import ScaledClock
+from governor.processes import WORKER_READY, start_worker
+from governor.settings import Settings
+from governor.topics import ensure_topics
+
+
+@asynccontextmanager
+async def worker_and_executors(settings: Settings, tmp_path: Path
+                               ) -> AsyncIterator[tuple[Any, aioredis.Redis, list[ZoneExecutor]]]:
+    """Topics created, the worker started and ready, a sim-backend executor per zone with its group."""
+    await ensure_topics(settings)
+    worker = start_worker(settings, tmp_path)
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
+                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
+                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+                 for z in settings.zones]
+    try:
+        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
+        for ex in executors:
+            await ex.ensure_group()
+        yield worker, redis, executors
+    finally:
+        worker.stop()
+        await redis.aclose()
