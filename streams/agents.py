@@ -150,7 +150,10 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     zones = set(settings.zones)
     routed_families = {m for pair in settings.fallbacks for m in pair}  # the RoutingDriver's
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
-    routing = RoutingDriver(settings, breaker_of=breaker.state_of)  # GOVERNOR_FALLBACKS families (streams.traffic)
+    # Routing runs on a window before the scaler sees it: the forecast 2 windows past the
+    # scaler's last one is the window the new routes apply to.
+    routing = RoutingDriver(settings, breaker_of=breaker.state_of,
+                            forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2))  # GOVERNOR_FALLBACKS families (streams.traffic)
     snapshots = SnapshotStore(redis, settings.topic_prefix,
                               {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator})
 

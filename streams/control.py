@@ -365,6 +365,14 @@ class Scaler:
             ks.ff_mode = mode
         return out
 
+    def rate_forecast(self, model: str, zone: str, steps: int = 1) -> float | None:
+        """Arrival-rate forecast (req/s) ``steps`` windows past the last window seen, or None
+        while the key's forecaster is not warm (the routing driver's ``forecast_of``)."""
+        ks = self.states.get((model, zone))
+        if ks is None or ks.forecaster is None or not ks.forecaster.ready:
+            return None
+        return max(0.0, float(ks.forecaster.forecast(max(1, steps))[-1]))
+
     def sde_estimates(self) -> dict[tuple[str, str], OuEstimate]:
         """Fitted OU parameters of each key's TTFT P50 (seed 2.1, fitted online)."""
         return {key: est for key, ks in self.states.items() if (est := ks.sde.estimate()) is not None}

@@ -219,13 +219,18 @@ class RoutingDriver:
     ``breaker_of`` maps a target ``"variant|zone"`` to its circuit breaker's
     state (the worker passes :meth:`streams.breaker_driver.BreakerDriver.state_of`);
     :func:`controllers.routing.step` gives an ``open`` target no traffic and a
-    ``half_open`` one its floor share (the probes).
+    ``half_open`` one its floor share (the probes).  ``forecast_of`` gives a
+    target's arrival-rate forecast (the worker passes the scaler's River
+    forecaster, :meth:`streams.control.Scaler.rate_forecast`); with a
+    capacity, the router predicts the queue growth from it.
     """
 
     settings: Settings
     min_change: float = 0.05
     classes: tuple[rt.RequestClass, ...] = rt.DEFAULT_CLASSES
     breaker_of: Callable[[str], str] | None = None
+    # (variant, zone) -> arrival-rate forecast for the window the routes will apply to
+    forecast_of: Callable[[str, str], float | None] | None = None
     _family: dict[str, str] = field(default_factory=dict)  # variant -> primary
     _params: dict[str, rt.RoutingParams] = field(default_factory=dict)
     _state: dict[str, rt.RoutingState] = field(default_factory=dict)
@@ -248,7 +253,9 @@ class RoutingDriver:
                             e2e_p95_ms=None if e2e is None else float(e2e),
                             queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
                             rate_rps=float(m.get("rate_rps") or 0.0), capacity_rps=cap,
-                            breaker=cast(rt.BreakerName, breaker))
+                            breaker=cast(rt.BreakerName, breaker),
+                            forecast_rps=None if self.forecast_of is None
+                            else self.forecast_of(str(m["model"]), str(m["zone"])))
 
     def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
         """Feed one metrics record; returns the ``route`` commands to publish."""

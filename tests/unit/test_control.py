@@ -197,3 +197,13 @@ def test_zone_route_commands_carry_the_weights_to_every_zone() -> None:
     assert cmds[0].command_id == s.zone_route_commands(MODEL, 90_000, 95_000)[0].command_id  # idempotent
     assert "az-b lost" in cmds[0].reason
     assert s.zone_route_commands("unknown-model", 90_000, 91_000) == []
+
+
+def test_rate_forecast_is_none_until_the_forecaster_is_warm_then_follows_the_rate() -> None:
+    s = _two_zone_scaler()
+    assert s.rate_forecast(MODEL, "az-a") is None
+    for k in range(40):
+        s.on_window(_zw("az-a", k, rate=8.0, ready=6), (k + 1) * 10_000)
+    f = s.rate_forecast(MODEL, "az-a", steps=2)
+    assert f is not None and f == pytest.approx(8.0, rel=0.25)
+    assert s.rate_forecast(MODEL, "az-b") is None

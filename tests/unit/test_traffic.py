@@ -116,3 +116,23 @@ def test_routing_snapshot_drops_families_no_longer_routed() -> None:
     assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(blob) == 1
     assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(blob) == 0
     assert d.restore(b'{"version": 0}') == 0
+
+
+def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() -> None:
+    """Same P95 everywhere; the forecaster expects 20 rps at the primary in az-a against a
+    capacity of 2 replicas x 2 rps: the router predicts the backlog and steers away from it."""
+    from governor.settings import ModelSpec
+
+    s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),),
+                 models=(ModelSpec(P, replica_capacity_rps=2.0), ModelSpec(F, replica_capacity_rps=4.0)))
+
+    def surge(model: str, zone: str) -> float | None:
+        return 20.0 if (model, zone) == (P, "az-a") else None
+
+    calm, ahead = RoutingDriver(s), RoutingDriver(s, forecast_of=surge)
+    assert ahead.obs(_w(P, "az-a", 0, 100.0)).forecast_rps == 20.0
+    assert calm.obs(_w(P, "az-a", 0, 100.0)).forecast_rps is None
+    w_calm = _feed(calm, 0, 100.0)[0].payload["weights"]["batch"]
+    w_ahead = _feed(ahead, 0, 100.0)[0].payload["weights"]["batch"]
+    assert w_calm[f"{P}|az-a"] == pytest.approx(w_calm[f"{P}|az-b"])
+    assert w_ahead[f"{P}|az-a"] < 0.5 * w_ahead[f"{P}|az-b"], w_ahead
