@@ -8,6 +8,15 @@ per key, advances an event-time watermark and pops windows once
 ``start + size + lateness`` has passed.  Merging node windows gives the zone window: counts add, sketches
 merge, per-node GPU snapshots union keeping the latest timestamp.
 
+Mixed agent load (seed spec 4.1): requests may carry the turn's
+``agent_stability``, ``agent_rag_score`` and ``agent_tool_conf`` (each in
+[0, 1], all three or none; NaN = not carried) and its ``agent_path``
+(:data:`AGENT_PATHS` index, NaN = not carried).  A window counts the
+requests carrying the signals and sums each signal in integer millionths
+(so merging is exactly associative and commutative), and counts the
+requests per path; :func:`result` reports the means (None when no request
+carried them) and ``agent_path_counts``.
+
 Missing latency measurements are NaN (e.g. no first token on an error): they
 are skipped by that metric's sketch and never count as a latency violation.
 Negative or infinite values reject the whole batch with ``ValueError``.
@@ -42,7 +51,7 @@ from controllers.sketch import DDSketch
 __all__ = [
     *("READY_STATES", "STARTING_STATES", "NodeSnapshot", "SloSpec", "WindowAggregate"),
     *("add_gpu", "add_requests", "initialize", "merge", "result"),
-    "KV_COLUMNS", "node_kv", "node_result", "window_start_ms",
+    "AGENT_COLUMNS", "AGENT_PATHS", "KV_COLUMNS", "node_kv", "node_result", "window_start_ms",
 ]
 
 READY_STATES = frozenset({"ready"})
@@ -62,6 +71,15 @@ _INT_FIELDS = tuple(
 )
 _FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
 _SKETCHES = ("e2e", "ttft", "itl")
+# Optional agent columns of a request batch (NaN = the request did not carry it):
+# the three 4.1 signals, then the path as an index into AGENT_PATHS.
+AGENT_PATHS = ("rag", "tool", "llm")
+AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
+AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
+_MICRO = 1_000_000  # agent signal sums are kept in integer millionths
+# Added after the first snapshots were written: absent from an old dict = 0.
+_AGENT_FIELDS = ("n_agent_signals", *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
+                 *(f"n_path_{p}" for p in AGENT_PATHS))
 
 
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
@@ -139,10 +157,17 @@ class WindowAggregate:
     queue_len_max: float = 0.0
     running_sum: float = 0.0
     nodes: dict[str, NodeSnapshot] = field(default_factory=dict)
+    n_agent_signals: int = 0  # requests carrying the three agent signals
+    agent_stability_micro: int = 0  # sum of agent_stability, in millionths
+    agent_rag_score_micro: int = 0
+    agent_tool_conf_micro: int = 0
+    n_path_rag: int = 0  # requests by agent_path
+    n_path_tool: int = 0
+    n_path_llm: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; inverse of :meth:`from_dict`."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _INT_FIELDS + _FLOAT_FIELDS}
+        out: dict[str, Any] = {k: getattr(self, k) for k in _INT_FIELDS + _FLOAT_FIELDS + _AGENT_FIELDS}
         for name in _SKETCHES:
             out[name] = getattr(self, name).to_dict()
         out["nodes"] = {n: vars(s).copy() for n, s in sorted(self.nodes.items())}
@@ -163,6 +188,8 @@ class WindowAggregate:
             setattr(agg, k, int(data[k]))
         for k in _FLOAT_FIELDS:
             setattr(agg, k, float(data[k]))
+        for k in _AGENT_FIELDS:
+            setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
             setattr(agg, name, DDSketch.from_dict(data[name]))
         agg.nodes = {n: NodeSnapshot(**s) for n, s in data["nodes"].items()}
@@ -199,14 +226,17 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     cols : mapping of str to array
         Equal-length columns ``ttft_ms, itl_ms, e2e_ms, queue_ms,
         prompt_tokens, output_tokens, kv_hit`` (bool) and ``ok`` (bool,
-        ``status == "ok"``).  NaN latency = not measured.
+        ``status == "ok"``).  NaN latency = not measured.  Optionally the
+        :data:`AGENT_COLUMNS` (the signals all three or none of them).
     slo : SloSpec
         Per-request limits deciding violations.
 
     Raises
     ------
     ValueError
-        Missing column, ragged lengths, negative or infinite values.
+        Missing column, ragged lengths, negative or infinite values; agent
+        signals outside [0, 1] or not carried together, a path index not in
+        ``0..2``.
 
     Examples
     --------
@@ -228,6 +258,7 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
             raise ValueError(f"{name}: values must be finite and >= 0")
         if name not in ("ttft_ms", "itl_ms", "e2e_ms") and np.any(np.isnan(arr)):
             raise ValueError(f"{name}: NaN is only allowed for latency columns")
+    agent = _agent_columns(cols, n)
     if n == 0:
         return
     with np.errstate(invalid="ignore"):
@@ -242,6 +273,34 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     agg.prompt_tokens += int(f["prompt_tokens"].sum())
     agg.output_tokens += int(f["output_tokens"].sum())
     agg.queue_ms_sum += float(f["queue_ms"].sum())
+    if agent is not None:
+        signals, path = agent
+        carried = ~np.isnan(signals[0])
+        agg.n_agent_signals += int(carried.sum())
+        for name, arr in zip(AGENT_SIGNAL_COLUMNS, signals, strict=True):
+            micro = np.rint(arr[carried] * _MICRO).astype(np.int64)
+            setattr(agg, f"{name}_micro", getattr(agg, f"{name}_micro") + int(micro.sum()))
+        for i, p in enumerate(AGENT_PATHS):
+            setattr(agg, f"n_path_{p}", getattr(agg, f"n_path_{p}") + int((path == i).sum()))
+
+
+def _agent_columns(cols: Mapping[str, npt.ArrayLike], n: int) -> tuple[list[Any], Any] | None:
+    """The checked agent columns of a request batch (None: the batch has none)."""
+    if not any(k in cols for k in AGENT_COLUMNS):
+        return None
+    signals = [_column(cols, k, n, np.float64) if k in cols else np.full(n, np.nan)
+               for k in AGENT_SIGNAL_COLUMNS]
+    path = _column(cols, "agent_path", n, np.float64) if "agent_path" in cols else np.full(n, np.nan)
+    absent = np.isnan(signals[0])
+    for name, arr in zip(AGENT_SIGNAL_COLUMNS, signals, strict=True):
+        if not np.array_equal(np.isnan(arr), absent):
+            raise ValueError(f"{name}: the agent signals must be carried together (NaN: none)")
+        if np.any(arr[~absent] < 0.0) or np.any(arr[~absent] > 1.0):
+            raise ValueError(f"{name}: agent signals must lie in [0, 1]")
+    known = path[~np.isnan(path)]
+    if not np.all(np.isin(known, np.arange(len(AGENT_PATHS)))):
+        raise ValueError(f"agent_path: must be an index into {AGENT_PATHS} (NaN: none)")
+    return signals, path
 
 
 def add_gpu(
@@ -306,7 +365,7 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     0
     """
     out = WindowAggregate()
-    for k in _INT_FIELDS + _FLOAT_FIELDS:
+    for k in _INT_FIELDS + _FLOAT_FIELDS + _AGENT_FIELDS:
         setattr(out, k, getattr(a, k) + getattr(b, k))
     out.queue_len_max = max(a.queue_len_max, b.queue_len_max)
     for name in _SKETCHES:
@@ -336,10 +395,12 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
     >>> r = result(initialize(), window_s=10.0)
     >>> r["count"], r["violation_rate"], r["e2e_p99_ms"], r["gpu_util_mean"]
     (0, 0.0, None, None)
+    >>> r["agent_signals_n"], r["agent_stability_mean"], r["agent_path_counts"]
+    (0, None, {'rag': 0, 'tool': 0, 'llm': 0})
     """
     if not (isinstance(window_s, (int, float)) and 0.0 < window_s < math.inf):
         raise ParameterError(f"window_s={window_s!r}: window length must be finite and > 0")
-    n, g = agg.n_requests, agg.n_gpu_samples
+    n, g, agent_n = agg.n_requests, agg.n_gpu_samples, agg.n_agent_signals
     snaps = list(agg.nodes.values())
     out: dict[str, Any] = {
         "count": n,
@@ -367,7 +428,11 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
         largest_free_block_bytes_min=(
             min(s.largest_free_block_bytes for s in snaps) if snaps else None
         ),
+        agent_signals_n=agent_n,
+        agent_path_counts={p: getattr(agg, f"n_path_{p}") for p in AGENT_PATHS},
     )
+    for name in AGENT_SIGNAL_COLUMNS:
+        out[f"{name}_mean"] = _ratio(getattr(agg, f"{name}_micro") / _MICRO, agent_n, None)
     return out
 
 

@@ -30,6 +30,8 @@ import numpy as np
 
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
+    AGENT_COLUMNS,
+    AGENT_PATHS,
     SloSpec,
     WindowAggregate,
     add_gpu,
@@ -79,22 +81,52 @@ _GPU_COLUMNS = ("ts_ms", "gpu_util", "queue_len", "running", "mem_used_bytes", "
                 "kv_blocks_used", "kv_blocks_total", "largest_free_block_bytes",
                 # KV allocator fields (controllers.windows.KV_COLUMNS): None -> NaN = not reported
                 "fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
+# Agent fields of a request (controllers.windows.AGENT_COLUMNS): None -> NaN, the path -> its index.
+_AGENT_FIELDS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
+_PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
+_NAN = float("nan")
+
+
+def _agent_row(get: Any) -> list[list[Any]] | None:
+    """One request's agent columns (None: it carries no agent field)."""
+    s, r, t, p = get("agent_stability"), get("agent_rag_score"), get("agent_tool_conf"), get("agent_path")
+    if s is None and p is None:  # the signals come all three or none (validated)
+        return None
+    if s is None:
+        return [[_NAN], [_NAN], [_NAN], [_PATH_INDEX[p]]]
+    return [[s], [r], [t], [_NAN if p is None else _PATH_INDEX[p]]]
+
+
+def _agent_columns(cols: Mapping[str, list[Any]]) -> list[list[Any]] | None:
+    """The agent columns of a validated batch (None: no record carries an agent field)."""
+    n = len(cols["agent_path"])
+    if cols["agent_stability"].count(None) == n and cols["agent_path"].count(None) == n:
+        return None
+    out = [[_NAN if v is None else v for v in cols[name]] for name in _AGENT_FIELDS]
+    return [*out, [_NAN if v is None else _PATH_INDEX[v] for v in cols["agent_path"]]]
 
 
 class _Pending:
     """Validated rows of one (model, zone, node) window not yet aggregated."""
 
-    __slots__ = ("agg", "slo", "requests", "gpus", "nodes", "states")
+    __slots__ = ("agg", "slo", "requests", "agent", "gpus", "nodes", "states")
 
     def __init__(self, agg: WindowAggregate, slo: SloSpec) -> None:
         self.agg = agg
         self.slo = slo
         self.requests: list[list[Any]] = [[] for _ in _REQUEST_COLUMNS]  # one list per column
+        # The AGENT_COLUMNS of the same rows, from the first row that carries one (NaN before).
+        self.agent: list[list[Any]] | None = None
         self.gpus: list[tuple[Any, ...]] = []
         self.nodes: list[str] = []
         self.states: list[str] = []
 
-    def extend_requests(self, cols: list[list[Any]]) -> None:
+    def extend_requests(self, cols: list[list[Any]], agent: list[list[Any]] | None = None) -> None:
+        if agent is not None and self.agent is None:
+            self.agent = [[_NAN] * len(self.requests[0]) for _ in AGENT_COLUMNS]
+        if self.agent is not None:
+            for buf, col in zip(self.agent, agent or [[_NAN] * len(cols[0])] * len(AGENT_COLUMNS), strict=True):
+                buf.extend(col)
         for buf, col in zip(self.requests, cols, strict=True):
             buf.extend(col)
         if len(self.requests[0]) >= FLUSH_ROWS:
@@ -102,10 +134,13 @@ class _Pending:
 
     def flush(self) -> None:
         if self.requests[0]:
-            add_requests(self.agg, {name: np.array(col, dtype=np.float64)
-                                    for name, col in zip(_REQUEST_COLUMNS, self.requests, strict=True)},
+            cols = dict(zip(_REQUEST_COLUMNS, self.requests, strict=True))
+            if self.agent is not None:
+                cols.update(zip(AGENT_COLUMNS, self.agent, strict=True))
+            add_requests(self.agg, {name: np.array(col, dtype=np.float64) for name, col in cols.items()},
                          self.slo)
             self.requests = [[] for _ in _REQUEST_COLUMNS]
+            self.agent = None
         if self.gpus:
             cols = np.array(self.gpus, dtype=np.float64).T
             gpu = {name: cols[i] for i, name in enumerate(_GPU_COLUMNS)}
@@ -194,7 +229,7 @@ class TelemetryProcessor:
                 buf.extend_requests([[rec["ttft_ms"]], [get("itl_ms") or 0], [rec["e2e_ms"]],
                                      [get("queue_ms") or 0], [get("prompt_tokens") or 0],
                                      [get("output_tokens") or 0], [get("kv_hit") or False],
-                                     [rec["status"] == "ok"]])
+                                     [rec["status"] == "ok"]], _agent_row(get))
             else:
                 buf.gpus.append((ts, rec["gpu_util"], get("queue_len") or 0, get("running") or 0,
                                  rec["mem_used_bytes"], rec["mem_total_bytes"], get("kv_blocks_used") or 0,
@@ -239,6 +274,7 @@ class TelemetryProcessor:
         values = [cols["ttft_ms"], _or(cols["itl_ms"], 0), cols["e2e_ms"], _or(cols["queue_ms"], 0),
                   _or(cols["prompt_tokens"], 0), _or(cols["output_tokens"], 0), _or(cols["kv_hit"], False),
                   [s == "ok" for s in cols["status"]]]
+        agent = _agent_columns(cols)
         keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
         if keys.count(keys[0]) == len(keys):  # the usual batch: one node, one window
             groups = {keys[0]: None}
@@ -251,7 +287,11 @@ class TelemetryProcessor:
             buf = self._pending.get((key, start))
             if buf is None:
                 buf = self._pending[(key, start)] = _Pending(self.tracker.get(key, start), slos[model])
-            buf.extend_requests(values if idx is None else [[col[i] for i in idx] for col in values])
+            if idx is None:
+                buf.extend_requests(values, agent)
+            else:
+                buf.extend_requests([[col[i] for i in idx] for col in values],
+                                    None if agent is None else [[col[i] for i in idx] for col in agent])
         self.tracker.observe(max(ts_col))
         out.valid += len(records)
         return rest

@@ -52,7 +52,16 @@ REQUEST_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "kv_hit": ((bool,), False, None),
     "kv_hit_blocks": ((int,), False, 0),
     "status": ((str,), True, None),
+    # Mixed agent load (seed 4.1), optional: the turn's conversation stability, RAG
+    # relevance score and tool-call confidence (each in [0, 1], all three or none) and
+    # the path the turn took.  controllers.windows aggregates them per window.
+    "agent_stability": (_NUM, False, 0),
+    "agent_rag_score": (_NUM, False, 0),
+    "agent_tool_conf": (_NUM, False, 0),
+    "agent_path": ((str,), False, None),
 }
+AGENT_SIGNALS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
+AGENT_PATHS = frozenset({"rag", "tool", "llm"})
 
 GPU_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "ts_ms": ((int,), True, 0),
@@ -186,6 +195,10 @@ def validate_record(rec: Any) -> str | None:
             return f"status {rec['status']!r} not in {sorted(REQUEST_STATUSES)}"
         if rec["e2e_ms"] + 1e-6 < rec["ttft_ms"]:
             return f"e2e_ms ({rec['e2e_ms']}) is smaller than ttft_ms ({rec['ttft_ms']})"
+        if rec.get("agent_stability") is None and rec.get("agent_rag_score") is None \
+                and rec.get("agent_tool_conf") is None and rec.get("agent_path") is None:
+            return None
+        return _agent_reason(rec)
     else:
         if rec["state"] not in GPU_STATES:
             return f"state {rec['state']!r} not in {sorted(GPU_STATES)}"
@@ -202,6 +215,39 @@ def validate_record(rec: Any) -> str | None:
                 type(v) is int and 0 <= v <= INT_MAX for v in hist)):
             return "free_block_hist must be a list of non-negative ints"
     return None
+
+
+def _agent_reason(rec: Mapping[str, Any]) -> str | None:
+    """Why a request's agent fields (types already checked) are invalid, or None.
+
+    The value goes after the colon so that the dead-letter counter's label
+    (the text before it) stays bounded.
+    """
+    signals = [rec.get(name) for name in AGENT_SIGNALS]
+    if signals != [None, None, None]:
+        for name, value in zip(AGENT_SIGNALS, signals, strict=True):
+            if value is None:
+                return f"agent signals incomplete: {name!r} missing (send all three or none)"
+            if value > 1.0:
+                return f"field {name!r} outside [0, 1]: {value}"
+    path = rec.get("agent_path")
+    if path is not None and path not in AGENT_PATHS:
+        return f"agent_path not in {sorted(AGENT_PATHS)}: {path!r}"
+    return None
+
+
+def _agent_columns_ok(cols: Mapping[str, list[Any]]) -> bool:
+    """:func:`_agent_reason` a column at a time (types and minimums already checked)."""
+    s, r, t = (cols[name] for name in AGENT_SIGNALS)
+    n = len(s)
+    if not s.count(None) == r.count(None) == t.count(None) == n:
+        absent = [v is None for v in s]
+        if absent != [v is None for v in r] or absent != [v is None for v in t]:
+            return False
+        if max(v for col in (s, r, t) for v in col if v is not None) > 1.0:
+            return False
+    path = cols["agent_path"]
+    return path.count(None) == n or set(path) - {None} <= AGENT_PATHS
 
 
 _NONE = type(None)
@@ -231,6 +277,9 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
         if _NONE in types:
             if required:
                 return None
+            cols[name] = col
+            if len(types) == 1:  # an optional field no record carries
+                continue
             types.discard(_NONE)
             values = [v for v in col if v is not None]
         cols[name] = col
@@ -252,6 +301,8 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
     if not set(cols["status"]) <= REQUEST_STATUSES:
         return None
     if any(e + 1e-6 < t for e, t in zip(cols["e2e_ms"], cols["ttft_ms"], strict=True)):
+        return None
+    if not _agent_columns_ok(cols):
         return None
     return cols
 

@@ -11,7 +11,16 @@ import orjson
 import pytest
 
 import streams.pipeline as pipeline
-from controllers.windows import SloSpec, add_gpu, add_requests, initialize, merge, result
+from controllers.windows import (
+    AGENT_COLUMNS,
+    AGENT_PATHS,
+    SloSpec,
+    add_gpu,
+    add_requests,
+    initialize,
+    merge,
+    result,
+)
 from governor.settings import Settings
 from streams.pipeline import TelemetryProcessor
 from streams.records import encode_envelope
@@ -28,6 +37,13 @@ def _req(i: int, ts: int, node: str, zone: str = "az-a", **kw: Any) -> dict[str,
            "kv_hit": i % 3 == 0, "status": "ok" if i % 11 else "error"}
     rec.update(kw)
     return {k: v for k, v in rec.items() if v is not None}
+
+
+def _agent(i: int) -> dict[str, Any]:
+    """Agent fields of request ``i``: none, signals and path, signals only, path only."""
+    signals = {"agent_stability": (i % 10) / 10, "agent_rag_score": (i % 7) / 6, "agent_tool_conf": (i % 3) / 2}
+    path = {"agent_path": ("rag", "tool", "llm")[i % 3]}
+    return [{}, {**signals, **path}, signals, path][i % 4]
 
 
 def _gpu(ts: int, node: str, state: str = "ready", zone: str = "az-a") -> dict[str, Any]:
@@ -51,7 +67,10 @@ def _reference(records: list[dict[str, Any]], slo: SloSpec) -> list[dict[str, An
                 **{c: np.array([r.get(c) or 0 for r in reqs], dtype=float)
                    for c in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")},
                 "kv_hit": np.array([bool(r.get("kv_hit")) for r in reqs]),
-                "ok": np.array([r["status"] == "ok" for r in reqs])}, slo)
+                "ok": np.array([r["status"] == "ok" for r in reqs]),
+                **{c: np.array([r.get(c, np.nan) for r in reqs], dtype=float) for c in AGENT_COLUMNS[:3]},
+                "agent_path": np.array([AGENT_PATHS.index(r["agent_path"]) if "agent_path" in r else np.nan
+                                        for r in reqs])}, slo)
         if gpus:
             add_gpu(agg, {c: np.array([r.get(c) or 0 for r in gpus]) for c in pipeline._GPU_COLUMNS},
                     [r["node"] for r in gpus], [r["state"] for r in gpus])
@@ -91,7 +110,7 @@ def _traffic() -> list[list[dict[str, Any]]]:
     for m in range(60):
         node = f"az-a/n{m % 4}"
         ts = T0 + m * 70
-        batch = [_req(i + k, ts + k, node) for k in range(1 + m % 9)]
+        batch = [_req(i + k, ts + k, node, **_agent(i + k)) for k in range(1 + m % 9)]
         if m % 5 == 0:
             batch.append(_gpu(ts, node, "starting" if m < 20 else "ready"))
         i += len(batch)
@@ -117,6 +136,8 @@ def test_windows_match_one_shot_aggregation(monkeypatch: pytest.MonkeyPatch, flu
     slo = p.slos[MODEL]
     _same(_as_reference(windows), _reference([r for b in _traffic() for r in b], slo))
     assert p.tracker.open_count == 0 and not p._pending
+    zones = [w for w in windows if w["scope"] == "zone"]
+    assert sum(w["agent_signals_n"] for w in zones) > 0 and sum(w["agent_path_counts"]["tool"] for w in zones) > 0
 
 
 def test_bad_and_late_records_are_dead_lettered_with_reason_and_index() -> None:
@@ -186,3 +207,22 @@ def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None
     # Once traffic stops for longer than window + lateness, the clock closes what is open.
     closed = p.close_due(now + 60_000, now + 60_000)
     assert closed and closed[-1]["scope"] == "zone"
+
+
+def test_bad_agent_fields_are_dead_lettered_and_the_good_ones_reach_the_zone_window() -> None:
+    p = TelemetryProcessor(SETTINGS)
+    sig = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2}
+    batch = [_req(1, T0, "az-a/n0", **sig, agent_path="rag"), _req(2, T0 + 1, "az-a/n0", **sig),
+             _req(3, T0 + 2, "az-a/n0", **{**sig, "agent_rag_score": 1.5}),
+             _req(4, T0 + 3, "az-a/n0", agent_stability=0.5),
+             _req(5, T0 + 4, "az-a/n1", agent_path="browse"), _req(6, T0 + 5, "az-a/n1", agent_path="llm")]
+    res = p.process(encode_envelope(batch, "n", 0), {"topic": "t", "partition": 0, "offset": 1}, 0)
+    assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [
+        (2, "field 'agent_rag_score' outside [0, 1]: 1.5"),
+        (3, "agent signals incomplete: 'agent_rag_score' missing (send all three or none)"),
+        (4, "agent_path not in ['llm', 'rag', 'tool']: 'browse'")]
+    zone = next(w for w in p.close_due(T0 + 5000, 0) if w["scope"] == "zone")
+    assert zone["count"] == 3 and zone["agent_signals_n"] == 2
+    assert (zone["agent_stability_mean"], zone["agent_rag_score_mean"], zone["agent_tool_conf_mean"]) == \
+        pytest.approx((0.9, 0.9, 0.2))
+    assert zone["agent_path_counts"] == {"rag": 1, "tool": 0, "llm": 1}

@@ -28,6 +28,7 @@ REQ: dict[str, Any] = {
     "node": "z/n0", "ttft_ms": 120.0, "itl_ms": 40.0, "e2e_ms": 4120.0, "queue_ms": 10.0,
     "prompt_tokens": 1000, "output_tokens": 100, "status": "ok",
 }
+AGENT: dict[str, Any] = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2, "agent_path": "rag"}
 GPU: dict[str, Any] = {
     "kind": "gpu", "ts_ms": 1_700_000_000_000, "model": "m", "zone": "z", "node": "z/n0",
     "state": "ready", "gpu_util": 0.5, "mem_used_bytes": 1, "mem_total_bytes": 2,
@@ -52,6 +53,10 @@ VALID = [
     {**GPU, "kv_blocks_used": None, "kv_blocks_total": 4},
     {**REQ, "prompt_tokens": INT_MAX},
     {**REQ, "e2e_ms": 1e19},                                 # a float latency may exceed int64
+    {**REQ, **AGENT},                                        # a mixed-agent turn (seed 4.1)
+    {**REQ, "agent_stability": 0, "agent_rag_score": 1, "agent_tool_conf": 0.0},  # ints, the bounds
+    {**REQ, "agent_path": "llm"},                            # a path without the signals
+    {**REQ, "agent_stability": 0.5, "agent_rag_score": 0.5, "agent_tool_conf": 0.5},  # signals, no path
 ]
 
 INVALID = [
@@ -90,6 +95,18 @@ INVALID = [
     ({**GPU, "mem_used_bytes": 3}, "mem_used_bytes exceeds mem_total_bytes"),
     ({**GPU, "kv_blocks_used": 5, "kv_blocks_total": 4}, "kv_blocks_used exceeds kv_blocks_total"),
     ({**GPU, "mem_total_bytes": 2.5}, "field 'mem_total_bytes' must be int, got float"),
+    # agent fields: a signal above 1 (the value after the colon keeps the counter label bounded)
+    ({**REQ, **AGENT, "agent_rag_score": 1.2}, "field 'agent_rag_score' outside [0, 1]: 1.2"),
+    ({**REQ, **AGENT, "agent_tool_conf": -0.1}, "field 'agent_tool_conf'=-0.1 is below 0"),
+    ({**REQ, **AGENT, "agent_stability": math.nan}, "field 'agent_stability' is not finite"),
+    ({**REQ, **AGENT, "agent_stability": "high"}, "field 'agent_stability' must be int/float, got str"),
+    # only part of the signals: the 4.1 weights need all three
+    ({**REQ, "agent_stability": 0.9}, "agent signals incomplete: 'agent_rag_score' missing "
+                                      "(send all three or none)"),
+    (_without({**REQ, **AGENT}, "agent_tool_conf"), "agent signals incomplete: 'agent_tool_conf' missing "
+                                                    "(send all three or none)"),
+    ({**REQ, **AGENT, "agent_path": "search"}, "agent_path not in ['llm', 'rag', 'tool']: 'search'"),
+    ({**REQ, **AGENT, "agent_path": ""}, "field 'agent_path' is empty"),
 ]
 
 
@@ -141,6 +158,15 @@ def _reference(rec: Any) -> str | None:
             return f"status {rec['status']!r} not in {sorted(REQUEST_STATUSES)}"
         if rec["e2e_ms"] + 1e-6 < rec["ttft_ms"]:
             return f"e2e_ms ({rec['e2e_ms']}) is smaller than ttft_ms ({rec['ttft_ms']})"
+        signals = ("agent_stability", "agent_rag_score", "agent_tool_conf")
+        if any(rec.get(name) is not None for name in signals):
+            for name in signals:
+                if rec.get(name) is None:
+                    return f"agent signals incomplete: {name!r} missing (send all three or none)"
+                if rec[name] > 1.0:
+                    return f"field {name!r} outside [0, 1]: {rec[name]}"
+        if rec.get("agent_path") not in (None, "rag", "tool", "llm"):
+            return f"agent_path not in ['llm', 'rag', 'tool']: {rec['agent_path']!r}"
         return None
     if rec["state"] not in GPU_STATES:
         return f"state {rec['state']!r} not in {sorted(GPU_STATES)}"
@@ -162,7 +188,7 @@ def _reference(rec: Any) -> str | None:
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.integers(2**62, 2**64),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1.0, -2.0, 0.5, 1e12, 1e19]),
-    st.sampled_from(["", "x", "ok", "error", "ready", "draining", "request", "gpu"]),
+    st.sampled_from(["", "x", "ok", "error", "ready", "draining", "request", "gpu", "rag", "llm"]),
     st.lists(st.integers(), max_size=1),
 )
 

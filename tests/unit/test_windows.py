@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from controllers.errors import LateWindowError, ParameterError
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
+    AGENT_COLUMNS,
+    AGENT_PATHS,
     GPU_COLUMNS,
     SloSpec,
     WindowAggregate,
@@ -290,6 +292,96 @@ def test_aggregate_round_trips() -> None:
     wire = json.loads(json.dumps(agg.to_dict(), allow_nan=False))
     assert WindowAggregate.from_dict(wire) == agg
     assert pickle.loads(pickle.dumps(agg)) == agg
+
+
+# ------------------------------------------------------- agent signals (4.1)
+def agent_cols(signals: list[tuple[float, float, float] | None], paths: list[int | None]) -> dict[str, Any]:
+    """Request columns whose rows carry agent signals (None: not carried) and paths."""
+    n = len(signals)
+    rows = [s if s is not None else (np.nan, np.nan, np.nan) for s in signals]
+    return req_cols([(10.0, 1.0, True)] * n, **{
+        name: np.array([r[i] for r in rows], dtype=float) for i, name in enumerate(AGENT_COLUMNS[:3])},
+        agent_path=np.array([np.nan if p is None else p for p in paths], dtype=float))
+
+
+@pytest.mark.parametrize(
+    ("signals", "paths", "n", "means", "counts"),
+    [
+        ([(0.9, 0.9, 0.2)], [0], 1, (0.9, 0.9, 0.2), (1, 0, 0)),  # one RAG turn
+        ([(0.2, 0.5, 0.8), (0.4, 0.1, 0.6)], [1, 2], 2, (0.3, 0.3, 0.7), (0, 1, 1)),  # means of two
+        ([None, (1.0, 0.0, 0.5)], [None, None], 1, (1.0, 0.0, 0.5), (0, 0, 0)),  # one carries, no paths
+        ([None, None], [2, 2], 0, (None, None, None), (0, 0, 2)),  # paths without signals
+        ([None], [None], 0, (None, None, None), (0, 0, 0)),  # an ordinary request
+    ],
+)
+def test_agent_signals_are_counted_and_averaged(signals, paths, n, means, counts) -> None:
+    agg = initialize()
+    add_requests(agg, agent_cols(signals, paths), SLO)
+    r = result(agg, 10.0)
+    assert r["agent_signals_n"] == n
+    for name, want in zip(AGENT_COLUMNS[:3], means, strict=True):
+        assert r[f"{name}_mean"] == (None if want is None else pytest.approx(want, abs=1e-6)), name
+    assert r["agent_path_counts"] == dict(zip(AGENT_PATHS, counts, strict=True))
+
+
+def test_a_batch_without_agent_columns_leaves_the_agent_fields_empty() -> None:
+    agg = initialize()
+    add_requests(agg, req_cols([(10.0, 1.0, True)] * 3), SLO)
+    assert result(agg, 10.0)["agent_signals_n"] == 0 and agg.agent_stability_micro == 0
+
+
+@pytest.mark.parametrize(
+    ("cols", "match"),
+    [
+        ({"agent_stability": [0.5], "agent_rag_score": [np.nan], "agent_tool_conf": [0.5]},
+         "carried together"),  # part of the signals
+        ({"agent_stability": [0.5]}, "carried together"),  # a signal column alone
+        ({"agent_stability": [1.5], "agent_rag_score": [0.5], "agent_tool_conf": [0.5]}, r"\[0, 1\]"),
+        ({"agent_stability": [0.5], "agent_rag_score": [-0.1], "agent_tool_conf": [0.5]}, r"\[0, 1\]"),
+        ({"agent_path": [3.0]}, "agent_path"),  # no such path
+        ({"agent_path": [0.5]}, "agent_path"),  # not an index
+        ({"agent_path": [0.0, 1.0]}, "length"),  # ragged
+    ],
+)
+def test_bad_agent_columns_reject_the_batch(cols: dict[str, list[float]], match: str) -> None:
+    agg = initialize()
+    with pytest.raises(ValueError, match=match):
+        add_requests(agg, req_cols([(10.0, 1.0, True)], **cols), SLO)
+    assert agg == initialize()  # all or nothing
+
+
+_signal = st.floats(0.0, 1.0)
+agent_rows = st.lists(st.tuples(st.one_of(st.none(), st.tuples(_signal, _signal, _signal)),
+                                st.one_of(st.none(), st.integers(0, 2))), max_size=6)
+
+
+def _agent_agg(rows: list[tuple[Any, Any]]) -> WindowAggregate:
+    agg = initialize()
+    add_requests(agg, agent_cols([s for s, _ in rows], [p for _, p in rows]), SLO)
+    return agg
+
+
+@settings(max_examples=100, deadline=None)
+@given(agent_rows, agent_rows, agent_rows)
+def test_agent_merge_is_exactly_associative_commutative_and_equals_the_union(x, y, z) -> None:
+    def fields(agg: WindowAggregate) -> dict[str, Any]:
+        return {k: v for k, v in agg.to_dict().items() if k.startswith(("n_agent", "agent_", "n_path_"))}
+
+    a, b, c = _agent_agg(x), _agent_agg(y), _agent_agg(z)
+    assert fields(merge(a, b)) == fields(merge(b, a))
+    assert fields(merge(merge(a, b), c)) == fields(merge(a, merge(b, c)))
+    assert fields(merge(merge(a, b), c)) == fields(_agent_agg(x + y + z))  # sums in millionths: exact
+    assert len(fields(a)) == 7
+
+
+def test_agent_fields_round_trip_and_old_snapshots_load() -> None:
+    agg = _agent_agg([((0.9, 0.9, 0.2), 0), ((0.1, 0.3, 0.7), 1), (None, 2)])
+    wire = json.loads(json.dumps(agg.to_dict(), allow_nan=False))
+    assert WindowAggregate.from_dict(wire) == agg
+    old = {k: v for k, v in wire.items() if not k.startswith(("n_agent", "agent_", "n_path_"))}
+    assert len(old) == len(wire) - 7  # a dict written before the agent fields existed
+    loaded = WindowAggregate.from_dict(old)
+    assert loaded.n_agent_signals == 0 and loaded.n_path_llm == 0 and loaded.n_requests == agg.n_requests
 
 
 # ----------------------------------------------------------------- windows
