@@ -34,8 +34,16 @@ command they can never apply (acknowledged and reported as failed).
   "basis_ms"}``).  ``canary`` commands write the field
   ``_canary|<model>`` of the routing hash (JSON ``{"model", "version",
   "share", "command_id", "basis_ms", "issued_at_ms"}``): the share of
-  ``<model>``'s requests a gateway sends to ``<model>@<version>``; fields
-  starting with ``_`` are not request classes.  The simulated fleet reads the same hashes
+  ``<model>``'s requests a gateway sends to ``<model>@<version>``.
+  ``agents`` commands write the field ``_agents|<model>`` of the routing
+  hash (JSON ``{"weights": {"rag", "tool", "llm"}, "signals":
+  {"stability", "rag_score", "tool_conf"}, "paths": {path: share},
+  "model", "command_id", "basis_ms", "issued_at_ms"}``; weights sum to 1,
+  :mod:`streams.agent_mix`): an agent orchestrator serving ``<model>`` in
+  that zone reads it and draws each turn's path (retrieval, a tool call or
+  plain generation) by ``weights``; it should ignore a field whose
+  ``basis_ms`` is older than one it has already used.  Fields starting
+  with ``_`` are not request classes.  The simulated fleet reads the same hashes
   (:meth:`SimFleetBackend.apply` delegates these kinds here).
 
   What a gateway does with them, in order, per request (the simulated fleet
@@ -119,7 +127,7 @@ class SimFleetBackend:
         self.outcomes_key = relocated_key(prefix, zone)  # the fleet's relocation outcomes (relayed)
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
-        if cmd.kind in ("route", "breaker", "canary"):
+        if cmd.kind in RoutingBackend.KINDS:
             return await RoutingBackend(self.redis, self.prefix).apply(cmd)
         if cmd.kind == "relocate":
             return await self._relocate(cmd)
@@ -165,9 +173,10 @@ def breaker_key(prefix: str, zone: str) -> str:
 
 
 class RoutingBackend:
-    """Writes route/breaker/canary commands to Redis hashes (the contract is in the module docstring)."""
+    """Writes route/breaker/canary/agents commands to Redis hashes (the contract is in the module docstring)."""
 
     name = "routing"
+    KINDS = ("route", "breaker", "canary", "agents")
 
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         self.redis = redis
@@ -203,6 +212,13 @@ class RoutingBackend:
                                                     "basis_ms": cmd.basis_ms,
                                                     "issued_at_ms": cmd.issued_at_ms}))
                 return {"model": cmd.model, "version": cmd.payload["version"], "share": float(share)}
+            if cmd.kind == "agents":  # the payload was validated by Command
+                await self.redis.hset(routing_key(self.prefix, cmd.zone), f"_agents|{cmd.model}",
+                                      orjson.dumps({**cmd.payload, "model": cmd.model,
+                                                    "command_id": cmd.command_id,
+                                                    "basis_ms": cmd.basis_ms,
+                                                    "issued_at_ms": cmd.issued_at_ms}))
+                return {"model": cmd.model, "weights": cmd.payload["weights"]}
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
         raise BackendRejected(f"routing backend cannot apply {cmd.kind!r} commands")

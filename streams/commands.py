@@ -7,7 +7,9 @@ and executors drop the duplicate.  ``route``, ``breaker`` and ``canary``
 commands carry what they decide in ``payload`` (weights per class per
 ``"variant|zone"`` target; a breaker's state; a canary's share), and a
 canonical JSON of it enters the id (``relocate``: ``{"node", "max_bytes",
-"expected_generation", "action"}``, see :mod:`streams.memory`); ``scale`` commands keep an empty payload
+"expected_generation", "action"}``, see :mod:`streams.memory`; ``agents``:
+``{"weights": {"rag", "tool", "llm"}, "signals": {"stability", "rag_score",
+"tool_conf"}, "paths": {path: share}}``, see :mod:`streams.agent_mix`); ``scale`` commands keep an empty payload
 and their old ids.  Commands carry ``issued_at_ms`` and
 ``expires_at_ms``; an executor refuses an expired command rather than act on
 a stale view of the fleet.
@@ -28,7 +30,9 @@ from typing import Any
 import orjson
 
 COMMAND_SCHEMA_VERSION = 1
-COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary", "relocate"})
+COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary", "relocate", "agents"})
+AGENT_PATHS = ("rag", "tool", "llm")
+AGENT_SIGNALS = ("stability", "rag_score", "tool_conf")
 
 
 class CommandError(ValueError):
@@ -108,6 +112,12 @@ class Command:
                                for k in ("max_bytes", "expected_generation")):
                 raise CommandError("relocate payload needs node, action in (compact, move), "
                                    "max_bytes >= 0 and expected_generation >= 0 (ints)")
+        if self.kind == "agents":
+            p = self.payload
+            if not (_shares(p.get("weights"), AGENT_PATHS) and _shares(p.get("signals"), AGENT_SIGNALS)
+                    and _shares(p.get("paths"), None)):
+                raise CommandError("agents payload needs weights {rag, tool, llm}, signals {stability, "
+                                   "rag_score, tool_conf} and paths {path: share}, numbers in [0, 1]")
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -139,6 +149,13 @@ class Command:
         if self.kind == "relocate":
             return f"{self.kind}:{self.model}:{self.payload.get('node', '')}"
         return f"{self.kind}:{self.model}"
+
+
+def _shares(d: Any, keys: tuple[str, ...] | None) -> bool:
+    """``d`` maps exactly ``keys`` (any str keys when None) to numbers in [0, 1]."""
+    return (isinstance(d, dict) and (keys is None or sorted(d) == sorted(keys))
+            and all(isinstance(k, str) and not isinstance(v, bool) and isinstance(v, int | float)
+                    and 0.0 <= v <= 1.0 for k, v in d.items()))
 
 
 def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:
