@@ -206,22 +206,20 @@ class RoutingBackend:
                 if (isinstance(share, bool) or not isinstance(share, int | float)
                         or not 0.0 <= share <= 1.0 or not cmd.payload.get("version")):
                     raise BackendRejected(f"canary: needs version and share in [0, 1], got {cmd.payload}")
-                await self.redis.hset(routing_key(self.prefix, cmd.zone), f"_canary|{cmd.model}",
-                                      orjson.dumps({**cmd.payload, "model": cmd.model,
-                                                    "command_id": cmd.command_id,
-                                                    "basis_ms": cmd.basis_ms,
-                                                    "issued_at_ms": cmd.issued_at_ms}))
+                await self._model_field(cmd, "_canary")
                 return {"model": cmd.model, "version": cmd.payload["version"], "share": float(share)}
             if cmd.kind == "agents":  # the payload was validated by Command
-                await self.redis.hset(routing_key(self.prefix, cmd.zone), f"_agents|{cmd.model}",
-                                      orjson.dumps({**cmd.payload, "model": cmd.model,
-                                                    "command_id": cmd.command_id,
-                                                    "basis_ms": cmd.basis_ms,
-                                                    "issued_at_ms": cmd.issued_at_ms}))
+                await self._model_field(cmd, "_agents")
                 return {"model": cmd.model, "weights": cmd.payload["weights"]}
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
         raise BackendRejected(f"routing backend cannot apply {cmd.kind!r} commands")
+
+    async def _model_field(self, cmd: Command, name: str) -> None:
+        """The payload, the model and the command's id and times, as field ``<name>|<model>``."""
+        await self.redis.hset(routing_key(self.prefix, cmd.zone), f"{name}|{cmd.model}",
+                              orjson.dumps({**cmd.payload, "model": cmd.model, "command_id": cmd.command_id,
+                                            "basis_ms": cmd.basis_ms, "issued_at_ms": cmd.issued_at_ms}))
 
 
 class WebhookBackend:

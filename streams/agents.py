@@ -12,7 +12,7 @@ backoff and the offset stays uncommitted.  Duplicates are dropped by the
 executors (deterministic ``command_id``).
 
 The control agent's learned state -- the scaler, the routing driver, the
-circuit breakers and the KV relocator -- is saved to Redis
+circuit breakers, the KV relocator and the agent-mix weights -- is saved to Redis
 (``<prefix>:snapshot:<name>``, :class:`SnapshotStore`) at most every 2 s and
 restored when the agent starts.
 """
@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from governor.clock import ScaledClock
 from governor.settings import Settings
+from streams.agent_mix import AgentMixDriver
 from streams.app import GovernorApp
 from streams.breaker_driver import BreakerDriver
 from streams.commands import Command, CommandError, stream_key
@@ -139,6 +140,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     scaler = Scaler(settings)
     relocator = KvRelocator(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
     breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
+    agent_mix = AgentMixDriver(settings)  # 4.1 RAG/tool/LLM weights per model|zone (streams.agent_mix)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -155,7 +157,8 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     routing = RoutingDriver(settings, breaker_of=breaker.state_of,
                             forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2))  # GOVERNOR_FALLBACKS families (streams.traffic)
     snapshots = SnapshotStore(redis, settings.topic_prefix,
-                              {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator})
+                              {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator,
+                               "agents": agent_mix})
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         metrics.observe_dead_letter(dl["reason"])
@@ -227,6 +230,11 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         for bc in cmds:
             await publish(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
 
+    async def drive_agent_mix(m: dict[str, Any]) -> None:
+        for ac in agent_mix.on_window(m, clock.now_ms()):  # malformed windows are skipped (logged) inside
+            metrics.observe_agent_weights(ac.model, ac.zone, ac.payload["weights"])
+            await publish(ac, f"agents {ac.model}")
+
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
         await snapshots.restore()
@@ -244,6 +252,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 await drive_canary(m)
                 await drive_breaker(m)  # before routing: the route sees this window's breaker state
                 await drive_routing(m)
+                await drive_agent_mix(m)
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
                 metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()

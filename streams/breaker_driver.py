@@ -49,9 +49,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -69,7 +69,8 @@ from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "parse_window"]
+__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window",
+           "window_target"]
 
 SNAPSHOT_VERSION = 1
 HORIZON_S = 300.0  # the seed's "SLO attainment of the last 5 minutes"
@@ -105,6 +106,16 @@ def _rate(m: Mapping[str, Any], name: str) -> float:
     return float(v)
 
 
+def window_target(m: Mapping[str, Any]) -> tuple[str, str, int]:
+    """A window record's ``(model, zone, window_end_ms)``; ``ValueError`` says what is wrong."""
+    model, zone, end = m.get("model"), m.get("zone"), m.get("window_end_ms")
+    if not isinstance(model, str) or not model or not isinstance(zone, str) or not zone:
+        raise ValueError(f"model={model!r} zone={zone!r}: must be non-empty strings")
+    if isinstance(end, bool) or not isinstance(end, int | float) or not math.isfinite(end):
+        raise ValueError(f"window_end_ms={end!r}: must be a number")
+    return model, zone, int(end)
+
+
 def parse_window(m: Mapping[str, Any]) -> _Window:
     """The fields a breaker needs from a zone window; ``ValueError`` says what is wrong.
 
@@ -113,16 +124,43 @@ def parse_window(m: Mapping[str, Any]) -> _Window:
     >>> w.requests, w.errors, w.on_time
     (1000, 12, 950)
     """
-    model, zone, end, count = m.get("model"), m.get("zone"), m.get("window_end_ms"), m.get("count")
-    if not isinstance(model, str) or not model or not isinstance(zone, str) or not zone:
-        raise ValueError(f"model={model!r} zone={zone!r}: must be non-empty strings")
-    if isinstance(end, bool) or not isinstance(end, int | float) or not math.isfinite(end):
-        raise ValueError(f"window_end_ms={end!r}: must be a number")
+    model, zone, end = window_target(m)
+    count = m.get("count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count={count!r}: must be an int >= 0")
     errors = min(count, round(_rate(m, "error_rate") * count))
     on_time = max(0, min(count, round(count * (1.0 - _rate(m, "violation_rate")))))
-    return _Window(model, zone, int(end), count, errors, on_time)
+    return _Window(model, zone, end, count, errors, on_time)
+
+
+class _ZoneWindow(Protocol):
+    model: str
+    zone: str
+    end_ms: int
+
+
+W = TypeVar("W", bound=_ZoneWindow)
+
+
+def fresh_zone_window(m: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], W | None],
+                      last_end_ms: dict[Target, int], what: str) -> W | None:
+    """``parse(m)`` of a zone window newer than its target's last one (recorded), else None.
+
+    Not a zone window, a malformed one (``ValueError``, logged), one ``parse``
+    has nothing in (None) or a redelivered one (its end not newer than
+    ``last_end_ms[(model, zone)]``) give None.
+    """
+    if m.get("scope") != "zone" or m.get("kind", "window") != "window":
+        return None
+    try:
+        w = parse(m)
+    except ValueError as exc:
+        log.warning("%s: window skipped (%s)", what, exc)
+        return None
+    if w is None or w.end_ms <= last_end_ms.get((w.model, w.zone), -1):
+        return None
+    last_end_ms[(w.model, w.zone)] = w.end_ms
+    return w
 
 
 def _key(target: Target) -> str:
@@ -168,17 +206,11 @@ class BreakerDriver:
 
     def on_window(self, m: Mapping[str, Any], now_ms: int) -> list[Command]:
         """Feed one metrics record; returns the ``breaker`` commands to publish."""
-        if m.get("scope") != "zone" or m.get("kind", "window") != "window":
-            return []
-        try:
-            w = parse_window(m)
-        except ValueError as exc:
-            log.warning("breaker: window skipped (%s)", exc)
+        # Not newer: redelivered, or gathered while open and already stepped past.
+        w = fresh_zone_window(m, parse_window, self.last_end_ms, "breaker")
+        if w is None:
             return []
         target = (w.model, w.zone)
-        if w.end_ms <= self.last_end_ms.get(target, -1):
-            return []  # redelivered, or gathered while open and already stepped past
-        self.last_end_ms[target] = w.end_ms
         hist = self.history.get(target) or AttainmentHistory(window_s=self.settings.window_s, horizon_s=HORIZON_S)
         self.history[target] = hist.add(w.requests, w.on_time)
         cmds = self._step(target, BreakerObs(w.requests, w.errors, self.attainment(w.model)), w.end_ms, now_ms)

@@ -48,6 +48,9 @@ class WorkerMetrics:
         self.breaker_transitions = Counter("governor_breaker_transitions_total",
                                            "circuit breaker state changes, by the state entered",
                                            ("model", "zone", "state"), registry=r)
+        self.agent_weight = Gauge("governor_agent_weight",
+                                  "last published mixed-agent weight (seed 4.1) of a path: rag, tool or llm",
+                                  ("model", "zone", "path"), registry=r)
 
     def observe_window(self, m: Mapping[str, Any]) -> None:
         self.windows.labels(m["scope"]).inc()
@@ -68,6 +71,11 @@ class WorkerMetrics:
         self.breaker_state.labels(model, zone).set(_BREAKER_VALUES[state])
         if changed:
             self.breaker_transitions.labels(model, zone, state).inc()
+
+    def observe_agent_weights(self, model: str, zone: str, weights: Mapping[str, float]) -> None:
+        """The weights of an ``agents`` command, one sample per path."""
+        for path, w in weights.items():
+            self.agent_weight.labels(model, zone, path).set(float(w))
 
     def observe_dead_letter(self, reason: str) -> None:
         # Label by the reason's kind (text before ':'), not the full text: bounded cardinality.

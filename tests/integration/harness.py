@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 
 from executors.backends import SimFleetBackend
@@ -36,3 +38,20 @@ async def worker_and_executors(settings: Settings, tmp_path: Path
     finally:
         worker.stop()
         await redis.aclose()
+
+
+async def field_in_every_zone(redis: aioredis.Redis, executors: list[ZoneExecutor],
+                              key_of: Callable[[str], str], field: str, timeout_s: float = 30.0
+                              ) -> dict[str, Any]:
+    """Poll the executors until ``field`` of the hash ``key_of(zone)`` exists for every zone
+    (or the timeout passes); returns the JSON values found, by zone."""
+    found: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and len(found) < len(executors):
+        for ex in executors:
+            await ex.poll_once()
+            raw = await redis.hget(key_of(ex.zone), field)
+            if raw is not None:
+                found[ex.zone] = orjson.loads(raw)
+        await asyncio.sleep(0.1)
+    return found

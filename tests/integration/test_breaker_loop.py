@@ -9,7 +9,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import orjson
 import pytest
 
 from executors.backends import breaker_key
@@ -17,7 +16,7 @@ from governor.embedded import free_port
 from governor.settings import Settings
 from streams.breaker_driver import BreakerDriver
 from streams.producer import TelemetryProducer
-from tests.integration.harness import worker_and_executors
+from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -46,14 +45,8 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
                     await producer.send(_req(i, now, i % 16 == 0))
                     i += 1
                 await asyncio.sleep(0.2)
-        states: dict[str, dict] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(states) < len(executors):
-            for ex in executors:
-                await ex.poll_once()
-                raw = await redis.hget(breaker_key(settings.topic_prefix, ex.zone), TARGET)
-                if raw is not None:
-                    states[ex.zone] = orjson.loads(raw)
+        states = await field_in_every_zone(redis, executors, lambda z: breaker_key(settings.topic_prefix, z),
+                                           TARGET)
         assert set(states) == {"az-a", "az-b"}, (states, worker.tail())
         for zone, st in states.items():
             assert st["state"] == "open", (zone, st)

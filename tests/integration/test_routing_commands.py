@@ -141,3 +141,37 @@ async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings
         assert await sync_routing_from_redis(fleet, redis, settings.topic_prefix, ["az-a"], "chat", 1.0, seen) == []
     finally:
         await redis.aclose()
+
+
+def _agents(weights: dict[str, float], basis_ms: int) -> Command:
+    now = int(time.time() * 1000)
+    return Command(kind="agents", zone="az-a", model="llama2-70b", target_replicas=0, reason="test",
+                   issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=basis_ms, controller="agent_weights",
+                   payload={"weights": weights, "signals": {"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2},
+                            "paths": {"rag": 0.5, "tool": 0.1, "llm": 0.4}})
+
+
+async def test_agents_commands_write_the_routing_hash_field_once_and_in_order(settings: Settings) -> None:
+    """The sim backend delegates to the routing backend: ``_agents|<model>`` of the zone's
+    routing hash; the executor drops a duplicate and refuses an older decision as stale."""
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    ex = ZoneExecutor(zone="az-a", prefix=settings.topic_prefix, redis=redis,
+                      backend=SimFleetBackend(redis, settings.topic_prefix, "az-a"), clock=ScaledClock(),
+                      results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+    try:
+        await ex.ensure_group()
+        cmd = _agents({"rag": 0.6, "tool": 0.1, "llm": 0.3}, basis_ms=5_000)
+        older = _agents({"rag": 0.1, "tool": 0.6, "llm": 0.3}, basis_ms=4_000)
+        for c in (cmd, cmd, older):
+            await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": c.encode()})
+        while sum(ex.stats.outcomes.values()) < 3:
+            await ex.poll_once()
+        assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}
+        raw = await redis.hget(routing_key(settings.topic_prefix, "az-a"), "_agents|llama2-70b")
+        field = orjson.loads(raw)
+        assert field["weights"] == {"rag": 0.6, "tool": 0.1, "llm": 0.3}
+        assert field["signals"]["stability"] == 0.9 and field["paths"]["llm"] == 0.4
+        assert (field["model"], field["command_id"], field["basis_ms"]) == ("llama2-70b", cmd.command_id, 5_000)
+        assert field["issued_at_ms"] == cmd.issued_at_ms
+    finally:
+        await redis.aclose()

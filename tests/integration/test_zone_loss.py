@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from executors.backends import routing_key
 from governor.settings import Settings
 from streams.producer import TelemetryProducer
-from tests.integration.harness import worker_and_executors
+from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -58,15 +58,8 @@ async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Set
                     for rec in _records(step, now, zone):
                         await producer.send(rec)
                 await asyncio.sleep(0.2)
-        weights: dict[str, dict] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(weights) < len(executors):
-            for ex in executors:
-                await ex.poll_once()
-                raw = await redis.hget(routing_key(settings.topic_prefix, ex.zone), "*")
-                if raw is not None:
-                    weights[ex.zone] = orjson.loads(raw)["weights"]
-            await asyncio.sleep(0.1)
+        found = await field_in_every_zone(redis, executors, lambda z: routing_key(settings.topic_prefix, z), "*")
+        weights = {zone: v["weights"] for zone, v in found.items()}
         assert set(weights) == {"az-a", "az-b"}, (weights, worker.tail())
         for zone, ws in weights.items():
             assert ws.get(f"{MODEL}|az-a") == pytest.approx(1.0), (zone, ws)

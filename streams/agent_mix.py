@@ -1,0 +1,189 @@
+"""Mixed agent load on the real path: zone windows -> ``agents`` commands (no I/O).
+
+Request telemetry may carry the 4.1 signals of an agent turn
+(``agent_stability``, ``agent_rag_score``, ``agent_tool_conf``) and the path
+it took (``agent_path``); a zone window reports their means over the
+requests that carried them (``agent_signals_n``, ``agent_*_mean``) and the
+count per path (``agent_path_counts``, :mod:`controllers.windows`).
+
+:class:`AgentMixDriver` keeps, per ``(model, zone)``, an exponentially
+weighted moving average of the three means over the windows that carried
+signals::
+
+    ewma <- EWMA_ALPHA * window_mean + (1 - EWMA_ALPHA) * ewma   (the first window: its mean)
+
+``EWMA_ALPHA = 0.3``: a window's mean counts 30 %, so a step in the signals
+is 90 % through after about 6.5 windows (about a minute at the default 10 s
+window) and one odd window moves the weights by at most 30 % of its
+deviation.  The smoothed signals give the 4.1 weights,
+:func:`controllers.agent_weights.weights` (the seed's coefficients by
+default).  When one of the three weights differs by more than
+``PUBLISH_DELTA = 0.05`` from the last *published* weights of that target
+(or nothing was published yet), it emits one ``agents`` command for that
+zone::
+
+    payload = {"weights": {"rag", "tool", "llm"},            # sum 1
+               "signals": {"stability", "rag_score", "tool_conf"},  # the EWMAs
+               "paths": {"rag", "tool", "llm"}}               # this window's observed shares
+                                                              # ({} when no request named its path)
+
+with ``basis_ms`` = the window end, ``controller="agent_weights"`` and the
+command's ``model`` the model.  Executors write it to the field
+``_agents|<model>`` of ``<prefix>:routing:<zone>``
+(:mod:`executors.backends`), where an agent orchestrator reads it and draws
+each turn's path by the weights.  Values are rounded to 6 decimals, so a
+restored worker issues the same ``command_id``.
+
+A redelivered window (its end not newer than the target's last) is ignored.
+:meth:`AgentMixDriver.snapshot` / :meth:`AgentMixDriver.restore` carry the
+EWMAs, the published weights and the last window ends as JSON.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from controllers.agent_weights import AgentSignals, AgentWeightParams, weights
+from governor.settings import Settings
+from streams.breaker_driver import Target, fresh_zone_window, window_target
+from streams.commands import AGENT_PATHS, Command
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EWMA_ALPHA", "PUBLISH_DELTA", "SNAPSHOT_VERSION", "AgentMixDriver", "parse_window"]
+
+SNAPSHOT_VERSION = 1
+EWMA_ALPHA = 0.3  # weight of the newest window's means (see the module docstring)
+PUBLISH_DELTA = 0.05  # a weight must move by more than this to publish again
+_MEANS = ("agent_stability_mean", "agent_rag_score_mean", "agent_tool_conf_mean")
+_SIGNALS = ("stability", "rag_score", "tool_conf")
+
+
+@dataclass(frozen=True)
+class _Window:
+    model: str
+    zone: str
+    end_ms: int
+    n: int
+    means: tuple[float, float, float]
+    path_shares: dict[str, float]
+
+
+def parse_window(m: Mapping[str, Any]) -> _Window | None:
+    """The agent fields of a zone window (None: no request carried signals).
+
+    ``ValueError`` says what is wrong with a malformed one.
+
+    >>> w = parse_window({"model": "m", "zone": "z", "window_end_ms": 10_000, "agent_signals_n": 4,
+    ...                   "agent_stability_mean": 0.9, "agent_rag_score_mean": 0.9,
+    ...                   "agent_tool_conf_mean": 0.2, "agent_path_counts": {"rag": 3, "llm": 1}})
+    >>> w.means, w.path_shares
+    ((0.9, 0.9, 0.2), {'rag': 0.75, 'tool': 0.0, 'llm': 0.25})
+    >>> parse_window({"model": "m", "zone": "z", "window_end_ms": 1, "agent_signals_n": 0}) is None
+    True
+    """
+    n = m.get("agent_signals_n") or 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"agent_signals_n={n!r}: must be an int >= 0")
+    if n == 0:
+        return None
+    model, zone, end = window_target(m)
+    means = []
+    for name in _MEANS:
+        v = m.get(name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name}={v!r}: must be a number in [0, 1]")
+        means.append(float(v))
+    counts = m.get("agent_path_counts") or {}
+    if not isinstance(counts, Mapping) or not all(
+            p in AGENT_PATHS and isinstance(c, int) and not isinstance(c, bool) and c >= 0
+            for p, c in counts.items()):
+        raise ValueError(f"agent_path_counts={counts!r}: must map {AGENT_PATHS} to ints >= 0")
+    total = sum(counts.values())
+    shares = {p: round(counts.get(p, 0) / total, 6) for p in AGENT_PATHS} if total else {}
+    return _Window(model, zone, end, n, (means[0], means[1], means[2]), shares)
+
+
+class AgentMixDriver:
+    """EWMA of each zone's agent signals -> 4.1 weights -> ``agents`` commands.
+
+    Examples
+    --------
+    >>> d = AgentMixDriver(Settings(zones=("az-a",)))
+    >>> w = {"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "agent_signals_n": 5,
+    ...      "agent_stability_mean": 0.0, "agent_rag_score_mean": 0.9, "agent_tool_conf_mean": 0.8}
+    >>> [c.payload["weights"] for c in d.on_window(w, 0)]      # a jumping conversation: tools
+    [{'rag': 0.0, 'tool': 0.8, 'llm': 0.2}]
+    >>> d.on_window({**w, "window_end_ms": 20_000}, 0)           # the same signals: nothing new
+    []
+    """
+
+    def __init__(self, settings: Settings, params: AgentWeightParams | None = None, *,
+                 alpha: float = EWMA_ALPHA, min_delta: float = PUBLISH_DELTA) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha={alpha!r}: must lie in (0, 1]")
+        if not 0.0 <= min_delta < 1.0:
+            raise ValueError(f"min_delta={min_delta!r}: must lie in [0, 1)")
+        self.settings = settings
+        self.params = params or AgentWeightParams()
+        self.alpha = alpha
+        self.min_delta = min_delta
+        self.signals: dict[Target, tuple[float, float, float]] = {}
+        self.published: dict[Target, dict[str, float]] = {}
+        self.last_end_ms: dict[Target, int] = {}
+
+    def on_window(self, m: Mapping[str, Any], now_ms: int) -> list[Command]:
+        """Feed one metrics record; returns the ``agents`` command to publish, if any."""
+        w = fresh_zone_window(m, parse_window, self.last_end_ms, "agent weights")
+        if w is None:
+            return []
+        target = (w.model, w.zone)
+        prev = self.signals.get(target)
+        a = self.alpha
+        s, r, t = w.means if prev is None else (  # clamped: rounding must not leave [0, 1]
+            min(1.0, max(0.0, a * x + (1.0 - a) * p)) for x, p in zip(w.means, prev, strict=True))
+        ewma = self.signals[target] = (s, r, t)
+        signals = {k: round(v, 6) for k, v in zip(_SIGNALS, ewma, strict=True)}
+        new = {k: round(v, 6) for k, v in weights(AgentSignals(*ewma), self.params).as_dict().items()}
+        last = self.published.get(target)
+        if last is not None and max(abs(new[k] - last[k]) for k in AGENT_PATHS) <= self.min_delta:
+            return []
+        self.published[target] = new
+        ttl = int(self.settings.command_ttl_s * 1000)
+        reason = ("agent weights " + " ".join(f"{k} {v:.2f}" for k, v in new.items())
+                  + " from " + " ".join(f"{k} {v:.2f}" for k, v in signals.items()))
+        return [Command(kind="agents", zone=w.zone, model=w.model, target_replicas=0, reason=reason,
+                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=w.end_ms,
+                        controller="agent_weights", detail={"agent_signals_n": w.n},
+                        payload={"weights": new, "signals": signals, "paths": w.path_shares})]
+
+    # -- snapshots ------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """Every target's smoothed signals, published weights and last window end, as JSON."""
+        targets = {f"{t[0]}|{t[1]}": {"signals": list(s), "published": self.published.get(t),
+                                      "last_end_ms": self.last_end_ms.get(t, -1)}
+                   for t, s in sorted(self.signals.items())}
+        return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
+
+    def restore(self, blob: bytes) -> int:
+        """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
+        data = orjson.loads(blob)
+        if data.get("version") != SNAPSHOT_VERSION:
+            log.warning("ignoring agent weights snapshot (version %s)", data.get("version"))
+            return 0
+        signals: dict[Target, tuple[float, float, float]] = {}
+        published: dict[Target, dict[str, float]] = {}
+        last: dict[Target, int] = {}
+        for key, d in data["targets"].items():
+            model, _, zone = key.rpartition("|")
+            s, r, t = (float(v) for v in d["signals"])
+            signals[(model, zone)] = (s, r, t)
+            if d["published"] is not None:
+                published[(model, zone)] = {k: float(d["published"][k]) for k in AGENT_PATHS}
+            last[(model, zone)] = int(d["last_end_ms"])
+        self.signals, self.published, self.last_end_ms = signals, published, last  # all or nothing
+        return len(signals)
