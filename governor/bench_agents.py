@@ -74,9 +74,11 @@ def scenario_agents(args: argparse.Namespace) -> dict[str, Any]:
             paths[path] += 1
             calls, extra = agent_turn_calls(path, sigs[c], r2)
             ids = []
+            fields = {"agent_stability": sigs[c].stability, "agent_rag_score": sigs[c].rag_score,
+                      "agent_tool_conf": sigs[c].tool_conf, "agent_path": path}  # the turn's telemetry
             for j, (p, o) in enumerate(calls):
                 rid = f"t{k}c{j}"
-                f.submit(t, "az-a", FALLBACK, p, o, rid, request_class="agent")
+                f.submit(t, "az-a", FALLBACK, p, o, rid, request_class="agent", agent=fields)
                 ids.append(rid)
             turns.append((ids, extra))
         lat = {r["request_id"]: r["e2e_ms"] for r in f.advance_to(args.duration_s + 600)}

@@ -33,6 +33,7 @@ import itertools
 import math
 import operator
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -184,8 +185,12 @@ class Fleet:
     # -- public API ----------------------------------------------------------------------
     def submit(self, t_s: float, zone: str, model: str, prompt_tokens: int, output_tokens: int,
                request_id: str, hash_ids: list[int] | None = None,
-               request_class: str = "default") -> None:
+               request_class: str = "default", agent: dict[str, Any] | None = None) -> None:
         """Enqueue a request arriving at ``t_s`` (clamped to the fleet clock).
+
+        ``agent``: the mixed-agent fields its telemetry record carries
+        (``agent_stability``, ``agent_rag_score``, ``agent_tool_conf``,
+        ``agent_path``; :mod:`streams.records`), when the workload has them.
 
         Examples
         --------
@@ -201,6 +206,7 @@ class Fleet:
         req = Request(str(request_id), zone, model, request_class, int(prompt_tokens),
                       int(output_tokens), hash_ids, t, self._network_ms(),
                       0.5 + 0.0005 * int(prompt_tokens))
+        req.agent = agent
         self.submitted += 1
         self._pending_reach += 1
         self._push(req.reach_t, _REACH, req)

@@ -41,6 +41,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sim.kvalloc import COPY_BANDWIDTH_BYTES_S, ContiguousKvAllocator, PagedKvAllocator
 from sim.perf_model import PerfModel
@@ -127,7 +128,8 @@ class Request:
 
     __slots__ = ("request_id", "zone", "model", "request_class", "prompt", "output", "hash_ids",
                  "arrival_t", "reach_t", "network_ms", "preprocess_ms", "prefill_start_t",
-                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need", "pause_steps")
+                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need", "pause_steps",
+                 "agent")
 
     def __init__(self, request_id: str, zone: str, model: str, request_class: str, prompt: int,
                  output: int, hash_ids: list[int] | None, arrival_t: float, network_ms: float,
@@ -140,6 +142,7 @@ class Request:
         self.kv_hit_blocks, self.kv_hit, self.prefill_tokens = 0, False, prompt
         self.need = prompt + output
         self.pause_steps = 0  # decode steps added by a relocation during its prefill
+        self.agent: dict[str, Any] | None = None  # agent fields its record carries (Fleet.submit)
 
     def reset(self) -> None:
         """Forget service progress (the replica failed)."""
@@ -440,7 +443,7 @@ def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:
     prefill_ms = (q.first_token_t - q.prefill_start_t) * 1000.0
     decode_ms = (t - q.first_token_t) * 1000.0
     ttft = q.network_ms + q.preprocess_ms + queue_ms + prefill_ms
-    return {
+    rec = {
         "schema_version": 1, "kind": "request", "request_id": q.request_id,
         "ts_ms": epoch_ms0 + round(t * 1000.0), "arrival_ms": epoch_ms0 + round(q.arrival_t * 1000.0),
         "model": q.model, "zone": q.zone, "node": node, "request_class": q.request_class,
@@ -450,3 +453,6 @@ def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:
         "prompt_tokens": q.prompt, "output_tokens": q.output,
         "kv_hit": q.kv_hit, "kv_hit_blocks": q.kv_hit_blocks, "status": "ok",
     }
+    if q.agent:
+        rec.update(q.agent)
+    return rec

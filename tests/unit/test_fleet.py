@@ -414,3 +414,25 @@ def test_move_sessions_sends_waiting_requests_to_a_peer_with_room() -> None:
     assert out["moved"] == {"d": f"az-a/{M}/r1"} and out["kept"] == 0
     recs = {r["request_id"]: r["node"] for r in f.advance_to(200.0)}
     assert recs["d"] == f"az-a/{M}/r1" and f.stats()["conserved"]
+
+
+def test_agent_fields_of_a_workload_reach_the_request_records_and_the_zone_window() -> None:
+    """A workload that carries the 4.1 agent fields (governor.bench_agents does): the fleet's
+    records carry them, validate, and the worker's processor averages them per zone window."""
+    from governor.settings import ModelSpec, Settings
+    from streams.pipeline import TelemetryProcessor
+    from streams.records import encode_envelope, validate_record
+
+    f = make(initial_replicas=2, epoch_ms0=0)
+    agent = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2, "agent_path": "rag"}
+    for i in range(6):
+        f.submit(0.1 * i, "az-a", M, 200, 5, f"a{i}", agent=agent if i % 2 else None)
+    recs = [r for r in f.advance_to(60.0) if r["kind"] == "request"]
+    assert len(recs) == 6 and all(validate_record(r) is None for r in recs)
+    assert sum(set(agent) <= r.keys() for r in recs) == 3
+    assert all(r.keys() == REQUEST_KEYS for r in recs if r["request_id"] in ("a0", "a2", "a4"))
+    p = TelemetryProcessor(Settings(window_s=60.0, models=(ModelSpec(M, 2000.0, 200.0),)))
+    assert not p.process(encode_envelope(recs, "sim", 0), {"topic": "t", "partition": 0, "offset": 0}, 0).dead_letters
+    (zone,) = [w for w in p.close_due(10**6, 0) if w["scope"] == "zone"]
+    assert zone["agent_signals_n"] == 3 and zone["agent_path_counts"] == {"rag": 3, "tool": 0, "llm": 0}
+    assert zone["agent_tool_conf_mean"] == pytest.approx(0.2)
