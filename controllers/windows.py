@@ -135,6 +135,7 @@ class NodeSnapshot:
     kv_free_bytes: int = -1
     kv_waiting_bytes: int = -1
     kv_generation: int = -1
+    free_block_hist: tuple[int, ...] = ()  # free holes per size bin (the sample's own bins); () = absent
 
 
 @dataclass
@@ -192,7 +193,8 @@ class WindowAggregate:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
             setattr(agg, name, DDSketch.from_dict(data[name]))
-        agg.nodes = {n: NodeSnapshot(**s) for n, s in data["nodes"].items()}
+        agg.nodes = {n: NodeSnapshot(**{**s, "free_block_hist": tuple(s.get("free_block_hist", ()))})
+                     for n, s in data["nodes"].items()}
         return agg
 
 
@@ -308,8 +310,12 @@ def add_gpu(
     cols: Mapping[str, npt.ArrayLike],
     nodes: Sequence[str],
     states: Sequence[str],
+    hists: Sequence[Sequence[int] | None] | None = None,
 ) -> None:
     """Add a batch of GPU samples; ``nodes[i]``/``states[i]`` label row ``i``.
+
+    ``hists[i]`` is row ``i``'s free-block histogram (None: not reported);
+    the node's latest snapshot keeps it.
 
     The per-node snapshot keeps the sample with the latest ``ts_ms`` (ties:
     the larger snapshot tuple, so the result is order-independent).  The
@@ -326,8 +332,8 @@ def add_gpu(
     """
     ts = _column(cols, "ts_ms", None, np.int64)
     n = int(ts.size)
-    if len(nodes) != n or len(states) != n:
-        raise ValueError(f"nodes/states: lengths {len(nodes)}/{len(states)} differ from {n}")
+    if len(nodes) != n or len(states) != n or (hists is not None and len(hists) != n):
+        raise ValueError(f"nodes/states/hists: lengths {len(nodes)}/{len(states)} differ from {n}")
     f = {k: _column(cols, k, n, np.float64) for k in GPU_COLUMNS[1:]}
     for name, arr in f.items():
         if not np.all(np.isfinite(arr)) or np.any(arr < 0.0):
@@ -350,7 +356,12 @@ def add_gpu(
             absent = bool(np.isnan(v))
             extra.append((-1.0 if absent else float(v)) if k == "fragmentation_ratio"
                          else (-1 if absent else int(v)))
-        snap = NodeSnapshot(int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]), *extra)
+        hist = hists[i] if hists is not None else None
+        if hist is not None and any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in hist):
+            raise ValueError(f"free_block_hist of row {i}: must be ints >= 0")
+        fields: list[Any] = [int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]), *extra,
+                             tuple(hist) if hist is not None else ()]
+        snap = NodeSnapshot(*fields)
         prev = agg.nodes.get(nodes[i])
         if prev is None or snap > prev:
             agg.nodes[nodes[i]] = snap
@@ -446,15 +457,16 @@ def node_kv(snap: NodeSnapshot | None) -> dict[str, Any]:
     --------
     >>> node_kv(None)["kv_generation"] is None
     True
-    >>> s = NodeSnapshot(1, "ready", 0, 0, 0, 0, 64, 0.5, 128, 96, 7)
+    >>> s = NodeSnapshot(1, "ready", 0, 0, 0, 0, 64, 0.5, 128, 96, 7, (2, 1, 0))
     >>> sorted(node_kv(s).items())  # doctest: +NORMALIZE_WHITESPACE
-    [('fragmentation_ratio', 0.5), ('kv_free_bytes', 128), ('kv_generation', 7),
-     ('kv_waiting_bytes', 96), ('largest_free_block_bytes', 64)]
+    [('fragmentation_ratio', 0.5), ('free_block_hist', [2, 1, 0]), ('kv_free_bytes', 128),
+     ('kv_generation', 7), ('kv_waiting_bytes', 96), ('largest_free_block_bytes', 64)]
     """
     if snap is None:
-        return {k: None for k in (*KV_COLUMNS, "largest_free_block_bytes")}
+        return {k: None for k in (*KV_COLUMNS, "largest_free_block_bytes", "free_block_hist")}
     out: dict[str, Any] = {k: (v if (v := getattr(snap, k)) >= 0 else None) for k in KV_COLUMNS}
     out["largest_free_block_bytes"] = snap.largest_free_block_bytes
+    out["free_block_hist"] = list(snap.free_block_hist) if snap.free_block_hist else None
     return out
 
 

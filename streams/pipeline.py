@@ -109,7 +109,7 @@ def _agent_columns(cols: Mapping[str, list[Any]]) -> list[list[Any]] | None:
 class _Pending:
     """Validated rows of one (model, zone, node) window not yet aggregated."""
 
-    __slots__ = ("agg", "slo", "requests", "agent", "gpus", "nodes", "states")
+    __slots__ = ("agg", "slo", "requests", "agent", "gpus", "nodes", "states", "hists")
 
     def __init__(self, agg: WindowAggregate, slo: SloSpec) -> None:
         self.agg = agg
@@ -120,6 +120,7 @@ class _Pending:
         self.gpus: list[tuple[Any, ...]] = []
         self.nodes: list[str] = []
         self.states: list[str] = []
+        self.hists: list[list[int] | None] = []  # free_block_hist per GPU row (None: not reported)
 
     def extend_requests(self, cols: list[list[Any]], agent: list[list[Any]] | None = None) -> None:
         if agent is not None and self.agent is None:
@@ -145,8 +146,8 @@ class _Pending:
             cols = np.array(self.gpus, dtype=np.float64).T
             gpu = {name: cols[i] for i, name in enumerate(_GPU_COLUMNS)}
             gpu["ts_ms"] = np.array([row[0] for row in self.gpus], dtype=np.int64)
-            add_gpu(self.agg, gpu, self.nodes, self.states)
-            self.gpus, self.nodes, self.states = [], [], []
+            add_gpu(self.agg, gpu, self.nodes, self.states, self.hists)
+            self.gpus, self.nodes, self.states, self.hists = [], [], [], []
 
 
 class TelemetryProcessor:
@@ -238,6 +239,7 @@ class TelemetryProcessor:
                                  get("kv_generation")))
                 buf.nodes.append(rec["node"])
                 buf.states.append(rec["state"])
+                buf.hists.append(get("free_block_hist"))
                 if len(buf.gpus) >= FLUSH_ROWS:
                     buf.flush()
             if max_ts is None or ts > max_ts:

@@ -113,11 +113,17 @@ def test_fleet_window_to_command_to_relocation() -> None:
     settings = Settings(window_s=1.0, lateness_s=0.0)
     assert M in {m.name for m in settings.models}
     proc = TelemetryProcessor(settings)
-    rec = {k: v for k, v in g.items() if k != "free_block_hist"}
+    rec = dict(g)
+    assert sum(rec["free_block_hist"]) >= 2  # the fleet's record carries its free-block histogram
     res = proc.process(encode_envelope([rec], "n", 0), {"topic": "t", "partition": 0, "offset": 0}, 0)
     assert res.valid == 1, res.dead_letters
     (node_win,) = [w for w in proc.close_due(rec["ts_ms"] + 10_000, 0) if w["scope"] == "node"]
     assert node_win["kv_waiting_bytes"] == 6 * BLOCK_B and node_win["kv_generation"] == g["kv_generation"]
+    # fragmentation telemetry, windowed per node: histogram, blocks in use, largest hole, ratio
+    assert node_win["free_block_hist"] == list(g["free_block_hist"])
+    assert node_win["kv_blocks_used"] == g["kv_blocks_used"] and node_win["kv_blocks_total"] == g["kv_blocks_total"]
+    assert node_win["largest_free_block_bytes"] == g["largest_free_block_bytes"]
+    assert node_win["fragmentation_ratio"] == pytest.approx(g["fragmentation_ratio"])
     # the scenario's hole is exactly what d needs (free = waiting), so trigger at 1.0 x waiting
     cmd = KvRelocator(KvPolicyParams(trigger_factor=1.0)).on_node_window(node_win, now_ms=0)
     assert cmd is not None and cmd.payload["action"] == "compact"

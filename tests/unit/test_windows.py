@@ -485,3 +485,18 @@ def test_tracker_round_trips() -> None:
     assert back.get(("az-a", "n1"), 1000).n_requests == 1
     again = pickle.loads(pickle.dumps(t))
     assert again.to_dict() == t.to_dict() and again.is_late(0)
+
+
+def test_the_latest_samples_free_block_histogram_is_kept_and_survives_serialisation() -> None:
+    agg = initialize()
+    cols = {k: np.array([0, 0]) for k in GPU_COLUMNS}
+    cols["ts_ms"] = np.array([1, 2])
+    add_gpu(agg, cols, ["n1", "n1"], ["ready", "ready"], [[5, 0, 1], [1, 2, 0]])
+    assert agg.nodes["n1"].free_block_hist == (1, 2, 0)
+    back = WindowAggregate.from_dict(json.loads(json.dumps(agg.to_dict())))
+    assert back == agg
+    old = agg.to_dict()
+    del old["nodes"]["n1"]["free_block_hist"]  # an aggregate saved before the field existed
+    assert WindowAggregate.from_dict(old).nodes["n1"].free_block_hist == ()
+    with pytest.raises(ValueError, match="free_block_hist"):
+        add_gpu(initialize(), cols, ["n1", "n1"], ["ready", "ready"], [[1], [-1]])
