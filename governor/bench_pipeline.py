@@ -42,7 +42,7 @@ from governor.embedded import EmbeddedServers, free_port
 from governor.processes import WORKER_READY, start_worker
 from governor.settings import Settings
 from governor.topics import ensure_topics
-from streams.commands import stream_key
+from streams.commands import Command, stream_key
 from streams.records import encode_envelope, partition_key
 
 MODEL = "llama2-70b"
@@ -126,6 +126,13 @@ async def _pipeline_rate(settings: Settings, port: int, n: int, batch: int, zone
     return n / (time.perf_counter() - t0), round(counts[1] - dead_before)
 
 
+async def _has_scale_command(redis: aioredis.Redis, key: str) -> bool:
+    for _, fields in await redis.xrange(key):
+        if Command.decode(fields[b"cmd"]).kind == "scale":
+            return True
+    return False
+
+
 async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[float], list[float]]:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=0)
     await producer.start()
@@ -147,9 +154,11 @@ async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[
             window_close = (now - now % size_ms) + size_ms + late_ms
             key = stream_key(settings.topic_prefix, zone)
             deadline = time.monotonic() + 30
-            while not await redis.xlen(key):
+            # Other commands reach every zone's stream too (zone-aware routes, breakers):
+            # wait for this zone's scale command.
+            while not await _has_scale_command(redis, key):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no command for {zone} within 30 s")
+                    raise TimeoutError(f"no scale command for {zone} within 30 s")
                 await asyncio.sleep(0.002)
             landed = time.time() * 1000
             total.append(landed - sent)
