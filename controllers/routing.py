@@ -4,19 +4,16 @@ One router serves one model family: a ``primary`` variant (e.g.
 ``"llama2-70b"``) and an optional smaller ``fallback`` (``"llama2-13b"``),
 each deployed in several zones.  A :class:`Target` is one (variant, zone).
 Every window, each request class gets routing weights over the targets.
+This module holds the router (parameters, state, weights, fallback and
+:func:`step`); the latency model it steers by, the SLA classes and the
+target windows are in :mod:`controllers.routing_model` (re-exported here).
 
-**Prediction** (per target, from its window and the rate forecast)::
-
-    drain_rps  = capacity_rps if known, else rate_rps   # a queued target completes at capacity
-    excess_rps = forecast_rps - capacity_rps            # if both are known, else
-               = (queue_len - previous queue_len) / dt_s   # the queue's own growth
-    backlog    = max(0, queue_len + excess_rps * horizon_s)
-    wait_ms    = 1000 * backlog / drain_rps             # FIFO drain time ahead of a new request
-    ttft_pred  = ttft_p95_ms + wait_ms,   e2e_pred = e2e_p95_ms + wait_ms
-
-A class ``c`` sees the *normalised* latency ``x = max(ttft_pred /
-ttft_slo, e2e_pred / e2e_slo)`` (the e2e term only where both exist), so
-``x > 1`` means the class's SLO is predicted to be missed.
+**Prediction**: each target's TTFT and e2e latency at the horizon, its
+windowed P95 plus the FIFO wait of its forecast backlog
+(:func:`~controllers.routing_model.predict_ms`).  A class ``c`` sees the
+*normalised* latency ``x = max(ttft_pred / ttft_slo, e2e_pred / e2e_slo)``
+(:func:`~controllers.routing_model.normalised`), so ``x > 1`` means the
+class's SLO is predicted to be missed.
 
 **Weights** over the eligible targets of one variant (breaker not ``open``
 and capacity not 0; open targets get 0)::
@@ -31,17 +28,12 @@ prior.  Half-open targets and targets without latency data get the floor
 only (the breaker's probes, and a way back in).
 
 The **prior** (``split``) is the variant's load spread so that its mean
-latency is least (:func:`min_latency_split`, ``"min-latency"``, the
-default): each target an M/M/1-like server with its capacity and its
-predicted TTFT, the variant's load the sum of its targets' completion rates.
-Equal latencies give the split by capacity; a target several times slower
-than the rest gets (almost) nothing while the rest have headroom, and a
-share again as the load nears their capacity.  The latency it uses is held
-(:func:`held_latency_ms`): a rise counts at once, a fall only as far as the
-window's completions support it, so a slowed target that got a few probe
-requests is not flooded again on the evidence of two fast ones.  Without
-capacities or load (``rate_rps`` 0) the prior is ``capacity_rps`` (1 if
-unknown), as with ``split="capacity"``.
+latency is least (:func:`~controllers.routing_model.min_latency_split`,
+``"min-latency"``, the default), the variant's load the sum of its targets'
+completion rates and each target's latency its held prediction
+(:func:`~controllers.routing_model.held_latency_ms`).  Without capacities or
+load (``rate_rps`` 0) the prior is ``capacity_rps`` (1 if unknown), as with
+``split="capacity"``.
 
 **Fallback** (degradable classes, when a ``fallback`` variant exists): the
 class's expected ``x`` on the primary (weighted by the primary weights) is
@@ -73,21 +65,24 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 from controllers.errors import ParameterError
+from controllers.routing_model import (
+    BATCH,
+    DEFAULT_CLASSES,
+    TRADING,
+    VOICE,
+    BreakerName,
+    RequestClass,
+    TargetObs,
+    _num,
+    held_latency_ms,
+    min_latency_split,
+    normalised,
+    predict_ms,
+)
 
-__all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "RequestClass", "RoutingDecision",
-           "RoutingParams", "RoutingState", "Target", "TargetObs", "held_latency_ms",
-           "min_latency_split", "predict_ms", "step"]
-
-BreakerName = Literal["closed", "open", "half_open"]
-_X_CAP = 1e6  # normalised-latency cap (a stuck queue), keeps the softmax finite
-
-
-def _num(name: str, value: object, *, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ParameterError(f"{name}={value!r}: must be a number")
-    if not math.isfinite(value) or value < 0 or (strict and value == 0):
-        raise ParameterError(f"{name}={value}: must be finite and {'> 0' if strict else '>= 0'}")
-    return float(value)
+__all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "BreakerName", "RequestClass",
+           "RoutingDecision", "RoutingParams", "RoutingState", "Target", "TargetObs",
+           "held_latency_ms", "min_latency_split", "normalised", "predict_ms", "step"]
 
 
 class Target(NamedTuple):
@@ -99,58 +94,6 @@ class Target(NamedTuple):
     @property
     def key(self) -> str:
         return f"{self.variant}|{self.zone}"
-
-
-@dataclass(frozen=True)
-class RequestClass:
-    """An SLA tier: its SLOs, priority (0 = most urgent) and whether it may degrade."""
-
-    name: str
-    ttft_slo_ms: float
-    e2e_slo_ms: float | None = None
-    priority: int = 0
-    degradable: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ParameterError(f"name={self.name!r}: must be a non-empty string")
-        _num("ttft_slo_ms", self.ttft_slo_ms, strict=True)
-        if self.e2e_slo_ms is not None:
-            _num("e2e_slo_ms", self.e2e_slo_ms, strict=True)
-        if not isinstance(self.degradable, bool):
-            raise ParameterError(f"degradable={self.degradable!r}: must be a bool")
-
-
-TRADING = RequestClass("trading", ttft_slo_ms=300.0, priority=0, degradable=True)
-"""Seed spec 1: a trading agent's 300 ms SLA; a smaller model on time beats a late one."""
-VOICE = RequestClass("voice", ttft_slo_ms=800.0, priority=1, degradable=True)
-"""Conversational voice: the first token within ~800 ms keeps the turn natural."""
-BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2,
-                     degradable=False)
-"""Offline work: loose SLOs, never degraded to the smaller model."""
-DEFAULT_CLASSES = (TRADING, VOICE, BATCH)
-
-
-@dataclass(frozen=True)
-class TargetObs:
-    """A target's window: latency percentiles, queue, rates and breaker state."""
-
-    ttft_p95_ms: float | None
-    e2e_p95_ms: float | None = None
-    queue_len: float = 0.0
-    rate_rps: float = 0.0  # completions in the window
-    capacity_rps: float | None = None  # sustainable rate of the ready replicas
-    forecast_rps: float | None = None  # arrival rate forecast at the horizon
-    breaker: BreakerName = "closed"
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_p95_ms", "e2e_p95_ms", "capacity_rps", "forecast_rps"):
-            if getattr(self, name) is not None:
-                _num(name, getattr(self, name))
-        _num("queue_len", self.queue_len)
-        _num("rate_rps", self.rate_rps)
-        if self.breaker not in ("closed", "open", "half_open"):
-            raise ParameterError(f"breaker={self.breaker!r}: must be closed, open or half_open")
 
 
 @dataclass(frozen=True)
@@ -243,119 +186,6 @@ class RoutingDecision:
                 "unroutable": list(self.unroutable), "changed": list(self.changed)}
 
 
-def predict_ms(params: RoutingParams, obs: TargetObs, prev_queue: float | None,
-               dt_s: float) -> tuple[float | None, float | None]:
-    """Predicted (ttft, e2e) in ms: windowed P95 plus the FIFO wait at the horizon.
-
-    Examples
-    --------
-    >>> p = RoutingParams(primary="m", horizon_s=10.0)
-    >>> # 20 queued, forecast 12 rps against a capacity of 10: 20 + 2*10 = 40 waiting, 4 s
-    >>> predict_ms(p, TargetObs(200.0, 900.0, queue_len=20, capacity_rps=10, forecast_rps=12),
-    ...            None, 10.0)
-    (4200.0, 4900.0)
-    """
-    drain = obs.capacity_rps if obs.capacity_rps is not None else obs.rate_rps
-    if obs.forecast_rps is not None and obs.capacity_rps is not None:
-        excess = obs.forecast_rps - obs.capacity_rps
-    else:
-        excess = 0.0 if prev_queue is None else (obs.queue_len - prev_queue) / dt_s
-    backlog = max(0.0, obs.queue_len + excess * params.horizon_s)
-    wait = 0.0 if backlog == 0.0 else (1000.0 * backlog / drain if drain > 0 else math.inf)
-    ttft = None if obs.ttft_p95_ms is None else obs.ttft_p95_ms + wait
-    e2e = None if obs.e2e_p95_ms is None else obs.e2e_p95_ms + wait
-    return ttft, e2e
-
-
-def _norm(c: RequestClass, ttft: float | None, e2e: float | None) -> float | None:
-    if ttft is None:
-        return None
-    x = ttft / c.ttft_slo_ms
-    if e2e is not None and c.e2e_slo_ms is not None:
-        x = max(x, e2e / c.e2e_slo_ms)
-    return min(x, _X_CAP)
-
-
-def held_latency_ms(params: RoutingParams, held_ms: float | None, latency_ms: float,
-                    completions: float) -> float:
-    """The latency the split uses: a rise at once, a fall weighed by its evidence.
-
-    ``held + (latency - held) * n / (n + release_requests)`` when the window's
-    prediction is lower, with ``n`` its completions: the P95 of fewer than
-    ``1 / (1 - 0.95) = 20`` requests is little more than their maximum, so a
-    slowed target is trusted again only as completions show it.
-
-    Examples
-    --------
-    >>> p = RoutingParams(primary="m")
-    >>> held_latency_ms(p, 1200.0, 1500.0, 2.0)     # slower: at once
-    1500.0
-    >>> held_latency_ms(p, 1200.0, 300.0, 20.0)     # 20 completions: half way
-    750.0
-    >>> held_latency_ms(p, 1200.0, 300.0, 0.0)      # none: unchanged
-    1200.0
-    """
-    if held_ms is None or latency_ms >= held_ms:
-        return latency_ms
-    n = completions
-    return held_ms + (latency_ms - held_ms) * (n / (n + params.release_requests)
-                                               if n + params.release_requests > 0 else 1.0)
-
-
-def min_latency_split(latency_ms: Sequence[float], capacity_rps: Sequence[float],
-                      load_rps: float) -> list[float]:
-    """Rates that minimise the mean latency of ``load_rps`` over parallel servers.
-
-    Each target is modelled by an M/M/1-like latency curve ``s / (1 - l /
-    mu)`` at rate ``l`` (``s``: its latency, ``mu``: its capacity, both > 0).
-    Minimising ``sum_i l_i s_i / (1 - l_i / mu_i)`` subject to ``sum_i l_i =
-    load`` (Lagrange; the square-root rule) gives::
-
-        l_i = mu_i * max(0, 1 - u sqrt(s_i)),   u = (sum_A mu_i - load) / sum_A mu_i sqrt(s_i)
-
-    over the active set ``A`` of the fastest targets, filled in order of
-    latency while ``u sqrt(s_i) < 1``.  Equal latencies give the split by
-    capacity; a target several times slower than the rest gets nothing while
-    the rest have the headroom, and a share again as the load nears their
-    capacity.  At or above the total capacity the split is by capacity.
-
-    Examples
-    --------
-    >>> min_latency_split([100.0, 100.0], [30.0, 10.0], 20.0)    # by capacity
-    [15.0, 5.0]
-    >>> [round(v, 3) for v in min_latency_split([100.0, 400.0], [10.0, 10.0], 3.0)]  # slow: idle
-    [3.0, 0.0]
-    >>> # u = (20 - 6) / (10 * 10 + 10 * 20) = 0.0467: 10 (1 - 0.467), 10 (1 - 0.933)
-    >>> [round(v, 3) for v in min_latency_split([100.0, 400.0], [10.0, 10.0], 6.0)]
-    [5.333, 0.667]
-    """
-    n = len(latency_ms)
-    if n == 0 or len(capacity_rps) != n:
-        raise ParameterError(f"capacity_rps: needs one per latency ({n}), got {len(capacity_rps)}")
-    for i in range(n):
-        _num("latency_ms", latency_ms[i], strict=True)
-        _num("capacity_rps", capacity_rps[i], strict=True)
-    _num("load_rps", load_rps)
-    total = sum(capacity_rps)
-    if load_rps >= total:
-        return [float(c) for c in capacity_rps]
-    order = sorted(range(n), key=lambda i: latency_ms[i])
-    mu_sum = root_sum = 0.0
-    u = 0.0
-    active = 0
-    for k, i in enumerate(order):
-        mu_sum += capacity_rps[i]
-        root_sum += capacity_rps[i] * math.sqrt(latency_ms[i])
-        u = (mu_sum - load_rps) / root_sum
-        active = k + 1
-        if k + 1 < n and u * math.sqrt(latency_ms[order[k + 1]]) >= 1.0:
-            break
-    out = [0.0] * n
-    for i in order[:active]:
-        out[i] = capacity_rps[i] * max(0.0, 1.0 - u * math.sqrt(latency_ms[i]))
-    return out
-
-
 def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant: str | None,
                      x: Mapping[Target, float | None], ttft: Mapping[Target, float | None]
                      ) -> tuple[dict[Target, float], float | None]:
@@ -443,7 +273,7 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
     unroutable: list[str] = []
     changed: list[str] = []
     for c in sorted(classes, key=lambda k: (k.priority, k.name)):
-        x = {t: _norm(c, *pred[t]) for t in observations}
+        x = {t: normalised(c, *pred[t]) for t in observations}
         wp, xp = _variant_weights(params, observations, params.primary, x, split_ttft)
         can_fb = c.degradable and params.fallback is not None
         wf, xf = (_variant_weights(params, observations, params.fallback, x, split_ttft) if can_fb

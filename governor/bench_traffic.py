@@ -26,7 +26,7 @@ sets the fleet's routing weights for the next one.
   the 4.1 weights (dynamic) or 1:1:1 (static); see :func:`agent_turn_calls`.
 
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
-class has one) and did not fail; classes as in :data:`controllers.routing.DEFAULT_CLASSES`.
+class has one) and did not fail; classes as in :data:`controllers.routing_model.DEFAULT_CLASSES`.
 """
 from __future__ import annotations
 

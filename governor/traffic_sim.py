@@ -6,7 +6,7 @@ and sets the fleet's routing weights for the next one.  Arms of one
 scenario differ only in their policy, so their GPU-seconds are equal.
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in
-:data:`controllers.routing.DEFAULT_CLASSES`.
+:data:`controllers.routing_model.DEFAULT_CLASSES`.
 
 The scenarios are :mod:`governor.bench_traffic` (routing, breaker),
 :mod:`governor.bench_canary` and :mod:`governor.bench_agents`.

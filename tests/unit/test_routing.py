@@ -14,20 +14,17 @@ from hypothesis import strategies as st
 from scipy import optimize
 
 from controllers.errors import ParameterError
-from controllers.routing import (
+from controllers.routing import RoutingParams, RoutingState, Target, step
+from controllers.routing_model import (
     BATCH,
     DEFAULT_CLASSES,
     TRADING,
     VOICE,
     RequestClass,
-    RoutingParams,
-    RoutingState,
-    Target,
     TargetObs,
     held_latency_ms,
     min_latency_split,
     predict_ms,
-    step,
 )
 
 DT = 10.0
