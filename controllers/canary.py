@@ -24,17 +24,13 @@ each stage).  Roll back at once when any of these holds:
   stable one by more than ``max_error_rate_delta``, or its window P99 is above
   ``max_p99_ratio`` x stable's (each only when stable has as many requests).
 
-Two sequential tests judge latency on the stage's *cumulative* counts, so a
-slow version is caught at the 1 % stage, where no window holds 20 canary
-requests.  Each counts the canary requests whose TTFT is over a threshold
-and runs a one-sided, open-ended SPRT of ``H0: p <= p0`` against ``H1: p =
-p1`` on the count ``k`` of ``n`` requests::
-
-    llr = k ln(p1 / p0) + (n - k) ln((1 - p1) / (1 - p0))   roll back when llr >= ln(1 / alpha)
-
-Under ``H0`` the likelihood ratio is a (super)martingale, so by Ville's
-inequality a version that satisfies ``H0`` is rolled back with probability at
-most ``sequential_alpha`` (0.1 %) however many windows are looked at.
+Two sequential tests (:mod:`controllers.sequential`: a one-sided SPRT of
+``H0: p <= p0`` against ``H1: p = p1``, rolled back when ``llr >= ln(1 /
+sequential_alpha)``, so a version that satisfies ``H0`` is rolled back with
+probability at most ``sequential_alpha``, 0.1 %, however many windows are
+looked at) judge latency on the stage's *cumulative* counts ``k`` of ``n``
+canary requests over a threshold, so a slow version is caught at the 1 %
+stage, where no window holds 20 canary requests:
 
 * **over the P99 limit** (the seed's rule, sequential): requests over
   ``max_p99_ms``; ``p0 = 1 %`` (P99 at the limit), ``p1 = limit_p1`` (5 %: the
@@ -46,12 +42,8 @@ most ``sequential_alpha`` (0.1 %) however many windows are looked at.
   5 %: ``p0 = 5 %``, ``p1 = slowdown_p1`` (50 %: the canary's median over k x
   stable's P95).  A version up to k times slower is not rolled back by it.
 
-A window reports quantiles, not requests, so the counts are lower bounds
-from the canary's window quantiles (:func:`exceedances`): if its ``q``
-quantile of ``n`` requests is over the threshold, at least ``n - ceil((n -
-1) q)`` requests are (the rank of the interpolated quantile).  A lower count
-lowers the ratio, so the false-rollback bound holds (up to the quantile
-sketch's relative accuracy).
+The counts are lower bounds from the canary's window quantiles
+(:func:`exceedances`), which keeps the false-rollback bound.
 
 Promote to the next stage (or to ``promoted`` after the last) when the
 stage has been held ``hold_s`` **and** it saw ``min_requests_per_stage``
@@ -82,6 +74,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from controllers.errors import ParameterError
+from controllers.sequential import quantile_exceedances, sprt_bound, sprt_llr
 
 __all__ = ["CanaryOutput", "CanaryParams", "CanaryState", "VersionObs", "abort", "exceedances",
            "expected_exposure", "sprt_llr", "start", "step", "traffic_share"]
@@ -196,37 +189,18 @@ class VersionObs:
 def exceedances(obs: VersionObs, threshold_ms: float) -> int:
     """At least how many of the window's requests had a TTFT over ``threshold_ms``.
 
-    From the lowest known quantile ``q`` over the threshold: the linearly
-    interpolated ``q`` quantile of ``n`` values (at rank ``h = (n - 1) q``)
-    exceeds it only if the ``n - ceil(h)`` largest values do.
+    :func:`controllers.sequential.quantile_exceedances` of the window's P50,
+    P95 and P99.
 
     Examples
     --------
-    >>> exceedances(VersionObs(4, 0, p99_ms=900.0, p50_ms=500.0), 800.0)   # only the largest
-    1
     >>> exceedances(VersionObs(4, 0, p99_ms=900.0, p50_ms=850.0), 800.0)   # the 2 largest
     2
-    >>> exceedances(VersionObs(1, 0, p99_ms=900.0), 800.0)                 # a single request
-    1
     >>> exceedances(VersionObs(100, 0, p99_ms=700.0, p50_ms=100.0), 800.0)
     0
     """
-    n = obs.requests
-    for q, v in ((0.50, obs.p50_ms), (0.95, obs.p95_ms), (0.99, obs.p99_ms)):
-        if n and v is not None and v > threshold_ms:
-            return n - math.ceil(round((n - 1) * q, 9))
-    return 0
-
-
-def sprt_llr(k: int, n: int, p0: float, p1: float) -> float:
-    """Log-likelihood ratio of ``k`` exceedances in ``n`` under ``p1`` against ``p0``.
-
-    >>> round(sprt_llr(4, 4, 0.05, 0.5), 3)        # 4 of 4 over: 4 ln 10
-    9.21
-    >>> round(sprt_llr(0, 100, 0.01, 0.05), 3)     # 100 under: 100 ln(0.95 / 0.99)
-    -4.124
-    """
-    return k * math.log(p1 / p0) + (n - k) * math.log((1.0 - p1) / (1.0 - p0))
+    return quantile_exceedances(
+        obs.requests, ((0.50, obs.p50_ms), (0.95, obs.p95_ms), (0.99, obs.p99_ms)), threshold_ms)
 
 
 @dataclass(frozen=True)
@@ -334,7 +308,7 @@ def _rollback_reason(p: CanaryParams, s: CanaryState, canary: VersionObs,
                 and stable.requests >= max(p.min_p99_requests, 1)
                 and canary.p99_ms > p.max_p99_ratio * stable.p99_ms):
             return f"p99 {canary.p99_ms:g} ms > {p.max_p99_ratio:g} x stable {stable.p99_ms:g} ms"
-    bound = math.log(1.0 / p.sequential_alpha)
+    bound = sprt_bound(p.sequential_alpha)
     llr = sprt_llr(s.stage_over_limit, s.stage_requests, LIMIT_P0, p.limit_p1)
     if llr >= bound:
         return (f"{s.stage_over_limit}/{s.stage_requests} requests over {p.max_p99_ms:g} ms "

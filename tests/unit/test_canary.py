@@ -18,12 +18,12 @@ from controllers.canary import (
     abort,
     exceedances,
     expected_exposure,
-    sprt_llr,
     start,
     step,
     traffic_share,
 )
 from controllers.errors import ParameterError
+from controllers.sequential import sprt_llr
 
 DT = 10.0
 P = CanaryParams(hold_s=60.0, min_requests_per_stage=100)
