@@ -8,18 +8,18 @@ per key, advances an event-time watermark and pops windows once
 ``start + size + lateness`` has passed.  Merging node windows gives the zone window: counts add, sketches
 merge, per-node GPU snapshots union keeping the latest timestamp.
 
-Mixed agent load (seed spec 4.1): requests may carry the turn's
-``agent_stability``, ``agent_rag_score`` and ``agent_tool_conf`` (each in
-[0, 1], all three or none; NaN = not carried) and its ``agent_path``
-(:data:`AGENT_PATHS` index, NaN = not carried).  A window counts the
-requests carrying the signals and sums each signal in integer millionths
-(so merging is exactly associative and commutative), and counts the
-requests per path; :func:`result` reports the means (None when no request
+The batch columns and their checks (request, GPU, KV allocator and agent
+columns; a bad batch is rejected whole with ``ValueError``) are in
+:mod:`controllers.window_columns`, whose schemas are re-exported here.
+
+Mixed agent load (seed spec 4.1): a window counts the requests carrying the
+three agent signals and sums each signal in integer millionths (so merging
+is exactly associative and commutative), and counts the requests per
+``agent_path``; :func:`result` reports the means (None when no request
 carried them) and ``agent_path_counts``.
 
-Missing latency measurements are NaN (e.g. no first token on an error): they
-are skipped by that metric's sketch and never count as a latency violation.
-Negative or infinite values reject the whole batch with ``ValueError``.
+Missing latency measurements (NaN) are skipped by that metric's sketch and
+never count as a latency violation.
 
 Examples
 --------
@@ -47,35 +47,31 @@ import numpy.typing as npt
 
 from controllers.errors import ParameterError
 from controllers.sketch import DDSketch
+from controllers.window_columns import (
+    AGENT_COLUMNS,
+    AGENT_PATHS,
+    AGENT_SIGNAL_COLUMNS,
+    GPU_COLUMNS,
+    KV_COLUMNS,
+    REQUEST_COLUMNS,
+    gpu_batch,
+    request_batch,
+)
 
 __all__ = [
     *("READY_STATES", "STARTING_STATES", "NodeSnapshot", "SloSpec", "WindowAggregate"),
     *("add_gpu", "add_requests", "initialize", "merge", "result"),
     "AGENT_COLUMNS", "AGENT_PATHS", "KV_COLUMNS", "node_kv", "node_result", "window_start_ms",
+    "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "REQUEST_COLUMNS",
 ]
 
 READY_STATES = frozenset({"ready"})
 STARTING_STATES = frozenset({"starting"})
-REQUEST_COLUMNS = tuple(
-    "ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens kv_hit ok".split()
-)
-GPU_COLUMNS = tuple(
-    "ts_ms gpu_util queue_len running mem_used_bytes mem_total_bytes kv_blocks_used "
-    "kv_blocks_total largest_free_block_bytes".split()
-)
-# Optional KV allocator columns of a GPU sample: NaN = the sample has no such
-# field (stored as -1 in the snapshot so snapshots stay totally ordered).
-KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
 _INT_FIELDS = tuple(
     "n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split()
 )
 _FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
 _SKETCHES = ("e2e", "ttft", "itl")
-# Optional agent columns of a request batch (NaN = the request did not carry it):
-# the three 4.1 signals, then the path as an index into AGENT_PATHS.
-AGENT_PATHS = ("rag", "tool", "llm")
-AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
-AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
 _MICRO = 1_000_000  # agent signal sums are kept in integer millionths
 # Added after the first snapshots were written: absent from an old dict = 0.
 _AGENT_FIELDS = ("n_agent_signals", *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
@@ -209,15 +205,6 @@ def initialize() -> WindowAggregate:
     return WindowAggregate()
 
 
-def _column(cols: Mapping[str, Any], name: str, n: int | None, dtype: Any) -> Any:
-    if name not in cols:
-        raise ValueError(f"{name}: missing column")
-    arr = np.asarray(cols[name], dtype=dtype).ravel()
-    if n is not None and arr.size != n:
-        raise ValueError(f"{name}: length {arr.size} differs from {n}")
-    return arr
-
-
 def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: SloSpec) -> None:
     """Add a batch of finished requests (vectorised, all-or-nothing).
 
@@ -236,9 +223,9 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     Raises
     ------
     ValueError
-        Missing column, ragged lengths, negative or infinite values; agent
-        signals outside [0, 1] or not carried together, a path index not in
-        ``0..2``.
+        A batch :func:`controllers.window_columns.request_batch` rejects:
+        missing column, ragged lengths, negative or infinite values, bad
+        agent columns.
 
     Examples
     --------
@@ -248,19 +235,8 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     >>> add_requests(agg, cols, SloSpec(500.0, 50.0)); agg.n_errors, agg.n_violations
     (1, 1)
     """
-    ok = _column(cols, "ok", None, bool)
+    ok, f, kv_hit, agent = request_batch(cols)
     n = int(ok.size)
-    f = {
-        k: _column(cols, k, n, np.float64)
-        for k in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")
-    }
-    kv_hit = _column(cols, "kv_hit", n, bool)
-    for name, arr in f.items():
-        if np.any(np.isinf(arr)) or np.any(arr < 0.0):
-            raise ValueError(f"{name}: values must be finite and >= 0")
-        if name not in ("ttft_ms", "itl_ms", "e2e_ms") and np.any(np.isnan(arr)):
-            raise ValueError(f"{name}: NaN is only allowed for latency columns")
-    agent = _agent_columns(cols, n)
     if n == 0:
         return
     with np.errstate(invalid="ignore"):
@@ -284,25 +260,6 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
             setattr(agg, f"{name}_micro", getattr(agg, f"{name}_micro") + int(micro.sum()))
         for i, p in enumerate(AGENT_PATHS):
             setattr(agg, f"n_path_{p}", getattr(agg, f"n_path_{p}") + int((path == i).sum()))
-
-
-def _agent_columns(cols: Mapping[str, npt.ArrayLike], n: int) -> tuple[list[Any], Any] | None:
-    """The checked agent columns of a request batch (None: the batch has none)."""
-    if not any(k in cols for k in AGENT_COLUMNS):
-        return None
-    signals = [_column(cols, k, n, np.float64) if k in cols else np.full(n, np.nan)
-               for k in AGENT_SIGNAL_COLUMNS]
-    path = _column(cols, "agent_path", n, np.float64) if "agent_path" in cols else np.full(n, np.nan)
-    absent = np.isnan(signals[0])
-    for name, arr in zip(AGENT_SIGNAL_COLUMNS, signals, strict=True):
-        if not np.array_equal(np.isnan(arr), absent):
-            raise ValueError(f"{name}: the agent signals must be carried together (NaN: none)")
-        if np.any(arr[~absent] < 0.0) or np.any(arr[~absent] > 1.0):
-            raise ValueError(f"{name}: agent signals must lie in [0, 1]")
-    known = path[~np.isnan(path)]
-    if not np.all(np.isin(known, np.arange(len(AGENT_PATHS)))):
-        raise ValueError(f"agent_path: must be an index into {AGENT_PATHS} (NaN: none)")
-    return signals, path
 
 
 def add_gpu(
@@ -330,18 +287,8 @@ def add_gpu(
     >>> agg.nodes["n1"].state, round(agg.gpu_util_sum, 2)
     ('ready', 1.2)
     """
-    ts = _column(cols, "ts_ms", None, np.int64)
+    ts, f, kv = gpu_batch(cols, nodes, states, hists)
     n = int(ts.size)
-    if len(nodes) != n or len(states) != n or (hists is not None and len(hists) != n):
-        raise ValueError(f"nodes/states/hists: lengths {len(nodes)}/{len(states)} differ from {n}")
-    f = {k: _column(cols, k, n, np.float64) for k in GPU_COLUMNS[1:]}
-    for name, arr in f.items():
-        if not np.all(np.isfinite(arr)) or np.any(arr < 0.0):
-            raise ValueError(f"{name}: values must be finite and >= 0")
-    kv = {k: _column(cols, k, n, np.float64) for k in KV_COLUMNS if k in cols}
-    for name, arr in kv.items():
-        if np.any(np.isinf(arr)) or np.any(arr < 0.0):
-            raise ValueError(f"{name}: values must be finite (NaN: absent) and >= 0")
     if n == 0:
         return
     agg.n_gpu_samples += n

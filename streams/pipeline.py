@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
-    AGENT_COLUMNS,
-    AGENT_PATHS,
     SloSpec,
     WindowAggregate,
     add_gpu,
@@ -79,9 +78,9 @@ FLUSH_ROWS = 2048
 _REQUEST_COLUMNS = ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens", "kv_hit", "ok")
 _GPU_COLUMNS = ("ts_ms", "gpu_util", "queue_len", "running", "mem_used_bytes", "mem_total_bytes",
                 "kv_blocks_used", "kv_blocks_total", "largest_free_block_bytes",
-                # KV allocator fields (controllers.windows.KV_COLUMNS): None -> NaN = not reported
+                # KV allocator fields (controllers.window_columns.KV_COLUMNS): None -> NaN = not reported
                 "fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
-# Agent fields of a request (controllers.windows.AGENT_COLUMNS): None -> NaN, the path -> its index.
+# Agent fields of a request (controllers.window_columns.AGENT_COLUMNS): None -> NaN, the path -> its index.
 _AGENT_FIELDS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 _PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
 _NAN = float("nan")

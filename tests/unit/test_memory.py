@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from controllers.kv_policy import KvPolicyParams
+from controllers.window_columns import GPU_COLUMNS, KV_COLUMNS
 from controllers.windows import (
-    GPU_COLUMNS,
-    KV_COLUMNS,
     WindowAggregate,
     add_gpu,
     initialize,

@@ -11,9 +11,8 @@ import orjson
 import pytest
 
 import streams.pipeline as pipeline
+from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
 from controllers.windows import (
-    AGENT_COLUMNS,
-    AGENT_PATHS,
     SloSpec,
     add_gpu,
     add_requests,

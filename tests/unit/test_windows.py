@@ -12,11 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controllers.errors import LateWindowError, ParameterError
+from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, GPU_COLUMNS
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
-    AGENT_COLUMNS,
-    AGENT_PATHS,
-    GPU_COLUMNS,
     SloSpec,
     WindowAggregate,
     add_gpu,
