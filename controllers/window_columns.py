@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["AGENT_COLUMNS", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
+__all__ = ["AGENT_COLUMNS", "AGENT_MICRO", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
            "REQUEST_COLUMNS", "GpuBatch", "RequestBatch", "agent_columns", "column", "gpu_batch",
            "request_batch"]
 
@@ -60,6 +60,7 @@ KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_ge
 AGENT_PATHS = ("rag", "tool", "llm")
 AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
+AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)
 
 
 class RequestBatch(NamedTuple):

@@ -8,9 +8,12 @@ per key, advances an event-time watermark and pops windows once
 ``start + size + lateness`` has passed.  Merging node windows gives the zone window: counts add, sketches
 merge, per-node GPU snapshots union keeping the latest timestamp.
 
-The batch columns and their checks (request, GPU, KV allocator and agent
+This module holds the aggregate and its initialize / add / merge.  The
+batch columns and their checks (request, GPU, KV allocator and agent
 columns; a bad batch is rejected whole with ``ValueError``) are in
-:mod:`controllers.window_columns`, whose schemas are re-exported here.
+:mod:`controllers.window_columns`, the record of a closed window
+(:func:`result`, :func:`node_kv`, :func:`node_result`) in
+:mod:`controllers.window_result`; both are re-exported here.
 
 Mixed agent load (seed spec 4.1): a window counts the requests carrying the
 three agent signals and sums each signal in integer millionths (so merging
@@ -49,6 +52,7 @@ from controllers.errors import ParameterError
 from controllers.sketch import DDSketch
 from controllers.window_columns import (
     AGENT_COLUMNS,
+    AGENT_MICRO,
     AGENT_PATHS,
     AGENT_SIGNAL_COLUMNS,
     GPU_COLUMNS,
@@ -57,22 +61,20 @@ from controllers.window_columns import (
     gpu_batch,
     request_batch,
 )
+from controllers.window_result import READY_STATES, STARTING_STATES, node_kv, node_result, result
 
 __all__ = [
-    *("READY_STATES", "STARTING_STATES", "NodeSnapshot", "SloSpec", "WindowAggregate"),
-    *("add_gpu", "add_requests", "initialize", "merge", "result"),
-    "AGENT_COLUMNS", "AGENT_PATHS", "KV_COLUMNS", "node_kv", "node_result", "window_start_ms",
-    "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "REQUEST_COLUMNS",
+    "AGENT_COLUMNS", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
+    "READY_STATES", "REQUEST_COLUMNS", "STARTING_STATES", "NodeSnapshot", "SloSpec",
+    "WindowAggregate", "add_gpu", "add_requests", "initialize", "merge", "node_kv", "node_result",
+    "result", "window_start_ms",
 ]
 
-READY_STATES = frozenset({"ready"})
-STARTING_STATES = frozenset({"starting"})
 _INT_FIELDS = tuple(
     "n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split()
 )
 _FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
 _SKETCHES = ("e2e", "ttft", "itl")
-_MICRO = 1_000_000  # agent signal sums are kept in integer millionths
 # Added after the first snapshots were written: absent from an old dict = 0.
 _AGENT_FIELDS = ("n_agent_signals", *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
                  *(f"n_path_{p}" for p in AGENT_PATHS))
@@ -256,7 +258,7 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
         carried = ~np.isnan(signals[0])
         agg.n_agent_signals += int(carried.sum())
         for name, arr in zip(AGENT_SIGNAL_COLUMNS, signals, strict=True):
-            micro = np.rint(arr[carried] * _MICRO).astype(np.int64)
+            micro = np.rint(arr[carried] * AGENT_MICRO).astype(np.int64)
             setattr(agg, f"{name}_micro", getattr(agg, f"{name}_micro") + int(micro.sum()))
         for i, p in enumerate(AGENT_PATHS):
             setattr(agg, f"n_path_{p}", getattr(agg, f"n_path_{p}") + int((path == i).sum()))
@@ -336,94 +338,3 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
         if prev is None or snap > prev:
             out.nodes[node] = snap
     return out
-
-
-def _ratio(num: float, den: float, empty: float | None) -> float | None:
-    return float(num) / den if den else empty
-
-
-def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
-    """JSON-safe summary of one window.
-
-    Ratios over requests are 0.0 for an empty window; quantiles and means
-    with no samples are None (JSON null), never NaN.
-
-    Examples
-    --------
-    >>> r = result(initialize(), window_s=10.0)
-    >>> r["count"], r["violation_rate"], r["e2e_p99_ms"], r["gpu_util_mean"]
-    (0, 0.0, None, None)
-    >>> r["agent_signals_n"], r["agent_stability_mean"], r["agent_path_counts"]
-    (0, None, {'rag': 0, 'tool': 0, 'llm': 0})
-    """
-    if not (isinstance(window_s, (int, float)) and 0.0 < window_s < math.inf):
-        raise ParameterError(f"window_s={window_s!r}: window length must be finite and > 0")
-    n, g, agent_n = agg.n_requests, agg.n_gpu_samples, agg.n_agent_signals
-    snaps = list(agg.nodes.values())
-    out: dict[str, Any] = {
-        "count": n,
-        "rate_rps": n / window_s,
-        "violation_rate": _ratio(agg.n_violations, n, 0.0),
-        "error_rate": _ratio(agg.n_errors, n, 0.0),
-        "kv_hit_rate": _ratio(agg.n_kv_hits, n, 0.0),
-    }
-    for name, qs in (("e2e", (50, 95, 99)), ("ttft", (50, 95, 99)), ("itl", (95,))):
-        sketch: DDSketch = getattr(agg, name)
-        for q in qs:
-            out[f"{name}_p{q}_ms"] = sketch.quantile(q / 100.0)
-    out.update(
-        prompt_tokens=agg.prompt_tokens,
-        output_tokens=agg.output_tokens,
-        queue_ms_mean=_ratio(agg.queue_ms_sum, n, None),
-        queue_len_mean=_ratio(agg.queue_len_sum, g, None),
-        queue_len_max=agg.queue_len_max if g else None,
-        running_mean=_ratio(agg.running_sum, g, None),
-        gpu_util_mean=_ratio(agg.gpu_util_sum, g, None),
-        replicas_ready=sum(s.state in READY_STATES for s in snaps),
-        replicas_starting=sum(s.state in STARTING_STATES for s in snaps),
-        kv_blocks_used=sum(s.kv_blocks_used for s in snaps),
-        kv_blocks_total=sum(s.kv_blocks_total for s in snaps),
-        largest_free_block_bytes_min=(
-            min(s.largest_free_block_bytes for s in snaps) if snaps else None
-        ),
-        agent_signals_n=agent_n,
-        agent_path_counts={p: getattr(agg, f"n_path_{p}") for p in AGENT_PATHS},
-    )
-    for name in AGENT_SIGNAL_COLUMNS:
-        out[f"{name}_mean"] = _ratio(getattr(agg, f"{name}_micro") / _MICRO, agent_n, None)
-    return out
-
-
-def node_kv(snap: NodeSnapshot | None) -> dict[str, Any]:
-    """The KV allocator fields of a node's latest sample (None: not reported).
-
-    ``largest_free_block_bytes`` is None only when the window has no GPU
-    sample; a sample without that field counts 0 (as in the zone's min).
-
-    Examples
-    --------
-    >>> node_kv(None)["kv_generation"] is None
-    True
-    >>> s = NodeSnapshot(1, "ready", 0, 0, 0, 0, 64, 0.5, 128, 96, 7, (2, 1, 0))
-    >>> sorted(node_kv(s).items())  # doctest: +NORMALIZE_WHITESPACE
-    [('fragmentation_ratio', 0.5), ('free_block_hist', [2, 1, 0]), ('kv_free_bytes', 128),
-     ('kv_generation', 7), ('kv_waiting_bytes', 96), ('largest_free_block_bytes', 64)]
-    """
-    if snap is None:
-        return {k: None for k in (*KV_COLUMNS, "largest_free_block_bytes", "free_block_hist")}
-    out: dict[str, Any] = {k: (v if (v := getattr(snap, k)) >= 0 else None) for k in KV_COLUMNS}
-    out["largest_free_block_bytes"] = snap.largest_free_block_bytes
-    out["free_block_hist"] = list(snap.free_block_hist) if snap.free_block_hist else None
-    return out
-
-
-def node_result(agg: WindowAggregate, node: str, window_s: float) -> dict[str, Any]:
-    """:func:`result` of a node's window plus :func:`node_kv` of its latest sample.
-
-    Examples
-    --------
-    >>> r = node_result(initialize(), "n1", 10.0)
-    >>> r["count"], r["kv_free_bytes"], r["largest_free_block_bytes"]
-    (0, None, None)
-    """
-    return {**result(agg, window_s), **node_kv(agg.nodes.get(node))}

@@ -3,7 +3,7 @@
 :class:`KvRelocator` keeps one :class:`~controllers.kv_policy.KvPolicyState`
 per (model, zone, node) and runs :func:`controllers.kv_policy.step` on each
 node-scope window record (the KV allocator fields of the node's latest GPU
-sample, see :func:`controllers.windows.node_kv`).  When the policy decides to
+sample, see :func:`controllers.window_result.node_kv`).  When the policy decides to
 ``compact`` (or to ``move`` the waiting sessions to a peer with room) it
 returns a ``relocate`` command for the zone's executor:
 

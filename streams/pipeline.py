@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
+from controllers.window_result import node_result, result
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
     SloSpec,
@@ -36,8 +37,6 @@ from controllers.windows import (
     add_gpu,
     add_requests,
     merge,
-    node_result,
-    result,
 )
 from governor.settings import Settings
 from streams.records import EnvelopeError, decode_envelope, request_columns, validate_record

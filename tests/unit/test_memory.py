@@ -10,12 +10,12 @@ import pytest
 
 from controllers.kv_policy import KvPolicyParams
 from controllers.window_columns import GPU_COLUMNS, KV_COLUMNS
+from controllers.window_result import node_result
 from controllers.windows import (
     WindowAggregate,
     add_gpu,
     initialize,
     merge,
-    node_result,
 )
 from governor.settings import Settings
 from sim.live import apply_relocation

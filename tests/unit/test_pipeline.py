@@ -12,13 +12,13 @@ import pytest
 
 import streams.pipeline as pipeline
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
+from controllers.window_result import result
 from controllers.windows import (
     SloSpec,
     add_gpu,
     add_requests,
     initialize,
     merge,
-    result,
 )
 from governor.settings import Settings
 from streams.pipeline import TelemetryProcessor

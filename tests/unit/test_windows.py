@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from controllers.errors import LateWindowError, ParameterError
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, GPU_COLUMNS
+from controllers.window_result import result
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
     SloSpec,
@@ -21,7 +22,6 @@ from controllers.windows import (
     add_requests,
     initialize,
     merge,
-    result,
     window_start_ms,
 )
 
