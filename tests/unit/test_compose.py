@@ -62,6 +62,8 @@ CONTRACT_METRICS = {
     "governor_latency_p99_ms",
     "governor_replicas_target",
     "governor_replicas_ready",
+    "governor_breaker_state",
+    "governor_agent_weight",
 }
 METRIC_RE = re.compile(r"\bgovernor_[a-z0-9_]+\b")
 
