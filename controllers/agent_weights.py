@@ -38,18 +38,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 
 __all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate",
            "weights"]
 
 KINDS = ("rag", "tool", "llm")
-
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -73,9 +67,9 @@ class AgentWeightParams:
 
     def __post_init__(self) -> None:
         for name in ("rag_coef", "tool_coef", "llm_stability_coef"):
-            if _number(name, getattr(self, name)) < 0.0:
+            if check_number(name, getattr(self, name)) < 0.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be >= 0")
-        if _number("llm_base", self.llm_base) <= 0.0:
+        if check_number("llm_base", self.llm_base) <= 0.0:
             raise ParameterError(
                 f"llm_base={self.llm_base}: must be > 0 (keeps the raw total positive)")
 
@@ -98,7 +92,7 @@ class AgentSignals:
 
     def __post_init__(self) -> None:
         for name in ("stability", "rag_score", "tool_conf"):
-            if not 0.0 <= _number(name, getattr(self, name)) <= 1.0:
+            if not 0.0 <= check_number(name, getattr(self, name)) <= 1.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must lie in [0, 1]")
 
 

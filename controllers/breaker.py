@@ -55,26 +55,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_int, check_number
 
 __all__ = ["AttainmentHistory", "BreakerObs", "BreakerOutput", "BreakerParams", "BreakerState",
            "rolling_attainment", "step", "threshold"]
 
 StateName = Literal["closed", "open", "half_open"]
-
-
-def _num(name: str, value: object, lo: float = 0.0, *, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    if value < lo or (strict and value == lo):
-        raise ParameterError(f"{name}={value}: must be {'>' if strict else '>='} {lo:g}")
-    return float(value)
-
-
-def _int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ParameterError(f"{name}={value!r}: must be an int >= {lo}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -99,16 +85,16 @@ class BreakerParams:
     probe_requests: int = 20
 
     def __post_init__(self) -> None:
-        if not 0.0 < _num("base_error_ratio", self.base_error_ratio, strict=True) < 1.0:
+        if not 0.0 < check_number("base_error_ratio", self.base_error_ratio, 0.0, strict=True) < 1.0:
             raise ParameterError(f"base_error_ratio={self.base_error_ratio}: must lie in (0, 1)")
-        _num("attainment_gain", self.attainment_gain)
-        _int("min_requests", self.min_requests, 0)
-        _num("max_window_age_s", self.max_window_age_s, strict=True)
-        _num("open_s", self.open_s, strict=True)
-        _num("backoff", self.backoff, 1.0)
-        if _num("max_open_s", self.max_open_s, strict=True) < self.open_s:
+        check_number("attainment_gain", self.attainment_gain, 0.0)
+        check_int("min_requests", self.min_requests)
+        check_number("max_window_age_s", self.max_window_age_s, 0.0, strict=True)
+        check_number("open_s", self.open_s, 0.0, strict=True)
+        check_number("backoff", self.backoff, 1.0)
+        if check_number("max_open_s", self.max_open_s, 0.0, strict=True) < self.open_s:
             raise ParameterError(f"max_open_s={self.max_open_s}: must be >= open_s={self.open_s}")
-        _int("probe_requests", self.probe_requests, 1)
+        check_int("probe_requests", self.probe_requests, 1)
 
 
 def threshold(params: BreakerParams, slo_attainment_5min: float) -> float:
@@ -120,7 +106,7 @@ def threshold(params: BreakerParams, slo_attainment_5min: float) -> float:
     >>> threshold(p, 1.0), round(threshold(p, 0.9), 6), threshold(p, 0.0)
     (0.005, 0.00525, 0.0075)
     """
-    a = _num("slo_attainment_5min", slo_attainment_5min)
+    a = check_number("slo_attainment_5min", slo_attainment_5min, 0.0)
     if a > 1.0:
         raise ParameterError(f"slo_attainment_5min={a}: must lie in [0, 1]")
     return params.base_error_ratio * (1.0 + params.attainment_gain * (1.0 - a))
@@ -135,11 +121,11 @@ class BreakerObs:
     slo_attainment_5min: float = 1.0
 
     def __post_init__(self) -> None:
-        _int("requests", self.requests, 0)
-        _int("errors", self.errors, 0)
+        check_int("requests", self.requests)
+        check_int("errors", self.errors)
         if self.errors > self.requests:
             raise ParameterError(f"errors={self.errors}: exceeds requests={self.requests}")
-        if not 0.0 <= _num("slo_attainment_5min", self.slo_attainment_5min) <= 1.0:
+        if not 0.0 <= check_number("slo_attainment_5min", self.slo_attainment_5min, 0.0) <= 1.0:
             raise ParameterError(
                 f"slo_attainment_5min={self.slo_attainment_5min}: must lie in [0, 1]")
 
@@ -237,7 +223,7 @@ def step(params: BreakerParams, state: BreakerState, window: BreakerObs,
     >>> out.state_name, out.reason    # 50 % errors, yet only 1,000 requests
     ('closed', 'window 1000 requests <= min_requests 1000')
     """
-    now = _num("now_s", now_s, -math.inf)
+    now = check_number("now_s", now_s)
     thr = threshold(params, window.slo_attainment_5min)
     if state.name == "open":
         assert state.opened_at_s is not None and state.open_for_s is not None
@@ -327,8 +313,8 @@ class AttainmentHistory:
     pairs: tuple[tuple[int, int], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        _num("window_s", self.window_s, strict=True)
-        _num("horizon_s", self.horizon_s, strict=True)
+        check_number("window_s", self.window_s, 0.0, strict=True)
+        check_number("horizon_s", self.horizon_s, 0.0, strict=True)
 
     @property
     def max_windows(self) -> int:
@@ -337,8 +323,8 @@ class AttainmentHistory:
 
     def add(self, count: int, ok: int) -> AttainmentHistory:
         """A new history with this window appended and the oldest beyond the horizon dropped."""
-        _int("count", count, 0)
-        if not 0 <= _int("ok", ok, 0) <= count:
+        check_int("count", count)
+        if not 0 <= check_int("ok", ok) <= count:
             raise ParameterError(f"ok={ok}: must lie in [0, count={count}]")
         return replace(self, pairs=(self.pairs + ((count, ok),))[-self.max_windows:])
 

@@ -69,11 +69,10 @@ Examples
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_int, check_number
 from controllers.sequential import quantile_exceedances, sprt_bound, sprt_llr
 
 __all__ = ["CanaryOutput", "CanaryParams", "CanaryState", "VersionObs", "abort", "exceedances",
@@ -83,20 +82,6 @@ StateName = Literal["pending", "running", "promoted", "rolled_back", "aborted"]
 TERMINAL = ("promoted", "rolled_back", "aborted")
 LIMIT_P0 = 0.01  # share of requests over max_p99_ms when the P99 is at the limit
 SLOWDOWN_P0 = 0.05  # share over k x stable's P95 when the canary is at most k times slower
-
-
-def _num(name: str, value: object, *, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    if value < 0 or (strict and value == 0):
-        raise ParameterError(f"{name}={value}: must be {'> 0' if strict else '>= 0'}")
-    return float(value)
-
-
-def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ParameterError(f"{name}={value!r}: must be an int >= 0")
-    return value
 
 
 @dataclass(frozen=True)
@@ -138,25 +123,25 @@ class CanaryParams:
         if len(holds) != len(st):
             raise ParameterError(f"hold_s={self.hold_s!r}: needs one hold per stage ({len(st)})")
         for h in holds:
-            _num("hold_s", h)
-        if not 0.0 < _num("max_error_rate", self.max_error_rate) < 1.0:
+            check_number("hold_s", h, 0.0)
+        if not 0.0 < check_number("max_error_rate", self.max_error_rate, 0.0) < 1.0:
             raise ParameterError(f"max_error_rate={self.max_error_rate}: must lie in (0, 1)")
-        _num("max_p99_ms", self.max_p99_ms, strict=True)
+        check_number("max_p99_ms", self.max_p99_ms, 0.0, strict=True)
         for name in ("min_requests_per_stage", "min_judge_requests", "min_p99_requests",
                      "min_ref_requests"):
-            _count(name, getattr(self, name))
-        if not 0.0 < _num("sequential_alpha", self.sequential_alpha) < 1.0:
+            check_int(name, getattr(self, name))
+        if not 0.0 < check_number("sequential_alpha", self.sequential_alpha, 0.0) < 1.0:
             raise ParameterError(f"sequential_alpha={self.sequential_alpha}: must lie in (0, 1)")
         for name, p0 in (("limit_p1", LIMIT_P0), ("slowdown_p1", SLOWDOWN_P0)):
-            if not p0 < _num(name, getattr(self, name)) < 1.0:
+            if not p0 < check_number(name, getattr(self, name), 0.0) < 1.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must lie in ({p0:g}, 1)")
-        if self.max_slowdown is not None and _num("max_slowdown", self.max_slowdown) < 1.0:
+        if self.max_slowdown is not None and check_number("max_slowdown", self.max_slowdown, 0.0) < 1.0:
             raise ParameterError(f"max_slowdown={self.max_slowdown}: must be >= 1")
         if self.max_error_rate_delta is not None:
-            _num("max_error_rate_delta", self.max_error_rate_delta)
-        if self.max_p99_ratio is not None and _num("max_p99_ratio", self.max_p99_ratio) < 1.0:
+            check_number("max_error_rate_delta", self.max_error_rate_delta, 0.0)
+        if self.max_p99_ratio is not None and check_number("max_p99_ratio", self.max_p99_ratio, 0.0) < 1.0:
             raise ParameterError(f"max_p99_ratio={self.max_p99_ratio}: must be >= 1")
-        if self.max_stage_s is not None and _num("max_stage_s", self.max_stage_s) < max(holds):
+        if self.max_stage_s is not None and check_number("max_stage_s", self.max_stage_s, 0.0) < max(holds):
             raise ParameterError(f"max_stage_s={self.max_stage_s}: must be >= every hold_s")
 
     def hold(self, stage: int) -> float:
@@ -178,12 +163,12 @@ class VersionObs:
     p95_ms: float | None = None
 
     def __post_init__(self) -> None:
-        _count("requests", self.requests)
-        if _count("errors", self.errors) > self.requests:
+        check_int("requests", self.requests)
+        if check_int("errors", self.errors) > self.requests:
             raise ParameterError(f"errors={self.errors}: exceeds requests={self.requests}")
         for name in ("p50_ms", "p95_ms", "p99_ms"):
             if getattr(self, name) is not None:
-                _num(name, getattr(self, name))
+                check_number(name, getattr(self, name), 0.0)
 
 
 def exceedances(obs: VersionObs, threshold_ms: float) -> int:
@@ -277,7 +262,7 @@ def start(params: CanaryParams, now_s: float) -> CanaryState:
     >>> start(CanaryParams(), 0.0).name
     'running'
     """
-    return CanaryState(name="running", stage=0, stage_started_s=_num("now_s", now_s),
+    return CanaryState(name="running", stage=0, stage_started_s=check_number("now_s", now_s, 0.0),
                        reason=f"start at {params.stages[0]:.0%}")
 
 
@@ -353,7 +338,7 @@ def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: V
     >>> out.state_name, out.traffic_share, out.reason
     ('running', 1.0, 'promote to 100%')
     """
-    now = _num("now_s", now_s)
+    now = check_number("now_s", now_s, 0.0)
     if state.name != "running":
         return state, CanaryOutput(traffic_share(params, state), state.name, False,
                                    state.reason or state.name, state.stage)
@@ -413,8 +398,7 @@ def expected_exposure(params: CanaryParams, stage: int, elapsed_in_stage_s: floa
     """
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(params.stages):
         raise ParameterError(f"stage={stage!r}: must index params.stages")
-    t_k = params.hold(stage) if elapsed_in_stage_s is None else _num(
-        "elapsed_in_stage_s", elapsed_in_stage_s)
+    t_k = params.hold(stage) if elapsed_in_stage_s is None else check_number("elapsed_in_stage_s", elapsed_in_stage_s, 0.0)
     served = sum(params.stages[i] * params.hold(i) for i in range(stage))
     served += params.stages[stage] * t_k
     total = sum(params.hold(i) for i in range(stage)) + t_k

@@ -39,21 +39,13 @@ True
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 
 __all__ = ["FeedforwardMeasurement", "FeedforwardOutput", "FeedforwardParams",
            "FeedforwardState", "step"]
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ParameterError(f"{name}={value}: must be {'>= 0' if allow_zero else '> 0'}")
 
 
 @dataclass(frozen=True)
@@ -72,17 +64,17 @@ class FeedforwardParams:
     tolerance: float = 0.1  # lift only when the requirement exceeds the level by this share
 
     def __post_init__(self) -> None:
-        _positive("capacity_rps", self.capacity_rps)
-        _positive("horizon_s", self.horizon_s, allow_zero=True)
-        _positive("drain_s", self.drain_s)
+        check_number("capacity_rps", self.capacity_rps, 0.0, strict=True)
+        check_number("horizon_s", self.horizon_s, 0.0)
+        check_number("drain_s", self.drain_s, 0.0, strict=True)
         for name in ("target_util", "alpha", "beta"):
             v = getattr(self, name)
-            _positive(name, v)
+            check_number(name, v, 0.0, strict=True)
             if v > 1.0:
                 raise ParameterError(f"{name}={v}: must lie in (0, 1]")
         if not 0.0 <= self.decay_per_step <= 1.0:
             raise ParameterError(f"decay_per_step={self.decay_per_step}: must lie in [0, 1]")
-        _positive("burst_ratio", self.burst_ratio)
+        check_number("burst_ratio", self.burst_ratio, 0.0, strict=True)
 
 
 @dataclass(frozen=True)
@@ -108,8 +100,8 @@ class FeedforwardMeasurement:
     forecast_error_rps: float | None = None  # its running mean absolute error at that horizon
 
     def __post_init__(self) -> None:
-        _positive("rate_rps", self.rate_rps, allow_zero=True)
-        _positive("queued", self.queued, allow_zero=True)
+        check_number("rate_rps", self.rate_rps, 0.0)
+        check_number("queued", self.queued, 0.0)
 
 
 @dataclass(frozen=True)
@@ -128,7 +120,7 @@ class FeedforwardOutput:
 def step(params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMeasurement,
          dt_s: float) -> tuple[FeedforwardState, FeedforwardOutput]:
     """Update the rate forecast and return the replica requirement (pure)."""
-    _positive("dt_s", dt_s)
+    check_number("dt_s", dt_s, 0.0, strict=True)
     growth = 0.0 if state.queued is None else (meas.queued - state.queued) / dt_s
     y = max(0.0, meas.rate_rps + growth)
     if state.level is None:

@@ -68,8 +68,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controllers.errors import ParameterError
-from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, actuate, check_finite
+from controllers.errors import ParameterError, check_number
+from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, actuate
 
 __all__ = ["FpidParams", "FpidState", "gl_differintegral", "gl_weights", "step"]
 
@@ -164,7 +164,7 @@ class FpidParams:
             deadband=self.deadband,
         )  # validates the shared fields with pid.py's messages
         object.__setattr__(self, "limits", limits)
-        if not ALPHA_MIN <= check_finite("alpha", self.alpha) <= ALPHA_MAX:
+        if not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX:
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
         if self.ki > 0.0 and not (self.kp > 0.0 and self.ki / self.kp < 0.5 * self.alpha):
             raise ParameterError(
@@ -175,9 +175,9 @@ class FpidParams:
         if not 3 <= self.memory <= 100_000:
             raise ParameterError(f"memory={self.memory}: must lie in [3, 100000]")
         for name in ("eta", "gamma", "beta"):
-            if check_finite(name, getattr(self, name)) < 0.0:
+            if check_number(name, getattr(self, name)) < 0.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be >= 0")
-        if check_finite("time_scale_s", self.time_scale_s) <= 0.0:
+        if check_number("time_scale_s", self.time_scale_s) <= 0.0:
             raise ParameterError(f"time_scale_s={self.time_scale_s}: must be > 0")
 
     @property
@@ -212,10 +212,10 @@ class FpidState:
 
     def __post_init__(self) -> None:
         for e in self.errors:
-            check_finite("errors", e)
+            check_number("errors", e)
         if (
             self.alpha is not None
-            and not ALPHA_MIN <= check_finite("alpha", self.alpha) <= ALPHA_MAX
+            and not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX
         ):
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
         # a_prev, last_target, steps and level are checked by PidState.
@@ -276,7 +276,7 @@ def step(
     >>> out.reason, st.alpha > 1.2, st.errors[:2]
     ('scale_up', True, (0.48, 0.48))
     """
-    if not check_finite("dt_s", dt_s) > 0.0:
+    if not check_number("dt_s", dt_s) > 0.0:
         raise ParameterError(f"dt_s={dt_s}: control period must be > 0")
     alpha = params.alpha if state.alpha is None else state.alpha
     m = params.memory

@@ -47,21 +47,12 @@ Examples
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 
 __all__ = ["KvDecision", "KvObs", "KvPolicyParams", "KvPolicyState", "step"]
-
-
-def _num(name: str, value: object, lo: float, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    if value < lo or (lo_open and value == lo):
-        raise ParameterError(f"{name}={value!r}: must be {'>' if lo_open else '>='} {lo}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -86,8 +77,8 @@ class KvPolicyParams:
     compact_when_blocked: bool = False
 
     def __post_init__(self) -> None:
-        _num("trigger_factor", self.trigger_factor, 1.0)
-        if not 0.0 < _num("compact_ratio", self.compact_ratio, 0.0) <= 1.0:
+        check_number("trigger_factor", self.trigger_factor, 1.0)
+        if not 0.0 < check_number("compact_ratio", self.compact_ratio, 0.0) <= 1.0:
             raise ParameterError(f"compact_ratio={self.compact_ratio}: must lie in (0, 1]")
         for name in ("max_bytes_per_round", "max_rounds"):
             value = getattr(self, name)
@@ -109,8 +100,7 @@ class KvPolicyParams:
         >>> KvPolicyParams.for_pause(0.010, 6e12).max_bytes_per_round  # 10 ms at 6 TB/s
         60000000000
         """
-        budget = _num("max_pause_s", max_pause_s, 0.0, lo_open=True) * _num(
-            "copy_bandwidth_bytes_s", copy_bandwidth_bytes_s, 0.0, lo_open=True)
+        budget = check_number("max_pause_s", max_pause_s, 0.0, strict=True) * check_number("copy_bandwidth_bytes_s", copy_bandwidth_bytes_s, 0.0, strict=True)
         return cls(max_bytes_per_round=max(1, int(budget)), **kw)
 
     @property
@@ -133,8 +123,8 @@ class KvObs:
     def __post_init__(self) -> None:
         for name in ("largest_free_block_bytes", "free_bytes", "waiting_kv_bytes", "generation",
                      "peer_largest_free_bytes"):
-            _num(name, getattr(self, name), 0.0)
-        if not 0.0 <= _num("fragmentation_ratio", self.fragmentation_ratio, 0.0) <= 1.0:
+            check_number(name, getattr(self, name), 0.0)
+        if not 0.0 <= check_number("fragmentation_ratio", self.fragmentation_ratio, 0.0) <= 1.0:
             raise ParameterError(f"fragmentation_ratio={self.fragmentation_ratio}: must lie in [0, 1]")
         if self.largest_free_block_bytes > self.free_bytes:
             raise ParameterError(f"largest_free_block_bytes={self.largest_free_block_bytes}: "

@@ -51,8 +51,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controllers.errors import ParameterError
-from controllers.pid import check_finite
+from controllers.errors import ParameterError, check_number
 
 __all__ = [
     "KalmanParams",
@@ -71,7 +70,7 @@ _Arr = npt.NDArray[np.float64]
 def _vec3(name: str, values: Sequence[float], positive: bool) -> Vec3:
     if len(values) != 3:
         raise ParameterError(f"{name}={values!r}: need 3 values (u, q, eps)")
-    out = tuple(check_finite(name, v) for v in values)
+    out = tuple(check_number(name, v) for v in values)
     if positive and min(out) <= 0.0:
         raise ParameterError(f"{name}={values!r}: every value must be > 0")
     return out[0], out[1], out[2]
@@ -159,7 +158,7 @@ def _steady(steady: Steady) -> list[float | None]:
         return [None, None, None]
     if len(steady) != 3:
         raise ParameterError(f"steady={steady!r}: need 3 values (u, q, eps) or None each")
-    return [None if s is None else check_finite("steady", s) for s in steady]
+    return [None if s is None else check_number("steady", s) for s in steady]
 
 
 def _deriv(params: KalmanParams, x: _Arr, s: list[float | None]) -> _Arr:
@@ -190,7 +189,7 @@ def update(
     >>> [round(v, 2) for v in s.x]
     [0.7, 3.0, 0.05]
     """
-    if check_finite("dt_s", dt_s) < 0.0:
+    if check_number("dt_s", dt_s) < 0.0:
         raise ParameterError(f"dt_s={dt_s}: must be >= 0")
     if len(z) != 3:
         raise ParameterError(f"z={z!r}: need 3 values (u, q, eps) or None each")
@@ -205,7 +204,7 @@ def update(
     p = f[:, None] * p * f[None, :] + np.diag(qd)
     rows = [i for i in range(3) if z[i] is not None]
     if rows:
-        zv = np.array([check_finite("z", z[i]) for i in rows])
+        zv = np.array([check_number("z", z[i]) for i in rows])
         h = np.eye(3)[rows]
         innov = zv - h @ x
         s_cov = h @ p @ h.T + np.diag(np.array(params.r_diag)[rows])
@@ -234,11 +233,11 @@ def predict_ahead(
     >>> round(x[0], 6), x[1], round(x[2], 6), round(1 - math.exp(-1), 6)
     (0.632121, 0.0, 0.31606, 0.632121)
     """
-    if check_finite("tau_s", tau_s) < 0.0:
+    if check_number("tau_s", tau_s) < 0.0:
         raise ParameterError(f"tau_s={tau_s}: must be >= 0")
     s = _steady(steady)
     hmax = (
-        min(params.lag_s) / 20.0 if max_step_s is None else check_finite("max_step_s", max_step_s)
+        min(params.lag_s) / 20.0 if max_step_s is None else check_number("max_step_s", max_step_s)
     )
     if hmax <= 0.0:
         raise ParameterError(f"max_step_s={max_step_s}: must be > 0")
@@ -266,7 +265,7 @@ def load_steady_state(load_rps: float, capacity_rps: float, q_max: float = 1e3) 
     >>> load_steady_state(50.0, 100.0)
     (0.5, 0.5, None)
     """
-    load, cap = check_finite("load_rps", load_rps), check_finite("capacity_rps", capacity_rps)
+    load, cap = check_number("load_rps", load_rps), check_number("capacity_rps", capacity_rps)
     if load < 0.0 or cap <= 0.0:
         raise ParameterError(f"load_rps={load_rps}, capacity_rps={capacity_rps}: need >= 0, > 0")
     rho = load / cap
@@ -298,7 +297,7 @@ class LoopDelay:
     n_ctrl: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 < check_finite("weight", self.weight) <= 1.0:
+        if not 0.0 < check_number("weight", self.weight) <= 1.0:
             raise ParameterError(f"weight={self.weight}: must lie in (0, 1]")
 
     @property
@@ -322,7 +321,7 @@ class LoopDelay:
         if basis_at_s is not None:
             stamps.insert(0, ("basis_at_s", basis_at_s))
         for (n0, t0), (n1, t1) in zip(stamps, stamps[1:], strict=False):
-            if check_finite(n1, t1) < check_finite(n0, t0):
+            if check_number(n1, t1) < check_number(n0, t0):
                 raise ParameterError(f"{n1}={t1}: earlier than {n0}={t0}")
 
         def ewma(old: float, new: float, count: int) -> float:

@@ -69,7 +69,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 
 __all__ = [
     "Actuation",
@@ -78,18 +78,11 @@ __all__ = [
     "PidParams",
     "PidState",
     "actuate",
-    "check_finite",
     "round_half_up",
     "step",
 ]
 
 _DELTA_CAP = 50.0  # exp() overflow guard; far beyond any clamp
-
-
-def _finite(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParameterError(f"{name}={value!r}: must be a finite number")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -120,16 +113,16 @@ class PidParams:
 
     def __post_init__(self) -> None:
         for name in ("kp", "ki", "kd"):
-            if _finite(name, getattr(self, name)) < 0.0:
+            if check_number(name, getattr(self, name)) < 0.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: gain must be >= 0")
-        if not 0.0 < _finite("eps_ref", self.eps_ref) < 1.0:
+        if not 0.0 < check_number("eps_ref", self.eps_ref) < 1.0:
             raise ParameterError(f"eps_ref={self.eps_ref}: reference rate must lie in (0, 1)")
-        a_min, a_max = _finite("a_min", self.a_min), _finite("a_max", self.a_max)
+        a_min, a_max = check_number("a_min", self.a_min), check_number("a_max", self.a_max)
         if not 0.0 < a_min <= 1.0:
             raise ParameterError(f"a_min={a_min}: need 0 < a_min <= 1 <= a_max (a_max={a_max})")
         if a_max < 1.0:
             raise ParameterError(f"a_max={a_max}: need 0 < a_min <= 1 <= a_max (a_min={a_min})")
-        if _finite("slew", self.slew) <= 0.0:
+        if check_number("slew", self.slew) <= 0.0:
             raise ParameterError(f"slew={self.slew}: rate limit must be > 0")
         for name in ("min_replicas", "max_replicas"):
             value = getattr(self, name)
@@ -141,7 +134,7 @@ class PidParams:
             )
         if not isinstance(self.hold_while_pending, bool):
             raise ParameterError(f"hold_while_pending={self.hold_while_pending!r}: must be a bool")
-        if _finite("deadband", self.deadband) < 0.0:
+        if check_number("deadband", self.deadband) < 0.0:
             raise ParameterError(f"deadband={self.deadband}: must be >= 0")
 
 
@@ -166,12 +159,12 @@ class PidState:
     def __post_init__(self) -> None:
         for name in ("e_prev", "e_prev2"):
             if getattr(self, name) is not None:
-                _finite(name, getattr(self, name))
-        if _finite("a_prev", self.a_prev) <= 0.0:
+                check_number(name, getattr(self, name))
+        if check_number("a_prev", self.a_prev) <= 0.0:
             raise ParameterError(f"a_prev={self.a_prev}: multiplier must be > 0")
         if self.last_target is not None and self.last_target < 0:
             raise ParameterError(f"last_target={self.last_target}: must be >= 0")
-        if self.level is not None and _finite("level", self.level) < 0.0:
+        if self.level is not None and check_number("level", self.level) < 0.0:
             raise ParameterError(f"level={self.level}: must be >= 0")
         if self.steps < 0:
             raise ParameterError(f"steps={self.steps}: must be >= 0")
@@ -203,7 +196,7 @@ class PidMeasurement:
     replicas_pending: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= _finite("violation_rate", self.violation_rate) <= 1.0:
+        if not 0.0 <= check_number("violation_rate", self.violation_rate) <= 1.0:
             raise ParameterError(f"violation_rate={self.violation_rate}: must lie in [0, 1]")
         for name in ("replicas_current", "replicas_pending"):
             value = getattr(self, name)
@@ -237,8 +230,7 @@ def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5 + 1e-9))
 
 
-# Public aliases for the other scaling laws in controllers/ (same behaviour).
-check_finite = _finite
+# Public alias for the other scaling laws in controllers/ (same behaviour).
 round_half_up = _round_half_up
 
 
@@ -335,7 +327,7 @@ def step(
     >>> out.multiplier < 1.0, st.level < 10   # the level falls; the target follows later
     (True, True)
     """
-    if not _finite("dt_s", dt_s) > 0.0:
+    if not check_number("dt_s", dt_s) > 0.0:
         raise ParameterError(f"dt_s={dt_s}: control period must be > 0")
     e = meas.violation_rate - params.eps_ref
     if abs(e) <= params.deadband:

@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 from controllers.routing_model import (
     BATCH,
     DEFAULT_CLASSES,
@@ -73,7 +73,6 @@ from controllers.routing_model import (
     BreakerName,
     RequestClass,
     TargetObs,
-    _num,
     held_latency_ms,
     min_latency_split,
     normalised,
@@ -125,13 +124,13 @@ class RoutingParams:
             raise ParameterError(f"primary={self.primary!r}: must be a non-empty string")
         if self.fallback == self.primary:
             raise ParameterError(f"fallback={self.fallback!r}: must differ from primary")
-        _num("temperature", self.temperature, strict=True)
-        _num("horizon_s", self.horizon_s)
+        check_number("temperature", self.temperature, 0.0, strict=True)
+        check_number("horizon_s", self.horizon_s, 0.0)
         if self.split not in ("capacity", "min-latency"):
             raise ParameterError(f"split={self.split!r}: must be capacity or min-latency")
-        _num("release_requests", self.release_requests)
+        check_number("release_requests", self.release_requests, 0.0)
         for name in ("min_share", "hysteresis", "fallback_probe_share"):
-            if _num(name, getattr(self, name)) >= 1.0:
+            if check_number(name, getattr(self, name), 0.0) >= 1.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must lie in [0, 1)")
         for name in ("recover_windows", "enter_windows"):
             v = getattr(self, name)
@@ -255,7 +254,7 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
     >>> round(d.weights["trading"][Target("70b", "a")], 4)   # x = 0.5 vs 0.75: 1 / (1 + e^-1)
     0.7311
     """
-    _num("dt_s", dt_s, strict=True)
+    check_number("dt_s", dt_s, 0.0, strict=True)
     names = [c.name for c in classes]
     if len(set(names)) != len(names):
         raise ParameterError(f"classes={names}: class names must be unique")

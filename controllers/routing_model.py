@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from controllers.errors import ParameterError
+from controllers.errors import ParameterError, check_number
 
 __all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "BreakerName", "LatencyParams",
            "RequestClass", "TargetObs", "held_latency_ms", "min_latency_split", "normalised",
@@ -53,14 +53,6 @@ __all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "BreakerName", "Laten
 
 BreakerName = Literal["closed", "open", "half_open"]
 _X_CAP = 1e6  # normalised-latency cap (a stuck queue), keeps the softmax finite
-
-
-def _num(name: str, value: object, *, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ParameterError(f"{name}={value!r}: must be a number")
-    if not math.isfinite(value) or value < 0 or (strict and value == 0):
-        raise ParameterError(f"{name}={value}: must be finite and {'> 0' if strict else '>= 0'}")
-    return float(value)
 
 
 class LatencyParams(Protocol):
@@ -90,9 +82,9 @@ class RequestClass:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ParameterError(f"name={self.name!r}: must be a non-empty string")
-        _num("ttft_slo_ms", self.ttft_slo_ms, strict=True)
+        check_number("ttft_slo_ms", self.ttft_slo_ms, 0.0, strict=True)
         if self.e2e_slo_ms is not None:
-            _num("e2e_slo_ms", self.e2e_slo_ms, strict=True)
+            check_number("e2e_slo_ms", self.e2e_slo_ms, 0.0, strict=True)
         if not isinstance(self.degradable, bool):
             raise ParameterError(f"degradable={self.degradable!r}: must be a bool")
 
@@ -122,9 +114,9 @@ class TargetObs:
     def __post_init__(self) -> None:
         for name in ("ttft_p95_ms", "e2e_p95_ms", "capacity_rps", "forecast_rps"):
             if getattr(self, name) is not None:
-                _num(name, getattr(self, name))
-        _num("queue_len", self.queue_len)
-        _num("rate_rps", self.rate_rps)
+                check_number(name, getattr(self, name), 0.0)
+        check_number("queue_len", self.queue_len, 0.0)
+        check_number("rate_rps", self.rate_rps, 0.0)
         if self.breaker not in ("closed", "open", "half_open"):
             raise ParameterError(f"breaker={self.breaker!r}: must be closed, open or half_open")
 
@@ -233,9 +225,9 @@ def min_latency_split(latency_ms: Sequence[float], capacity_rps: Sequence[float]
     if n == 0 or len(capacity_rps) != n:
         raise ParameterError(f"capacity_rps: needs one per latency ({n}), got {len(capacity_rps)}")
     for i in range(n):
-        _num("latency_ms", latency_ms[i], strict=True)
-        _num("capacity_rps", capacity_rps[i], strict=True)
-    _num("load_rps", load_rps)
+        check_number("latency_ms", latency_ms[i], 0.0, strict=True)
+        check_number("capacity_rps", capacity_rps[i], 0.0, strict=True)
+    check_number("load_rps", load_rps, 0.0)
     total = sum(capacity_rps)
     if load_rps >= total:
         return [float(c) for c in capacity_rps]
