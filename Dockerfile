@@ -15,7 +15,7 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY . .
-RUN pip install .
+RUN pip install ./telemetry .
 
 # -- runtime --------------------------------------------------------------------
 FROM python:3.11-slim

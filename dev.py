@@ -2,8 +2,10 @@
 """Bootstrap and task runner: the only thing a fresh clone needs is Python 3.11+.
 
     python3 dev.py demo          # the main job: closed loop on embedded Kafka + Redis
-    python3 dev.py test          # the whole test suite (what .ci/run calls)
-    python3 dev.py lint          # ruff, mypy (strict on controllers/), import contracts
+    python3 dev.py test          # every check: lint, format, types, import contracts,
+                                 # doctests and the test suite (what .ci/run calls)
+    python3 dev.py lint          # the static checks alone
+    python3 dev.py pytest ...    # pytest alone, with your arguments (doctests included)
     python3 dev.py governor ...  # any governor CLI command inside the project venv
 
 It creates ``.venv`` next to this file, installs the project with its dev extras
@@ -27,8 +29,9 @@ STAMP = VENV / ".governor-install-stamp"
 
 TASKS = {
     "demo": "run the closed loop (embedded broker, Redis, pipeline, executors, simulated fleet) and print a report",
-    "test": "run the whole test suite (unit, property, integration, end-to-end)",
-    "lint": "ruff check, mypy --strict on controllers/, import-linter contracts",
+    "test": "every check: ruff check + format, mypy, import contracts, doctests, all tests",
+    "lint": "the static checks alone: ruff check + format --check, mypy (strict), import contracts",
+    "pytest": "pytest alone (doctests and tests), e.g. `python3 dev.py pytest -m integration`",
     "bench": "governor bench ... (pipeline | control)",
     "governor": "run any governor CLI command, e.g. `python3 dev.py governor --help`",
 }
@@ -41,7 +44,9 @@ def _say(msg: str) -> None:
 def ensure_venv() -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be started by an older python3
         sys.exit("governor needs Python 3.11 or newer")
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    want = hashlib.sha256(
+        b"".join((ROOT / p).read_bytes() for p in ("pyproject.toml", "telemetry/pyproject.toml"))
+    ).hexdigest()
     if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
         return
     if not PY.exists():
@@ -50,7 +55,9 @@ def ensure_venv() -> None:
     _say("installing governor and its dependencies (pyproject.toml)")
     pip = [str(PY), "-m", "pip", "--disable-pip-version-check"]
     subprocess.check_call(pip + ["install", "-q", "--upgrade", "pip"])
-    subprocess.check_call(pip + ["install", "-q", "-e", f"{ROOT}[dev]"])
+    # Both distributions in one resolve: governor depends on governor-telemetry, which
+    # comes from ./telemetry (the slim package inference nodes install), never an index.
+    subprocess.check_call(pip + ["install", "-q", "-e", f"{ROOT}/telemetry", "-e", f"{ROOT}[dev]"])
     STAMP.write_text(want)
 
 
@@ -79,12 +86,36 @@ def main(args: list[str]) -> int:
     if task == "governor":
         return run([str(BIN / "governor"), *rest])
     if task == "lint":
-        rc = run([str(PY), "-m", "ruff", "check", "."])
-        rc |= run([str(PY), "-m", "mypy", "controllers"])
-        rc |= run([str(BIN / "lint-imports")])
-        return rc
-    # test: pytest exits 5 when nothing ran; that is a failure here, not a pass.
-    return run([str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest])
+        return lint()
+    if task == "test":
+        failed = lint()
+        _say("static checks " + ("FAILED" if failed else "passed") + "; running doctests and tests")
+        return pytest(rest) or failed
+    return pytest(rest)
+
+
+# The packages whose code the checks cover (the slim telemetry package included).
+PACKAGES = ["core", "controllers", "streams", "executors", "sim", "governor", "telemetry/governor_telemetry"]
+# mypy --strict where the code is pure; the I/O layers are checked by their tests.
+STRICT = ["core", "controllers", "telemetry/governor_telemetry"]
+
+
+def lint() -> int:
+    checks = {
+        "ruff check": [str(PY), "-m", "ruff", "check", "."],
+        "ruff format --check": [str(PY), "-m", "ruff", "format", "--check", "."],
+        "mypy --strict (core, controllers, telemetry)": [str(PY), "-m", "mypy", *STRICT],
+        "import contracts": [str(BIN / "lint-imports")],
+    }
+    failed = [name for name, argv in checks.items() if run(argv) != 0]
+    for name in checks:
+        _say(f"{'FAIL' if name in failed else 'ok  '} {name}")
+    return 1 if failed else 0
+
+
+def pytest(args: list[str]) -> int:
+    # pytest exits 5 when nothing ran; that is a failure here, not a pass.
+    return run([str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args])
 
 
 if __name__ == "__main__":

@@ -39,11 +39,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from controllers.errors import ParameterError, check_number
+from core.vocab import AGENT_PATHS
 
 __all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate",
            "weights"]
 
-KINDS = ("rag", "tool", "llm")
+KINDS = AGENT_PATHS  # the weight vector is indexed like the telemetry paths
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 from controllers.errors import ParameterError, check_number
+from core.vocab import DEFAULT_PID_GAINS
 
 __all__ = [
     "Actuation",
@@ -99,9 +100,9 @@ class PidParams:
     controllers.errors.ParameterError: a_min=1.5: need 0 < a_min <= 1 <= a_max (a_max=3.0)
     """
 
-    kp: float = 0.0
-    ki: float = 0.05
-    kd: float = 0.0
+    kp: float = DEFAULT_PID_GAINS["kp"]
+    ki: float = DEFAULT_PID_GAINS["ki"]
+    kd: float = DEFAULT_PID_GAINS["kd"]
     eps_ref: float = 0.02
     a_min: float = 0.5
     a_max: float = 3.0

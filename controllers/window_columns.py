@@ -41,6 +41,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from core.vocab import AGENT_PATHS
+
 __all__ = ["AGENT_COLUMNS", "AGENT_MICRO", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
            "REQUEST_COLUMNS", "GpuBatch", "RequestBatch", "agent_columns", "column", "gpu_batch",
            "request_batch"]
@@ -57,7 +59,6 @@ GPU_COLUMNS = tuple(
 KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
 # Optional agent columns of a request batch (NaN = the request did not carry it):
 # the three 4.1 signals, then the path as an index into AGENT_PATHS.
-AGENT_PATHS = ("rag", "tool", "llm")
 AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
 AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from controllers.errors import ParameterError
 from controllers.window_columns import AGENT_MICRO, AGENT_PATHS, AGENT_SIGNAL_COLUMNS, KV_COLUMNS
+from core.vocab import READY_STATES, STARTING_STATES
 
 if TYPE_CHECKING:  # types only: controllers.windows imports this module
     from controllers.sketch import DDSketch
@@ -31,8 +32,6 @@ if TYPE_CHECKING:  # types only: controllers.windows imports this module
 
 __all__ = ["READY_STATES", "STARTING_STATES", "node_kv", "node_result", "result"]
 
-READY_STATES = frozenset({"ready"})
-STARTING_STATES = frozenset({"starting"})
 
 
 def _ratio(num: float, den: float, empty: float | None) -> float | None:

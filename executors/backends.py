@@ -83,6 +83,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from core import names
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
@@ -102,18 +103,7 @@ class Backend(Protocol):
     async def apply(self, cmd: Command) -> dict[str, Any]: ...
 
 
-def desired_key(prefix: str, zone: str) -> str:
-    return f"{prefix}:fleet:{zone}:desired"
 
-
-def relocate_key(prefix: str, zone: str) -> str:
-    """The Redis list of KV relocation requests the (simulated) fleet drains."""
-    return f"{prefix}:fleet:{zone}:relocate"
-
-
-def relocated_key(prefix: str, zone: str) -> str:
-    """The Redis list where the (simulated) fleet reports each relocation's outcome."""
-    return f"{prefix}:fleet:{zone}:relocated"
 
 
 class SimFleetBackend:
@@ -121,10 +111,10 @@ class SimFleetBackend:
 
     def __init__(self, redis: aioredis.Redis, prefix: str, zone: str) -> None:
         self.redis = redis
-        self.key = desired_key(prefix, zone)
+        self.key = names.desired_replicas(prefix, zone)
         self.zone = zone
         self.prefix = prefix
-        self.outcomes_key = relocated_key(prefix, zone)  # the fleet's relocation outcomes (relayed)
+        self.outcomes_key = names.relocated_outcomes(prefix, zone)  # the fleet's relocation outcomes (relayed)
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
         if cmd.kind in RoutingBackend.KINDS:
@@ -145,7 +135,7 @@ class SimFleetBackend:
     async def _relocate(self, cmd: Command) -> dict[str, Any]:
         req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}
         try:
-            depth = await self.redis.rpush(relocate_key(self.prefix, self.zone), orjson.dumps(req))
+            depth = await self.redis.rpush(names.relocate_queue(self.prefix, self.zone), orjson.dumps(req))
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
         return {"queued": True, "node": cmd.payload.get("node"), "queue_depth": int(depth)}
@@ -163,13 +153,6 @@ class DryRunBackend:
         return {"dry_run": True}
 
 
-def routing_key(prefix: str, zone: str) -> str:
-    """The Redis hash a gateway of ``zone`` reads its routing weights from."""
-    return f"{prefix}:routing:{zone}"
-
-
-def breaker_key(prefix: str, zone: str) -> str:
-    return f"{prefix}:breaker:{zone}"
 
 
 class RoutingBackend:
@@ -194,11 +177,11 @@ class RoutingBackend:
                         "weights": {t: w / total for t, w in sorted(ws.items())}, "model": cmd.model,
                         "command_id": cmd.command_id, "basis_ms": cmd.basis_ms,
                         "issued_at_ms": cmd.issued_at_ms})
-                await self.redis.hset(routing_key(self.prefix, cmd.zone), mapping=fields)
+                await self.redis.hset(names.routing_hash(self.prefix, cmd.zone), mapping=fields)
                 return {"classes": sorted(cmd.payload["weights"])}
             if cmd.kind == "breaker":
                 target = str(cmd.payload.get("target", cmd.model))
-                await self.redis.hset(breaker_key(self.prefix, cmd.zone), target,
+                await self.redis.hset(names.breaker_hash(self.prefix, cmd.zone), target,
                                       orjson.dumps({**cmd.payload, "basis_ms": cmd.basis_ms}))
                 return {"target": target, "state": cmd.payload.get("state")}
             if cmd.kind == "canary":
@@ -217,7 +200,7 @@ class RoutingBackend:
 
     async def _model_field(self, cmd: Command, name: str) -> None:
         """The payload, the model and the command's id and times, as field ``<name>|<model>``."""
-        await self.redis.hset(routing_key(self.prefix, cmd.zone), f"{name}|{cmd.model}",
+        await self.redis.hset(names.routing_hash(self.prefix, cmd.zone), f"{name}|{cmd.model}",
                               orjson.dumps({**cmd.payload, "model": cmd.model, "command_id": cmd.command_id,
                                             "basis_ms": cmd.basis_ms, "issued_at_ms": cmd.issued_at_ms}))
 

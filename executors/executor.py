@@ -58,11 +58,12 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controllers.hlc import Hlc
+from core import names
+from core.clock import ScaledClock
 from executors.backends import Backend, BackendRejected, BackendUnavailable
-from executors.outcomes import OutcomeRelay, inflight_key
+from executors.outcomes import OutcomeRelay
 from executors.timing import ZoneTiming
-from governor.clock import ScaledClock
-from streams.commands import Command, CommandError, hlc_stale, stream_key
+from streams.commands import Command, CommandError, hlc_stale
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ZoneExecutor:
         self.results = results
         self.results_topic = results_topic
         self.metrics = metrics or ExecutorMetrics()
-        self.stream = stream_key(prefix, zone)
+        self.stream = names.command_stream(prefix, zone)
         self.consumer = consumer or f"{zone}-{socket.gethostname()}-{os.getpid()}"
         self.block_ms = block_ms
         self.retry_idle_ms = retry_idle_ms
@@ -112,20 +113,17 @@ class ZoneExecutor:
                                            registry=self.metrics.registry, factor=rtt_factor)
         # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
         source = getattr(backend, "outcomes_key", None)
-        self.relay = (OutcomeRelay(redis, source, inflight_key(prefix, zone), zone=zone, backend=backend.name,
+        self.relay = (OutcomeRelay(redis, source, names.relocation_inflight(prefix, zone), zone=zone, backend=backend.name,
                                    publish=self._report, now_ms=clock.now_ms)
                       if source and results is not None else None)
 
-    def _applied_key(self, command_id: str) -> str:
-        return f"{self.prefix}:applied:{self.zone}:{command_id}"
-
     @property
     def _basis_key(self) -> str:
-        return f"{self.prefix}:executor:{self.zone}:last_basis"
+        return names.executor_last_basis(self.prefix, self.zone)
 
     @property
     def _hlc_key(self) -> str:
-        return f"{self.prefix}:executor:{self.zone}:last_hlc"
+        return names.executor_last_hlc(self.prefix, self.zone)
 
     async def ensure_group(self) -> None:
         try:
@@ -198,7 +196,7 @@ class ZoneExecutor:
         except CommandError as exc:
             await self._finish(entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")})
             return 1
-        if await self.redis.exists(self._applied_key(cmd.command_id)):
+        if await self.redis.exists(names.applied_marker(self.prefix, self.zone, cmd.command_id)):
             await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)
             return 1
         if cmd.hlc:
@@ -237,7 +235,7 @@ class ZoneExecutor:
             return 1
         applied_at = self.clock.now_ms()
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._applied_key(cmd.command_id), applied_at, ex=self.marker_ttl_s)
+            pipe.set(names.applied_marker(self.prefix, self.zone, cmd.command_id), applied_at, ex=self.marker_ttl_s)
             pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
             if cmd.hlc:
                 pipe.hset(self._hlc_key, cmd.order_field, cmd.hlc)

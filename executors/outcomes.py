@@ -55,10 +55,6 @@ NUMBERS = ("bytes_moved", "duration_s", "pause_steps", "fragmentation_before", "
            "largest_free_before", "largest_free_after")
 
 
-def inflight_key(prefix: str, zone: str) -> str:
-    """Where an executor keeps the outcomes it is publishing (see the module docstring)."""
-    return f"{prefix}:executor:{zone}:relocated:inflight"
-
 
 def outcome_record(raw: bytes, zone: str, backend: str, now_ms: int) -> dict[str, Any]:
     """The results-topic record of one fleet outcome (``raw``: the JSON the fleet pushed).

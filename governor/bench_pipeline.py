@@ -37,13 +37,14 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from governor_telemetry.records import encode_envelope, partition_key
 
+from core import names
+from core.settings import Settings
 from governor.embedded import EmbeddedServers, free_port
 from governor.processes import WORKER_READY, start_worker
-from governor.settings import Settings
 from governor.topics import ensure_topics
-from streams.commands import Command, stream_key
-from streams.records import encode_envelope, partition_key
+from streams.commands import Command
 
 MODEL = "llama2-70b"
 
@@ -152,7 +153,7 @@ async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[
                                          key=partition_key(MODEL, zone))
             sent = time.time() * 1000
             window_close = (now - now % size_ms) + size_ms + late_ms
-            key = stream_key(settings.topic_prefix, zone)
+            key = names.command_stream(settings.topic_prefix, zone)
             deadline = time.monotonic() + 30
             # Other commands reach every zone's stream too (zone-aware routes, breakers):
             # wait for this zone's scale command.

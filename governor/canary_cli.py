@@ -25,9 +25,10 @@ from redis.exceptions import WatchError
 
 from controllers import canary as can
 from controllers.errors import ParameterError
-from governor.clock import ScaledClock
-from governor.settings import Settings
-from streams.traffic import canary_key, new_rollout, params_from_dict
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
+from streams.traffic import new_rollout, params_from_dict
 
 
 class CanaryCliError(RuntimeError):
@@ -78,7 +79,7 @@ def start(settings: Settings, model: str, version: str, params: can.CanaryParams
     except ValueError as exc:
         raise CanaryCliError(str(exc)) from exc
     r = _client(settings)
-    key = canary_key(settings.topic_prefix, model)
+    key = names.canary_state(settings.topic_prefix, model)
     try:
         with r.pipeline(transaction=True) as pipe:
             pipe.watch(key)  # type: ignore[no-untyped-call]
@@ -100,11 +101,11 @@ def status(settings: Settings, model: str) -> dict[str, Any]:
     """The stored rollout with ``share`` (the canary's current traffic share) added."""
     r = _client(settings)
     try:
-        raw = r.get(canary_key(settings.topic_prefix, model))
+        raw = r.get(names.canary_state(settings.topic_prefix, model))
     finally:
         r.close()
     if raw is None:
-        raise CanaryCliError(f"no rollout of {model} (key {canary_key(settings.topic_prefix, model)})")
+        raise CanaryCliError(f"no rollout of {model} (key {names.canary_state(settings.topic_prefix, model)})")
     rollout = orjson.loads(raw)
     params = params_from_dict(rollout["params"])
     rollout["share"] = can.traffic_share(params, can.CanaryState.from_dict(rollout["state"]))
@@ -114,7 +115,7 @@ def status(settings: Settings, model: str) -> dict[str, Any]:
 def abort(settings: Settings, model: str, reason: str) -> dict[str, Any]:
     """Mark the rollout aborted (the worker then publishes share 0)."""
     r = _client(settings)
-    key = canary_key(settings.topic_prefix, model)
+    key = names.canary_state(settings.topic_prefix, model)
     try:
         for _ in range(10):
             try:

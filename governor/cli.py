@@ -1,5 +1,5 @@
 """``governor``: the command line.  Settings come from the environment
-(``governor.settings.ENV_VARS``) and are built here, once, at the entry point.
+(``core.settings.ENV_VARS``) and are built here, once, at the entry point.
 
     governor demo                 closed loop on embedded servers, with a report
     governor worker               the Faust stream worker
@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from governor.settings import ENV_VARS, Settings, SettingsError
+from core.settings import ENV_VARS, Settings, SettingsError
 
 log = logging.getLogger("governor")
 

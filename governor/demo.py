@@ -24,19 +24,20 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
+from governor_telemetry.producer import TelemetryProducer
 
-from governor.clock import ScaledClock
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
 from governor.embedded import EmbeddedServers
 from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
 from governor.report import build_report, plot, render_text
-from governor.settings import Settings
 from governor.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
-from sim.live import LiveFleet, desired_key
+from sim.live import LiveFleet
 from sim.perf_model import PerfModel
 from sim.traces import load_trace
 from sim.workloads import step_load
-from streams.producer import TelemetryProducer
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
     log.info("topics ready (%d created)", len(created))
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     for zone in settings.zones:
-        await redis.hset(desired_key(settings.topic_prefix, zone), model, args.replicas)
+        await redis.hset(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)
 
     children = [start_worker(settings, run_dir)]
     children += [start_executor(settings, z, run_dir) for z in settings.zones]

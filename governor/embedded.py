@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from governor.settings import Secret, Settings
+from core.settings import Secret, Settings
 
 log = logging.getLogger(__name__)
 

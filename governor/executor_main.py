@@ -8,6 +8,8 @@ import signal
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
+from core.clock import ScaledClock
+from core.settings import Settings
 from executors.backends import (
     Backend,
     DryRunBackend,
@@ -16,9 +18,7 @@ from executors.backends import (
     WebhookBackend,
 )
 from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
 from governor.processes import EXECUTOR_READY
-from governor.settings import Settings
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)

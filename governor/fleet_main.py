@@ -7,16 +7,17 @@ import logging
 from argparse import Namespace
 
 import redis.asyncio as aioredis
+from governor_telemetry.producer import TelemetryProducer
 
-from governor.clock import ScaledClock
-from governor.settings import Settings
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
 from governor.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
-from sim.live import LiveFleet, desired_key
+from sim.live import LiveFleet
 from sim.perf_model import PerfModel
 from sim.traces import load_trace
 from sim.workloads import from_trace
-from streams.producer import TelemetryProducer
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ async def run_fleet(settings: Settings, args: Namespace) -> int:
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
         for zone in settings.zones:
-            await redis.hsetnx(desired_key(settings.topic_prefix, zone), model, args.replicas)
+            await redis.hsetnx(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)
         t0_ms = clock.now_ms()
         fleet = Fleet(FleetConfig(models={model: PerfModel.from_splitwise(model=model)},
                                   zones=tuple(settings.zones), startup_s=args.startup_s,

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.settings import Settings
 from governor.embedded import _die_with_parent
-from governor.settings import Settings
 
 
 class ChildProcess:

@@ -7,7 +7,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from governor.settings import Settings
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from controllers.pid import PidParams
+from core.vocab import DEFAULT_PID_GAINS
 from sim.fastloop import LoopConfig, run
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS, build
@@ -75,7 +77,7 @@ def run_tune(args: Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     runs = _runs(args)
-    default_gains = {"kp": 0.0, "ki": 0.05, "deadband": 0.015}
+    default_gains = {"kp": DEFAULT_PID_GAINS["kp"], "ki": DEFAULT_PID_GAINS["ki"], "deadband": PidParams().deadband}
     base_score, base = evaluate(default_gains, runs, None, args.target_attainment, args.penalty)
     reference = {k: v["gpu_seconds"] for k, v in base.items()}
     base_score, base = evaluate(default_gains, runs, reference, args.target_attainment, args.penalty)
@@ -98,7 +100,7 @@ def run_tune(args: Namespace) -> int:
         return score
 
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=args.seed))
-    study.enqueue_trial({"kp": 0.0, "ki": 0.05, "deadband": 0.015, "ff_target_util": 0.8,
+    study.enqueue_trial({**default_gains, "ff_target_util": 0.8,
                          "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
     study.optimize(objective, n_trials=args.trials)
     best = study.best_trial

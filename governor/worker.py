@@ -6,9 +6,9 @@ from pathlib import Path
 
 from faust.worker import Worker
 
-from governor.clock import ScaledClock
+from core.clock import ScaledClock
+from core.settings import Settings
 from governor.processes import WORKER_READY
-from governor.settings import Settings
 from streams.agents import build_pipeline
 from streams.app import create_app
 

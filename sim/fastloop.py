@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from governor.settings import ModelSpec, Settings
+from core.settings import ModelSpec, Settings
+from core.vocab import default_pid_gains
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
@@ -86,7 +87,7 @@ class LoopConfig:
     gpus_per_replica: int = 8
     ttft_slo_ms: float = 1000.0
     itl_slo_ms: float = 150.0
-    pid_gains: Mapping[str, float] = field(default_factory=lambda: {"kp": 0.0, "ki": 0.05, "kd": 0.0})
+    pid_gains: Mapping[str, float] = field(default_factory=default_pid_gains)
     eps_ref: float = 0.02
     seed: int = 0
     hardware: str = "h100-80gb"

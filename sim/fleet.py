@@ -190,7 +190,7 @@ class Fleet:
 
         ``agent``: the mixed-agent fields its telemetry record carries
         (``agent_stability``, ``agent_rag_score``, ``agent_tool_conf``,
-        ``agent_path``; :mod:`streams.records`), when the workload has them.
+        ``agent_path``; :mod:`governor_telemetry.records`), when the workload has them.
 
         Examples
         --------

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from core import names
 from sim.replica import FleetConfigError
 from sim.router import DEFAULT_CLASS, parse_target
 
@@ -26,14 +27,6 @@ __all__ = ["HALF_OPEN_SHARE", "BreakerView", "TrafficGate", "gate_weights", "syn
 log = logging.getLogger(__name__)
 
 
-def routing_hash_key(prefix: str, zone: str) -> str:
-    # Same contract as executors.backends.routing_key (sim must not import executors).
-    return f"{prefix}:routing:{zone}"
-
-
-def breaker_hash_key(prefix: str, zone: str) -> str:
-    # Same contract as executors.backends.breaker_key.
-    return f"{prefix}:breaker:{zone}"
 
 
 # -- the gateway contract: breakers and canary shares on top of the route weights ----------
@@ -236,7 +229,7 @@ def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: byte
 async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
                          seen: dict[str, int]) -> bool:
     """Apply the zone's breaker hash; True when a breaker changed (fields gone: closed)."""
-    h = await redis.hgetall(breaker_hash_key(prefix, zone))
+    h = await redis.hgetall(names.breaker_hash(prefix, zone))
     changed = False
     mine = f"{zone}|breaker|"
     for key in [k for k in seen if k.startswith(mine) and k[len(mine):].encode() not in h]:
@@ -293,7 +286,7 @@ async def sync_routing_from_redis(fleet: Any, redis: Any, prefix: str, zones: li
     breakers_changed = False
     for zone in zones:
         breakers_changed |= await _read_breakers(redis, prefix, zone, gate, seen)
-        h = await redis.hgetall(routing_hash_key(prefix, zone))
+        h = await redis.hgetall(names.routing_hash(prefix, zone))
         for raw_field, raw in sorted(h.items()):
             name = raw_field.decode()
             if name.startswith("_canary|"):

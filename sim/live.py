@@ -4,7 +4,7 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
 
 * submits the workload's arrivals as (scaled) time reaches them,
 * ships finished-request and per-replica GPU records through the same
-  :class:`~streams.producer.TelemetryProducer` inference nodes use,
+  :class:`~governor_telemetry.producer.TelemetryProducer` inference nodes use,
 * reconciles the fleet with the desired replica counts the executors write
   to Redis (``<prefix>:fleet:<zone>:desired``), like a Deployment controller,
 * acts as the gateway of the contract in :mod:`executors.backends`
@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from core import names
 from sim.gateway import TrafficGate, sync_routing_from_redis
 from sim.workloads import Workload
 
@@ -58,14 +59,6 @@ log = logging.getLogger(__name__)
 RELOCATED_KEEP = 1000
 
 
-def relocate_key(prefix: str, zone: str) -> str:
-    # Same contract as executors.backends.relocate_key.
-    return f"{prefix}:fleet:{zone}:relocate"
-
-
-def relocated_key(prefix: str, zone: str) -> str:
-    """Where the live fleet reports each relocation's outcome."""
-    return f"{prefix}:fleet:{zone}:relocated"
 
 
 def apply_relocation(fleet: Any, zone: str, req: dict[str, Any], t: float) -> dict[str, Any]:
@@ -85,10 +78,6 @@ def apply_relocation(fleet: Any, zone: str, req: dict[str, Any], t: float) -> di
     out = fleet.relocate(zone, model, node, int(req["max_bytes"]), None, t)
     return {**base, **out}
 
-
-def desired_key(prefix: str, zone: str) -> str:
-    # Same contract as executors.backends.desired_key (sim must not import executors).
-    return f"{prefix}:fleet:{zone}:desired"
 
 
 _CORRUPTIONS = {
@@ -150,7 +139,7 @@ class LiveFleet:
 
     async def _sync_desired(self, t: float) -> None:
         for zone in self.zones:
-            raw = await self.redis.hget(desired_key(self.prefix, zone), self.model)
+            raw = await self.redis.hget(names.desired_replicas(self.prefix, zone), self.model)
             if raw is None:
                 continue
             want = int(raw)
@@ -167,7 +156,7 @@ class LiveFleet:
     async def _sync_relocations(self, t: float) -> None:
         """Drain each zone's relocation list, apply, report the outcomes."""
         for zone in self.zones:
-            raw = await self.redis.lpop(relocate_key(self.prefix, zone), 100)
+            raw = await self.redis.lpop(names.relocate_queue(self.prefix, zone), 100)
             for item in raw or []:
                 try:
                     req = orjson.loads(item)
@@ -177,7 +166,7 @@ class LiveFleet:
                 self.stats.relocations.append(out)
                 log.info("fleet %s relocation %s: %s", zone, out.get("node"),
                          out.get("refused") or f"{out.get('bytes_moved', out.get('moved'))}")
-                key = relocated_key(self.prefix, zone)
+                key = names.relocated_outcomes(self.prefix, zone)
                 await self.redis.rpush(key, orjson.dumps(out, default=str))
                 await self.redis.ltrim(key, -RELOCATED_KEEP, -1)
 

@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from controllers.agent_weights import AgentSignals, AgentWeightParams, weights
-from governor.settings import Settings
+from core.settings import Settings
 from streams.breaker_driver import Target, fresh_zone_window, window_target
 from streams.commands import AGENT_PATHS, Command
 

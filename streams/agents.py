@@ -26,20 +26,21 @@ from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
+from governor_telemetry.records import partition_key
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from governor.clock import ScaledClock
-from governor.settings import Settings
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
 from streams.agent_mix import AgentMixDriver
 from streams.app import GovernorApp
 from streams.breaker_driver import BreakerDriver
-from streams.commands import Command, CommandError, stream_key
+from streams.commands import Command, CommandError
 from streams.control import Scaler
 from streams.memory import KvRelocator
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import TelemetryProcessor, dead_letter
-from streams.records import partition_key
 from streams.traffic import CanaryDriver, RoutingDriver
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class SnapshotStore:
     _last_s: float = field(default=-float("inf"), init=False)
 
     def key(self, name: str) -> str:
-        return f"{self.prefix}:snapshot:{name}"
+        return names.snapshot(self.prefix, name)
 
     async def restore(self) -> dict[str, int]:
         """Restore every part that has a snapshot; returns what each restored."""
@@ -294,7 +295,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 continue
             now = clock.now_ms()
             hlc = hlc.tick(now)
-            await xadd_with_retry(redis, stream_key(settings.topic_prefix, cmd.zone),
+            await xadd_with_retry(redis, names.command_stream(settings.topic_prefix, cmd.zone),
                                   {"cmd": cmd.with_hlc(hlc.encode()).encode(), "bridged_ms": str(now).encode()},
                                   metrics)
             metrics.bridged.labels(cmd.zone).inc()

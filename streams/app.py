@@ -17,7 +17,7 @@ import aiokafka
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from governor.settings import Settings
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ from controllers.breaker import (
     rolling_attainment,
     step,
 )
-from governor.settings import Settings
+from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)

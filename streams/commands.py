@@ -29,9 +29,11 @@ from typing import Any
 
 import orjson
 
+from core import vocab
+from core.vocab import AGENT_PATHS
+
 COMMAND_SCHEMA_VERSION = 1
-COMMAND_KINDS = frozenset({"scale", "route", "breaker", "canary", "relocate", "agents"})
-AGENT_PATHS = ("rag", "tool", "llm")
+COMMAND_KINDS = frozenset(vocab.COMMAND_KINDS)
 AGENT_SIGNALS = ("stability", "rag_score", "tool_conf")
 
 
@@ -170,6 +172,4 @@ def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:
     return cmd_hlc != 0 and last_applied_hlc is not None and cmd_hlc < last_applied_hlc
 
 
-def stream_key(prefix: str, zone: str) -> str:
-    """The Redis stream one zone's executor reads."""
-    return f"{prefix}:commands:{zone}"
+

@@ -50,7 +50,7 @@ from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
-from governor.settings import Settings
+from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from governor_telemetry.records import (
+    EnvelopeError,
+    decode_envelope,
+    request_columns,
+    validate_record,
+)
 
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
 from controllers.window_result import node_result, result
@@ -38,8 +44,7 @@ from controllers.windows import (
     add_requests,
     merge,
 )
-from governor.settings import Settings
-from streams.records import EnvelopeError, decode_envelope, request_columns, validate_record
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -40,20 +40,17 @@ from redis.exceptions import WatchError
 
 from controllers import canary as can
 from controllers import routing as rt
-from governor.settings import Settings
+from core import names
+from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
 ROUTING_SNAPSHOT_VERSION = 1
 
-__all__ = ["CanaryDriver", "RoutingDriver", "canary_key", "new_rollout", "params_from_dict", "params_to_dict",
+__all__ = ["CanaryDriver", "RoutingDriver", "new_rollout", "params_from_dict", "params_to_dict",
            "window_obs"]
 
-
-def canary_key(prefix: str, model: str) -> str:
-    """The Redis key of ``model``'s rollout."""
-    return f"{prefix}:canary:{model}"
 
 
 def params_to_dict(p: can.CanaryParams) -> dict[str, Any]:
@@ -124,7 +121,7 @@ class CanaryDriver:
             return []
         name, zone, start = str(m["model"]), str(m["zone"]), int(m["window_start_ms"])
         base, _, version = name.partition("@")
-        raw = await self.redis.get(canary_key(self.prefix, base))
+        raw = await self.redis.get(names.canary_state(self.prefix, base))
         if raw is None:
             return []
         rollout = orjson.loads(raw)
@@ -148,7 +145,7 @@ class CanaryDriver:
         return cmds
 
     async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
-        key = canary_key(self.prefix, base)
+        key = names.canary_state(self.prefix, base)
         for _ in range(self.max_retries):
             try:
                 async with self.redis.pipeline(transaction=True) as pipe:

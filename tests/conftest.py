@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
 from governor.embedded import EmbeddedServers
-from governor.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
+from core.clock import ScaledClock
+from core.settings import Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
 from governor.processes import WORKER_READY, start_worker
-from governor.settings import Settings
 from governor.topics import ensure_topics
 
 

@@ -12,13 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from governor_telemetry.producer import TelemetryProducer
 
 from controllers.agent_weights import AgentSignals, weights
-from executors.backends import routing_key
+from core import names
+from core.settings import Settings
 from governor.embedded import free_port
-from governor.settings import Settings
 from streams.agent_mix import AgentMixDriver
-from streams.producer import TelemetryProducer
 from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -47,7 +47,7 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
                     for k in range(2):
                         await producer.send(_req(2 * step + k, now, zone))
                 await asyncio.sleep(0.2)
-        got = await field_in_every_zone(redis, executors, lambda z: routing_key(settings.topic_prefix, z), field)
+        got = await field_in_every_zone(redis, executors, lambda z: names.routing_hash(settings.topic_prefix, z), field)
         assert set(got) == {"az-a", "az-b"}, (got, worker.tail())
         for zone, value in got.items():
             assert value["weights"] == pytest.approx(want, abs=1e-5), zone

@@ -10,12 +10,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from governor_telemetry.producer import TelemetryProducer
 
-from executors.backends import breaker_key
+from core import names
+from core.settings import Settings
 from governor.embedded import free_port
-from governor.settings import Settings
 from streams.breaker_driver import BreakerDriver
-from streams.producer import TelemetryProducer
 from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -45,7 +45,7 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
                     await producer.send(_req(i, now, i % 16 == 0))
                     i += 1
                 await asyncio.sleep(0.2)
-        states = await field_in_every_zone(redis, executors, lambda z: breaker_key(settings.topic_prefix, z),
+        states = await field_in_every_zone(redis, executors, lambda z: names.breaker_hash(settings.topic_prefix, z),
                                            TARGET)
         assert set(states) == {"az-a", "az-b"}, (states, worker.tail())
         for zone, st in states.items():

@@ -8,10 +8,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from controllers.canary import CanaryParams
-from executors.backends import RoutingBackend, routing_key
+from core import names
+from core.settings import Settings
+from executors.backends import RoutingBackend
 from governor import canary_cli
 from governor.cli import main
-from governor.settings import Settings
 from streams.traffic import CanaryDriver
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -85,7 +86,7 @@ async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings:
         # The executor's backend writes the share into the routing hash.
         out = await RoutingBackend(redis, settings.topic_prefix).apply(cmds[0])
         assert out == {"model": MODEL, "version": "v2", "share": 0.0}
-        raw = await redis.hget(routing_key(settings.topic_prefix, cmds[0].zone), f"_canary|{MODEL}")
+        raw = await redis.hget(names.routing_hash(settings.topic_prefix, cmds[0].zone), f"_canary|{MODEL}")
         assert orjson.loads(raw)["share"] == 0.0
     finally:
         await redis.aclose()

@@ -9,12 +9,13 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from executors.backends import BackendUnavailable, DryRunBackend, SimFleetBackend, desired_key
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
+from executors.backends import BackendUnavailable, DryRunBackend, SimFleetBackend
 from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
-from governor.settings import Settings
 from governor.topics import ensure_topics
-from streams.commands import Command, stream_key
+from streams.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -57,7 +58,7 @@ async def test_same_command_delivered_twice_is_applied_once(settings: Settings) 
     ex, producer, redis = await _executor(settings, backend)
     try:
         cmd = _cmd(5, basis_ms=1_000)
-        key = stream_key(settings.topic_prefix, "az-a")
+        key = names.command_stream(settings.topic_prefix, "az-a")
         # At-least-once upstream: the bridge may write the same command twice.
         await redis.xadd(key, {"cmd": cmd.encode()})
         await redis.xadd(key, {"cmd": cmd.encode()})
@@ -82,7 +83,7 @@ async def test_expired_and_stale_commands_are_refused(settings: Settings) -> Non
     backend = DryRunBackend()
     ex, producer, redis = await _executor(settings, backend)
     try:
-        key = stream_key(settings.topic_prefix, "az-a")
+        key = names.command_stream(settings.topic_prefix, "az-a")
         now = int(time.time() * 1000)
         newer, older = _cmd(6, basis_ms=20_000), _cmd(3, basis_ms=10_000)
         expired = _cmd(9, basis_ms=30_000, issued=now - 120_000, ttl_ms=60_000)
@@ -100,7 +101,7 @@ async def test_expired_and_stale_commands_are_refused(settings: Settings) -> Non
 async def test_malformed_entry_is_rejected_and_acknowledged(settings: Settings) -> None:
     ex, producer, redis = await _executor(settings, DryRunBackend())
     try:
-        key = stream_key(settings.topic_prefix, "az-a")
+        key = names.command_stream(settings.topic_prefix, "az-a")
         await redis.xadd(key, {"cmd": b'{"kind": "scale", "zone": "az-a"}'})
         assert await ex.poll_once() == 1
         (res,) = await _results(settings, 1)
@@ -130,11 +131,11 @@ async def test_temporary_backend_failure_is_retried_not_lost(settings: Settings)
     ex.retry_idle_ms = 100
     try:
         cmd = _cmd(4, basis_ms=5_000)
-        await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
+        await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
         assert await ex.poll_once() == 0  # backend down: left pending, not acknowledged
         await asyncio.sleep(0.2)
         assert await ex.poll_once() == 1  # claimed again after retry_idle_ms and applied
-        assert int(await redis.hget(desired_key(settings.topic_prefix, "az-a"), "m")) == 4
+        assert int(await redis.hget(names.desired_replicas(settings.topic_prefix, "az-a"), "m")) == 4
         (res,) = await _results(settings, 1)
         assert res["outcome"] == "applied"
     finally:
@@ -149,7 +150,7 @@ async def test_older_hlc_after_newer_is_refused_stale(settings: Settings) -> Non
     backend = DryRunBackend()
     ex, producer, redis = await _executor(settings, backend)
     try:
-        key = stream_key(settings.topic_prefix, "az-a")
+        key = names.command_stream(settings.topic_prefix, "az-a")
         now = int(time.time() * 1000)
         # Same basis (so the basis rule cannot tell them apart); HLC orders them.
         newer = _cmd(6, basis_ms=10_000).with_hlc(Hlc(now, 1).encode())
@@ -213,7 +214,7 @@ async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> No
         cmd = Command(kind="scale", zone="az-a", model="m", target_replicas=2, reason="t",
                       issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=1,
                       detail={"apply_at_ms": now + 300})
-        key = stream_key(settings.topic_prefix, "az-a")
+        key = names.command_stream(settings.topic_prefix, "az-a")
         t0 = time.monotonic()
         await ex.handle(await redis.xadd(key, {"cmd": cmd.encode()}), {b"cmd": cmd.encode()})
         waited = time.monotonic() - t0

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from core.settings import Settings
 from executors.backends import SimFleetBackend
-from governor.settings import Settings
 from sim.fleet import Fleet, FleetConfig
 from sim.gateway import HALF_OPEN_SHARE
 from sim.live import LiveFleet

@@ -13,12 +13,12 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
+from governor_telemetry.producer import TelemetryProducer
 
-from executors.backends import desired_key
+from core import names
+from core.settings import Settings
 from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
-from governor.settings import Settings
 from governor.topics import ensure_topics
-from streams.producer import TelemetryProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -76,7 +76,7 @@ async def _consume(settings: Settings, topics: list[str], until, timeout_s: floa
 async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Settings) -> None:
     settings = loop
     redis = aioredis.Redis.from_url(str(settings.redis_url))
-    await redis.hset(desired_key(settings.topic_prefix, "az-a"), MODEL, 2)
+    await redis.hset(names.desired_replicas(settings.topic_prefix, "az-a"), MODEL, 2)
     nodes = ("az-a/n1", "az-a/n2")
     i = 0
     async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
@@ -110,7 +110,7 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
     ids = [r["command_id"] for r in applied]
     assert len(ids) == len(set(ids)), "a command was applied twice"
     assert ups[0]["command_id"] in ids
-    desired = int(await redis.hget(desired_key(settings.topic_prefix, "az-a"), MODEL))
+    desired = int(await redis.hget(names.desired_replicas(settings.topic_prefix, "az-a"), MODEL))
     assert desired == applied[-1]["target_replicas"] > 2
     # Every request that was sent is counted in exactly one zone window: nothing dropped.
     seen_all = await _consume(settings, ["metrics"], lambda s: sum(

@@ -17,20 +17,20 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError
+from governor_telemetry.producer import TelemetryProducer
 
-from executors.backends import SimFleetBackend, relocate_key
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
+from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
-from executors.outcomes import inflight_key
-from governor.clock import ScaledClock
 from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
-from governor.settings import Settings
 from governor.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
-from sim.live import LiveFleet, relocated_key
+from sim.live import LiveFleet
 from sim.workloads import Workload
-from streams.commands import Command, stream_key
+from streams.commands import Command
 from streams.memory import KvRelocator
-from streams.producer import TelemetryProducer
 from tests.unit.test_fleet import BLOCK_B, PM, M, fragmented
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -54,10 +54,10 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         cmd = _relocate(g["node"], g["kv_generation"])
         other = _relocate("az-a/x/r9", 0, basis_ms=4_000)  # another node, older window: not stale
         for c in (cmd, cmd, other):
-            await redis.xadd(stream_key(prefix, "az-a"), {"cmd": c.encode()})
+            await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": c.encode()})
         assert await ex.poll_once() == 3
         assert ex.stats.outcomes == {"applied": 2, "duplicate": 1}
-        queued = [orjson.loads(x) for x in await redis.lrange(relocate_key(prefix, "az-a"), 0, -1)]
+        queued = [orjson.loads(x) for x in await redis.lrange(names.relocate_queue(prefix, "az-a"), 0, -1)]
         assert [(q["node"], q["command_id"]) for q in queued] == [(g["node"], cmd.command_id),
                                                                   ("az-a/x/r9", other.command_id)]
         assert queued[0]["expected_generation"] == g["kv_generation"] and queued[0]["action"] == "compact"
@@ -65,8 +65,8 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         live = LiveFleet(fleet, SimpleNamespace(arrival_s=[]), model=M, zones=["az-a"], producer=None,  # type: ignore[arg-type]
                          redis=redis, prefix=prefix, now_ms=lambda: 0, t0_ms=0)
         await live._sync_relocations(3.5)
-        assert await redis.llen(relocate_key(prefix, "az-a")) == 0  # drained
-        outs = [orjson.loads(x) for x in await redis.lrange(relocated_key(prefix, "az-a"), 0, -1)]
+        assert await redis.llen(names.relocate_queue(prefix, "az-a")) == 0  # drained
+        outs = [orjson.loads(x) for x in await redis.lrange(names.relocated_outcomes(prefix, "az-a"), 0, -1)]
         assert outs[0]["command_id"] == cmd.command_id and outs[0]["bytes_moved"] == 2 * BLOCK_B
         assert outs[1]["refused"].startswith("unknown node")
         assert live.stats.relocations == outs
@@ -109,7 +109,7 @@ async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list
     await ex.ensure_group()
     cmds = [_relocate(g["node"], g["kv_generation"]), _relocate("az-a/x/r9", 0, basis_ms=4_000)]
     for c in cmds:
-        await redis.xadd(stream_key(prefix, "az-a"), {"cmd": c.encode()})
+        await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": c.encode()})
     assert await ex.poll_once() == 2
     live = LiveFleet(fleet, SimpleNamespace(arrival_s=[]), model=M, zones=["az-a"], producer=None,  # type: ignore[arg-type]
                      redis=redis, prefix=prefix, now_ms=lambda: 0, t0_ms=0)
@@ -152,8 +152,8 @@ async def test_outcomes_reach_the_results_topic_through_a_broker_outage(
         assert refused["command_id"] == other.command_id and not refused["applied"]
         assert refused["outcome"] == "relocation_refused" and refused["reason"].startswith("unknown node")
         assert refused["bytes_moved"] is None
-        assert await redis.llen(relocated_key(prefix, "az-a")) == 0
-        assert await redis.llen(inflight_key(prefix, "az-a")) == 0
+        assert await redis.llen(names.relocated_outcomes(prefix, "az-a")) == 0
+        assert await redis.llen(names.relocation_inflight(prefix, "az-a")) == 0
         assert await ex.relay.pump() == 0  # nothing twice
     finally:
         await redis.aclose()
@@ -168,13 +168,13 @@ async def test_an_outcome_in_flight_when_the_executor_dies_is_published_by_the_n
         assert dying.relay is not None
         with pytest.raises(asyncio.CancelledError):
             await dying.relay.pump()
-        assert await redis.llen(inflight_key(prefix, "az-a")) == 1  # moved, never acknowledged
-        assert await redis.llen(relocated_key(prefix, "az-a")) == 1
+        assert await redis.llen(names.relocation_inflight(prefix, "az-a")) == 1  # moved, never acknowledged
+        assert await redis.llen(names.relocated_outcomes(prefix, "az-a")) == 1
         results = _Results()
         nxt = _relaying_executor(redis, prefix, results)
         assert nxt.relay is not None and await nxt.relay.pump() == 2
         assert [r["command_id"] for r in results.sent] == [cmd.command_id, other.command_id]
-        assert await redis.llen(inflight_key(prefix, "az-a")) == 0
+        assert await redis.llen(names.relocation_inflight(prefix, "az-a")) == 0
         # An executor without a results producer (a test, a dry run) leaves the list alone.
         assert _relaying_executor(redis, prefix, None).relay is None  # type: ignore[arg-type]
     finally:

@@ -10,19 +10,18 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from core import names
+from core.clock import ScaledClock
+from core.settings import Settings
 from executors.backends import (
     BackendRejected,
     BackendUnavailable,
     RoutingBackend,
     SimFleetBackend,
     WebhookBackend,
-    breaker_key,
-    routing_key,
 )
 from executors.executor import ZoneExecutor
-from governor.clock import ScaledClock
-from governor.settings import Settings
-from streams.commands import Command, CommandError, stream_key
+from streams.commands import Command, CommandError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -54,7 +53,7 @@ async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> No
     try:
         out = await RoutingBackend(redis, settings.topic_prefix).apply(_route(W))
         assert out["classes"] == ["batch", "trading"]
-        h = await redis.hgetall(routing_key(settings.topic_prefix, "az-a"))
+        h = await redis.hgetall(names.routing_hash(settings.topic_prefix, "az-a"))
         trading = orjson.loads(h[b"trading"])
         assert trading["weights"] == {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75}
         assert int(h[b"_version"]) == 1_000
@@ -63,7 +62,7 @@ async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> No
                       issued_at_ms=now, expires_at_ms=now + 1000, basis_ms=2_000,
                       payload={"target": "bloom-176b|az-a", "state": "open"})
         await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(brk)
-        raw = await redis.hget(breaker_key(settings.topic_prefix, "az-a"), "bloom-176b|az-a")
+        raw = await redis.hget(names.breaker_hash(settings.topic_prefix, "az-a"), "bloom-176b|az-a")
         assert orjson.loads(raw)["state"] == "open"
     finally:
         await redis.aclose()
@@ -78,9 +77,9 @@ async def test_executor_applies_a_route_command_once(settings: Settings) -> None
         await ex.ensure_group()
         cmd = _route(W, basis_ms=5_000)
         for _ in range(2):
-            await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
+            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
         older = _route({"batch": {"bloom-176b|az-a": 1.0}}, basis_ms=4_000)
-        await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": older.encode()})
+        await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": older.encode()})
         while sum(ex.stats.outcomes.values()) < 3:
             await ex.poll_once()
         assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}
@@ -163,11 +162,11 @@ async def test_agents_commands_write_the_routing_hash_field_once_and_in_order(se
         cmd = _agents({"rag": 0.6, "tool": 0.1, "llm": 0.3}, basis_ms=5_000)
         older = _agents({"rag": 0.1, "tool": 0.6, "llm": 0.3}, basis_ms=4_000)
         for c in (cmd, cmd, older):
-            await redis.xadd(stream_key(settings.topic_prefix, "az-a"), {"cmd": c.encode()})
+            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": c.encode()})
         while sum(ex.stats.outcomes.values()) < 3:
             await ex.poll_once()
         assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}
-        raw = await redis.hget(routing_key(settings.topic_prefix, "az-a"), "_agents|llama2-70b")
+        raw = await redis.hget(names.routing_hash(settings.topic_prefix, "az-a"), "_agents|llama2-70b")
         field = orjson.loads(raw)
         assert field["weights"] == {"rag": 0.6, "tool": 0.1, "llm": 0.3}
         assert field["signals"]["stability"] == 0.9 and field["paths"]["llm"] == 0.4

@@ -11,10 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
+from governor_telemetry.producer import TelemetryProducer
 
-from executors.backends import routing_key
-from governor.settings import Settings
-from streams.producer import TelemetryProducer
+from core import names
+from core.settings import Settings
 from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -58,7 +58,7 @@ async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Set
                     for rec in _records(step, now, zone):
                         await producer.send(rec)
                 await asyncio.sleep(0.2)
-        found = await field_in_every_zone(redis, executors, lambda z: routing_key(settings.topic_prefix, z), "*")
+        found = await field_in_every_zone(redis, executors, lambda z: names.routing_hash(settings.topic_prefix, z), "*")
         weights = {zone: v["weights"] for zone, v in found.items()}
         assert set(weights) == {"az-a", "az-b"}, (weights, worker.tail())
         for zone, ws in weights.items():

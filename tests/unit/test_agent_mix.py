@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controllers.agent_weights import AgentSignals, weights
-from governor.settings import Settings
+from core.settings import Settings
 from streams.agent_mix import EWMA_ALPHA, PUBLISH_DELTA, AgentMixDriver
 from streams.commands import Command, CommandError
 from streams.metrics_export import WorkerMetrics

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from governor.settings import Settings
+from core.settings import Settings
 from streams.agents import SnapshotStore
 from streams.breaker_driver import BreakerDriver, parse_window
 from streams.commands import Command

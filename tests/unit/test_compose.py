@@ -2,7 +2,7 @@
 
 Docker does not run where the test suite runs, so docker-compose.yml, the
 Dockerfile, the Prometheus/Grafana provisioning and the Kubernetes manifests
-are kept correct here: parsed, cross-checked against ``governor.settings``
+are kept correct here: parsed, cross-checked against ``core.settings``
 (every environment variable must be one the code reads, and must build a
 ``Settings``), against the CLI's subcommands, and against each other (ports,
 hostnames, healthchecks, scrape targets, metric names).
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from governor.settings import ENV_VARS, Settings
+from core.settings import ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -248,7 +248,7 @@ def test_commands_parse_with_the_real_cli(services: dict[str, Any]) -> None:
 def test_environment_names_are_read_by_settings(services: dict[str, Any], name: str) -> None:
     env = _env(services[name])
     unknown = sorted(set(env) - set(ENV_VARS))
-    assert not unknown, f"{name}: governor.settings does not read {unknown}"
+    assert not unknown, f"{name}: core.settings does not read {unknown}"
     not_str = sorted(k for k, v in env.items() if not isinstance(v, str))
     assert not not_str, f"{name}: quote these values (Settings parses strings): {not_str}"
 
@@ -499,7 +499,7 @@ def test_k8s_env_names_are_read_by_settings_and_build_settings() -> None:
         for ref in c.get("envFrom", []):
             assert "configMapRef" in ref, f"{where}: envFrom only from the ConfigMap"
     unknown = sorted(names - set(ENV_VARS))
-    assert not unknown, f"infra/k8s sets variables governor.settings does not read: {unknown}"
+    assert not unknown, f"infra/k8s sets variables core.settings does not read: {unknown}"
     settings = Settings.from_env(env)
     assert settings.metrics_port > 0 and settings.web_port == 0
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.settings import ModelSpec, Settings
+from core.settings import ModelSpec, Settings
 from streams.control import Scaler
 
 MODEL = "m"

@@ -419,9 +419,10 @@ def test_move_sessions_sends_waiting_requests_to_a_peer_with_room() -> None:
 def test_agent_fields_of_a_workload_reach_the_request_records_and_the_zone_window() -> None:
     """A workload that carries the 4.1 agent fields (governor.bench_agents does): the fleet's
     records carry them, validate, and the worker's processor averages them per zone window."""
-    from governor.settings import ModelSpec, Settings
+    from governor_telemetry.records import encode_envelope, validate_record
+
+    from core.settings import ModelSpec, Settings
     from streams.pipeline import TelemetryProcessor
-    from streams.records import encode_envelope, validate_record
 
     f = make(initial_replicas=2, epoch_ms0=0)
     agent = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2, "agent_path": "rag"}

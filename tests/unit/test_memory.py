@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from governor_telemetry.records import encode_envelope
 
 from controllers.kv_policy import KvPolicyParams
 from controllers.window_columns import GPU_COLUMNS, KV_COLUMNS
@@ -17,12 +18,11 @@ from controllers.windows import (
     initialize,
     merge,
 )
-from governor.settings import Settings
+from core.settings import Settings
 from sim.live import apply_relocation
 from streams.commands import Command, CommandError
 from streams.memory import KvRelocator
 from streams.pipeline import TelemetryProcessor
-from streams.records import encode_envelope
 from tests.unit.test_fleet import BLOCK_B, M, fragmented
 
 GIB = 1 << 30

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from governor_telemetry.records import encode_envelope
 
 import streams.pipeline as pipeline
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
@@ -20,9 +21,8 @@ from controllers.windows import (
     initialize,
     merge,
 )
-from governor.settings import Settings
+from core.settings import Settings
 from streams.pipeline import TelemetryProcessor
-from streams.records import encode_envelope
 
 SETTINGS = Settings(window_s=1.0, lateness_s=0.2)
 MODEL = SETTINGS.models[0].name
@@ -189,9 +189,10 @@ def test_bad_gpu_sample_beside_valid_requests_keeps_its_index() -> None:
 def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None:
     """A consumer catching up sees event times far behind the clock; while messages
     flow the clock must not close their windows (only the watermark does)."""
-    from governor.settings import Settings
+    from governor_telemetry.records import encode_envelope
+
+    from core.settings import Settings
     from streams.pipeline import TelemetryProcessor
-    from streams.records import encode_envelope
 
     p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
     now = 10_000_000  # the clock is ~2 h ahead of the backlog's event times

@@ -8,10 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from streams.records import (
+from governor_telemetry.records import (
     FIELDS_BY_KIND,
     GPU_STATES,
     INT_MAX,
@@ -22,6 +19,8 @@ from streams.records import (
     encode_envelope,
     validate_record,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REQ: dict[str, Any] = {
     "kind": "request", "request_id": "r1", "ts_ms": 1_700_000_000_000, "model": "m", "zone": "z",
@@ -216,9 +215,10 @@ def test_envelope_round_trip_and_errors() -> None:
 
 
 def test_kv_allocator_fields_of_gpu_records_are_validated() -> None:
+    from governor_telemetry.records import validate_record
+
     from sim.fleet import Fleet, FleetConfig
     from sim.perf_model import PerfModel
-    from streams.records import validate_record
 
     fleet = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1,
                               kv_allocator="contiguous"), epoch_ms0=0)

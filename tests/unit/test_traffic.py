@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.settings import Settings, SettingsError
+from core.settings import Settings, SettingsError
 from streams.commands import Command
 from streams.traffic import RoutingDriver, window_obs
 
@@ -121,7 +121,7 @@ def test_routing_snapshot_drops_families_no_longer_routed() -> None:
 def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() -> None:
     """Same P95 everywhere; the forecaster expects 20 rps at the primary in az-a against a
     capacity of 2 replicas x 2 rps: the router predicts the backlog and steers away from it."""
-    from governor.settings import ModelSpec
+    from core.settings import ModelSpec
 
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),),
                  models=(ModelSpec(P, replica_capacity_rps=2.0), ModelSpec(F, replica_capacity_rps=4.0)))

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from streams.records import encode_envelope, partition_key
+from governor_telemetry.records import encode_envelope, partition_key
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,6 @@ class TelemetryProducer:
         key = partition_key(str(record.get("model", "")), str(record.get("zone", "")))
         if len(self._buffers.get(key, ())) >= self.max_batch:
             await self._ship(key)
-
-    async def send_many(self, records: list[Mapping[str, Any]]) -> None:
-        for rec in records:
-            await self.send(rec)
 
     async def _ship(self, key: bytes) -> None:
         batch = self._buffers.pop(key, None)

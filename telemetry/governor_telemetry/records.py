@@ -24,11 +24,11 @@ from typing import Any
 
 import orjson
 
+from governor_telemetry.vocab import AGENT_PATHS, AGENT_SIGNALS, GPU_STATES, REQUEST_STATUSES
+
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 
-REQUEST_STATUSES = frozenset({"ok", "error", "timeout"})
-GPU_STATES = frozenset({"starting", "ready", "draining"})
 
 # field -> (types, required, minimum)
 _NUM = (int, float)
@@ -60,8 +60,7 @@ REQUEST_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "agent_tool_conf": (_NUM, False, 0),
     "agent_path": ((str,), False, None),
 }
-AGENT_SIGNALS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
-AGENT_PATHS = frozenset({"rag", "tool", "llm"})
+_AGENT_PATH_SET = frozenset(AGENT_PATHS)
 
 GPU_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "ts_ms": ((int,), True, 0),
@@ -151,12 +150,12 @@ def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
         elif check is _NUMBER:
             # NaN fails both comparisons, inf the second.
             if t is float:
-                if minimum <= value < math.inf:  # type: ignore[operator]
+                if minimum <= value < math.inf:
                     continue
-            elif t is int and minimum <= value <= INT_MAX:  # type: ignore[operator]
+            elif t is int and minimum <= value <= INT_MAX:
                 continue
         elif check is _INT:
-            if t is int and minimum <= value <= INT_MAX:  # type: ignore[operator]
+            if t is int and minimum <= value <= INT_MAX:
                 continue
         elif t is bool:
             continue
@@ -231,7 +230,7 @@ def _agent_reason(rec: Mapping[str, Any]) -> str | None:
             if value > 1.0:
                 return f"field {name!r} outside [0, 1]: {value}"
     path = rec.get("agent_path")
-    if path is not None and path not in AGENT_PATHS:
+    if path is not None and path not in _AGENT_PATH_SET:
         return f"agent_path not in {sorted(AGENT_PATHS)}: {path!r}"
     return None
 
@@ -247,7 +246,7 @@ def _agent_columns_ok(cols: Mapping[str, list[Any]]) -> bool:
         if max(v for col in (s, r, t) for v in col if v is not None) > 1.0:
             return False
     path = cols["agent_path"]
-    return path.count(None) == n or set(path) - {None} <= AGENT_PATHS
+    return path.count(None) == n or set(path) - {None} <= _AGENT_PATH_SET
 
 
 _NONE = type(None)
@@ -296,7 +295,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
                 return None
             if float in types and not math.isfinite(sum(values)):  # NaN or inf (or overflow)
                 return None
-            if min(values) < minimum or max(values) > INT_MAX:  # type: ignore[operator]
+            if min(values) < minimum or max(values) > INT_MAX:
                 return None
     if not set(cols["status"]) <= REQUEST_STATUSES:
         return None
@@ -344,5 +343,9 @@ def decode_envelope(raw: bytes | str | Any) -> list[Any]:
 
 
 def partition_key(model: str, zone: str) -> bytes:
-    """Telemetry, metrics and commands for one (model, zone) share a partition."""
+    """Telemetry, metrics and commands for one (model, zone) share a partition.
+
+    >>> partition_key("llama2-70b", "az-a")
+    b'llama2-70b|az-a'
+    """
     return f"{model}|{zone}".encode()

@@ -1,0 +1,108 @@
+"""Every Kafka topic and Redis key name governor uses, in one place.
+
+Topics are ``<prefix>.<name>``; Redis keys are ``<prefix>:...``.  The worker,
+the executors, the simulated fleet and the gateway contract all build their
+names here, so a key read by one process is the key written by the other.
+
+>>> topic("governor", "telemetry")
+'governor.telemetry'
+>>> command_stream("governor", "az-a"), desired_replicas("governor", "az-a")
+('governor:commands:az-a', 'governor:fleet:az-a:desired')
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TOPICS",
+    "applied_marker",
+    "breaker_hash",
+    "canary_state",
+    "command_stream",
+    "desired_replicas",
+    "executor_last_basis",
+    "executor_last_hlc",
+    "relocate_queue",
+    "relocated_outcomes",
+    "relocation_inflight",
+    "routing_hash",
+    "snapshot",
+    "topic",
+    "topics",
+]
+
+#: The topics governor creates, in creation order.
+TOPICS = ("telemetry", "metrics", "commands", "results", "deadletter", "events")
+
+
+def topic(prefix: str, name: str) -> str:
+    """The Kafka topic ``name`` under ``prefix``."""
+    return f"{prefix}.{name}"
+
+
+def topics(prefix: str) -> dict[str, str]:
+    """Every topic of :data:`TOPICS` under ``prefix``."""
+    return {name: topic(prefix, name) for name in TOPICS}
+
+
+# -- commands: worker -> bridge -> one stream per zone -> executor ------------------------
+def command_stream(prefix: str, zone: str) -> str:
+    """The Redis stream one zone's executor reads (consumer group ``executors``)."""
+    return f"{prefix}:commands:{zone}"
+
+
+def applied_marker(prefix: str, zone: str, command_id: str) -> str:
+    """Set (24 h TTL) when ``command_id`` was applied in ``zone``: later copies are duplicates."""
+    return f"{prefix}:applied:{zone}:{command_id}"
+
+
+def executor_last_basis(prefix: str, zone: str) -> str:
+    """Hash ``(kind|)model -> basis_ms`` of the last applied command (staleness)."""
+    return f"{prefix}:executor:{zone}:last_basis"
+
+
+def executor_last_hlc(prefix: str, zone: str) -> str:
+    """Hash ``(kind|)model -> HLC`` of the last applied command (staleness)."""
+    return f"{prefix}:executor:{zone}:last_hlc"
+
+
+def relocation_inflight(prefix: str, zone: str) -> str:
+    """Where an executor keeps the relocation outcomes it is publishing."""
+    return f"{prefix}:executor:{zone}:relocated:inflight"
+
+
+# -- the fleet contract (sim backend <-> simulated or real fleet) -------------------------
+def desired_replicas(prefix: str, zone: str) -> str:
+    """Hash ``model -> target replicas``: a Deployment's ``spec.replicas`` per model."""
+    return f"{prefix}:fleet:{zone}:desired"
+
+
+def relocate_queue(prefix: str, zone: str) -> str:
+    """List of KV relocation requests the fleet pops and applies."""
+    return f"{prefix}:fleet:{zone}:relocate"
+
+
+def relocated_outcomes(prefix: str, zone: str) -> str:
+    """List where the fleet reports each relocation's outcome."""
+    return f"{prefix}:fleet:{zone}:relocated"
+
+
+# -- the gateway contract (routing backend <-> gateway) -----------------------------------
+def routing_hash(prefix: str, zone: str) -> str:
+    """Hash of route weights (and ``_agents|<model>`` weights) a gateway reads."""
+    return f"{prefix}:routing:{zone}"
+
+
+def breaker_hash(prefix: str, zone: str) -> str:
+    """Hash ``model|zone -> breaker state`` a gateway reads."""
+    return f"{prefix}:breaker:{zone}"
+
+
+# -- the worker's own state ----------------------------------------------------------------
+def canary_state(prefix: str, model: str) -> str:
+    """The rollout of ``model`` (written by ``governor canary``, advanced by the worker)."""
+    return f"{prefix}:canary:{model}"
+
+
+def snapshot(prefix: str, part: str) -> str:
+    """A driver's learned state (``scaler``, ``routing``, ``breaker``, ``kv``, ``agents``)."""
+    return f"{prefix}:snapshot:{part}"

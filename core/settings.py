@@ -1,0 +1,554 @@
+"""One settings object, built once at the entry point and passed down.
+
+Each field of :class:`Settings` carries its own metadata: the environment
+variable that sets it, a one-line help text, the codec that reads and writes
+it, and its bounds.  Everything else is derived from that one source:
+
+- :func:`Settings.from_env` / :meth:`Settings.to_env` (entry points and
+  child processes), and :data:`ENV_VARS`, the variable -> help list that the
+  CLI's ``--help`` prints and the compose/manifest tests check against;
+- :func:`settings_table`, the README's settings table (a docs-truth test
+  keeps the README equal to it);
+- :func:`json_schema`, the JSON Schema shipped as ``docs/settings.schema.json``.
+
+``from_env`` is only ever called by an entry point, never at import time.
+
+>>> s = Settings.from_env({"GOVERNOR_WINDOW_S": "5", "GOVERNOR_ZONES": "eu-1, eu-2"})
+>>> s.window_s, s.zones
+(5.0, ('eu-1', 'eu-2'))
+>>> Settings.from_env(s.to_env()) == s
+True
+>>> Settings.from_env({"GOVERNOR_EPS_REF": "1.5"})
+Traceback (most recent call last):
+...
+core.settings.SettingsError: GOVERNOR_EPS_REF=1.5: must be < 1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.names import topics
+from core.vocab import default_pid_gains
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "ENV_VARS",
+    "ModelSpec",
+    "Secret",
+    "Settings",
+    "SettingsError",
+    "json_schema",
+    "settings_table",
+]
+
+
+class SettingsError(ValueError):
+    """A setting has a value governor cannot use; the message names it."""
+
+
+class Secret(str):
+    """A string that does not print itself (Redis URLs may carry passwords).
+
+    >>> Secret("redis://:pw@host")
+    Secret('**********')
+    """
+
+    def __repr__(self) -> str:
+        return "Secret('**********')" if self else "Secret('')"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Per-model SLO and replica bounds.
+
+    A request violates the SLO when it failed, when its time to first token
+    exceeds ``ttft_slo_ms`` or when its mean inter-token latency exceeds
+    ``itl_slo_ms`` (docs/model.md, SLO violation).
+    """
+
+    name: str
+    ttft_slo_ms: float = 1000.0
+    itl_slo_ms: float = 150.0
+    min_replicas: int = 1
+    max_replicas: int = 64
+    # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
+    # Set = the feedforward path sizes the fleet from demand; None = feedback only.
+    replica_capacity_rps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SettingsError(f"model name must be a non-empty string, got {self.name!r}")
+        if self.replica_capacity_rps is not None and not self.replica_capacity_rps > 0:
+            raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
+        if not (self.ttft_slo_ms > 0 and self.itl_slo_ms > 0):
+            raise SettingsError(f"model {self.name}: SLOs must be positive")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise SettingsError(
+                f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) "
+                f"<= max_replicas ({self.max_replicas})"
+            )
+
+
+DEFAULT_MODELS = (ModelSpec("llama2-70b"),)
+
+
+# -- codecs: how each kind of setting is read from and written to the environment ----------
+@dataclass(frozen=True)
+class _Codec:
+    parse: Callable[[str], Any]
+    format: Callable[[Any], str]
+    schema: Callable[[], dict[str, Any]]
+
+
+def _parse_bool(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_csv(raw: str) -> tuple[str, ...]:
+    return tuple(z.strip() for z in raw.split(",") if z.strip())
+
+
+def _parse_models(raw: str) -> tuple[ModelSpec, ...]:
+    items = json.loads(raw)
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError("must be a JSON list of objects")
+    try:
+        return tuple(ModelSpec(**item) for item in items)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _parse_gains(raw: str) -> dict[str, float]:
+    obj = json.loads(raw)
+    if not isinstance(obj, dict):
+        raise ValueError("must be a JSON object of numbers")
+    return {str(k): float(v) for k, v in obj.items()}
+
+
+def _parse_pairs(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in _parse_csv(raw):
+        primary, sep, fallback = (x.strip() for x in item.partition("="))
+        if not sep or not primary or not fallback or primary == fallback:
+            raise ValueError(f"{item!r} is not primary=fallback")
+        pairs.append((primary, fallback))
+    return tuple(pairs)
+
+
+_MODEL_SCHEMA = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "ttft_slo_ms": {"type": "number", "exclusiveMinimum": 0},
+        "itl_slo_ms": {"type": "number", "exclusiveMinimum": 0},
+        "min_replicas": {"type": "integer", "minimum": 0},
+        "max_replicas": {"type": "integer", "minimum": 0},
+        "replica_capacity_rps": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    },
+}
+
+CODECS: dict[str, _Codec] = {
+    "str": _Codec(str, str, lambda: {"type": "string"}),
+    "secret": _Codec(Secret, str, lambda: {"type": "string", "writeOnly": True}),
+    "int": _Codec(int, str, lambda: {"type": "integer"}),
+    "float": _Codec(float, repr, lambda: {"type": "number"}),
+    "bool": _Codec(_parse_bool, lambda v: "1" if v else "0", lambda: {"type": "boolean"}),
+    "csv": _Codec(
+        _parse_csv, ",".join, lambda: {"type": "array", "items": {"type": "string", "minLength": 1}}
+    ),
+    "models": _Codec(
+        _parse_models,
+        lambda v: json.dumps([dataclasses.asdict(m) for m in v]),
+        lambda: {"type": "array", "items": _MODEL_SCHEMA},
+    ),
+    "gains": _Codec(
+        _parse_gains,
+        lambda v: json.dumps(dict(v)),
+        lambda: {"type": "object", "additionalProperties": {"type": "number"}},
+    ),
+    "pairs": _Codec(
+        _parse_pairs,
+        lambda v: ",".join(f"{p}={f}" for p, f in v),
+        lambda: {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
+    ),
+}
+
+
+def _setting(
+    default: Any,
+    env: str,
+    help: str,
+    kind: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    min_items: int | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A settings field with its environment name, help, codec and bounds."""
+    meta = {
+        "env": env,
+        "help": help,
+        "kind": kind,
+        "gt": gt,
+        "ge": ge,
+        "lt": lt,
+        "choices": choices,
+        "min_items": min_items,
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of every governor process (see the module docstring)."""
+
+    kafka_bootstrap: str = _setting(
+        "127.0.0.1:9092",
+        "KAFKA_BOOTSTRAP",
+        "host:port of the Kafka brokers; unset = start the embedded broker",
+        "str",
+    )
+    redis_url: Secret = _setting(
+        Secret("redis://127.0.0.1:6379/0"),
+        "REDIS_URL",
+        "redis:// URL; unset = start the embedded redis-server",
+        "secret",
+    )
+    topic_prefix: str = _setting(
+        "governor", "GOVERNOR_TOPIC_PREFIX", "prefix of every Kafka topic and Redis key", "str"
+    )
+    partitions: int = _setting(
+        4, "GOVERNOR_PARTITIONS", "partitions of the topics governor creates", "int", ge=1
+    )
+    zones: tuple[str, ...] = _setting(
+        ("az-a", "az-b"), "GOVERNOR_ZONES", "comma-separated zones", "csv", min_items=1
+    )
+    models: tuple[ModelSpec, ...] = _setting(
+        DEFAULT_MODELS,
+        "GOVERNOR_MODELS",
+        "JSON list of model specs (name, ttft_slo_ms, itl_slo_ms, min/max_replicas, "
+        "replica_capacity_rps: set = feedforward on)",
+        "models",
+        min_items=1,
+    )
+    window_s: float = _setting(
+        10.0,
+        "GOVERNOR_WINDOW_S",
+        "tumbling window length in (trace) seconds; also the control period",
+        "float",
+        gt=0,
+    )
+    lateness_s: float = _setting(
+        2.0,
+        "GOVERNOR_LATENESS_S",
+        "how long a window waits for late records before it closes",
+        "float",
+        ge=0,
+    )
+    eps_ref: float = _setting(
+        0.02,
+        "GOVERNOR_EPS_REF",
+        "SLO-violation-rate reference of the scaling PID",
+        "float",
+        gt=0,
+        lt=1,
+    )
+    pid_gains: Mapping[str, float] = _setting(
+        None,
+        "GOVERNOR_PID_GAINS",
+        "JSON object with kp, ki, kd of the scaling PID",
+        "gains",
+        factory=default_pid_gains,
+    )
+    command_ttl_s: float = _setting(
+        60.0,
+        "GOVERNOR_COMMAND_TTL_S",
+        "seconds a command stays valid after it is issued",
+        "float",
+        gt=0,
+    )
+    clock_speed: float = _setting(
+        1.0,
+        "GOVERNOR_CLOCK_SPEED",
+        "trace seconds per wall second (1 in production; >1 replays faster)",
+        "float",
+        gt=0,
+    )
+    clock_origin_s: float = _setting(
+        0.0,
+        "GOVERNOR_CLOCK_ORIGIN_S",
+        "wall-clock epoch seconds at which the scaled clock started",
+        "float",
+        ge=0,
+    )
+    metrics_port: int = _setting(
+        0,
+        "GOVERNOR_METRICS_PORT",
+        "Prometheus /metrics port of the stream worker (0 = off)",
+        "int",
+        ge=0,
+        lt=65536,
+    )
+    web_port: int = _setting(
+        0,
+        "GOVERNOR_WEB_PORT",
+        "Faust web port of the stream worker (0 = web server off)",
+        "int",
+        ge=0,
+        lt=65536,
+    )
+    fetch_max_wait_ms: int = _setting(
+        50,
+        "GOVERNOR_FETCH_MAX_WAIT_MS",
+        "consumer fetch wait (Faust hard-codes 1500 ms; 50 ms gives ~60 ms hops)",
+        "int",
+        gt=0,  # measured: fetch_max_wait_ms=0 makes the consumer receive nothing
+    )
+    session_timeout_s: float = _setting(
+        10.0,
+        "GOVERNOR_SESSION_TIMEOUT_S",
+        "consumer-group session timeout (a join takes about half of it)",
+        "float",
+        gt=0,
+    )
+    data_dir: str = _setting(
+        "/tmp/governor",
+        "GOVERNOR_DATA_DIR",
+        "where the stream worker keeps its local state",
+        "str",
+    )
+    startup_hint_s: float = _setting(
+        30.0,
+        "GOVERNOR_STARTUP_HINT_S",
+        "expected replica start-up seconds (feedforward look-ahead)",
+        "float",
+        ge=0,
+    )
+    controller: str = _setting(
+        "pid",
+        "GOVERNOR_CONTROLLER",
+        "feedback controller: pid (velocity PID) or fpid (fractional PID^alpha)",
+        "str",
+        choices=("pid", "fpid"),
+    )
+    drift: bool = _setting(
+        True,
+        "GOVERNOR_DRIFT",
+        "1/0: online drift detection (River ADWIN, Page-Hinkley) per (model, zone)",
+        "bool",
+    )
+    dead_time_comp: bool = _setting(
+        True,
+        "GOVERNOR_DEAD_TIME_COMP",
+        "1/0: scale-ups multiply ready replicas while capacity is in flight (delay compensation)",
+        "bool",
+    )
+    observer: bool = _setting(
+        False,
+        "GOVERNOR_OBSERVER",
+        "1/0: Kalman observer of [util, queue, violations] predicted over the measured loop delay",
+        "bool",
+    )
+    gains_file: str = _setting(
+        "",
+        "GOVERNOR_GAINS_FILE",
+        "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
+        "str",
+    )
+    log_level: str = _setting(
+        "INFO",
+        "GOVERNOR_LOG_LEVEL",
+        "log level of every governor process",
+        "str",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+    )
+    fallbacks: tuple[tuple[str, str], ...] = _setting(
+        (),
+        "GOVERNOR_FALLBACKS",
+        "comma-separated primary=fallback model pairs the worker routes (latency-aware, with fallback)",
+        "pairs",
+    )
+    breaker_min_requests: int = _setting(
+        1000,
+        "GOVERNOR_BREAKER_MIN_REQUESTS",
+        "requests a circuit breaker's window must exceed before it may open",
+        "int",
+        ge=1,
+    )
+    zone_redundancy: int = _setting(
+        0,
+        "GOVERNOR_ZONE_REDUNDANCY",
+        "zone losses the fleet is sized to survive without a scale-up (0 = none, 1 = N+1 zones)",
+        "int",
+        ge=0,
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            reason = _bound_reason(f.metadata, getattr(self, f.name))
+            if reason:
+                raise SettingsError(f"{f.metadata['env']}={_shown(self, f)}: {reason}")
+        if self.zone_redundancy >= len(self.zones):
+            raise SettingsError(
+                f"GOVERNOR_ZONE_REDUNDANCY={self.zone_redundancy}: must be below "
+                f"the number of zones ({len(self.zones)})"
+            )
+
+    # -- names ---------------------------------------------------------
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def topics(self) -> dict[str, str]:
+        return topics(self.topic_prefix)
+
+    def model(self, name: str) -> ModelSpec | None:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        return None
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    # -- environment ----------------------------------------------------
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Read every field from ``env``; an unset or empty variable keeps the default."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = f.metadata["env"]
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            try:
+                values[f.name] = CODECS[f.metadata["kind"]].parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise SettingsError(f"{name}={raw!r}: {exc}") from exc
+        if values.get("gains_file"):
+            values["pid_gains"] = _load_gains_file(values["gains_file"])
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The inverse of :meth:`from_env`: hand these settings to a child process."""
+        return {
+            f.metadata["env"]: CODECS[f.metadata["kind"]].format(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+        }
+
+
+def _shown(settings: Settings, f: dataclasses.Field[Any]) -> str:
+    return CODECS[f.metadata["kind"]].format(getattr(settings, f.name))
+
+
+def _bound_reason(meta: Mapping[str, Any], value: Any) -> str | None:
+    """Why ``value`` breaks the field's bounds, or None."""
+    if meta["min_items"] is not None and len(value) < meta["min_items"]:
+        return f"must name at least {meta['min_items']}"
+    if meta["choices"] is not None and value not in meta["choices"]:
+        return f"choose one of {', '.join(meta['choices'])}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be finite"
+        if meta["gt"] is not None and not value > meta["gt"]:
+            return f"must be > {meta['gt']}"
+        if meta["ge"] is not None and not value >= meta["ge"]:
+            return f"must be >= {meta['ge']}"
+        if meta["lt"] is not None and not value < meta["lt"]:
+            return f"must be < {meta['lt']}"
+    return None
+
+
+def _load_gains_file(path: str) -> dict[str, float]:
+    try:
+        with open(path) as fh:
+            loaded = json.load(fh)
+        return {k: float(v) for k, v in loaded.get("gains", loaded).items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise SettingsError(f"GOVERNOR_GAINS_FILE={path!r}: {exc}") from exc
+
+
+#: environment variable -> help, in field order (the CLI's --help lists them).
+ENV_VARS: dict[str, str] = {
+    f.metadata["env"]: f.metadata["help"] for f in dataclasses.fields(Settings)
+}
+
+
+def settings_table() -> str:
+    """The README's settings table: variable, default, meaning (markdown).
+
+    >>> settings_table().splitlines()[2]
+    '| `KAFKA_BOOTSTRAP` | `127.0.0.1:9092` | host:port of the Kafka brokers; unset = start the embedded broker |'
+    """
+    defaults = Settings().to_env()
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for env, help_text in ENV_VARS.items():
+        shown = defaults[env] or "(unset)"
+        rows.append(f"| `{env}` | `{shown}` | {help_text} |")
+    return "\n".join(rows)
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of the settings, keyed by field name.
+
+    Each property carries its environment variable as ``x-env``.
+
+    >>> json_schema()["properties"]["eps_ref"]["exclusiveMaximum"]
+    1
+    """
+    props: dict[str, Any] = {}
+    defaults = Settings()
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        prop = CODECS[meta["kind"]].schema()
+        prop["description"] = meta["help"]
+        prop["x-env"] = meta["env"]
+        default = getattr(defaults, f.name)
+        if meta["kind"] == "models":
+            default = [dataclasses.asdict(m) for m in default]
+        elif meta["kind"] == "gains":
+            default = dict(default)
+        elif meta["kind"] in ("csv", "pairs"):
+            default = json.loads(json.dumps(default))
+        prop["default"] = str(default) if meta["kind"] == "secret" else default
+        for key, schema_key in (("gt", "exclusiveMinimum"), ("ge", "minimum"), ("lt", "exclusiveMaximum")):
+            if meta[key] is not None:
+                prop[schema_key] = meta[key]
+        if meta["choices"] is not None:
+            prop["enum"] = list(meta["choices"])
+        if meta["min_items"] is not None:
+            prop["minItems"] = meta["min_items"]
+        props[f.name] = prop
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "governor settings",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": props,
+    }
