@@ -20,7 +20,7 @@ keeps spare replicas, a smooth one runs lean.  ``capacity_rps`` is one replica's
 the SLO (from profiling, as Dynamo's planner takes it; see
 :mod:`sim.profiling`).
 
-The controller in :mod:`streams.control` combines this with the feedback
+The controller in :mod:`streams.scaler_driver` combines this with the feedback
 PID: the feedforward requirement lifts the PID's replica level when it is
 higher (bumpless: the integrator starts from where the demand is), the PID
 adds what the model misses, and when nothing violates the level decays

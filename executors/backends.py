@@ -39,7 +39,7 @@ command they can never apply (acknowledged and reported as failed).
   hash (JSON ``{"weights": {"rag", "tool", "llm"}, "signals":
   {"stability", "rag_score", "tool_conf"}, "paths": {path: share},
   "model", "command_id", "basis_ms", "issued_at_ms"}``; weights sum to 1,
-  :mod:`streams.agent_mix`): an agent orchestrator serving ``<model>`` in
+  :mod:`streams.agent_weights_driver`): an agent orchestrator serving ``<model>`` in
   that zone reads it and draws each turn's path (retrieval, a tool call or
   plain generation) by ``weights``; it should ignore a field whose
   ``basis_ms`` is older than one it has already used.  Fields starting

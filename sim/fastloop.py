@@ -4,7 +4,7 @@ an autoscaler, with no broker, no Redis and no wall clock.
 It replays a workload through :class:`sim.fleet.Fleet` in ticks of trace time
 and feeds every finished-request and GPU record through the *same*
 :class:`streams.pipeline.TelemetryProcessor` (windows, DDSketch) the stream
-worker runs.  ``governor`` decides with the same :class:`streams.control.Scaler`
+worker runs.  ``governor`` decides with the same :class:`streams.scaler_driver.Scaler`
 (PID) the worker runs; baselines (:mod:`sim.baselines`) decide from the same
 windows plus instantaneous fleet observations, every ``period_s``.  Decisions
 reach the fleet after ``actuation_delay_s`` (command path + API latency).
@@ -14,7 +14,7 @@ The global balancer in front of the zones sends each request to a seeded
 uniform zone; a cut zone's requests go to the reachable ones.  With
 ``LoopConfig.balancer="health"`` it also skips zones with no ready replica
 (a load balancer's health check).  For ``governor`` it follows the Scaler's
-zone weights (:meth:`streams.control.Scaler.zone_weights`) whenever they
+zone weights (:meth:`streams.scaler_driver.Scaler.zone_weights`) whenever they
 are not uniform, i.e. while zone-aware capacity keeps traffic off a lost or
 healing zone -- the fast loop's stand-in for the ``route`` commands the
 worker would send to the gateways.
@@ -40,8 +40,8 @@ from core.vocab import default_pid_gains
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
-from streams.control import Scaler
 from streams.pipeline import TelemetryProcessor
+from streams.scaler_driver import Scaler
 
 if TYPE_CHECKING:
     from sim.baselines.base import Autoscaler
@@ -136,7 +136,7 @@ class RunResult:
 
 
 class _GovernorStrategy:
-    """The pipeline's own controller (streams.control.Scaler) on zone windows."""
+    """The pipeline's own controller (streams.scaler_driver.Scaler) on zone windows."""
 
     name = "governor"
 

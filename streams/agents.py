@@ -1,5 +1,5 @@
 """The Faust agents (thin): they move bytes between topics and call the pure
-processors in :mod:`streams.pipeline` and :mod:`streams.control`.
+processors in :mod:`streams.pipeline` and :mod:`streams.scaler_driver`.
 
     telemetry --ingest--> metrics (+ deadletter)
     metrics   --control--> commands
@@ -33,15 +33,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
-from streams.agent_mix import AgentMixDriver
+from streams.agent_weights_driver import AgentWeightsDriver
 from streams.app import GovernorApp
 from streams.breaker_driver import BreakerDriver
+from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
-from streams.control import Scaler
-from streams.memory import KvRelocator
+from streams.kv_policy_driver import KvPolicyDriver
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import TelemetryProcessor, dead_letter
-from streams.traffic import CanaryDriver, RoutingDriver
+from streams.routing_driver import RoutingDriver
+from streams.scaler_driver import Scaler
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,9 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     metrics = metrics or WorkerMetrics()
     processor = TelemetryProcessor(settings)
     scaler = Scaler(settings)
-    relocator = KvRelocator(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
+    relocator = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
     breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
-    agent_mix = AgentMixDriver(settings)  # 4.1 RAG/tool/LLM weights per model|zone (streams.agent_mix)
+    agent_mix = AgentWeightsDriver(settings)  # 4.1 RAG/tool/LLM weights per model|zone (streams.agent_weights_driver)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -152,11 +153,11 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                                     socket_connect_timeout=5.0)
     zones = set(settings.zones)
     routed_families = {m for pair in settings.fallbacks for m in pair}  # the RoutingDriver's
-    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.traffic)
+    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
     # Routing runs on a window before the scaler sees it: the forecast 2 windows past the
     # scaler's last one is the window the new routes apply to.
     routing = RoutingDriver(settings, breaker_of=breaker.state_of,
-                            forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2))  # GOVERNOR_FALLBACKS families (streams.traffic)
+                            forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2))  # GOVERNOR_FALLBACKS families (streams.canary_driver)
     snapshots = SnapshotStore(redis, settings.topic_prefix,
                               {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator,
                                "agents": agent_mix})

@@ -7,9 +7,9 @@ and executors drop the duplicate.  ``route``, ``breaker`` and ``canary``
 commands carry what they decide in ``payload`` (weights per class per
 ``"variant|zone"`` target; a breaker's state; a canary's share), and a
 canonical JSON of it enters the id (``relocate``: ``{"node", "max_bytes",
-"expected_generation", "action"}``, see :mod:`streams.memory`; ``agents``:
+"expected_generation", "action"}``, see :mod:`streams.kv_policy_driver`; ``agents``:
 ``{"weights": {"rag", "tool", "llm"}, "signals": {"stability", "rag_score",
-"tool_conf"}, "paths": {path: share}}``, see :mod:`streams.agent_mix`); ``scale`` commands keep an empty payload
+"tool_conf"}, "paths": {path: share}}``, see :mod:`streams.agent_weights_driver`); ``scale`` commands keep an empty payload
 and their old ids.  Commands carry ``issued_at_ms`` and
 ``expires_at_ms``; an executor refuses an expired command rather than act on
 a stale view of the fleet.

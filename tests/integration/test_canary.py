@@ -13,7 +13,7 @@ from core.settings import Settings
 from executors.backends import RoutingBackend
 from governor import canary_cli
 from governor.cli import main
-from streams.traffic import CanaryDriver
+from streams.canary_driver import CanaryDriver
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

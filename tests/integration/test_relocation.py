@@ -30,7 +30,7 @@ from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.workloads import Workload
 from streams.commands import Command
-from streams.memory import KvRelocator
+from streams.kv_policy_driver import KvPolicyDriver
 from tests.unit.test_fleet import BLOCK_B, PM, M, fragmented
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -78,7 +78,7 @@ def test_relocator_command_round_trips_through_the_executor_codec() -> None:
     w = {"scope": "node", "model": M, "zone": "az-a", "node": "az-a/n0", "window_end_ms": 1_000,
          "largest_free_block_bytes": 1, "kv_free_bytes": 100, "kv_waiting_bytes": 10,
          "fragmentation_ratio": 0.99, "kv_generation": 3}
-    cmd = KvRelocator().on_node_window(w, 0)
+    cmd = KvPolicyDriver().on_node_window(w, 0)
     assert cmd is not None and Command.decode(cmd.with_hlc(5 << 16).encode()).command_id == cmd.command_id
 
 

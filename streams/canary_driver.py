@@ -1,7 +1,4 @@
-"""Traffic drivers of the stream worker: the canary rollout and latency-aware routing.
-
-:class:`RoutingDriver` routes the families of ``GOVERNOR_FALLBACKS`` (see its
-docstring); the rest of this text is about the canary.
+"""The canary driver of the stream worker (controller: :mod:`controllers.canary`).
 
 A rollout is one Redis key per model family, ``<prefix>:canary:<model>``,
 holding JSON::
@@ -30,25 +27,21 @@ first window after ``abort``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from controllers import canary as can
-from controllers import routing as rt
 from core import names
 from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-ROUTING_SNAPSHOT_VERSION = 1
-
-__all__ = ["CanaryDriver", "RoutingDriver", "new_rollout", "params_from_dict", "params_to_dict",
+__all__ = ["CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict",
            "window_obs"]
 
 
@@ -194,125 +187,3 @@ class CanaryDriver:
                         reason=reason, issued_at_ms=now_ms, expires_at_ms=now_ms + ttl,
                         basis_ms=basis_ms, controller="canary", payload=dict(payload))
                 for z in self.settings.zones]
-
-
-@dataclass
-class RoutingDriver:
-    """Latency-aware routing with fallback (:mod:`controllers.routing`) from zone windows.
-
-    For each family configured with a fallback variant (``GOVERNOR_FALLBACKS``,
-    ``primary=fallback``), the zone windows of both variants in every zone
-    that share a start are gathered (a window of a later start closes the
-    gathering with what arrived); :func:`controllers.routing.step` then gives
-    weights per request class over the ``"variant|zone"`` targets, and one
-    ``route`` command per zone is emitted when a class entered or left
-    fallback, or any weight moved by more than ``min_change`` since the last
-    published weights.  The router's memory is this worker's; with several
-    workers, route on one (the windows of a family must reach the same
-    worker).  :meth:`snapshot` / :meth:`restore` carry it (router state, the
-    last published weights and the windows still being gathered) as JSON,
-    so a restarted worker routes as the stopped one.
-
-    ``breaker_of`` maps a target ``"variant|zone"`` to its circuit breaker's
-    state (the worker passes :meth:`streams.breaker_driver.BreakerDriver.state_of`);
-    :func:`controllers.routing.step` gives an ``open`` target no traffic and a
-    ``half_open`` one its floor share (the probes).  ``forecast_of`` gives a
-    target's arrival-rate forecast (the worker passes the scaler's River
-    forecaster, :meth:`streams.control.Scaler.rate_forecast`); with a
-    capacity, the router predicts the queue growth from it.
-    """
-
-    settings: Settings
-    min_change: float = 0.05
-    classes: tuple[rt.RequestClass, ...] = rt.DEFAULT_CLASSES
-    breaker_of: Callable[[str], str] | None = None
-    # (variant, zone) -> arrival-rate forecast for the window the routes will apply to
-    forecast_of: Callable[[str, str], float | None] | None = None
-    _family: dict[str, str] = field(default_factory=dict)  # variant -> primary
-    _params: dict[str, rt.RoutingParams] = field(default_factory=dict)
-    _state: dict[str, rt.RoutingState] = field(default_factory=dict)
-    _published: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    _pending: dict[tuple[str, int], dict[rt.Target, dict[str, Any]]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for primary, fallback in self.settings.fallbacks:
-            self._params[primary] = rt.RoutingParams(primary=primary, fallback=fallback)
-            self._family[primary] = self._family[fallback] = primary
-
-    def obs(self, m: dict[str, Any]) -> rt.TargetObs:
-        """A target's :class:`TargetObs` from its zone window."""
-        ready = int(m.get("replicas_ready") or 0)
-        spec = self.settings.model(str(m["model"]))
-        cap = spec.replica_capacity_rps * ready if spec is not None and spec.replica_capacity_rps else None
-        p95, e2e = m.get("ttft_p95_ms"), m.get("e2e_p95_ms")
-        breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{m['model']}|{m['zone']}")
-        return rt.TargetObs(ttft_p95_ms=None if p95 is None else float(p95),
-                            e2e_p95_ms=None if e2e is None else float(e2e),
-                            queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
-                            rate_rps=float(m.get("rate_rps") or 0.0), capacity_rps=cap,
-                            breaker=cast(rt.BreakerName, breaker),
-                            forecast_rps=None if self.forecast_of is None
-                            else self.forecast_of(str(m["model"]), str(m["zone"])))
-
-    def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
-        """Feed one metrics record; returns the ``route`` commands to publish."""
-        if m.get("kind") != "window" or m.get("scope") != "zone":
-            return []
-        family = self._family.get(str(m["model"]))
-        if family is None:
-            return []
-        start = int(m["window_start_ms"])
-        self._pending.setdefault((family, start), {})[rt.Target(str(m["model"]), str(m["zone"]))] = m
-        want = 2 * len(self.settings.zones)
-        cmds: list[Command] = []
-        for key in sorted(k for k in self._pending if k[0] == family):
-            if len(self._pending[key]) >= want or key[1] < start:
-                cmds = self._step(family, self._pending.pop(key), now_ms) or cmds
-        return cmds
-
-    def _step(self, family: str, windows: dict[rt.Target, dict[str, Any]], now_ms: int) -> list[Command]:
-        params = self._params[family]
-        state, d = rt.step(params, self._state.get(family, rt.RoutingState()),
-                           {t: self.obs(w) for t, w in windows.items()}, self.classes,
-                           self.settings.window_s)
-        self._state[family] = state
-        weights = {c: {t.key: w for t, w in ws.items()} for c, ws in d.weights.items() if ws}
-        if not weights:
-            return []
-        last = self._published.get(family)
-        moved = last is None or set(last) != set(weights) or any(
-            abs(ws.get(t, 0.0) - last[c].get(t, 0.0)) > self.min_change
-            for c, ws in weights.items() for t in set(ws) | set(last[c]))
-        if not (moved or d.changed):
-            return []
-        self._published[family] = weights
-        basis_ms = max(int(w["window_end_ms"]) for w in windows.values())
-        ttl = int(self.settings.command_ttl_s * 1000)
-        reason = "; ".join(f"{c}: {r}" for c, r in sorted(d.reasons.items()))
-        return [Command(kind="route", zone=z, model=family, target_replicas=0, reason=reason[:500],
-                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=basis_ms,
-                        controller="routing",
-                        payload={"weights": weights, "fallback": dict(d.fallback)})
-                for z in self.settings.zones]
-
-    def snapshot(self) -> bytes:
-        """Router state, last published weights and the gathering windows per family, as JSON."""
-        pending = [[family, start, [[t.variant, t.zone, w] for t, w in ws.items()]]
-                   for (family, start), ws in self._pending.items()]
-        return orjson.dumps({"version": ROUTING_SNAPSHOT_VERSION,
-                             "state": {f: s.to_dict() for f, s in self._state.items()},
-                             "published": self._published, "pending": pending})
-
-    def restore(self, blob: bytes) -> int:
-        """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families."""
-        data = orjson.loads(blob)
-        if data.get("version") != ROUTING_SNAPSHOT_VERSION:
-            log.warning("ignoring routing snapshot (version %s)", data.get("version"))
-            return 0
-        known = set(self._params)
-        state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
-        published = {f: w for f, w in data["published"].items() if f in known}
-        pending = {(f, int(start)): {rt.Target(v, z): w for v, z, w in ws}
-                   for f, start, ws in data["pending"] if f in known}
-        self._state, self._published, self._pending = state, published, pending  # all or nothing
-        return len(state)

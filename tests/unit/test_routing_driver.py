@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from core.settings import Settings, SettingsError
+from streams.canary_driver import window_obs
 from streams.commands import Command
-from streams.traffic import RoutingDriver, window_obs
+from streams.routing_driver import RoutingDriver
 
 P, F = "llama2-70b", "llama2-13b"
 

@@ -1,5 +1,5 @@
 """KV relocation on the real path: node windows carry the allocator fields, the
-KvRelocator turns them into deterministic ``relocate`` commands, and the live
+KvPolicyDriver turns them into deterministic ``relocate`` commands, and the live
 fleet applies them under the coarse (restart-only) generation check."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from controllers.windows import (
 from core.settings import Settings
 from sim.live import apply_relocation
 from streams.commands import Command, CommandError
-from streams.memory import KvRelocator
+from streams.kv_policy_driver import KvPolicyDriver
 from streams.pipeline import TelemetryProcessor
 from tests.unit.test_fleet import BLOCK_B, M, fragmented
 
@@ -60,16 +60,16 @@ def test_node_window_carries_the_latest_samples_kv_fields() -> None:
 
 
 def test_relocator_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
-    rel = KvRelocator(KvPolicyParams(max_bytes_per_round=GIB))
+    rel = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB))
     cmd = rel.on_node_window(_window(largest=3 * GIB, waiting=2 * GIB), now_ms=5)  # 3 < 3.6
     assert cmd is not None and cmd.kind == "relocate" and cmd.zone == "az-a" and cmd.basis_ms == 10_000
     assert cmd.payload == {"node": "az-a/m/r0", "max_bytes": GIB, "expected_generation": 7, "action": "compact"}
     assert cmd.expires_at_ms > cmd.issued_at_ms and Command.decode(cmd.encode()) == cmd
     # same decision on the same window in a fresh relocator (a worker restart): same id
-    again = KvRelocator(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
+    again = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
         _window(largest=3 * GIB, waiting=2 * GIB), now_ms=999)
     assert again is not None and again.command_id == cmd.command_id
-    other = KvRelocator(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
+    other = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
         _window(largest=3 * GIB, waiting=2 * GIB, gen=8), now_ms=5)
     assert other is not None and other.command_id != cmd.command_id
 
@@ -85,11 +85,11 @@ def test_relocator_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
 def test_relocator_issues_no_command_otherwise(kw: dict[str, Any]) -> None:
     rec = _window(**{k: v for k, v in kw.items() if k in ("largest", "free", "waiting")})
     rec.update({k: v for k, v in kw.items() if k not in ("largest", "free", "waiting")})
-    assert KvRelocator().on_node_window(rec, now_ms=0) is None
+    assert KvPolicyDriver().on_node_window(rec, now_ms=0) is None
 
 
 def test_relocator_episode_rounds_then_stops_and_moves_to_a_peer_with_room() -> None:
-    rel = KvRelocator(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=2))
+    rel = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=2))
     cmds = [rel.on_node_window(_window(largest=3 * GIB, end_ms=t), now_ms=t) for t in (1000, 2000, 3000)]
     assert [c.detail["round"] if c else None for c in cmds] == [1, 2, None]  # max_rounds then give up
     # a node that cannot make room locally moves its waiting sessions when a peer has a hole
@@ -124,7 +124,7 @@ def test_fleet_window_to_command_to_relocation() -> None:
     assert node_win["largest_free_block_bytes"] == g["largest_free_block_bytes"]
     assert node_win["fragmentation_ratio"] == pytest.approx(g["fragmentation_ratio"])
     # the scenario's hole is exactly what d needs (free = waiting), so trigger at 1.0 x waiting
-    cmd = KvRelocator(KvPolicyParams(trigger_factor=1.0)).on_node_window(node_win, now_ms=0)
+    cmd = KvPolicyDriver(KvPolicyParams(trigger_factor=1.0)).on_node_window(node_win, now_ms=0)
     assert cmd is not None and cmd.payload["action"] == "compact"
     req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id}
     # restart-only generation check: planned on an older generation than now (a busy
@@ -158,14 +158,14 @@ def test_a_restored_relocator_decides_like_the_original(cut: int) -> None:
                  _window("az-a/m/r1", largest=9 * GIB, waiting=0, end_ms=i * 1000),
                  _window("az-a/m/r2", largest=GIB, free=2 * GIB, waiting=2 * GIB, end_ms=i * 1000)]
 
-    def feed(rel: KvRelocator, w: dict[str, Any]) -> list[Command]:
+    def feed(rel: KvPolicyDriver, w: dict[str, Any]) -> list[Command]:
         cmd = rel.on_node_window(w, w["window_end_ms"])
         return [] if cmd is None else [cmd]
 
-    rest = assert_restores_alike(lambda: KvRelocator(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=4)),
+    rest = assert_restores_alike(lambda: KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=4)),
                                  feed, recs, cut)
     assert rest
-    rel = KvRelocator()
+    rel = KvPolicyDriver()
     feed(rel, recs[0])
-    assert KvRelocator().restore(rel.snapshot()) == 1
+    assert KvPolicyDriver().restore(rel.snapshot()) == 1
     assert rel.restore(b'{"version": 2}') == 0 and len(rel.states) == 1

@@ -1,10 +1,10 @@
-"""The per-key wiring of the controllers (streams.control.Scaler), without I/O."""
+"""The per-key wiring of the controllers (streams.scaler_driver.Scaler), without I/O."""
 from __future__ import annotations
 
 import pytest
 
 from core.settings import ModelSpec, Settings
-from streams.control import Scaler
+from streams.scaler_driver import Scaler
 
 MODEL = "m"
 

@@ -1,6 +1,6 @@
 """KV relocation on the real path: node windows -> ``relocate`` commands (no I/O).
 
-:class:`KvRelocator` keeps one :class:`~controllers.kv_policy.KvPolicyState`
+:class:`KvPolicyDriver` keeps one :class:`~controllers.kv_policy.KvPolicyState`
 per (model, zone, node) and runs :func:`controllers.kv_policy.step` on each
 node-scope window record (the KV allocator fields of the node's latest GPU
 sample, see :func:`controllers.window_result.node_kv`).  When the policy decides to
@@ -22,7 +22,7 @@ applied it has almost always changed: the executor side (sim/live.py) does
 replaced or restarted and the decision describes a layout that is gone.
 Compaction itself is safe on any current layout (bounded by ``max_bytes``).
 
-:meth:`KvRelocator.snapshot` / :meth:`KvRelocator.restore` carry the
+:meth:`KvPolicyDriver.snapshot` / :meth:`KvPolicyDriver.restore` carry the
 per-node policy states, the peers' largest free blocks and the decision count
 as JSON, so a restarted worker continues an episode where it stopped.
 """
@@ -37,7 +37,7 @@ from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
 from streams.commands import Command
 
-__all__ = ["KvRelocator"]
+__all__ = ["KvPolicyDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fra
            "kv_generation")
 
 
-class KvRelocator:
+class KvPolicyDriver:
     """Per-node KV policy state; :meth:`on_node_window` -> a ``relocate`` command or None."""
 
     def __init__(self, params: KvPolicyParams | None = None, ttl_ms: int = 60_000) -> None:

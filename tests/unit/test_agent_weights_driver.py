@@ -1,4 +1,4 @@
-"""The mixed-agent driver (streams.agent_mix): zone windows with agent signals ->
+"""The mixed-agent driver (streams.agent_weights_driver): zone windows with agent signals ->
 EWMA -> 4.1 weights -> ``agents`` commands when a weight moves by more than 0.05;
 the ``agents`` command's payload validation; restore-equivalence."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from controllers.agent_weights import AgentSignals, weights
 from core.settings import Settings
-from streams.agent_mix import EWMA_ALPHA, PUBLISH_DELTA, AgentMixDriver
+from streams.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
 from streams.commands import Command, CommandError
 from streams.metrics_export import WorkerMetrics
 
@@ -25,7 +25,7 @@ def _w(end_ms: int, s: float, r: float, t: float, *, zone: str = "az-a", n: int 
 
 
 def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
-    d = AgentMixDriver(S)
+    d = AgentWeightsDriver(S)
     (cmd,) = d.on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}), 5_000)
     want = weights(AgentSignals(0.9, 0.9, 0.2)).as_dict()
     assert cmd.kind == "agents" and cmd.zone == "az-a" and cmd.model == M and cmd.controller == "agent_weights"
@@ -35,7 +35,7 @@ def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     assert cmd.payload["paths"] == {"rag": 0.6, "tool": 0.1, "llm": 0.3}
     assert Command.decode(cmd.encode()) == cmd
     # The same decision taken again (a restarted worker re-reading the window) has the same id.
-    assert AgentMixDriver(S).on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}),
+    assert AgentWeightsDriver(S).on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}),
                                        5_000)[0].command_id == cmd.command_id
 
 
@@ -52,13 +52,13 @@ def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     ],
 )
 def test_windows_without_usable_signals_publish_nothing(window: dict[str, Any], why: str) -> None:
-    d = AgentMixDriver(S)
+    d = AgentWeightsDriver(S)
     assert d.on_window(window, 0) == [], why
     assert not d.signals
 
 
 def test_no_command_while_the_weights_move_less_than_the_threshold() -> None:
-    d = AgentMixDriver(S)
+    d = AgentWeightsDriver(S)
     assert len(d.on_window(_w(10_000, 0.5, 0.5, 0.5), 0)) == 1
     # A small change: the EWMA moves 30 % of it, the weights less than 0.05.
     assert d.on_window(_w(20_000, 0.55, 0.5, 0.5), 0) == []
@@ -73,7 +73,7 @@ def test_no_command_while_the_weights_move_less_than_the_threshold() -> None:
 
 
 def test_the_signals_are_an_ewma_of_the_window_means() -> None:
-    d = AgentMixDriver(S)
+    d = AgentWeightsDriver(S)
     means = [(0.9, 0.9, 0.2), (0.1, 0.3, 0.8), (0.5, 0.5, 0.5), (1.0, 0.0, 1.0)]
     want = means[0]
     for i, m in enumerate(means):
@@ -88,9 +88,9 @@ def test_the_signals_are_an_ewma_of_the_window_means() -> None:
 
 def test_bad_driver_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="alpha"):
-        AgentMixDriver(S, alpha=0.0)
+        AgentWeightsDriver(S, alpha=0.0)
     with pytest.raises(ValueError, match="min_delta"):
-        AgentMixDriver(S, min_delta=1.0)
+        AgentWeightsDriver(S, min_delta=1.0)
 
 
 def _stream() -> list[dict[str, Any]]:
@@ -106,17 +106,17 @@ def _stream() -> list[dict[str, Any]]:
 def test_a_restored_agent_mix_driver_decides_like_the_original(cut: int) -> None:
     from tests.unit.test_breaker_driver import assert_restores_alike
 
-    rest = assert_restores_alike(lambda: AgentMixDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"]),
+    rest = assert_restores_alike(lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"]),
                                  _stream(), cut)
     assert rest  # every cut has publications ahead
 
 
 def test_agent_mix_snapshot_of_another_version_is_ignored() -> None:
-    d = AgentMixDriver(S)
+    d = AgentWeightsDriver(S)
     d.on_window(_w(10_000, 0.9, 0.9, 0.2), 0)
     assert d.restore(b'{"version": 99, "targets": {}}') == 0
     assert (M, "az-a") in d.signals
-    assert AgentMixDriver(S).restore(d.snapshot()) == 1
+    assert AgentWeightsDriver(S).restore(d.snapshot()) == 1
 
 
 P = {"weights": {"rag": 0.5, "tool": 0.2, "llm": 0.3}, "signals": {"stability": 0.9, "rag_score": 0.9,

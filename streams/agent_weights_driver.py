@@ -6,7 +6,7 @@ it took (``agent_path``); a zone window reports their means over the
 requests that carried them (``agent_signals_n``, ``agent_*_mean``) and the
 count per path (``agent_path_counts``, :mod:`controllers.windows`).
 
-:class:`AgentMixDriver` keeps, per ``(model, zone)``, an exponentially
+:class:`AgentWeightsDriver` keeps, per ``(model, zone)``, an exponentially
 weighted moving average of the three means over the windows that carried
 signals::
 
@@ -35,7 +35,7 @@ each turn's path by the weights.  Values are rounded to 6 decimals, so a
 restored worker issues the same ``command_id``.
 
 A redelivered window (its end not newer than the target's last) is ignored.
-:meth:`AgentMixDriver.snapshot` / :meth:`AgentMixDriver.restore` carry the
+:meth:`AgentWeightsDriver.snapshot` / :meth:`AgentWeightsDriver.restore` carry the
 EWMAs, the published weights and the last window ends as JSON.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ from streams.commands import AGENT_PATHS, Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EWMA_ALPHA", "PUBLISH_DELTA", "SNAPSHOT_VERSION", "AgentMixDriver", "parse_window"]
+__all__ = ["EWMA_ALPHA", "PUBLISH_DELTA", "SNAPSHOT_VERSION", "AgentWeightsDriver", "parse_window"]
 
 SNAPSHOT_VERSION = 1
 EWMA_ALPHA = 0.3  # weight of the newest window's means (see the module docstring)
@@ -108,12 +108,12 @@ def parse_window(m: Mapping[str, Any]) -> _Window | None:
     return _Window(model, zone, end, n, (means[0], means[1], means[2]), shares)
 
 
-class AgentMixDriver:
+class AgentWeightsDriver:
     """EWMA of each zone's agent signals -> 4.1 weights -> ``agents`` commands.
 
     Examples
     --------
-    >>> d = AgentMixDriver(Settings(zones=("az-a",)))
+    >>> d = AgentWeightsDriver(Settings(zones=("az-a",)))
     >>> w = {"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "agent_signals_n": 5,
     ...      "agent_stability_mean": 0.0, "agent_rag_score_mean": 0.9, "agent_tool_conf_mean": 0.8}
     >>> [c.payload["weights"] for c in d.on_window(w, 0)]      # a jumping conversation: tools

@@ -18,7 +18,7 @@ from controllers.agent_weights import AgentSignals, weights
 from core import names
 from core.settings import Settings
 from governor.embedded import free_port
-from streams.agent_mix import AgentMixDriver
+from streams.agent_weights_driver import AgentWeightsDriver
 from tests.integration.harness import field_in_every_zone, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -57,7 +57,7 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
             assert set(value["paths"]) == {"rag", "tool", "llm"}
         # Constant signals: one publication per zone, never a second (weights do not move).
         assert worker.log_text().count(f"agents {MODEL}") == 2, worker.tail()
-        restored = AgentMixDriver(settings)
+        restored = AgentWeightsDriver(settings)
         for _ in range(50):
             blob = await redis.get(f"{settings.topic_prefix}:snapshot:agents")
             if blob and restored.restore(blob) == 2:
