@@ -12,6 +12,7 @@ It creates ``.venv`` next to this file, installs the project with its dev extras
 from ``pyproject.toml`` (re-installing only when that file changes), then runs
 the task inside the venv.  Nothing is read from outside the clone.
 """
+
 from __future__ import annotations
 
 import hashlib

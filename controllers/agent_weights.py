@@ -41,8 +41,7 @@ from typing import Any
 from controllers.errors import ParameterError, check_number
 from core.vocab import AGENT_PATHS
 
-__all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate",
-           "weights"]
+__all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate", "weights"]
 
 KINDS = AGENT_PATHS  # the weight vector is indexed like the telemetry paths
 
@@ -71,8 +70,7 @@ class AgentWeightParams:
             if check_number(name, getattr(self, name)) < 0.0:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be >= 0")
         if check_number("llm_base", self.llm_base) <= 0.0:
-            raise ParameterError(
-                f"llm_base={self.llm_base}: must be > 0 (keeps the raw total positive)")
+            raise ParameterError(f"llm_base={self.llm_base}: must be > 0 (keeps the raw total positive)")
 
 
 @dataclass(frozen=True)
@@ -150,8 +148,7 @@ def weights(signals: AgentSignals, params: AgentWeightParams | None = None) -> A
     raw_tool = p.tool_coef * signals.tool_conf * (1.0 - s)
     raw_llm = p.llm_base + p.llm_stability_coef * s
     total = raw_rag + raw_tool + raw_llm  # >= llm_base > 0
-    return AgentWeights(raw_rag / total, raw_tool / total, raw_llm / total,
-                        raw_rag, raw_tool, raw_llm)
+    return AgentWeights(raw_rag / total, raw_tool / total, raw_llm / total, raw_rag, raw_tool, raw_llm)
 
 
 def allocate(total: int, w: AgentWeights) -> dict[str, int]:

@@ -57,8 +57,16 @@ from typing import Any, Literal
 
 from controllers.errors import ParameterError, check_int, check_number
 
-__all__ = ["AttainmentHistory", "BreakerObs", "BreakerOutput", "BreakerParams", "BreakerState",
-           "rolling_attainment", "step", "threshold"]
+__all__ = [
+    "AttainmentHistory",
+    "BreakerObs",
+    "BreakerOutput",
+    "BreakerParams",
+    "BreakerState",
+    "rolling_attainment",
+    "step",
+    "threshold",
+]
 
 StateName = Literal["closed", "open", "half_open"]
 
@@ -126,8 +134,7 @@ class BreakerObs:
         if self.errors > self.requests:
             raise ParameterError(f"errors={self.errors}: exceeds requests={self.requests}")
         if not 0.0 <= check_number("slo_attainment_5min", self.slo_attainment_5min, 0.0) <= 1.0:
-            raise ParameterError(
-                f"slo_attainment_5min={self.slo_attainment_5min}: must lie in [0, 1]")
+            raise ParameterError(f"slo_attainment_5min={self.slo_attainment_5min}: must lie in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -189,8 +196,9 @@ class BreakerOutput:
         return asdict(self)
 
 
-def _trim(window: tuple[tuple[float, int, int], ...], min_requests: int,
-          oldest_s: float) -> tuple[tuple[float, int, int], ...]:
+def _trim(
+    window: tuple[tuple[float, int, int], ...], min_requests: int, oldest_s: float
+) -> tuple[tuple[float, int, int], ...]:
     kept = [w for w in window if w[0] >= oldest_s]
     total = sum(r for _, r, _ in kept)
     while len(kept) > 1 and total - kept[0][1] > min_requests:
@@ -198,8 +206,9 @@ def _trim(window: tuple[tuple[float, int, int], ...], min_requests: int,
     return tuple(kept)
 
 
-def step(params: BreakerParams, state: BreakerState, window: BreakerObs,
-         now_s: float) -> tuple[BreakerState, BreakerOutput]:
+def step(
+    params: BreakerParams, state: BreakerState, window: BreakerObs, now_s: float
+) -> tuple[BreakerState, BreakerOutput]:
     """Advance the breaker with one window's observation (pure).
 
     Parameters
@@ -231,10 +240,14 @@ def step(params: BreakerParams, state: BreakerState, window: BreakerObs,
         if left > 0.0:
             return state, BreakerOutput("open", False, thr, 0.0, f"open: {left:g} s left")
         s = replace(state, name="half_open", probe_requests=0, probe_errors=0)
-        return s, BreakerOutput("half_open", True, thr, 0.0,
-                                f"open {state.open_for_s:g} s elapsed: probing "
-                                f"{params.probe_requests} requests",
-                                probe_budget=params.probe_requests)
+        return s, BreakerOutput(
+            "half_open",
+            True,
+            thr,
+            0.0,
+            f"open {state.open_for_s:g} s elapsed: probing {params.probe_requests} requests",
+            probe_budget=params.probe_requests,
+        )
     if state.name == "half_open":
         assert state.open_for_s is not None
         n = state.probe_requests + window.requests
@@ -242,37 +255,50 @@ def step(params: BreakerParams, state: BreakerState, window: BreakerObs,
         ratio = e / n if n else 0.0
         if n < params.probe_requests:
             s = replace(state, probe_requests=n, probe_errors=e)
-            return s, BreakerOutput("half_open", False, thr, ratio,
-                                    f"probing: {n}/{params.probe_requests} requests, {e} errors",
-                                    probe_budget=params.probe_requests - n)
+            return s, BreakerOutput(
+                "half_open",
+                False,
+                thr,
+                ratio,
+                f"probing: {n}/{params.probe_requests} requests, {e} errors",
+                probe_budget=params.probe_requests - n,
+            )
         if ratio < thr:
             return BreakerState(), BreakerOutput(
-                "closed", True, thr, ratio,
-                f"probes passed: {e}/{n} errors, ratio {ratio:.6g} < threshold {thr:.6g}")
+                "closed", True, thr, ratio, f"probes passed: {e}/{n} errors, ratio {ratio:.6g} < threshold {thr:.6g}"
+            )
         open_for = min(state.open_for_s * params.backoff, params.max_open_s)
         s = BreakerState(name="open", opened_at_s=now, open_for_s=open_for, trips=state.trips + 1)
         return s, BreakerOutput(
-            "open", True, thr, ratio,
-            f"probes failed: {e}/{n} errors, ratio {ratio:.6g} >= threshold {thr:.6g}; "
-            f"re-open for {open_for:g} s")
-    win = _trim(state.window + ((now, window.requests, window.errors),), params.min_requests,
-                now - params.max_window_age_s)
+            "open",
+            True,
+            thr,
+            ratio,
+            f"probes failed: {e}/{n} errors, ratio {ratio:.6g} >= threshold {thr:.6g}; re-open for {open_for:g} s",
+        )
+    win = _trim(
+        state.window + ((now, window.requests, window.errors),), params.min_requests, now - params.max_window_age_s
+    )
     n = sum(r for _, r, _ in win)
     e = sum(x for _, _, x in win)
     ratio = e / n if n else 0.0
     if n <= params.min_requests:
         return replace(state, window=win), BreakerOutput(
-            "closed", False, thr, ratio,
-            f"window {n} requests <= min_requests {params.min_requests}", window_requests=n)
+            "closed", False, thr, ratio, f"window {n} requests <= min_requests {params.min_requests}", window_requests=n
+        )
     if ratio > thr:
         s = BreakerState(name="open", opened_at_s=now, open_for_s=params.open_s, trips=1)
         return s, BreakerOutput(
-            "open", True, thr, ratio,
+            "open",
+            True,
+            thr,
+            ratio,
             f"trip: error_ratio {ratio:.6g} > threshold {thr:.6g} over {n} requests",
-            window_requests=n)
+            window_requests=n,
+        )
     return replace(state, window=win), BreakerOutput(
-        "closed", False, thr, ratio, f"ok: error_ratio {ratio:.6g} <= threshold {thr:.6g}",
-        window_requests=n)
+        "closed", False, thr, ratio, f"ok: error_ratio {ratio:.6g} <= threshold {thr:.6g}", window_requests=n
+    )
 
 
 def rolling_attainment(pairs: Sequence[tuple[int, int]], default: float = 1.0) -> float:
@@ -326,7 +352,7 @@ class AttainmentHistory:
         check_int("count", count)
         if not 0 <= check_int("ok", ok) <= count:
             raise ParameterError(f"ok={ok}: must lie in [0, count={count}]")
-        return replace(self, pairs=(self.pairs + ((count, ok),))[-self.max_windows:])
+        return replace(self, pairs=(self.pairs + ((count, ok),))[-self.max_windows :])
 
     def attainment(self, default: float = 1.0) -> float:
         """Rolling attainment over the kept windows (see :func:`rolling_attainment`)."""
@@ -334,11 +360,13 @@ class AttainmentHistory:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe fields."""
-        return {"window_s": self.window_s, "horizon_s": self.horizon_s,
-                "pairs": [list(p) for p in self.pairs]}
+        return {"window_s": self.window_s, "horizon_s": self.horizon_s, "pairs": [list(p) for p in self.pairs]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttainmentHistory:
         """Inverse of :meth:`to_dict`."""
-        return cls(window_s=data["window_s"], horizon_s=data["horizon_s"],
-                   pairs=tuple((int(c), int(k)) for c, k in data["pairs"]))
+        return cls(
+            window_s=data["window_s"],
+            horizon_s=data["horizon_s"],
+            pairs=tuple((int(c), int(k)) for c, k in data["pairs"]),
+        )

@@ -75,8 +75,19 @@ from typing import Any, Literal
 from controllers.errors import ParameterError, check_int, check_number
 from controllers.sequential import quantile_exceedances, sprt_bound, sprt_llr
 
-__all__ = ["CanaryOutput", "CanaryParams", "CanaryState", "VersionObs", "abort", "exceedances",
-           "expected_exposure", "sprt_llr", "start", "step", "traffic_share"]
+__all__ = [
+    "CanaryOutput",
+    "CanaryParams",
+    "CanaryState",
+    "VersionObs",
+    "abort",
+    "exceedances",
+    "expected_exposure",
+    "sprt_llr",
+    "start",
+    "step",
+    "traffic_share",
+]
 
 StateName = Literal["pending", "running", "promoted", "rolled_back", "aborted"]
 TERMINAL = ("promoted", "rolled_back", "aborted")
@@ -114,10 +125,13 @@ class CanaryParams:
 
     def __post_init__(self) -> None:
         st = self.stages
-        if (not isinstance(st, tuple) or not st
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in st)
-                or not all(0.0 < x <= 1.0 for x in st)
-                or any(b <= a for a, b in zip(st, st[1:], strict=False))):
+        if (
+            not isinstance(st, tuple)
+            or not st
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in st)
+            or not all(0.0 < x <= 1.0 for x in st)
+            or any(b <= a for a, b in zip(st, st[1:], strict=False))
+        ):
             raise ParameterError(f"stages={st!r}: must increase strictly within (0, 1]")
         holds = self.hold_s if isinstance(self.hold_s, tuple) else (self.hold_s,) * len(st)
         if len(holds) != len(st):
@@ -127,8 +141,7 @@ class CanaryParams:
         if not 0.0 < check_number("max_error_rate", self.max_error_rate, 0.0) < 1.0:
             raise ParameterError(f"max_error_rate={self.max_error_rate}: must lie in (0, 1)")
         check_number("max_p99_ms", self.max_p99_ms, 0.0, strict=True)
-        for name in ("min_requests_per_stage", "min_judge_requests", "min_p99_requests",
-                     "min_ref_requests"):
+        for name in ("min_requests_per_stage", "min_judge_requests", "min_p99_requests", "min_ref_requests"):
             check_int(name, getattr(self, name))
         if not 0.0 < check_number("sequential_alpha", self.sequential_alpha, 0.0) < 1.0:
             raise ParameterError(f"sequential_alpha={self.sequential_alpha}: must lie in (0, 1)")
@@ -185,7 +198,8 @@ def exceedances(obs: VersionObs, threshold_ms: float) -> int:
     0
     """
     return quantile_exceedances(
-        obs.requests, ((0.50, obs.p50_ms), (0.95, obs.p95_ms), (0.99, obs.p99_ms)), threshold_ms)
+        obs.requests, ((0.50, obs.p50_ms), (0.95, obs.p95_ms), (0.99, obs.p99_ms)), threshold_ms
+    )
 
 
 @dataclass(frozen=True)
@@ -262,8 +276,12 @@ def start(params: CanaryParams, now_s: float) -> CanaryState:
     >>> start(CanaryParams(), 0.0).name
     'running'
     """
-    return CanaryState(name="running", stage=0, stage_started_s=check_number("now_s", now_s, 0.0),
-                       reason=f"start at {params.stages[0]:.0%}")
+    return CanaryState(
+        name="running",
+        stage=0,
+        stage_started_s=check_number("now_s", now_s, 0.0),
+        reason=f"start at {params.stages[0]:.0%}",
+    )
 
 
 def abort(state: CanaryState, reason: str) -> CanaryState:
@@ -280,39 +298,43 @@ def abort(state: CanaryState, reason: str) -> CanaryState:
     return replace(state, name="aborted", reason=f"aborted: {reason}")
 
 
-def _rollback_reason(p: CanaryParams, s: CanaryState, canary: VersionObs,
-                     stable: VersionObs) -> str | None:
+def _rollback_reason(p: CanaryParams, s: CanaryState, canary: VersionObs, stable: VersionObs) -> str | None:
     judged = s.stage_errors / max(s.stage_requests, p.min_judge_requests, 1)
     if judged > p.max_error_rate:
-        return (f"error rate {s.stage_errors}/{s.stage_requests} "
-                f"(judged {judged:.4%}) > {p.max_error_rate:.2%}")
+        return f"error rate {s.stage_errors}/{s.stage_requests} (judged {judged:.4%}) > {p.max_error_rate:.2%}"
     if canary.p99_ms is not None and canary.requests >= max(p.min_p99_requests, 1):
         if canary.p99_ms > p.max_p99_ms:
             return f"p99 {canary.p99_ms:g} ms > {p.max_p99_ms:g} ms"
-        if (p.max_p99_ratio is not None and stable.p99_ms is not None
-                and stable.requests >= max(p.min_p99_requests, 1)
-                and canary.p99_ms > p.max_p99_ratio * stable.p99_ms):
+        if (
+            p.max_p99_ratio is not None
+            and stable.p99_ms is not None
+            and stable.requests >= max(p.min_p99_requests, 1)
+            and canary.p99_ms > p.max_p99_ratio * stable.p99_ms
+        ):
             return f"p99 {canary.p99_ms:g} ms > {p.max_p99_ratio:g} x stable {stable.p99_ms:g} ms"
     bound = sprt_bound(p.sequential_alpha)
     llr = sprt_llr(s.stage_over_limit, s.stage_requests, LIMIT_P0, p.limit_p1)
     if llr >= bound:
-        return (f"{s.stage_over_limit}/{s.stage_requests} requests over {p.max_p99_ms:g} ms "
-                f"(sequential test, llr {llr:.2f} >= {bound:.2f}: p99 over the limit)")
+        return (
+            f"{s.stage_over_limit}/{s.stage_requests} requests over {p.max_p99_ms:g} ms "
+            f"(sequential test, llr {llr:.2f} >= {bound:.2f}: p99 over the limit)"
+        )
     llr = sprt_llr(s.stage_slow, s.stage_ref_requests, SLOWDOWN_P0, p.slowdown_p1)
     if p.max_slowdown is not None and llr >= bound:
-        return (f"{s.stage_slow}/{s.stage_ref_requests} requests over {p.max_slowdown:g} x "
-                f"stable's p95 (sequential test, llr {llr:.2f} >= {bound:.2f})")
-    if (p.max_error_rate_delta is not None
-            and s.stable_requests >= max(p.min_judge_requests, 1)):
+        return (
+            f"{s.stage_slow}/{s.stage_ref_requests} requests over {p.max_slowdown:g} x "
+            f"stable's p95 (sequential test, llr {llr:.2f} >= {bound:.2f})"
+        )
+    if p.max_error_rate_delta is not None and s.stable_requests >= max(p.min_judge_requests, 1):
         stable_rate = s.stable_errors / s.stable_requests
         if judged > stable_rate + p.max_error_rate_delta:
-            return (f"error rate {judged:.4%} > stable {stable_rate:.4%} "
-                    f"+ {p.max_error_rate_delta:.2%}")
+            return f"error rate {judged:.4%} > stable {stable_rate:.4%} + {p.max_error_rate_delta:.2%}"
     return None
 
 
-def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: VersionObs,
-         now_s: float) -> tuple[CanaryState, CanaryOutput]:
+def step(
+    params: CanaryParams, state: CanaryState, canary: VersionObs, stable: VersionObs, now_s: float
+) -> tuple[CanaryState, CanaryOutput]:
     """Judge one window of both versions and move the rollout on (pure).
 
     Parameters
@@ -340,25 +362,27 @@ def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: V
     """
     now = check_number("now_s", now_s, 0.0)
     if state.name != "running":
-        return state, CanaryOutput(traffic_share(params, state), state.name, False,
-                                   state.reason or state.name, state.stage)
+        return state, CanaryOutput(
+            traffic_share(params, state), state.name, False, state.reason or state.name, state.stage
+        )
     assert state.stage_started_s is not None
     ref = stable.p95_ms if stable.requests >= max(params.min_ref_requests, 1) else None
-    slow = 0 if ref is None or params.max_slowdown is None else exceedances(
-        canary, params.max_slowdown * ref)
-    s = replace(state, stage_requests=state.stage_requests + canary.requests,
-                stage_over_limit=state.stage_over_limit + exceedances(canary, params.max_p99_ms),
-                stage_slow=state.stage_slow + slow,
-                stage_ref_requests=state.stage_ref_requests + (0 if ref is None else canary.requests),
-                stage_errors=state.stage_errors + canary.errors,
-                stable_requests=state.stable_requests + stable.requests,
-                stable_errors=state.stable_errors + stable.errors,
-                canary_total=state.canary_total + canary.requests,
-                all_total=state.all_total + canary.requests + stable.requests)
+    slow = 0 if ref is None or params.max_slowdown is None else exceedances(canary, params.max_slowdown * ref)
+    s = replace(
+        state,
+        stage_requests=state.stage_requests + canary.requests,
+        stage_over_limit=state.stage_over_limit + exceedances(canary, params.max_p99_ms),
+        stage_slow=state.stage_slow + slow,
+        stage_ref_requests=state.stage_ref_requests + (0 if ref is None else canary.requests),
+        stage_errors=state.stage_errors + canary.errors,
+        stable_requests=state.stable_requests + stable.requests,
+        stable_errors=state.stable_errors + stable.errors,
+        canary_total=state.canary_total + canary.requests,
+        all_total=state.all_total + canary.requests + stable.requests,
+    )
     why = _rollback_reason(params, s, canary, stable)
     if why is not None:
-        s = replace(s, name="rolled_back",
-                    reason=f"rolled back at {params.stages[s.stage]:.0%}: {why}")
+        s = replace(s, name="rolled_back", reason=f"rolled back at {params.stages[s.stage]:.0%}: {why}")
         return s, CanaryOutput(0.0, "rolled_back", True, s.reason, s.stage)
     elapsed = now - state.stage_started_s
     if elapsed >= params.hold(s.stage) and s.stage_requests >= params.min_requests_per_stage:
@@ -366,22 +390,35 @@ def step(params: CanaryParams, state: CanaryState, canary: VersionObs, stable: V
             s = replace(s, name="promoted", reason="promoted")
             return s, CanaryOutput(1.0, "promoted", True, s.reason, s.stage)
         nxt = s.stage + 1
-        s = replace(s, stage=nxt, stage_started_s=now, stage_requests=0, stage_errors=0,
-                    stable_requests=0, stable_errors=0, stage_over_limit=0, stage_slow=0,
-                    stage_ref_requests=0,
-                    reason=f"promote to {params.stages[nxt]:.0%}")
+        s = replace(
+            s,
+            stage=nxt,
+            stage_started_s=now,
+            stage_requests=0,
+            stage_errors=0,
+            stable_requests=0,
+            stable_errors=0,
+            stage_over_limit=0,
+            stage_slow=0,
+            stage_ref_requests=0,
+            reason=f"promote to {params.stages[nxt]:.0%}",
+        )
         return s, CanaryOutput(params.stages[nxt], "running", True, s.reason, nxt)
     if params.max_stage_s is not None and elapsed > params.max_stage_s:
-        s = abort(s, f"stalled at {params.stages[s.stage]:.0%}: {s.stage_requests}/"
-                     f"{params.min_requests_per_stage} requests after {elapsed:g} s")
+        s = abort(
+            s,
+            f"stalled at {params.stages[s.stage]:.0%}: {s.stage_requests}/"
+            f"{params.min_requests_per_stage} requests after {elapsed:g} s",
+        )
         return s, CanaryOutput(0.0, "aborted", True, s.reason, s.stage)
-    why = (f"holding {params.stages[s.stage]:.0%}: {elapsed:g}/{params.hold(s.stage):g} s, "
-           f"{s.stage_requests}/{params.min_requests_per_stage} requests")
+    why = (
+        f"holding {params.stages[s.stage]:.0%}: {elapsed:g}/{params.hold(s.stage):g} s, "
+        f"{s.stage_requests}/{params.min_requests_per_stage} requests"
+    )
     return s, CanaryOutput(params.stages[s.stage], "running", False, why, s.stage)
 
 
-def expected_exposure(params: CanaryParams, stage: int, elapsed_in_stage_s: float | None = None
-                      ) -> float:
+def expected_exposure(params: CanaryParams, stage: int, elapsed_in_stage_s: float | None = None) -> float:
     """Share of all requests served by the canary if it is rolled back at ``stage``.
 
     Time-weighted over the stages passed (each held exactly ``hold_s``) and
@@ -398,7 +435,11 @@ def expected_exposure(params: CanaryParams, stage: int, elapsed_in_stage_s: floa
     """
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(params.stages):
         raise ParameterError(f"stage={stage!r}: must index params.stages")
-    t_k = params.hold(stage) if elapsed_in_stage_s is None else check_number("elapsed_in_stage_s", elapsed_in_stage_s, 0.0)
+    t_k = (
+        params.hold(stage)
+        if elapsed_in_stage_s is None
+        else check_number("elapsed_in_stage_s", elapsed_in_stage_s, 0.0)
+    )
     served = sum(params.stages[i] * params.hold(i) for i in range(stage))
     served += params.stages[stage] * t_k
     total = sum(params.hold(i) for i in range(stage)) + t_k

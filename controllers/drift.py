@@ -100,9 +100,7 @@ class DriftDetector:
     'latency_ms'
     """
 
-    def __init__(
-        self, kind: Kind, signal: str = "value", recent_weight: float = 0.1, **params: Any
-    ) -> None:
+    def __init__(self, kind: Kind, signal: str = "value", recent_weight: float = 0.1, **params: Any) -> None:
         if kind not in ("adwin", "page_hinkley"):
             raise ParameterError(f"kind={kind!r}: must be 'adwin' or 'page_hinkley'")
         if not isinstance(signal, str) or not signal:

@@ -44,8 +44,7 @@ from typing import Any
 
 from controllers.errors import ParameterError, check_number
 
-__all__ = ["FeedforwardMeasurement", "FeedforwardOutput", "FeedforwardParams",
-           "FeedforwardState", "step"]
+__all__ = ["FeedforwardMeasurement", "FeedforwardOutput", "FeedforwardParams", "FeedforwardState", "step"]
 
 
 @dataclass(frozen=True)
@@ -117,8 +116,9 @@ class FeedforwardOutput:
         return asdict(self)
 
 
-def step(params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMeasurement,
-         dt_s: float) -> tuple[FeedforwardState, FeedforwardOutput]:
+def step(
+    params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMeasurement, dt_s: float
+) -> tuple[FeedforwardState, FeedforwardOutput]:
     """Update the rate forecast and return the replica requirement (pure)."""
     check_number("dt_s", dt_s, 0.0, strict=True)
     growth = 0.0 if state.queued is None else (meas.queued - state.queued) / dt_s
@@ -129,20 +129,23 @@ def step(params: FeedforwardParams, state: FeedforwardState, meas: FeedforwardMe
         prev = state.level + state.trend
         level = params.alpha * y + (1 - params.alpha) * prev
         trend = params.beta * (level - state.level) + (1 - params.beta) * state.trend
-    ahead = max(0.0, level + trend * (params.horizon_s / dt_s)
-                if meas.forecast_rps is None else meas.forecast_rps)
+    ahead = max(0.0, level + trend * (params.horizon_s / dt_s) if meas.forecast_rps is None else meas.forecast_rps)
     margin = params.error_margin * (meas.forecast_error_rps or 0.0)
     demand = max(y, ahead) + margin
     backlog = meas.queued / params.drain_s
     replicas = (demand + backlog) / (params.capacity_rps * params.target_util)
     burst = y > 0 and ahead > params.burst_ratio * y
-    return (FeedforwardState(level=level, trend=trend, steps=state.steps + 1, queued=meas.queued),
-            FeedforwardOutput(replicas=replicas, arrival_rps=y, forecast_rps=ahead, demand_rps=demand,
-                              backlog_rps=backlog, burst=burst))
+    return (
+        FeedforwardState(level=level, trend=trend, steps=state.steps + 1, queued=meas.queued),
+        FeedforwardOutput(
+            replicas=replicas, arrival_rps=y, forecast_rps=ahead, demand_rps=demand, backlog_rps=backlog, burst=burst
+        ),
+    )
 
 
-def leading_violation_rate(count: int, violation_rate: float, queued: float, rate_rps: float,
-                           ttft_slo_ms: float) -> float:
+def leading_violation_rate(
+    count: int, violation_rate: float, queued: float, rate_rps: float, ttft_slo_ms: float
+) -> float:
     """Violation rate including the requests still waiting that will miss the SLO.
 
     A window's violation rate counts finished requests only; while a queue

@@ -138,16 +138,10 @@ class LoadForecaster:
     ) -> None:
         if model not in ("holtwinters", "snarimax", "ewma"):
             raise ParameterError(f"model={model!r}: must be 'holtwinters', 'snarimax' or 'ewma'")
-        if (
-            isinstance(horizon_steps, bool)
-            or not isinstance(horizon_steps, int)
-            or horizon_steps < 1
-        ):
+        if isinstance(horizon_steps, bool) or not isinstance(horizon_steps, int) or horizon_steps < 1:
             raise ParameterError(f"horizon_steps={horizon_steps!r}: must be an int >= 1")
         if season_length is not None and (
-            isinstance(season_length, bool)
-            or not isinstance(season_length, int)
-            or season_length < 2
+            isinstance(season_length, bool) or not isinstance(season_length, int) or season_length < 2
         ):
             raise ParameterError(f"season_length={season_length!r}: must be an int >= 2 or None")
         if model == "ewma" and season_length is not None:
@@ -179,9 +173,7 @@ class LoadForecaster:
                 raise ValueError(f"alpha={alpha} must lie in (0, 1]")
             return _Ewma(float(alpha))
         except (TypeError, ValueError) as exc:
-            raise ParameterError(
-                f"params={self.params!r}: {self.model} rejects them ({exc})"
-            ) from exc
+            raise ParameterError(f"params={self.params!r}: {self.model} rejects them ({exc})") from exc
 
     @property
     def ready(self) -> bool:

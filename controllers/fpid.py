@@ -93,9 +93,7 @@ def gl_weights(order: float, n: int) -> npt.NDArray[np.float64]:
     return np.concatenate(([1.0], np.cumprod(1.0 - (order + 1.0) / j)))
 
 
-def gl_differintegral(
-    order: float, values: npt.ArrayLike, h: float, memory: int | None = None
-) -> float:
+def gl_differintegral(order: float, values: npt.ArrayLike, h: float, memory: int | None = None) -> float:
     """GL differintegral of ``order`` at the last sample of ``values``.
 
     ``values`` are ``f(t_0), f(t_0 + h), ..., f(t)`` in time order; ``order > 0``
@@ -167,9 +165,7 @@ class FpidParams:
         if not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX:
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
         if self.ki > 0.0 and not (self.kp > 0.0 and self.ki / self.kp < 0.5 * self.alpha):
-            raise ParameterError(
-                f"ki={self.ki}: need ki/kp < 0.5*alpha (kp={self.kp}, alpha={self.alpha})"
-            )
+            raise ParameterError(f"ki={self.ki}: need ki/kp < 0.5*alpha (kp={self.kp}, alpha={self.alpha})")
         if isinstance(self.memory, bool) or not isinstance(self.memory, int):
             raise ParameterError(f"memory={self.memory!r}: must be an int")
         if not 3 <= self.memory <= 100_000:
@@ -213,10 +209,7 @@ class FpidState:
     def __post_init__(self) -> None:
         for e in self.errors:
             check_number("errors", e)
-        if (
-            self.alpha is not None
-            and not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX
-        ):
+        if self.alpha is not None and not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX:
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
         # a_prev, last_target, steps and level are checked by PidState.
         self.as_pid_state()
@@ -246,9 +239,7 @@ class FpidState:
         return cls(**{**data, "errors": tuple(float(e) for e in data.get("errors", ()))})
 
 
-def step(
-    params: FpidParams, state: FpidState, meas: PidMeasurement, dt_s: float
-) -> tuple[FpidState, PidOutput]:
+def step(params: FpidParams, state: FpidState, meas: PidMeasurement, dt_s: float) -> tuple[FpidState, PidOutput]:
     """Advance the fractional controller one period (pure).
 
     Parameters

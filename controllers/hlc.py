@@ -150,7 +150,7 @@ class RttEstimator:
 
     def probe(self, zone: str, rtt_ms: float) -> RttEstimator:
         """Record one probe RTT (ms) of ``zone``."""
-        last = (*self.probes.get(zone, ()), _pos("rtt_ms", rtt_ms))[-self.window:]
+        last = (*self.probes.get(zone, ()), _pos("rtt_ms", rtt_ms))[-self.window :]
         return replace(self, probes={**self.probes, zone: last})
 
     def base_ms(self, zone: str) -> float:
@@ -189,9 +189,15 @@ class RttEstimator:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe fields."""
-        return {"window": self.window, "factors": dict(self.factors), "alpha": self.alpha, "z": self.z,
-                "factor_max": self.factor_max, "probes": {k: list(v) for k, v in self.probes.items()},
-                "learned": {k: list(v) for k, v in self.learned.items()}}
+        return {
+            "window": self.window,
+            "factors": dict(self.factors),
+            "alpha": self.alpha,
+            "z": self.z,
+            "factor_max": self.factor_max,
+            "probes": {k: list(v) for k, v in self.probes.items()},
+            "learned": {k: list(v) for k, v in self.learned.items()},
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RttEstimator:
@@ -228,7 +234,7 @@ class ClockOffsetEstimator:
         if delay < 0 or t2 < t1:
             raise ParameterError(f"exchange t0..t3=({t0}, {t1}, {t2}, {t3}): negative delay")
         offset = ((t1 - t0) + (t2 - t3)) / 2.0
-        return replace(self, samples=(*self.samples, (float(t3), offset, delay))[-self.window:])
+        return replace(self, samples=(*self.samples, (float(t3), offset, delay))[-self.window :])
 
     def _best(self) -> tuple[float, float, float] | None:
         return min(self.samples, key=lambda s: s[2]) if self.samples else None

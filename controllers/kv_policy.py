@@ -100,7 +100,9 @@ class KvPolicyParams:
         >>> KvPolicyParams.for_pause(0.010, 6e12).max_bytes_per_round  # 10 ms at 6 TB/s
         60000000000
         """
-        budget = check_number("max_pause_s", max_pause_s, 0.0, strict=True) * check_number("copy_bandwidth_bytes_s", copy_bandwidth_bytes_s, 0.0, strict=True)
+        budget = check_number("max_pause_s", max_pause_s, 0.0, strict=True) * check_number(
+            "copy_bandwidth_bytes_s", copy_bandwidth_bytes_s, 0.0, strict=True
+        )
         return cls(max_bytes_per_round=max(1, int(budget)), **kw)
 
     @property
@@ -121,14 +123,20 @@ class KvObs:
     peer_largest_free_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("largest_free_block_bytes", "free_bytes", "waiting_kv_bytes", "generation",
-                     "peer_largest_free_bytes"):
+        for name in (
+            "largest_free_block_bytes",
+            "free_bytes",
+            "waiting_kv_bytes",
+            "generation",
+            "peer_largest_free_bytes",
+        ):
             check_number(name, getattr(self, name), 0.0)
         if not 0.0 <= check_number("fragmentation_ratio", self.fragmentation_ratio, 0.0) <= 1.0:
             raise ParameterError(f"fragmentation_ratio={self.fragmentation_ratio}: must lie in [0, 1]")
         if self.largest_free_block_bytes > self.free_bytes:
-            raise ParameterError(f"largest_free_block_bytes={self.largest_free_block_bytes}: "
-                                 f"exceeds free_bytes={self.free_bytes}")
+            raise ParameterError(
+                f"largest_free_block_bytes={self.largest_free_block_bytes}: exceeds free_bytes={self.free_bytes}"
+            )
 
 
 @dataclass(frozen=True)
@@ -218,9 +226,13 @@ def step(params: KvPolicyParams, state: KvPolicyState, obs: KvObs) -> tuple[KvPo
 
     if state.in_episode:
         if at_target:
-            done = replace(state, in_episode=False, rounds=0,
-                           converged_episodes=state.converged_episodes + 1,
-                           rounds_to_converge_total=state.rounds_to_converge_total + state.rounds)
+            done = replace(
+                state,
+                in_episode=False,
+                rounds=0,
+                converged_episodes=state.converged_episodes + 1,
+                rounds_to_converge_total=state.rounds_to_converge_total + state.rounds,
+            )
             return no_room(done, "converged", True)
         if state.rounds >= params.max_rounds:
             return no_room(replace(state, in_episode=False, rounds=0), "not converged in max_rounds")
@@ -228,10 +240,10 @@ def step(params: KvPolicyParams, state: KvPolicyState, obs: KvObs) -> tuple[KvPo
         return nxt, decide("compact", "compacting towards target", nxt.rounds)
     if not triggered:
         return state, decide("none", "no waiting request blocked by fragmentation")
-    blocked = (params.compact_when_blocked
-               and obs.largest_free_block_bytes < obs.waiting_kv_bytes <= obs.free_bytes)
+    blocked = params.compact_when_blocked and obs.largest_free_block_bytes < obs.waiting_kv_bytes <= obs.free_bytes
     if (obs.free_bytes < need and not blocked) or at_target:
         return no_room(state, "too little free memory for compaction to help")
-    nxt = replace(state, in_episode=True, rounds=1, episodes=state.episodes + 1,
-                  frag_at_trigger=float(obs.fragmentation_ratio))
+    nxt = replace(
+        state, in_episode=True, rounds=1, episodes=state.episodes + 1, frag_at_trigger=float(obs.fragmentation_ratio)
+    )
     return nxt, decide("compact", "largest free block < trigger_factor x waiting KV", 1)

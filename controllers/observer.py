@@ -142,9 +142,7 @@ class KalmanState:
     def from_dict(cls, data: dict[str, Any]) -> KalmanState:
         """Inverse of :meth:`to_dict`."""
         p = data["p"]
-        return cls(
-            x=tuple(data["x"]), p=(tuple(p[0]), tuple(p[1]), tuple(p[2])), steps=data["steps"]
-        )
+        return cls(x=tuple(data["x"]), p=(tuple(p[0]), tuple(p[1]), tuple(p[2])), steps=data["steps"])
 
 
 def _as_p(m: _Arr) -> tuple[Vec3, Vec3, Vec3]:
@@ -236,9 +234,7 @@ def predict_ahead(
     if check_number("tau_s", tau_s) < 0.0:
         raise ParameterError(f"tau_s={tau_s}: must be >= 0")
     s = _steady(steady)
-    hmax = (
-        min(params.lag_s) / 20.0 if max_step_s is None else check_number("max_step_s", max_step_s)
-    )
+    hmax = min(params.lag_s) / 20.0 if max_step_s is None else check_number("max_step_s", max_step_s)
     if hmax <= 0.0:
         raise ParameterError(f"max_step_s={max_step_s}: must be > 0")
     x = np.array(state.x)

@@ -130,9 +130,7 @@ class PidParams:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ParameterError(f"{name}={value!r}: must be an int >= 0")
         if self.min_replicas > self.max_replicas:
-            raise ParameterError(
-                f"min_replicas={self.min_replicas}: exceeds max_replicas={self.max_replicas}"
-            )
+            raise ParameterError(f"min_replicas={self.min_replicas}: exceeds max_replicas={self.max_replicas}")
         if not isinstance(self.hold_while_pending, bool):
             raise ParameterError(f"hold_while_pending={self.hold_while_pending!r}: must be a bool")
         if check_number("deadband", self.deadband) < 0.0:
@@ -248,9 +246,7 @@ class Actuation(NamedTuple):
     reason: str
 
 
-def actuate(
-    params: PidParams, state: PidState, meas: PidMeasurement, error: float, delta: float
-) -> Actuation:
+def actuate(params: PidParams, state: PidState, meas: PidMeasurement, error: float, delta: float) -> Actuation:
     """Steps 1-4 of the module docstring (clamp, dead-time hold and sign guard,
     slew, continuous level with back-calculation) for a given ``delta``.
 
@@ -302,9 +298,7 @@ def actuate(
     return Actuation(a, level, target, saturated, slew_limited, held, at_bound, reason)
 
 
-def step(
-    params: PidParams, state: PidState, meas: PidMeasurement, dt_s: float
-) -> tuple[PidState, PidOutput]:
+def step(params: PidParams, state: PidState, meas: PidMeasurement, dt_s: float) -> tuple[PidState, PidOutput]:
     """Advance the controller one period (pure).
 
     Parameters
@@ -341,8 +335,13 @@ def step(
     delta = p_term + i_term + d_term
     act = actuate(params, state, meas, e, delta)
     new_state = replace(
-        state, e_prev=e, e_prev2=e1, a_prev=act.multiplier, last_target=act.target_replicas,
-        steps=state.steps + 1, level=act.level,
+        state,
+        e_prev=e,
+        e_prev2=e1,
+        a_prev=act.multiplier,
+        last_target=act.target_replicas,
+        steps=state.steps + 1,
+        level=act.level,
     )
     out = PidOutput(
         multiplier=act.multiplier,

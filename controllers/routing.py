@@ -79,9 +79,24 @@ from controllers.routing_model import (
     predict_ms,
 )
 
-__all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "BreakerName", "RequestClass",
-           "RoutingDecision", "RoutingParams", "RoutingState", "Target", "TargetObs",
-           "held_latency_ms", "min_latency_split", "normalised", "predict_ms", "step"]
+__all__ = [
+    "BATCH",
+    "DEFAULT_CLASSES",
+    "TRADING",
+    "VOICE",
+    "BreakerName",
+    "RequestClass",
+    "RoutingDecision",
+    "RoutingParams",
+    "RoutingState",
+    "Target",
+    "TargetObs",
+    "held_latency_ms",
+    "min_latency_split",
+    "normalised",
+    "predict_ms",
+    "step",
+]
 
 
 class Target(NamedTuple):
@@ -179,18 +194,25 @@ class RoutingDecision:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe fields (targets as ``"variant|zone"`` keys)."""
-        return {"weights": {c: {t.key: w for t, w in ws.items()} for c, ws in self.weights.items()},
-                "fallback": dict(self.fallback), "reasons": dict(self.reasons),
-                "predicted_ttft_ms": {t.key: v for t, v in self.predicted_ttft_ms.items()},
-                "unroutable": list(self.unroutable), "changed": list(self.changed)}
+        return {
+            "weights": {c: {t.key: w for t, w in ws.items()} for c, ws in self.weights.items()},
+            "fallback": dict(self.fallback),
+            "reasons": dict(self.reasons),
+            "predicted_ttft_ms": {t.key: v for t, v in self.predicted_ttft_ms.items()},
+            "unroutable": list(self.unroutable),
+            "changed": list(self.changed),
+        }
 
 
-def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant: str | None,
-                     x: Mapping[Target, float | None], ttft: Mapping[Target, float | None]
-                     ) -> tuple[dict[Target, float], float | None]:
+def _variant_weights(
+    p: RoutingParams,
+    obs: Mapping[Target, TargetObs],
+    variant: str | None,
+    x: Mapping[Target, float | None],
+    ttft: Mapping[Target, float | None],
+) -> tuple[dict[Target, float], float | None]:
     """Weights over one variant's eligible targets and the expected normalised latency."""
-    elig = [t for t, o in obs.items() if t.variant == variant and o.breaker != "open"
-            and o.capacity_rps != 0.0]
+    elig = [t for t, o in obs.items() if t.variant == variant and o.breaker != "open" and o.capacity_rps != 0.0]
     if not elig:
         return {}, math.inf
     scored = [t for t in elig if obs[t].breaker == "closed" and x[t] is not None]
@@ -203,8 +225,7 @@ def _variant_weights(p: RoutingParams, obs: Mapping[Target, TargetObs], variant:
     prior = [c if use_caps and c is not None else 1.0 for c in caps]
     load = sum(obs[t].rate_rps for t in elig)
     lat = [ttft[t] for t in scored]
-    if p.split == "min-latency" and use_caps and load > 0 and all(
-            v is not None and 0 < v < math.inf for v in lat):
+    if p.split == "min-latency" and use_caps and load > 0 and all(v is not None and 0 < v < math.inf for v in lat):
         split = min_latency_split([v or 0.0 for v in lat], prior, load)
         prior = [max(v, 1e-9 * c) for v, c in zip(split, prior, strict=True)]
     xs = [x[t] or 0.0 for t in scored]
@@ -226,8 +247,13 @@ def _blend(a: dict[Target, float], b: dict[Target, float], share_b: float) -> di
     return out
 
 
-def step(params: RoutingParams, state: RoutingState, observations: Mapping[Target, TargetObs],
-         classes: Sequence[RequestClass], dt_s: float) -> tuple[RoutingState, RoutingDecision]:
+def step(
+    params: RoutingParams,
+    state: RoutingState,
+    observations: Mapping[Target, TargetObs],
+    classes: Sequence[RequestClass],
+    dt_s: float,
+) -> tuple[RoutingState, RoutingDecision]:
     """Route each class for the next window (pure).
 
     Parameters
@@ -258,13 +284,11 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
     names = [c.name for c in classes]
     if len(set(names)) != len(names):
         raise ParameterError(f"classes={names}: class names must be unique")
-    pred = {t: predict_ms(params, o, state.last_queue.get(t.key), dt_s)
-            for t, o in observations.items()}
+    pred = {t: predict_ms(params, o, state.last_queue.get(t.key), dt_s) for t, o in observations.items()}
     held = dict(state.held_ttft_ms)
     for t, (ttft_ms, _) in pred.items():
         if ttft_ms is not None:
-            held[t.key] = held_latency_ms(params, held.get(t.key), ttft_ms,
-                                          observations[t].rate_rps * dt_s)
+            held[t.key] = held_latency_ms(params, held.get(t.key), ttft_ms, observations[t].rate_rps * dt_s)
     split_ttft = {t: held[t.key] if pred[t][0] is not None else None for t in observations}
     fb, over, rec = dict(state.fallback), dict(state.over_streak), dict(state.recover_streak)
     weights: dict[str, dict[Target, float]] = {}
@@ -275,8 +299,7 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
         x = {t: normalised(c, *pred[t]) for t in observations}
         wp, xp = _variant_weights(params, observations, params.primary, x, split_ttft)
         can_fb = c.degradable and params.fallback is not None
-        wf, xf = (_variant_weights(params, observations, params.fallback, x, split_ttft) if can_fb
-                  else ({}, None))
+        wf, xf = _variant_weights(params, observations, params.fallback, x, split_ttft) if can_fb else ({}, None)
         xp_txt = "unavailable" if xp == math.inf else "no data" if xp is None else f"{xp:.3g} x SLO"
         if c.name not in fb:
             if xp is not None:
@@ -284,8 +307,7 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
             due = xp == math.inf or over.get(c.name, 0) >= params.enter_windows
             better = xf is None or xp is None or xf < xp
             if can_fb and wf and due and better:
-                fb[c.name] = (f"primary {'' if xp == math.inf else 'predicted '}{xp_txt} "
-                              f"(ttft SLO {c.ttft_slo_ms:g} ms)")
+                fb[c.name] = f"primary {'' if xp == math.inf else 'predicted '}{xp_txt} (ttft SLO {c.ttft_slo_ms:g} ms)"
                 rec[c.name], over[c.name] = 0, 0
                 changed.append(c.name)
                 reasons[c.name] = f"enter fallback: {fb[c.name]}"
@@ -305,11 +327,14 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
                     del fb[c.name]
                     rec[c.name] = 0
                     changed.append(c.name)
-                    reasons[c.name] = (f"exit fallback: primary {xp_txt} < {1 - params.hysteresis:g}"
-                                       f" for {params.recover_windows} windows")
+                    reasons[c.name] = (
+                        f"exit fallback: primary {xp_txt} < {1 - params.hysteresis:g}"
+                        f" for {params.recover_windows} windows"
+                    )
                 else:
-                    reasons[c.name] = (f"in fallback, primary {xp_txt}, recovering "
-                                       f"{rec.get(c.name, 0)}/{params.recover_windows}")
+                    reasons[c.name] = (
+                        f"in fallback, primary {xp_txt}, recovering {rec.get(c.name, 0)}/{params.recover_windows}"
+                    )
         if c.name in fb:
             weights[c.name] = _blend(wf, wp, params.fallback_probe_share) if wp else wf
         elif wp:
@@ -320,10 +345,20 @@ def step(params: RoutingParams, state: RoutingState, observations: Mapping[Targe
             reasons[c.name] += "; unroutable"
     for name in [k for k in fb if k not in names]:
         del fb[name]  # a class that is no longer routed leaves no fallback behind
-    new = replace(state, fallback=fb, over_streak=over, recover_streak=rec,
-                  last_queue={t.key: o.queue_len for t, o in observations.items()},
-                  held_ttft_ms=held,
-                  steps=state.steps + 1)
-    return new, RoutingDecision(weights, {k: fb[k] for k in names if k in fb}, reasons,
-                                {t: v[0] for t, v in pred.items()}, tuple(unroutable),
-                                tuple(changed))
+    new = replace(
+        state,
+        fallback=fb,
+        over_streak=over,
+        recover_streak=rec,
+        last_queue={t.key: o.queue_len for t, o in observations.items()},
+        held_ttft_ms=held,
+        steps=state.steps + 1,
+    )
+    return new, RoutingDecision(
+        weights,
+        {k: fb[k] for k in names if k in fb},
+        reasons,
+        {t: v[0] for t, v in pred.items()},
+        tuple(unroutable),
+        tuple(changed),
+    )

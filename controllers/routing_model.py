@@ -47,9 +47,20 @@ from typing import Literal, Protocol
 
 from controllers.errors import ParameterError, check_number
 
-__all__ = ["BATCH", "DEFAULT_CLASSES", "TRADING", "VOICE", "BreakerName", "LatencyParams",
-           "RequestClass", "TargetObs", "held_latency_ms", "min_latency_split", "normalised",
-           "predict_ms"]
+__all__ = [
+    "BATCH",
+    "DEFAULT_CLASSES",
+    "TRADING",
+    "VOICE",
+    "BreakerName",
+    "LatencyParams",
+    "RequestClass",
+    "TargetObs",
+    "held_latency_ms",
+    "min_latency_split",
+    "normalised",
+    "predict_ms",
+]
 
 BreakerName = Literal["closed", "open", "half_open"]
 _X_CAP = 1e6  # normalised-latency cap (a stuck queue), keeps the softmax finite
@@ -93,8 +104,7 @@ TRADING = RequestClass("trading", ttft_slo_ms=300.0, priority=0, degradable=True
 """Seed spec 1: a trading agent's 300 ms SLA; a smaller model on time beats a late one."""
 VOICE = RequestClass("voice", ttft_slo_ms=800.0, priority=1, degradable=True)
 """Conversational voice: the first token within ~800 ms keeps the turn natural."""
-BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2,
-                     degradable=False)
+BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2, degradable=False)
 """Offline work: loose SLOs, never degraded to the smaller model."""
 DEFAULT_CLASSES = (TRADING, VOICE, BATCH)
 
@@ -121,8 +131,9 @@ class TargetObs:
             raise ParameterError(f"breaker={self.breaker!r}: must be closed, open or half_open")
 
 
-def predict_ms(params: LatencyParams, obs: TargetObs, prev_queue: float | None,
-               dt_s: float) -> tuple[float | None, float | None]:
+def predict_ms(
+    params: LatencyParams, obs: TargetObs, prev_queue: float | None, dt_s: float
+) -> tuple[float | None, float | None]:
     """Predicted (ttft, e2e) in ms: windowed P95 plus the FIFO wait at the horizon.
 
     Examples
@@ -167,8 +178,7 @@ def normalised(c: RequestClass, ttft: float | None, e2e: float | None) -> float 
     return min(x, _X_CAP)
 
 
-def held_latency_ms(params: LatencyParams, held_ms: float | None, latency_ms: float,
-                    completions: float) -> float:
+def held_latency_ms(params: LatencyParams, held_ms: float | None, latency_ms: float, completions: float) -> float:
     """The latency the split uses: a rise at once, a fall weighed by its evidence.
 
     ``held + (latency - held) * n / (n + release_requests)`` when the window's
@@ -190,12 +200,12 @@ def held_latency_ms(params: LatencyParams, held_ms: float | None, latency_ms: fl
     if held_ms is None or latency_ms >= held_ms:
         return latency_ms
     n = completions
-    return held_ms + (latency_ms - held_ms) * (n / (n + params.release_requests)
-                                               if n + params.release_requests > 0 else 1.0)
+    return held_ms + (latency_ms - held_ms) * (
+        n / (n + params.release_requests) if n + params.release_requests > 0 else 1.0
+    )
 
 
-def min_latency_split(latency_ms: Sequence[float], capacity_rps: Sequence[float],
-                      load_rps: float) -> list[float]:
+def min_latency_split(latency_ms: Sequence[float], capacity_rps: Sequence[float], load_rps: float) -> list[float]:
     """Rates that minimise the mean latency of ``load_rps`` over parallel servers.
 
     Each target is modelled by an M/M/1-like latency curve ``s / (1 - l /

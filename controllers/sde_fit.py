@@ -66,8 +66,17 @@ class OnlineOuFit:
         if self.last is None:
             return replace(self, last=float(x), dt_s=float(dt_s))
         p, y = self.last, float(x)
-        return replace(self, n=self.n + 1, sx=self.sx + p, sy=self.sy + y, sxx=self.sxx + p * p,
-                       sxy=self.sxy + p * y, syy=self.syy + y * y, last=y, dt_s=float(dt_s))
+        return replace(
+            self,
+            n=self.n + 1,
+            sx=self.sx + p,
+            sy=self.sy + y,
+            sxx=self.sxx + p * p,
+            sxy=self.sxy + p * y,
+            syy=self.syy + y * y,
+            last=y,
+            dt_s=float(dt_s),
+        )
 
     def estimate(self) -> OuEstimate | None:
         """The ML estimate, or None until it exists (>= 3 pairs, mean reversion seen)."""

@@ -68,8 +68,7 @@ def sprt_bound(alpha: float) -> float:
     return math.log(1.0 / alpha)
 
 
-def quantile_exceedances(n: int, quantiles: Iterable[tuple[float, float | None]],
-                         threshold: float) -> int:
+def quantile_exceedances(n: int, quantiles: Iterable[tuple[float, float | None]], threshold: float) -> int:
     """At least how many of ``n`` values are over ``threshold``, from their quantiles.
 
     ``quantiles`` holds ``(q, value)`` pairs (value None: unknown).  From the

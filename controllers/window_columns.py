@@ -43,13 +43,23 @@ import numpy.typing as npt
 
 from core.vocab import AGENT_PATHS
 
-__all__ = ["AGENT_COLUMNS", "AGENT_MICRO", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
-           "REQUEST_COLUMNS", "GpuBatch", "RequestBatch", "agent_columns", "column", "gpu_batch",
-           "request_batch"]
+__all__ = [
+    "AGENT_COLUMNS",
+    "AGENT_MICRO",
+    "AGENT_PATHS",
+    "AGENT_SIGNAL_COLUMNS",
+    "GPU_COLUMNS",
+    "KV_COLUMNS",
+    "REQUEST_COLUMNS",
+    "GpuBatch",
+    "RequestBatch",
+    "agent_columns",
+    "column",
+    "gpu_batch",
+    "request_batch",
+]
 
-REQUEST_COLUMNS = tuple(
-    "ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens kv_hit ok".split()
-)
+REQUEST_COLUMNS = tuple("ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens kv_hit ok".split())
 GPU_COLUMNS = tuple(
     "ts_ms gpu_util queue_len running mem_used_bytes mem_total_bytes kv_blocks_used "
     "kv_blocks_total largest_free_block_bytes".split()
@@ -142,8 +152,7 @@ def agent_columns(cols: Mapping[str, npt.ArrayLike], n: int) -> tuple[list[Any],
     """
     if not any(k in cols for k in AGENT_COLUMNS):
         return None
-    signals = [column(cols, k, n, np.float64) if k in cols else np.full(n, np.nan)
-               for k in AGENT_SIGNAL_COLUMNS]
+    signals = [column(cols, k, n, np.float64) if k in cols else np.full(n, np.nan) for k in AGENT_SIGNAL_COLUMNS]
     path = column(cols, "agent_path", n, np.float64) if "agent_path" in cols else np.full(n, np.nan)
     absent = np.isnan(signals[0])
     for name, arr in zip(AGENT_SIGNAL_COLUMNS, signals, strict=True):

@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # types only: controllers.windows imports this module
 __all__ = ["READY_STATES", "STARTING_STATES", "node_kv", "node_result", "result"]
 
 
-
 def _ratio(num: float, den: float, empty: float | None) -> float | None:
     return float(num) / den if den else empty
 
@@ -80,9 +79,7 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
         replicas_starting=sum(s.state in STARTING_STATES for s in snaps),
         kv_blocks_used=sum(s.kv_blocks_used for s in snaps),
         kv_blocks_total=sum(s.kv_blocks_total for s in snaps),
-        largest_free_block_bytes_min=(
-            min(s.largest_free_block_bytes for s in snaps) if snaps else None
-        ),
+        largest_free_block_bytes_min=(min(s.largest_free_block_bytes for s in snaps) if snaps else None),
         agent_signals_n=agent_n,
         agent_path_counts={p: getattr(agg, f"n_path_{p}") for p in AGENT_PATHS},
     )

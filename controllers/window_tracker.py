@@ -85,9 +85,7 @@ class WindowTracker:
         if start_ms % self.size_ms:
             raise ValueError(f"start_ms={start_ms}: not aligned to size_ms={self.size_ms}")
         if self.is_late(start_ms):
-            raise LateWindowError(
-                f"window start_ms={start_ms} closed (horizon {self.closed_ms} ms) for key {key!r}"
-            )
+            raise LateWindowError(f"window start_ms={start_ms} closed (horizon {self.closed_ms} ms) for key {key!r}")
         per_key = self._windows.setdefault(key, {})
         agg = per_key.get(start_ms)
         if agg is None:

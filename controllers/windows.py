@@ -64,20 +64,36 @@ from controllers.window_columns import (
 from controllers.window_result import READY_STATES, STARTING_STATES, node_kv, node_result, result
 
 __all__ = [
-    "AGENT_COLUMNS", "AGENT_PATHS", "AGENT_SIGNAL_COLUMNS", "GPU_COLUMNS", "KV_COLUMNS",
-    "READY_STATES", "REQUEST_COLUMNS", "STARTING_STATES", "NodeSnapshot", "SloSpec",
-    "WindowAggregate", "add_gpu", "add_requests", "initialize", "merge", "node_kv", "node_result",
-    "result", "window_start_ms",
+    "AGENT_COLUMNS",
+    "AGENT_PATHS",
+    "AGENT_SIGNAL_COLUMNS",
+    "GPU_COLUMNS",
+    "KV_COLUMNS",
+    "READY_STATES",
+    "REQUEST_COLUMNS",
+    "STARTING_STATES",
+    "NodeSnapshot",
+    "SloSpec",
+    "WindowAggregate",
+    "add_gpu",
+    "add_requests",
+    "initialize",
+    "merge",
+    "node_kv",
+    "node_result",
+    "result",
+    "window_start_ms",
 ]
 
-_INT_FIELDS = tuple(
-    "n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split()
-)
+_INT_FIELDS = tuple("n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split())
 _FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
 _SKETCHES = ("e2e", "ttft", "itl")
 # Added after the first snapshots were written: absent from an old dict = 0.
-_AGENT_FIELDS = ("n_agent_signals", *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
-                 *(f"n_path_{p}" for p in AGENT_PATHS))
+_AGENT_FIELDS = (
+    "n_agent_signals",
+    *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
+    *(f"n_path_{p}" for p in AGENT_PATHS),
+)
 
 
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
@@ -191,8 +207,10 @@ class WindowAggregate:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
             setattr(agg, name, DDSketch.from_dict(data[name]))
-        agg.nodes = {n: NodeSnapshot(**{**s, "free_block_hist": tuple(s.get("free_block_hist", ()))})
-                     for n, s in data["nodes"].items()}
+        agg.nodes = {
+            n: NodeSnapshot(**{**s, "free_block_hist": tuple(s.get("free_block_hist", ()))})
+            for n, s in data["nodes"].items()
+        }
         return agg
 
 
@@ -303,13 +321,17 @@ def add_gpu(
         for k in KV_COLUMNS:
             v = kv[k][i] if k in kv else math.nan
             absent = bool(np.isnan(v))
-            extra.append((-1.0 if absent else float(v)) if k == "fragmentation_ratio"
-                         else (-1 if absent else int(v)))
+            extra.append((-1.0 if absent else float(v)) if k == "fragmentation_ratio" else (-1 if absent else int(v)))
         hist = hists[i] if hists is not None else None
         if hist is not None and any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in hist):
             raise ValueError(f"free_block_hist of row {i}: must be ints >= 0")
-        fields: list[Any] = [int(ts[i]), str(states[i]), *(int(f[k][i]) for k in GPU_COLUMNS[4:]), *extra,
-                             tuple(hist) if hist is not None else ()]
+        fields: list[Any] = [
+            int(ts[i]),
+            str(states[i]),
+            *(int(f[k][i]) for k in GPU_COLUMNS[4:]),
+            *extra,
+            tuple(hist) if hist is not None else (),
+        ]
         snap = NodeSnapshot(*fields)
         prev = agg.nodes.get(nodes[i])
         if prev is None or snap > prev:

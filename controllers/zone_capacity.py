@@ -85,8 +85,19 @@ from typing import Any
 
 from controllers.errors import ParameterError
 
-__all__ = ["HEALING", "LOST", "UP", "ZoneCapacityParams", "ZoneCapacityState", "ZoneEvent",
-           "ZoneState", "ZoneWindow", "floor_rps", "observe", "weights"]
+__all__ = [
+    "HEALING",
+    "LOST",
+    "UP",
+    "ZoneCapacityParams",
+    "ZoneCapacityState",
+    "ZoneEvent",
+    "ZoneState",
+    "ZoneWindow",
+    "floor_rps",
+    "observe",
+    "weights",
+]
 
 UP, LOST, HEALING = "up", "lost", "healing"
 _NEVER = -1
@@ -185,9 +196,14 @@ class ZoneEvent:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "zone": self.zone, "window_end_ms": self.window_end_ms,
-                "demand_rps": round(self.demand_rps, 4), "weights": dict(self.weights),
-                **dict(self.detail)}
+        return {
+            "kind": self.kind,
+            "zone": self.zone,
+            "window_end_ms": self.window_end_ms,
+            "demand_rps": round(self.demand_rps, 4),
+            "weights": dict(self.weights),
+            **dict(self.detail),
+        }
 
 
 def _weights(params: ZoneCapacityParams, zones: Mapping[str, ZoneState]) -> dict[str, float]:
@@ -212,24 +228,25 @@ def _had_demand(params: ZoneCapacityParams, z: ZoneState) -> bool:
     return z.demand_rps >= params.min_demand_rps and z.demand_rps > 0
 
 
-def _lose(params: ZoneCapacityParams, zones: dict[str, ZoneState], zone: str, basis_ms: int,
-          why: str) -> ZoneEvent:
+def _lose(params: ZoneCapacityParams, zones: dict[str, ZoneState], zone: str, basis_ms: int, why: str) -> ZoneEvent:
     z = zones[zone]
     lost_rps = z.demand_rps if z.status == UP else 0.0  # a healing zone carried no traffic yet
-    zones[zone] = replace(z, status=LOST, changed_ms=basis_ms, dark_windows=0, heal_until_ms=_NEVER,
-                          shift_until_ms=_NEVER)
-    survivors = [s for s in params.zones if s != zone and zones.get(s, ZoneState()).status == UP
-                 and s in zones]
+    zones[zone] = replace(
+        z, status=LOST, changed_ms=basis_ms, dark_windows=0, heal_until_ms=_NEVER, shift_until_ms=_NEVER
+    )
+    survivors = [s for s in params.zones if s != zone and zones.get(s, ZoneState()).status == UP and s in zones]
     shifted: dict[str, float] = {}
     for s in survivors:
         st = zones[s]
         part = lost_rps / len(survivors)  # the balancer spreads the lost share evenly over survivors
         base = st.shift_floor_rps if st.shift_until_ms > basis_ms else st.demand_rps
-        zones[s] = replace(st, shift_floor_rps=base + part,
-                           shift_until_ms=basis_ms + params.shift_hold_windows * params.window_ms)
+        zones[s] = replace(
+            st, shift_floor_rps=base + part, shift_until_ms=basis_ms + params.shift_hold_windows * params.window_ms
+        )
         shifted[s] = round(part, 4)
-    return ZoneEvent("zone_lost", zone, basis_ms, lost_rps, _weights(params, zones),
-                     {"reason": why, "shifted_rps": shifted})
+    return ZoneEvent(
+        "zone_lost", zone, basis_ms, lost_rps, _weights(params, zones), {"reason": why, "shifted_rps": shifted}
+    )
 
 
 def _need_replicas(params: ZoneCapacityParams, rps: float) -> float | None:
@@ -238,8 +255,9 @@ def _need_replicas(params: ZoneCapacityParams, rps: float) -> float | None:
     return rps / (params.capacity_rps * params.target_util)
 
 
-def observe(params: ZoneCapacityParams, state: ZoneCapacityState, zone: str,
-            win: ZoneWindow) -> tuple[ZoneCapacityState, list[ZoneEvent]]:
+def observe(
+    params: ZoneCapacityParams, state: ZoneCapacityState, zone: str, win: ZoneWindow
+) -> tuple[ZoneCapacityState, list[ZoneEvent]]:
     """Fold one closed window of ``zone`` in; check every other zone's silence.
 
     Returns the new state and the events it caused, in order.  A window no
@@ -276,10 +294,19 @@ def observe(params: ZoneCapacityParams, state: ZoneCapacityState, zone: str,
             serving = [s for s in params.zones if s != zone and zones.get(s, ZoneState()).status == UP]
             total = sum(zones[s].demand_rps for s in serving if s in zones)
             share = total / (len(serving) + 1)
-            zones[zone] = replace(z, status=HEALING, changed_ms=b, heal_floor_rps=share,
-                                  heal_until_ms=_NEVER, dark_windows=0)
-            events.append(ZoneEvent("zone_healed", zone, b, share, _weights(params, zones),
-                                    {"ready": win.replicas_ready, "starting": win.replicas_starting}))
+            zones[zone] = replace(
+                z, status=HEALING, changed_ms=b, heal_floor_rps=share, heal_until_ms=_NEVER, dark_windows=0
+            )
+            events.append(
+                ZoneEvent(
+                    "zone_healed",
+                    zone,
+                    b,
+                    share,
+                    _weights(params, zones),
+                    {"ready": win.replicas_ready, "starting": win.replicas_starting},
+                )
+            )
     else:  # HEALING
         if dark:
             z = replace(z, dark_windows=z.dark_windows + 1)
@@ -296,15 +323,21 @@ def observe(params: ZoneCapacityParams, state: ZoneCapacityState, zone: str,
             waited = (b - z.changed_ms) // params.window_ms >= params.max_heal_windows
             if ready_enough or waited:
                 release = b + params.release_windows * params.window_ms
-                zones[zone] = replace(z, status=UP, changed_ms=b, demand_rps=z.heal_floor_rps,
-                                      heal_until_ms=release)
+                zones[zone] = replace(z, status=UP, changed_ms=b, demand_rps=z.heal_floor_rps, heal_until_ms=release)
                 for s in params.zones:
                     st = zones.get(s)
                     if s != zone and st is not None and st.shift_until_ms > b:
                         zones[s] = replace(st, shift_until_ms=min(st.shift_until_ms, release))
-                events.append(ZoneEvent("zone_returned", zone, b, z.heal_floor_rps, _weights(params, zones),
-                                        {"ready": win.replicas_ready,
-                                         "reason": "ready" if ready_enough else "waited"}))
+                events.append(
+                    ZoneEvent(
+                        "zone_returned",
+                        zone,
+                        b,
+                        z.heal_floor_rps,
+                        _weights(params, zones),
+                        {"ready": win.replicas_ready, "reason": "ready" if ready_enough else "waited"},
+                    )
+                )
     # Silence: zones (up or healing, with demand) whose windows stopped while this one's came.
     for o in params.zones:
         st = zones.get(o)
@@ -343,7 +376,6 @@ def floor_rps(params: ZoneCapacityParams, state: ZoneCapacityState, zone: str, b
         up = [s for s in params.zones if state.zones.get(s, ZoneState()).status == UP]
         k = params.redundancy - (len(params.zones) - len(up))
         if k >= 1 and len(up) > k:
-            others = sorted((state.zones[s].demand_rps for s in up if s != zone and s in state.zones),
-                            reverse=True)[:k]
+            others = sorted((state.zones[s].demand_rps for s in up if s != zone and s in state.zones), reverse=True)[:k]
             floor = max(floor, z.demand_rps + sum(others) / (len(up) - k))
     return floor

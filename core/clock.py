@@ -6,6 +6,7 @@ of one run shares ``origin_s`` and ``speed`` through the settings, so the
 fleet, the stream worker and the executors agree on what "now" is and on
 when a command expires.
 """
+
 from __future__ import annotations
 
 import time

@@ -90,8 +90,7 @@ class ModelSpec:
             raise SettingsError(f"model {self.name}: SLOs must be positive")
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise SettingsError(
-                f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) "
-                f"<= max_replicas ({self.max_replicas})"
+                f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
             )
 
 
@@ -166,9 +165,7 @@ CODECS: dict[str, _Codec] = {
     "int": _Codec(int, str, lambda: {"type": "integer"}),
     "float": _Codec(float, repr, lambda: {"type": "number"}),
     "bool": _Codec(_parse_bool, lambda v: "1" if v else "0", lambda: {"type": "boolean"}),
-    "csv": _Codec(
-        _parse_csv, ",".join, lambda: {"type": "array", "items": {"type": "string", "minLength": 1}}
-    ),
+    "csv": _Codec(_parse_csv, ",".join, lambda: {"type": "array", "items": {"type": "string", "minLength": 1}}),
     "models": _Codec(
         _parse_models,
         lambda v: json.dumps([dataclasses.asdict(m) for m in v]),
@@ -243,12 +240,8 @@ class Settings:
     topic_prefix: str = _setting(
         "governor", "GOVERNOR_TOPIC_PREFIX", "prefix of every Kafka topic and Redis key", "str"
     )
-    partitions: int = _setting(
-        4, "GOVERNOR_PARTITIONS", "partitions of the topics governor creates", "int", ge=1
-    )
-    zones: tuple[str, ...] = _setting(
-        ("az-a", "az-b"), "GOVERNOR_ZONES", "comma-separated zones", "csv", min_items=1
-    )
+    partitions: int = _setting(4, "GOVERNOR_PARTITIONS", "partitions of the topics governor creates", "int", ge=1)
+    zones: tuple[str, ...] = _setting(("az-a", "az-b"), "GOVERNOR_ZONES", "comma-separated zones", "csv", min_items=1)
     models: tuple[ModelSpec, ...] = _setting(
         DEFAULT_MODELS,
         "GOVERNOR_MODELS",
@@ -495,9 +488,7 @@ def _load_gains_file(path: str) -> dict[str, float]:
 
 
 #: environment variable -> help, in field order (the CLI's --help lists them).
-ENV_VARS: dict[str, str] = {
-    f.metadata["env"]: f.metadata["help"] for f in dataclasses.fields(Settings)
-}
+ENV_VARS: dict[str, str] = {f.metadata["env"]: f.metadata["help"] for f in dataclasses.fields(Settings)}
 
 
 def settings_table() -> str:

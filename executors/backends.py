@@ -70,6 +70,7 @@ command they can never apply (acknowledged and reported as failed).
   retries with backoff; a 4xx answer is a rejection, a 5xx or no answer
   is temporary).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -103,9 +104,6 @@ class Backend(Protocol):
     async def apply(self, cmd: Command) -> dict[str, Any]: ...
 
 
-
-
-
 class SimFleetBackend:
     name = "sim"
 
@@ -128,9 +126,7 @@ class SimFleetBackend:
             await self.redis.hset(self.key, cmd.model, cmd.target_replicas)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
-        return {"previous_desired": int(previous) if previous is not None else None,
-                "desired": cmd.target_replicas}
-
+        return {"previous_desired": int(previous) if previous is not None else None, "desired": cmd.target_replicas}
 
     async def _relocate(self, cmd: Command) -> dict[str, Any]:
         req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}
@@ -153,8 +149,6 @@ class DryRunBackend:
         return {"dry_run": True}
 
 
-
-
 class RoutingBackend:
     """Writes route/breaker/canary/agents commands to Redis hashes (the contract is in the module docstring)."""
 
@@ -173,21 +167,33 @@ class RoutingBackend:
                     total = sum(ws.values())
                     if total <= 0:
                         raise BackendRejected(f"route: class {cls!r} has no positive weight")
-                    fields[cls] = orjson.dumps({
-                        "weights": {t: w / total for t, w in sorted(ws.items())}, "model": cmd.model,
-                        "command_id": cmd.command_id, "basis_ms": cmd.basis_ms,
-                        "issued_at_ms": cmd.issued_at_ms})
+                    fields[cls] = orjson.dumps(
+                        {
+                            "weights": {t: w / total for t, w in sorted(ws.items())},
+                            "model": cmd.model,
+                            "command_id": cmd.command_id,
+                            "basis_ms": cmd.basis_ms,
+                            "issued_at_ms": cmd.issued_at_ms,
+                        }
+                    )
                 await self.redis.hset(names.routing_hash(self.prefix, cmd.zone), mapping=fields)
                 return {"classes": sorted(cmd.payload["weights"])}
             if cmd.kind == "breaker":
                 target = str(cmd.payload.get("target", cmd.model))
-                await self.redis.hset(names.breaker_hash(self.prefix, cmd.zone), target,
-                                      orjson.dumps({**cmd.payload, "basis_ms": cmd.basis_ms}))
+                await self.redis.hset(
+                    names.breaker_hash(self.prefix, cmd.zone),
+                    target,
+                    orjson.dumps({**cmd.payload, "basis_ms": cmd.basis_ms}),
+                )
                 return {"target": target, "state": cmd.payload.get("state")}
             if cmd.kind == "canary":
                 share = cmd.payload.get("share")
-                if (isinstance(share, bool) or not isinstance(share, int | float)
-                        or not 0.0 <= share <= 1.0 or not cmd.payload.get("version")):
+                if (
+                    isinstance(share, bool)
+                    or not isinstance(share, int | float)
+                    or not 0.0 <= share <= 1.0
+                    or not cmd.payload.get("version")
+                ):
                     raise BackendRejected(f"canary: needs version and share in [0, 1], got {cmd.payload}")
                 await self._model_field(cmd, "_canary")
                 return {"model": cmd.model, "version": cmd.payload["version"], "share": float(share)}
@@ -200,9 +206,19 @@ class RoutingBackend:
 
     async def _model_field(self, cmd: Command, name: str) -> None:
         """The payload, the model and the command's id and times, as field ``<name>|<model>``."""
-        await self.redis.hset(names.routing_hash(self.prefix, cmd.zone), f"{name}|{cmd.model}",
-                              orjson.dumps({**cmd.payload, "model": cmd.model, "command_id": cmd.command_id,
-                                            "basis_ms": cmd.basis_ms, "issued_at_ms": cmd.issued_at_ms}))
+        await self.redis.hset(
+            names.routing_hash(self.prefix, cmd.zone),
+            f"{name}|{cmd.model}",
+            orjson.dumps(
+                {
+                    **cmd.payload,
+                    "model": cmd.model,
+                    "command_id": cmd.command_id,
+                    "basis_ms": cmd.basis_ms,
+                    "issued_at_ms": cmd.issued_at_ms,
+                }
+            ),
+        )
 
 
 class WebhookBackend:
@@ -214,8 +230,7 @@ class WebhookBackend:
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
 
     def _post(self, body: bytes) -> int:
-        req = urllib.request.Request(self.url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - operator-set URL
             return int(resp.status)
 
@@ -232,5 +247,5 @@ class WebhookBackend:
                 last = f"HTTP {exc.code}"
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
                 last = str(exc)
-            await asyncio.sleep(self.backoff_s * 2 ** attempt)
+            await asyncio.sleep(self.backoff_s * 2**attempt)
         raise BackendUnavailable(f"webhook {self.url}: {last} after {self.retries} attempts")

@@ -41,6 +41,7 @@ refused as ``expired``.  The wait holds this executor's poll loop (commands
 of one zone apply in order).  Commands without ``apply_at_ms`` (the default)
 apply at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,12 +87,25 @@ class ExecutorStats:
 
 
 class ZoneExecutor:
-    def __init__(self, *, zone: str, prefix: str, redis: aioredis.Redis, backend: Backend,
-                 clock: ScaledClock, results: AIOKafkaProducer | None, results_topic: str,
-                 metrics: ExecutorMetrics | None = None, consumer: str | None = None,
-                 block_ms: int = 200, retry_idle_ms: int = 5_000, marker_ttl_s: int = 24 * 3600,
-                 timing: ZoneTiming | None = None, probe_interval_s: float = 5.0,
-                 rtt_factor: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        zone: str,
+        prefix: str,
+        redis: aioredis.Redis,
+        backend: Backend,
+        clock: ScaledClock,
+        results: AIOKafkaProducer | None,
+        results_topic: str,
+        metrics: ExecutorMetrics | None = None,
+        consumer: str | None = None,
+        block_ms: int = 200,
+        retry_idle_ms: int = 5_000,
+        marker_ttl_s: int = 24 * 3600,
+        timing: ZoneTiming | None = None,
+        probe_interval_s: float = 5.0,
+        rtt_factor: float | None = None,
+    ) -> None:
         self.zone = zone
         self.prefix = prefix
         self.redis = redis
@@ -109,13 +123,29 @@ class ZoneExecutor:
         self._stopping = asyncio.Event()
         self.hlc = Hlc()
         self.probe_interval_s = probe_interval_s
-        self.timing = timing or ZoneTiming(zone, redis, producer=results, results_topic=results_topic,
-                                           registry=self.metrics.registry, factor=rtt_factor)
+        self.timing = timing or ZoneTiming(
+            zone,
+            redis,
+            producer=results,
+            results_topic=results_topic,
+            registry=self.metrics.registry,
+            factor=rtt_factor,
+        )
         # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
         source = getattr(backend, "outcomes_key", None)
-        self.relay = (OutcomeRelay(redis, source, names.relocation_inflight(prefix, zone), zone=zone, backend=backend.name,
-                                   publish=self._report, now_ms=clock.now_ms)
-                      if source and results is not None else None)
+        self.relay = (
+            OutcomeRelay(
+                redis,
+                source,
+                names.relocation_inflight(prefix, zone),
+                zone=zone,
+                backend=backend.name,
+                publish=self._report,
+                now_ms=clock.now_ms,
+            )
+            if source and results is not None
+            else None
+        )
 
     @property
     def _basis_key(self) -> str:
@@ -138,8 +168,11 @@ class ZoneExecutor:
     async def run(self) -> None:
         await self.ensure_group()
         log.info("executor %s reading %s as %s", self.zone, self.stream, self.consumer)
-        probes = (asyncio.create_task(self.timing.run(self.probe_interval_s, self._stopping))
-                  if self.probe_interval_s > 0 else None)
+        probes = (
+            asyncio.create_task(self.timing.run(self.probe_interval_s, self._stopping))
+            if self.probe_interval_s > 0
+            else None
+        )
         delay = 0.1
         try:
             while not self._stopping.is_set():
@@ -173,12 +206,12 @@ class ZoneExecutor:
     async def poll_once(self) -> int:
         """Handle what is pending for too long (ours or a dead peer's), then new entries."""
         handled = 0
-        claimed = await self.redis.xautoclaim(self.stream, GROUP, self.consumer,
-                                              min_idle_time=self.retry_idle_ms, start_id="0-0", count=100)
+        claimed = await self.redis.xautoclaim(
+            self.stream, GROUP, self.consumer, min_idle_time=self.retry_idle_ms, start_id="0-0", count=100
+        )
         for entry_id, fields in claimed[1] if claimed else []:
             handled += await self.handle(entry_id, fields)
-        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"},
-                                           count=100, block=self.block_ms)
+        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=100, block=self.block_ms)
         for _stream, entries in resp or []:
             for entry_id, fields in entries:
                 handled += await self.handle(entry_id, fields)
@@ -194,7 +227,9 @@ class ZoneExecutor:
             if cmd.zone != self.zone:
                 raise CommandError(f"command for zone {cmd.zone!r} on {self.zone!r}'s stream")
         except CommandError as exc:
-            await self._finish(entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")})
+            await self._finish(
+                entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")}
+            )
             return 1
         if await self.redis.exists(names.applied_marker(self.prefix, self.zone, cmd.command_id)):
             await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)
@@ -210,20 +245,28 @@ class ZoneExecutor:
             return 1
         last_hlc = await self.redis.hget(self._hlc_key, cmd.order_field)
         if hlc_stale(cmd.hlc, None if last_hlc is None else int(last_hlc)):
-            await self._finish(entry_id, cmd, "stale", "hlc older than last applied", now,
-                               {"last_hlc": int(last_hlc or 0)})
+            await self._finish(
+                entry_id, cmd, "stale", "hlc older than last applied", now, {"last_hlc": int(last_hlc or 0)}
+            )
             return 1
         basis_field = cmd.model if cmd.kind == "scale" else cmd.order_field
         last_basis = await self.redis.hget(self._basis_key, basis_field)
         if last_basis is not None and cmd.basis_ms < int(last_basis):
-            await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now)
+            await self._finish(
+                entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now
+            )
             return 1
         await self.wait_apply_at(cmd)
         if _apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
             now = self.clock.now_ms()
             self.metrics.expired.labels(self.zone).inc()
-            await self._finish(entry_id, cmd, "expired", f"apply_at_ms {_apply_at(cmd)} "
-                               f"not reached before expires_at_ms {cmd.expires_at_ms}", now)
+            await self._finish(
+                entry_id,
+                cmd,
+                "expired",
+                f"apply_at_ms {_apply_at(cmd)} not reached before expires_at_ms {cmd.expires_at_ms}",
+                now,
+            )
             return 1
         try:
             detail = await self.backend.apply(cmd)
@@ -244,20 +287,41 @@ class ZoneExecutor:
         await self._finish(entry_id, cmd, "applied", "", applied_at, detail)
         return 1
 
-    async def _finish(self, entry_id: bytes, cmd: Command | None, outcome: str, reason: str,
-                      now: int, detail: dict[str, Any] | None = None) -> None:
+    async def _finish(
+        self,
+        entry_id: bytes,
+        cmd: Command | None,
+        outcome: str,
+        reason: str,
+        now: int,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
         self.stats.count(outcome)
         self.metrics.outcomes.labels(self.zone, outcome).inc()
         if outcome != "applied":
             log.info("executor %s: %s %s (%s)", self.zone, outcome, cmd.command_id if cmd else entry_id, reason)
-        result = {"schema_version": 1, "zone": self.zone, "outcome": outcome, "reason": reason,
-                  "at_ms": now, "backend": self.backend.name, "detail": detail or {},
-                  "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)}
+        result = {
+            "schema_version": 1,
+            "zone": self.zone,
+            "outcome": outcome,
+            "reason": reason,
+            "at_ms": now,
+            "backend": self.backend.name,
+            "detail": detail or {},
+            "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id),
+        }
         if cmd is not None:
-            result.update(command_id=cmd.command_id, model=cmd.model, kind=cmd.kind,
-                          target_replicas=cmd.target_replicas, issued_at_ms=cmd.issued_at_ms,
-                          basis_ms=cmd.basis_ms, latency_ms=now - cmd.issued_at_ms,
-                          hlc=cmd.hlc, executor_hlc=self.hlc.encode())
+            result.update(
+                command_id=cmd.command_id,
+                model=cmd.model,
+                kind=cmd.kind,
+                target_replicas=cmd.target_replicas,
+                issued_at_ms=cmd.issued_at_ms,
+                basis_ms=cmd.basis_ms,
+                latency_ms=now - cmd.issued_at_ms,
+                hlc=cmd.hlc,
+                executor_hlc=self.hlc.encode(),
+            )
         if self.results is not None:
             await self._report(result)
         await self.redis.xack(self.stream, GROUP, entry_id)
@@ -267,8 +331,7 @@ class ZoneExecutor:
         delay = 0.1
         while True:
             try:
-                await self.results.send_and_wait(self.results_topic, orjson.dumps(result),
-                                                 key=self.zone.encode())
+                await self.results.send_and_wait(self.results_topic, orjson.dumps(result), key=self.zone.encode())
                 return
             except Exception as exc:  # noqa: BLE001 - Kafka trouble is temporary: back off
                 log.warning("executor %s: results topic unavailable (%s); retry in %.1f s", self.zone, exc, delay)

@@ -40,6 +40,7 @@ executor stopped for longer than that many relocations loses the oldest.
 Several executors of one zone share the list safely (LMOVE hands each
 outcome to one of them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,15 @@ import orjson
 log = logging.getLogger(__name__)
 
 RECORD = "relocation_outcome"
-NUMBERS = ("bytes_moved", "duration_s", "pause_steps", "fragmentation_before", "fragmentation_after",
-           "largest_free_before", "largest_free_after")
-
+NUMBERS = (
+    "bytes_moved",
+    "duration_s",
+    "pause_steps",
+    "fragmentation_before",
+    "fragmentation_after",
+    "largest_free_before",
+    "largest_free_after",
+)
 
 
 def outcome_record(raw: bytes, zone: str, backend: str, now_ms: int) -> dict[str, Any]:
@@ -75,13 +82,25 @@ def outcome_record(raw: bytes, zone: str, backend: str, now_ms: int) -> dict[str
         out = {"refused": f"unreadable outcome: {raw.decode('utf-8', 'replace')[:200]}"}
     refused = out.get("refused")
     moved = out.get("moved")
-    return {"schema_version": 1, "record": RECORD, "kind": RECORD,
-            "outcome": "relocation_refused" if refused else "relocation_applied",
-            "applied": not refused, "reason": str(refused or ""),
-            "zone": str(out.get("zone") or zone), "model": out.get("model"), "node": out.get("node"),
-            "command_id": out.get("command_id"), "action": out.get("action"), "t_s": out.get("t_s"),
-            "at_ms": now_ms, "backend": backend, **{k: out.get(k) for k in NUMBERS},
-            "moved": len(moved) if isinstance(moved, dict) else None, "detail": out}
+    return {
+        "schema_version": 1,
+        "record": RECORD,
+        "kind": RECORD,
+        "outcome": "relocation_refused" if refused else "relocation_applied",
+        "applied": not refused,
+        "reason": str(refused or ""),
+        "zone": str(out.get("zone") or zone),
+        "model": out.get("model"),
+        "node": out.get("node"),
+        "command_id": out.get("command_id"),
+        "action": out.get("action"),
+        "t_s": out.get("t_s"),
+        "at_ms": now_ms,
+        "backend": backend,
+        **{k: out.get(k) for k in NUMBERS},
+        "moved": len(moved) if isinstance(moved, dict) else None,
+        "detail": out,
+    }
 
 
 class OutcomeRelay:
@@ -92,9 +111,18 @@ class OutcomeRelay:
     errors propagate to the caller, which retries the whole step.
     """
 
-    def __init__(self, redis: Any, source: str, inflight: str, *, zone: str, backend: str,
-                 publish: Callable[[dict[str, Any]], Awaitable[None]], now_ms: Callable[[], int],
-                 batch: int = 100) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        source: str,
+        inflight: str,
+        *,
+        zone: str,
+        backend: str,
+        publish: Callable[[dict[str, Any]], Awaitable[None]],
+        now_ms: Callable[[], int],
+        batch: int = 100,
+    ) -> None:
         self.redis, self.source, self.inflight = redis, source, inflight
         self.zone, self.backend, self.publish, self.now_ms = zone, backend, publish, now_ms
         self.batch = batch
@@ -106,8 +134,14 @@ class OutcomeRelay:
         await self.publish(rec)
         await self.redis.lrem(self.inflight, 1, raw)
         self.relayed += 1
-        log.info("executor %s: relocation %s of %s %s%s", self.zone, rec["command_id"], rec["node"],
-                 rec["outcome"], f" ({rec['reason']})" if rec["reason"] else "")
+        log.info(
+            "executor %s: relocation %s of %s %s%s",
+            self.zone,
+            rec["command_id"],
+            rec["node"],
+            rec["outcome"],
+            f" ({rec['reason']})" if rec["reason"] else "",
+        )
 
     async def recover(self) -> int:
         """Publish again what a previous executor left in flight; the number published."""

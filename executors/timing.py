@@ -20,6 +20,7 @@ Each probe is published to the results topic as a ``timing`` record
 ``base``, ``compensation``) and ``governor_zone_clock_offset_ms{zone}`` on
 the executor's registry.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,9 +49,18 @@ def _wall_ms() -> float:
 class ZoneTiming:
     """RTT and clock-offset estimates of one zone's executor (mutable holder of pure values)."""
 
-    def __init__(self, zone: str, redis: aioredis.Redis, *, producer: AIOKafkaProducer | None = None,
-                 results_topic: str = "", registry: CollectorRegistry | None = None,
-                 factor: float | None = None, window: int = 5, offset_window: int = 8) -> None:
+    def __init__(
+        self,
+        zone: str,
+        redis: aioredis.Redis,
+        *,
+        producer: AIOKafkaProducer | None = None,
+        results_topic: str = "",
+        registry: CollectorRegistry | None = None,
+        factor: float | None = None,
+        window: int = 5,
+        offset_window: int = 8,
+    ) -> None:
         self.zone = zone
         self.redis = redis
         self.producer = producer
@@ -60,10 +70,15 @@ class ZoneTiming:
         self.kafka_rtt_ms: float | None = None
         self.probes = 0
         r = registry or CollectorRegistry()
-        self.g_rtt = Gauge("governor_zone_rtt_ms", "zone network RTT proxy: redis/kafka probe, base, compensation",
-                           ("zone", "path"), registry=r)
-        self.g_offset = Gauge("governor_zone_clock_offset_ms", "Redis TIME minus executor clock (NTP filter)",
-                              ("zone",), registry=r)
+        self.g_rtt = Gauge(
+            "governor_zone_rtt_ms",
+            "zone network RTT proxy: redis/kafka probe, base, compensation",
+            ("zone", "path"),
+            registry=r,
+        )
+        self.g_offset = Gauge(
+            "governor_zone_clock_offset_ms", "Redis TIME minus executor clock (NTP filter)", ("zone",), registry=r
+        )
 
     def offset_ms(self) -> float:
         """Estimated reference (Redis) clock minus this executor's clock, ms (0 before a probe)."""
@@ -86,15 +101,23 @@ class ZoneTiming:
         server = secs * 1000.0 + usecs / 1000.0
         self.offset = self.offset.sample(t0, server, server, t3)
         self.probes += 1
-        base, comp, offset = (self.rtt.base_ms(self.zone), self.rtt.compensation_ms(self.zone),
-                              self.offset.offset_ms())
-        record: dict[str, Any] = {"schema_version": TIMING_SCHEMA_VERSION, "record": "timing", "outcome": "timing",
-                  "zone": self.zone, "at_ms": int(t3), "redis_rtt_ms": redis_rtt,
-                  "kafka_rtt_ms": self.kafka_rtt_ms, "base_rtt_ms": base,
-                  "rtt_factor": self.rtt.factor(self.zone),
-                  "compensation_ms": comp,
-                  "clock_offset_ms": offset, "offset_delay_ms": self.offset.delay_ms(),
-                  "offset_error_bound_ms": self.offset.error_bound_ms(), "probes": self.probes}
+        base, comp, offset = (self.rtt.base_ms(self.zone), self.rtt.compensation_ms(self.zone), self.offset.offset_ms())
+        record: dict[str, Any] = {
+            "schema_version": TIMING_SCHEMA_VERSION,
+            "record": "timing",
+            "outcome": "timing",
+            "zone": self.zone,
+            "at_ms": int(t3),
+            "redis_rtt_ms": redis_rtt,
+            "kafka_rtt_ms": self.kafka_rtt_ms,
+            "base_rtt_ms": base,
+            "rtt_factor": self.rtt.factor(self.zone),
+            "compensation_ms": comp,
+            "clock_offset_ms": offset,
+            "offset_delay_ms": self.offset.delay_ms(),
+            "offset_error_bound_ms": self.offset.error_bound_ms(),
+            "probes": self.probes,
+        }
         self.g_rtt.labels(self.zone, "redis").set(redis_rtt)
         self.g_rtt.labels(self.zone, "base").set(base)
         self.g_rtt.labels(self.zone, "compensation").set(comp)

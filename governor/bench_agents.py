@@ -4,6 +4,7 @@ Agent turns take the RAG, tool or plain-LLM path drawn from the 4.1 weights
 (dynamic) or 1:1:1 (static); see :func:`agent_turn_calls` for the stated
 model of each path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,7 @@ from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 
 
-def agent_turn_calls(path: str, sig: aw.AgentSignals, rng: np.random.Generator
-                     ) -> tuple[list[tuple[int, int]], float]:
+def agent_turn_calls(path: str, sig: aw.AgentSignals, rng: np.random.Generator) -> tuple[list[tuple[int, int]], float]:
     """LLM calls ``(prompt, output)`` and fixed extra delay (ms) of one agent turn on ``path``.
 
     Model (stated, not measured): ``llm``: one call (prompt 800, output 120);
@@ -53,8 +53,12 @@ def agent_turn_calls(path: str, sig: aw.AgentSignals, rng: np.random.Generator
 
 def scenario_agents(args: argparse.Namespace) -> dict[str, Any]:
     replicas = {FALLBACK: args.agent_replicas}
-    cfg = FleetConfig(models={FALLBACK: PerfModel.from_splitwise(model=FALLBACK)}, zones=("az-a",),
-                      initial_replicas=args.agent_replicas, seed=args.seed)
+    cfg = FleetConfig(
+        models={FALLBACK: PerfModel.from_splitwise(model=FALLBACK)},
+        zones=("az-a",),
+        initial_replicas=args.agent_replicas,
+        seed=args.seed,
+    )
     rng = np.random.default_rng([args.seed, 11])
     n_conv = args.agent_conversations
     sigs = [aw.AgentSignals(*rng.beta(2.0, 2.0, 3).tolist()) for _ in range(n_conv)]
@@ -74,8 +78,12 @@ def scenario_agents(args: argparse.Namespace) -> dict[str, Any]:
             paths[path] += 1
             calls, extra = agent_turn_calls(path, sigs[c], r2)
             ids = []
-            fields = {"agent_stability": sigs[c].stability, "agent_rag_score": sigs[c].rag_score,
-                      "agent_tool_conf": sigs[c].tool_conf, "agent_path": path}  # the turn's telemetry
+            fields = {
+                "agent_stability": sigs[c].stability,
+                "agent_rag_score": sigs[c].rag_score,
+                "agent_tool_conf": sigs[c].tool_conf,
+                "agent_path": path,
+            }  # the turn's telemetry
             for j, (p, o) in enumerate(calls):
                 rid = f"t{k}c{j}"
                 f.submit(t, "az-a", FALLBACK, p, o, rid, request_class="agent", agent=fields)
@@ -83,11 +91,13 @@ def scenario_agents(args: argparse.Namespace) -> dict[str, Any]:
             turns.append((ids, extra))
         lat = {r["request_id"]: r["e2e_ms"] for r in f.advance_to(args.duration_s + 600)}
         resp = [sum(lat[i] for i in ids) + extra for ids, extra in turns if all(i in lat for i in ids)]
-        res[arm] = {"turns": n_turns, "mean_response_ms": float(np.mean(resp)),
-                    "p95_response_ms": _pct(resp, 95),
-                    "completion": sum(x <= args.agent_deadline_ms for x in resp) / n_turns,
-                    "llm_calls": len(lat), "paths": dict(paths),
-                    "gpu_seconds": _gpu_seconds(cfg, replicas, args.duration_s + 600) / 1}
+        res[arm] = {
+            "turns": n_turns,
+            "mean_response_ms": float(np.mean(resp)),
+            "p95_response_ms": _pct(resp, 95),
+            "completion": sum(x <= args.agent_deadline_ms for x in resp) / n_turns,
+            "llm_calls": len(lat),
+            "paths": dict(paths),
+            "gpu_seconds": _gpu_seconds(cfg, replicas, args.duration_s + 600) / 1,
+        }
     return res
-
-

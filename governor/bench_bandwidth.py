@@ -7,6 +7,7 @@ measurements.  The control bandwidth B (Hz) is the rate of decisions:
 the feedback PID alone at several B, and ``log eps = log eps0 - a log B`` is
 fitted by least squares.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,22 +52,38 @@ def run_bandwidth(args: Namespace) -> int:
         cfg = LoopConfig(window_s=w, lateness_s=min(2.0, w / 2), seed=args.seed)
         r = run("governor", sc.workload, cfg, sc.faults, sc.duration_s)
         eps = max(1e-6, 1.0 - (r.metrics["slo_attainment"] or 0.0))
-        rows.append({"window_s": w, "bandwidth_hz": 1.0 / w, "violation_rate": eps,
-                     "gpu_seconds": r.metrics["gpu_seconds"], "scale_actions": r.metrics["scale_actions"]})
-    eps0, a, r2 = fit_power_law(np.array([r["bandwidth_hz"] for r in rows]),
-                                np.array([r["violation_rate"] for r in rows]))
+        rows.append(
+            {
+                "window_s": w,
+                "bandwidth_hz": 1.0 / w,
+                "violation_rate": eps,
+                "gpu_seconds": r.metrics["gpu_seconds"],
+                "scale_actions": r.metrics["scale_actions"],
+            }
+        )
+    eps0, a, r2 = fit_power_law(
+        np.array([r["bandwidth_hz"] for r in rows]), np.array([r["violation_rate"] for r in rows])
+    )
     seed_eps0, seed_a, _ = fit_power_law(np.array(list(SEED_TABLE)), np.array(list(SEED_TABLE.values())))
-    out = {"trace": args.trace, "scenario": args.scenario, "qps": args.qps, "duration_s": args.duration_s,
-           "rows": rows, "fit": {"eps0": eps0, "a": a, "r2": r2},
-           "seed": {"formula": {"eps0": 0.12, "a": 0.85}, "table_fit": {"eps0": seed_eps0, "a": seed_a}}}
+    out = {
+        "trace": args.trace,
+        "scenario": args.scenario,
+        "qps": args.qps,
+        "duration_s": args.duration_s,
+        "rows": rows,
+        "fit": {"eps0": eps0, "a": a, "r2": r2},
+        "seed": {"formula": {"eps0": 0.12, "a": 0.85}, "table_fit": {"eps0": seed_eps0, "a": seed_a}},
+    }
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"{args.trace} / {args.scenario}, feedback PID, control period = window")
     print(f"{'window s':>9} {'B (Hz)':>8} {'violations':>11} {'GPU-s':>10} {'actions':>8}")
     for r in rows:
-        print(f"{r['window_s']:>9g} {r['bandwidth_hz']:>8.3f} {r['violation_rate']:>10.2%} "
-              f"{r['gpu_seconds']:>10,.0f} {r['scale_actions']:>8}")
+        print(
+            f"{r['window_s']:>9g} {r['bandwidth_hz']:>8.3f} {r['violation_rate']:>10.2%} "
+            f"{r['gpu_seconds']:>10,.0f} {r['scale_actions']:>8}"
+        )
     print(f"fit: eps = {eps0:.4f} * B^({-a:+.3f})  (R^2 {r2:.2f})")
     print(f"seed: formula eps0 0.12, a 0.85; its own table fits eps0 {seed_eps0:.4f}, a {seed_a:.3f}")
     sys.stdout.flush()

@@ -10,6 +10,7 @@ to stable) and ``big-bang`` (100 % at the start).  The canary sees what the
 stream worker sees: per window, each version's count, errors and TTFT
 P50/P95/P99.  Reported: the share of *all* requests v2 served.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def version_obs(win: list[dict], model: str) -> can.VersionObs:
     """One version's window as the stream worker reports it: count, errors, TTFT quantiles."""
     rs = [r for r in win if r["model"] == model]
     ttft = [r["ttft_ms"] for r in rs]
-    return can.VersionObs(len(rs), sum(r["status"] == "error" for r in rs), _pct(ttft, 99),
-                          _pct(ttft, 50), _pct(ttft, 95))
+    return can.VersionObs(
+        len(rs), sum(r["status"] == "error" for r in rs), _pct(ttft, 99), _pct(ttft, 50), _pct(ttft, 95)
+    )
 
 
 def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,6 +62,7 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
                     f.inject_errors(z, v2, args.canary_error_rate, 0.0, 1e9)
                 elif bad in slow_factor:
                     f.inject_latency_spike(z, v2, 1.0, slow_factor[bad], 0.0, 1e9)
+
         return setup
 
     def weights(share: float) -> dict[str, float]:
@@ -84,8 +87,9 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
             elif self.state.name == "running":
                 self.state, out = can.step(cp, self.state, version_obs(win, v2), version_obs(win, stable), t)
                 if out.changed:
-                    self.events.append({"t_s": t, "event": out.state_name, "share": out.traffic_share,
-                                        "reason": out.reason})
+                    self.events.append(
+                        {"t_s": t, "event": out.state_name, "share": out.traffic_share, "reason": out.reason}
+                    )
             share = can.traffic_share(cp, self.state)
             if t == 0.0 or share != self.share:
                 self.share = share
@@ -118,12 +122,10 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
                 end = next((e["t_s"] for e in pol.events if e["event"] in can.TERMINAL), dur)
                 during = [r for r in recs if start_s * 1000 <= r["arrival_ms"] < end * 1000]
                 s["rollout_s"] = [start_s, end]
-                s["v2_share_during_rollout"] = (sum(r["model"] == v2 for r in during) / len(during)
-                                                if during else 0.0)
+                s["v2_share_during_rollout"] = sum(r["model"] == v2 for r in during) / len(during) if during else 0.0
                 first = next((e["t_s"] for e in pol.events if e["event"] != "start"), end)
                 s["v2_ttft_p99_first_stage_ms"] = _pct(
-                    [r["ttft_ms"] for r in on_v2 if r["arrival_ms"] < first * 1000], 99)
+                    [r["ttft_ms"] for r in on_v2 if r["arrival_ms"] < first * 1000], 99
+                )
             res[f"{bad}/{name}"] = s
     return res
-
-

@@ -28,6 +28,7 @@ sets the fleet's routing weights for the next one.
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in :data:`controllers.routing_model.DEFAULT_CLASSES`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,16 @@ from governor.traffic_sim import (
 )
 from sim.fleet import Fleet
 
-__all__ = ["SCENARIOS", "add_parser", "agent_turn_calls", "run_traffic_bench", "scenario_agents",
-           "scenario_breaker", "scenario_canary", "scenario_routing"]
+__all__ = [
+    "SCENARIOS",
+    "add_parser",
+    "agent_turn_calls",
+    "run_traffic_bench",
+    "scenario_agents",
+    "scenario_breaker",
+    "scenario_canary",
+    "scenario_routing",
+]
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -80,8 +89,7 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
         base(f)
         for k in range(args.spikes):
             start = args.spike_start_s + k * args.spike_every_s
-            f.inject_latency_spike("az-a", PRIMARY, args.spike_fraction, args.spike_factor,
-                                   start, args.spike_s)
+            f.inject_latency_spike("az-a", PRIMARY, args.spike_fraction, args.spike_factor, start, args.spike_s)
 
     params = rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK)
     ctl = ControlledRouting(targets, caps, args.window_s, params)
@@ -89,7 +97,8 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
         "static-primary": static_policy({tg.key: caps[tg] for tg in targets if tg.variant == PRIMARY}),
         "static-all": static_policy({tg.key: caps[tg] for tg in targets}),
         "routing-by-cap": ControlledRouting(targets, caps, args.window_s, replace(params, split="capacity")),
-        "routing": ctl}
+        "routing": ctl,
+    }
     horizon = args.duration_s + 300.0
     res = {}
     for name, pol in arms.items():
@@ -116,11 +125,14 @@ def scenario_breaker(args: argparse.Namespace) -> dict[str, Any]:
 
     params = rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK)
     ctl_nb = ControlledRouting(targets, caps, args.window_s, params)
-    ctl = ControlledRouting(targets, caps, args.window_s, params,
-                            brk.BreakerParams(min_requests=args.breaker_min_requests))
+    ctl = ControlledRouting(
+        targets, caps, args.window_s, params, brk.BreakerParams(min_requests=args.breaker_min_requests)
+    )
     arms: dict[str, Policy] = {
         "no-breaker": static_policy({tg.key: caps[tg] for tg in targets if tg.variant == PRIMARY}),
-        "routing-only": ctl_nb, "breaker": ctl}
+        "routing-only": ctl_nb,
+        "breaker": ctl,
+    }
     res: dict[str, Any] = {}
     for name, pol in arms.items():
         recs, _ = run_arm(cfg, arr, args.duration_s, args.window_s, setup, pol)
@@ -130,8 +142,12 @@ def scenario_breaker(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"routing": scenario_routing, "breaker": scenario_breaker, "canary": scenario_canary,
-             "agents": scenario_agents}
+SCENARIOS = {
+    "routing": scenario_routing,
+    "breaker": scenario_breaker,
+    "canary": scenario_canary,
+    "agents": scenario_agents,
+}
 
 
 def add_parser(sub: Any) -> None:
@@ -155,17 +171,26 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--fault-s", type=float, default=300.0)
     b.add_argument("--canary-rate", type=float, default=40.0)
     b.add_argument("--canary-duration-s", type=float, default=1500.0)
-    b.add_argument("--breaker-min-requests", type=int, default=100,
-                   help="scaled to the per-target rate (the article: 1000)")
+    b.add_argument(
+        "--breaker-min-requests", type=int, default=100, help="scaled to the per-target rate (the article: 1000)"
+    )
     b.add_argument("--canary-replicas", type=int, default=4, help="per zone and version")
     b.add_argument("--canary-start-s", type=float, default=30.0)
     b.add_argument("--hold-s", type=float, default=60.0)
     b.add_argument("--min-stage-requests", type=int, default=250)
     b.add_argument("--canary-error-rate", type=float, default=0.02)
-    b.add_argument("--canary-latency-factor", type=float, default=5.0,
-                   help="TTFT factor of the 'slow' version (P99 under 800 ms at low load)")
-    b.add_argument("--canary-p99-factor", type=float, default=8.0,
-                   help="TTFT factor of the 'p99' version (P99 over 800 ms at any load)")
+    b.add_argument(
+        "--canary-latency-factor",
+        type=float,
+        default=5.0,
+        help="TTFT factor of the 'slow' version (P99 under 800 ms at low load)",
+    )
+    b.add_argument(
+        "--canary-p99-factor",
+        type=float,
+        default=8.0,
+        help="TTFT factor of the 'p99' version (P99 over 800 ms at any load)",
+    )
     b.add_argument("--agent-rate", type=float, default=6.0, help="agent turns per second")
     b.add_argument("--agent-conversations", type=int, default=200)
     b.add_argument("--agent-replicas", type=int, default=4)
@@ -178,8 +203,11 @@ def _print(name: str, res: dict[str, Any]) -> None:
     for arm, s in res.items():
         if isinstance(s, dict) and "ttft_p95_ms" in s:
             print(_row(arm, s))
-            extra = {k: v for k, v in s.items() if k.startswith("v2_") or k in (
-                "final", "rollout_s", "errors", "fallback_windows", "fallback_share")}
+            extra = {
+                k: v
+                for k, v in s.items()
+                if k.startswith("v2_") or k in ("final", "rollout_s", "errors", "fallback_windows", "fallback_share")
+            }
             if extra:
                 print("      " + json.dumps(extra, default=float))
             for ev in s.get("events", []) + s.get("timeline", []):

@@ -11,6 +11,7 @@ write that key, against ``REDIS_URL`` (no embedded servers).
     governor canary status --model llama2-70b [--json]
     governor canary abort --model llama2-70b --reason "bad outputs"
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,15 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-error-rate", type=float, default=0.008)
     s.add_argument("--max-p99-ms", type=float, default=800.0)
     s.add_argument("--min-requests-per-stage", type=int, default=500)
-    s.add_argument("--max-slowdown", type=float, default=2.0,
-                   help="roll back a canary slower than this x stable's TTFT P95 (0 = off)")
-    s.add_argument("--sequential-alpha", type=float, default=0.001,
-                   help="false-rollback bound of the sequential latency tests")
+    s.add_argument(
+        "--max-slowdown",
+        type=float,
+        default=2.0,
+        help="roll back a canary slower than this x stable's TTFT P95 (0 = off)",
+    )
+    s.add_argument(
+        "--sequential-alpha", type=float, default=0.001, help="false-rollback bound of the sequential latency tests"
+    )
     s.add_argument("--force", action="store_true", help="replace a rollout that is still running")
     st = csub.add_parser("status", help="print a rollout's state")
     st.add_argument("--model", required=True)
@@ -69,8 +75,14 @@ def _client(settings: Settings) -> redis.Redis:
     return r
 
 
-def start(settings: Settings, model: str, version: str, params: can.CanaryParams,
-          now_s: float | None = None, force: bool = False) -> dict[str, Any]:
+def start(
+    settings: Settings,
+    model: str,
+    version: str,
+    params: can.CanaryParams,
+    now_s: float | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Write a started rollout; refuses to replace a running one unless ``force``."""
     if now_s is None:
         now_s = ScaledClock(settings.clock_speed, settings.clock_origin_s).now_ms() / 1000.0
@@ -85,8 +97,9 @@ def start(settings: Settings, model: str, version: str, params: can.CanaryParams
             pipe.watch(key)  # type: ignore[no-untyped-call]
             old = pipe.get(key)
             if old is not None and not force and orjson.loads(old)["state"]["name"] == "running":
-                raise CanaryCliError(f"a rollout of {model} is running "
-                                     f"({orjson.loads(old)['canary']}); abort it or pass --force")
+                raise CanaryCliError(
+                    f"a rollout of {model} is running ({orjson.loads(old)['canary']}); abort it or pass --force"
+                )
             pipe.multi()
             pipe.set(key, orjson.dumps(rollout))
             pipe.execute()
@@ -125,8 +138,7 @@ def abort(settings: Settings, model: str, reason: str) -> dict[str, Any]:
                     if raw is None:
                         raise CanaryCliError(f"no rollout of {model}")
                     rollout = orjson.loads(raw)
-                    rollout["state"] = can.abort(can.CanaryState.from_dict(rollout["state"]),
-                                                 reason).to_dict()
+                    rollout["state"] = can.abort(can.CanaryState.from_dict(rollout["state"]), reason).to_dict()
                     pipe.multi()
                     pipe.set(key, orjson.dumps(rollout))
                     pipe.execute()
@@ -141,16 +153,18 @@ def abort(settings: Settings, model: str, reason: str) -> dict[str, Any]:
 def format_status(rollout: dict[str, Any]) -> str:
     s, p = rollout["state"], rollout["params"]
     stages = p["stages"]
-    lines = [f"{rollout['canary']}: {s['name']}",
-             f"  stage      {s['stage'] + 1}/{len(stages)} ({stages[s['stage']]:.0%})",
-             f"  share      {rollout['share']:.2%} (published {rollout['published_share']:.2%})",
-             f"  stage      canary {s['stage_errors']}/{s['stage_requests']} errors, "
-             f"stable {s['stable_errors']}/{s['stable_requests']}",
-             f"  latency    {s.get('stage_over_limit', 0)}/{s['stage_requests']} over "
-             f"{p['max_p99_ms']:g} ms, {s.get('stage_slow', 0)}/{s.get('stage_ref_requests', 0)} over "
-             f"{p.get('max_slowdown') or '-'} x stable's p95",
-             f"  exposure   {s['canary_total']}/{s['all_total']} requests",
-             f"  reason     {s['reason']}"]
+    lines = [
+        f"{rollout['canary']}: {s['name']}",
+        f"  stage      {s['stage'] + 1}/{len(stages)} ({stages[s['stage']]:.0%})",
+        f"  share      {rollout['share']:.2%} (published {rollout['published_share']:.2%})",
+        f"  stage      canary {s['stage_errors']}/{s['stage_requests']} errors, "
+        f"stable {s['stable_errors']}/{s['stable_requests']}",
+        f"  latency    {s.get('stage_over_limit', 0)}/{s['stage_requests']} over "
+        f"{p['max_p99_ms']:g} ms, {s.get('stage_slow', 0)}/{s.get('stage_ref_requests', 0)} over "
+        f"{p.get('max_slowdown') or '-'} x stable's p95",
+        f"  exposure   {s['canary_total']}/{s['all_total']} requests",
+        f"  reason     {s['reason']}",
+    ]
     return "\n".join(lines)
 
 
@@ -159,12 +173,15 @@ def run_canary(settings: Settings, args: argparse.Namespace) -> int:
         if args.canary == "start":
             try:
                 stages = tuple(float(x) for x in args.stages.split(",") if x.strip())
-                params = can.CanaryParams(stages=stages, hold_s=args.hold_s,
-                                          max_error_rate=args.max_error_rate,
-                                          max_p99_ms=args.max_p99_ms,
-                                          min_requests_per_stage=args.min_requests_per_stage,
-                                          max_slowdown=args.max_slowdown or None,
-                                          sequential_alpha=args.sequential_alpha)
+                params = can.CanaryParams(
+                    stages=stages,
+                    hold_s=args.hold_s,
+                    max_error_rate=args.max_error_rate,
+                    max_p99_ms=args.max_p99_ms,
+                    min_requests_per_stage=args.min_requests_per_stage,
+                    max_slowdown=args.max_slowdown or None,
+                    sequential_alpha=args.sequential_alpha,
+                )
             except (ValueError, ParameterError) as exc:
                 print(f"governor canary: {exc}", file=sys.stderr)
                 return 2

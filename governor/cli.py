@@ -14,6 +14,7 @@
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,19 @@ log = logging.getLogger("governor")
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     env_help = "\n".join(f"  {k:<28} {v}" for k, v in ENV_VARS.items())
-    p = argparse.ArgumentParser(prog="governor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=f"environment:\n{env_help}")
+    p = argparse.ArgumentParser(
+        prog="governor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"environment:\n{env_help}",
+    )
     p.add_argument("--log-level", default=os.environ.get("GOVERNOR_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -47,27 +52,38 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
     d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
     d.add_argument("--qps", type=float, default=16.0, help="mean request rate the trace is scaled to")
-    d.add_argument("--step-at-s", type=float, default=200.0,
-                   help="trace time of the load step (0 = none)")
+    d.add_argument("--step-at-s", type=float, default=200.0, help="trace time of the load step (0 = none)")
     d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")
     d.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
     d.add_argument("--startup-s", type=float, default=30.0, help="replica start-up delay (trace s)")
-    d.add_argument("--bad-rate", type=float, default=0.001,
-                   help="share of malformed telemetry records injected (shows the dead-letter path)")
+    d.add_argument(
+        "--bad-rate",
+        type=float,
+        default=0.001,
+        help="share of malformed telemetry records injected (shows the dead-letter path)",
+    )
     d.add_argument("--out", default="runs/demo", help="report directory")
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--no-progress", action="store_true", help="no live progress view")
-    d.add_argument("--no-feedforward", dest="feedforward", action="store_false",
-                   help="feedback PID only (default: profile the replica capacity, feedforward on)")
+    d.add_argument(
+        "--no-feedforward",
+        dest="feedforward",
+        action="store_false",
+        help="feedback PID only (default: profile the replica capacity, feedforward on)",
+    )
 
     sub.add_parser("worker", help="run the Faust stream worker")
 
     e = sub.add_parser("executor", help="run one zone's command executor")
     e.add_argument("--zone", required=True)
-    e.add_argument("--backend", choices=["sim", "dry-run", "routing", "webhook"], default="sim",
-                   help="sim: the simulated fleet's Redis contract; dry-run: log only; routing: route/breaker/"
-                        "canary commands into the gateway's Redis hashes (others fail); webhook: POST every "
-                        "command to --webhook-url")
+    e.add_argument(
+        "--backend",
+        choices=["sim", "dry-run", "routing", "webhook"],
+        default="sim",
+        help="sim: the simulated fleet's Redis contract; dry-run: log only; routing: route/breaker/"
+        "canary commands into the gateway's Redis hashes (others fail); webhook: POST every "
+        "command to --webhook-url",
+    )
     e.add_argument("--webhook-url", default="", help="URL the webhook backend POSTs each command to")
 
     f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")

@@ -7,6 +7,7 @@ real time.  A load step half-way makes violations rise; the loop has to
 scale up.  At the end it waits for the last windows to close, stops
 everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,18 +56,25 @@ class Collector:
 
     async def start(self) -> None:
         t = self.settings.topics
-        self._consumer = AIOKafkaConsumer(t["results"], t["deadletter"], t["metrics"],
-                                          bootstrap_servers=self.settings.kafka_bootstrap,
-                                          group_id=None, auto_offset_reset="earliest",
-                                          fetch_max_wait_ms=50)
+        self._consumer = AIOKafkaConsumer(
+            t["results"],
+            t["deadletter"],
+            t["metrics"],
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=50,
+        )
         await self._consumer.start()
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
         assert self._consumer is not None
-        sink = {self.settings.topic("results"): self.results,
-                self.settings.topic("deadletter"): self.dead_letters,
-                self.settings.topic("metrics"): self.windows}
+        sink = {
+            self.settings.topic("results"): self.results,
+            self.settings.topic("deadletter"): self.dead_letters,
+            self.settings.topic("metrics"): self.windows,
+        }
         while True:
             batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
             for tp, msgs in batches.items():
@@ -92,16 +100,22 @@ def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str]
             return
         last[0] = now
         reps = " ".join(
-            f"{z}={live.fleet.replicas(z, model).get('ready', 0)}"
-            f"(+{live.fleet.replicas(z, model).get('starting', 0)})" for z in zones)
+            f"{z}={live.fleet.replicas(z, model).get('ready', 0)}(+{live.fleet.replicas(z, model).get('starting', 0)})"
+            for z in zones
+        )
         zw = [w for w in col.windows if w.get("scope") == "zone"]
-        last_w = zw[-len(zones):] if zw else []
+        last_w = zw[-len(zones) :] if zw else []
         viol = max((w.get("violation_rate") or 0.0) for w in last_w) if last_w else 0.0
         p95 = max((w.get("ttft_p95_ms") or 0.0) for w in last_w) if last_w else 0.0
         applied = sum(1 for r in col.results if r.get("outcome") == "applied")
-        print(f"\r t={t:6.0f}/{duration:.0f}s  sent={live.stats.submitted:>6}  replicas {reps}  "
-              f"TTFT p95 {p95:6.0f} ms  violations {100 * viol:5.1f}%  applied {applied:>3}  "
-              f"dead letters {len(col.dead_letters):>3} ", end="", file=sys.stderr, flush=True)
+        print(
+            f"\r t={t:6.0f}/{duration:.0f}s  sent={live.stats.submitted:>6}  replicas {reps}  "
+            f"TTFT p95 {p95:6.0f} ms  violations {100 * viol:5.1f}%  applied {applied:>3}  "
+            f"dead letters {len(col.dead_letters):>3} ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return tick
 
@@ -126,19 +140,41 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         await collector.start()
         perf = PerfModel.from_splitwise(model=model)
         t0_ms = clock.now_ms()
-        fleet = Fleet(FleetConfig(models={model: perf}, zones=tuple(settings.zones),
-                                  startup_s=args.startup_s, seed=args.seed,
-                                  initial_replicas=args.replicas), epoch_ms0=t0_ms)
-        workload = step_load(load_trace(args.trace), args.qps, args.duration_s,
-                             args.step_at_s, args.step_factor)
+        fleet = Fleet(
+            FleetConfig(
+                models={model: perf},
+                zones=tuple(settings.zones),
+                startup_s=args.startup_s,
+                seed=args.seed,
+                initial_replicas=args.replicas,
+            ),
+            epoch_ms0=t0_ms,
+        )
+        workload = step_load(load_trace(args.trace), args.qps, args.duration_s, args.step_at_s, args.step_factor)
         wall0 = time.monotonic()
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="sim-fleet", linger_ms=100, clock_ms=clock.now_ms) as producer:
-            live = LiveFleet(fleet, workload, model=model, zones=settings.zones, producer=producer,
-                             redis=redis, prefix=settings.topic_prefix, now_ms=clock.now_ms, t0_ms=t0_ms,
-                             bad_rate=args.bad_rate, seed=args.seed)
-            tick = None if args.no_progress else _progress(live, collector, args.duration_s,
-                                                           list(settings.zones), model)
+        async with TelemetryProducer(
+            settings.kafka_bootstrap,
+            settings.topic("telemetry"),
+            source="sim-fleet",
+            linger_ms=100,
+            clock_ms=clock.now_ms,
+        ) as producer:
+            live = LiveFleet(
+                fleet,
+                workload,
+                model=model,
+                zones=settings.zones,
+                producer=producer,
+                redis=redis,
+                prefix=settings.topic_prefix,
+                now_ms=clock.now_ms,
+                t0_ms=t0_ms,
+                bad_rate=args.bad_rate,
+                seed=args.seed,
+            )
+            tick = (
+                None if args.no_progress else _progress(live, collector, args.duration_s, list(settings.zones), model)
+            )
             stats = await live.run(args.duration_s, on_tick=tick)
         # Let the last windows close (window + lateness of trace time) and their commands land.
         await asyncio.sleep(clock.to_wall_s((settings.window_s + settings.lateness_s) * 1000) + 2.0)
@@ -148,25 +184,42 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         for c in children:
             if not c.alive():
                 raise RuntimeError(f"{c.name} died during the run:\n{c.tail()}")
-        png = plot(run_dir / "report.png", stats.finished, stats.replicas, collector.windows,
-                   t0_ms, model_spec.ttft_slo_ms)
+        png = plot(
+            run_dir / "report.png", stats.finished, stats.replicas, collector.windows, t0_ms, model_spec.ttft_slo_ms
+        )
         return build_report(
-            finished=stats.finished, replicas=stats.replicas, results=collector.results,
-            windows=collector.windows, dead_letters=collector.dead_letters,
-            ttft_slo_ms=model_spec.ttft_slo_ms, itl_slo_ms=model_spec.itl_slo_ms,
-            extra={"injected_bad_records": stats.corrupted_sent,
-                   "telemetry_records_sent": stats.records_sent + 0,
-                   "requests_submitted": stats.submitted,
-                   "wall_s": round(wall, 1), "speed": settings.clock_speed,
-                   "trace": args.trace, "qps": args.qps, "duration_s": args.duration_s,
-                   "step": {"at_s": args.step_at_s, "factor": args.step_factor},
-                   "window_s": settings.window_s, "lateness_s": settings.lateness_s,
-                   "startup_s": args.startup_s, "replicas_initial": args.replicas, "seed": args.seed,
-                   "replica_capacity_rps": model_spec.replica_capacity_rps,
-                   # (window end in trace s, zone, target) of every applied scale command
-                   "decisions": sorted(((r["basis_ms"] - t0_ms) / 1000.0, r["zone"], r["target_replicas"])
-                                       for r in collector.results if r.get("outcome") == "applied"),
-                   "plot": str(png)})
+            finished=stats.finished,
+            replicas=stats.replicas,
+            results=collector.results,
+            windows=collector.windows,
+            dead_letters=collector.dead_letters,
+            ttft_slo_ms=model_spec.ttft_slo_ms,
+            itl_slo_ms=model_spec.itl_slo_ms,
+            extra={
+                "injected_bad_records": stats.corrupted_sent,
+                "telemetry_records_sent": stats.records_sent + 0,
+                "requests_submitted": stats.submitted,
+                "wall_s": round(wall, 1),
+                "speed": settings.clock_speed,
+                "trace": args.trace,
+                "qps": args.qps,
+                "duration_s": args.duration_s,
+                "step": {"at_s": args.step_at_s, "factor": args.step_factor},
+                "window_s": settings.window_s,
+                "lateness_s": settings.lateness_s,
+                "startup_s": args.startup_s,
+                "replicas_initial": args.replicas,
+                "seed": args.seed,
+                "replica_capacity_rps": model_spec.replica_capacity_rps,
+                # (window end in trace s, zone, target) of every applied scale command
+                "decisions": sorted(
+                    ((r["basis_ms"] - t0_ms) / 1000.0, r["zone"], r["target_replicas"])
+                    for r in collector.results
+                    if r.get("outcome") == "applied"
+                ),
+                "plot": str(png),
+            },
+        )
     finally:
         await collector.stop()
         for c in children:
@@ -183,17 +236,23 @@ def run_demo(settings: Settings, args: Namespace) -> int:
         from sim.profiling import replica_capacity_rps
 
         spec = settings.models[0]
-        capacity = replica_capacity_rps(load_trace(args.trace), LoopConfig(
-            model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms))
-        print(f"[governor] profiled capacity {capacity:.2f} req/s per replica: feedforward on",
-              file=sys.stderr)
-        settings = settings.replace(models=(dataclasses.replace(spec, replica_capacity_rps=capacity),
-                                            *settings.models[1:]))
-    settings = settings.replace(clock_speed=args.speed, clock_origin_s=time.time(),
-                                startup_hint_s=args.startup_s, data_dir=str(run_dir / "state"),
-                                # Records reach the worker ~0.2-0.4 wall s after they finish;
-                                # in trace time that is speed x longer.
-                                lateness_s=max(settings.lateness_s, 0.8 * args.speed))
+        capacity = replica_capacity_rps(
+            load_trace(args.trace),
+            LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms),
+        )
+        print(f"[governor] profiled capacity {capacity:.2f} req/s per replica: feedforward on", file=sys.stderr)
+        settings = settings.replace(
+            models=(dataclasses.replace(spec, replica_capacity_rps=capacity), *settings.models[1:])
+        )
+    settings = settings.replace(
+        clock_speed=args.speed,
+        clock_origin_s=time.time(),
+        startup_hint_s=args.startup_s,
+        data_dir=str(run_dir / "state"),
+        # Records reach the worker ~0.2-0.4 wall s after they finish;
+        # in trace time that is speed x longer.
+        lateness_s=max(settings.lateness_s, 0.8 * args.speed),
+    )
     with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
         for line in servers.started:
             print(f"[governor] started embedded {line}", file=sys.stderr)

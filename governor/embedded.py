@@ -12,6 +12,7 @@ Redis PING), not by sleeping.  Children get ``PR_SET_PDEATHSIG`` so a killed
 parent does not leave servers behind, and :class:`EmbeddedServers` stops them
 on exit, on Ctrl-C and on failure.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,7 +105,10 @@ class _Proc:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )
 
@@ -147,8 +151,9 @@ class EmbeddedServers:
     of the servers in use.
     """
 
-    def __init__(self, settings: Settings, env: Mapping[str, str], log_dir: Path | None = None,
-                 start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, settings: Settings, env: Mapping[str, str], log_dir: Path | None = None, start_timeout_s: float = 30.0
+    ) -> None:
         self.settings = settings
         self._env = env
         self._procs: list[_Proc] = []
@@ -176,8 +181,9 @@ class EmbeddedServers:
             changes["redis_url"] = Secret(self._start_redis())
         self.settings = self.settings.replace(**changes)
 
-    def _start_on_free_port(self, name: str, argv: Callable[[int], list[str]],
-                            ready: Callable[[int], bool], attempts: int = 3) -> int:
+    def _start_on_free_port(
+        self, name: str, argv: Callable[[int], list[str]], ready: Callable[[int], bool], attempts: int = 3
+    ) -> int:
         """Start ``name`` on a free loopback port; retry on another port if it
         does not come up (the port may be taken between probe and bind)."""
         for attempt in range(attempts):
@@ -199,8 +205,16 @@ class EmbeddedServers:
     def _start_kafka(self) -> str:
         def argv(port: int) -> list[str]:
             url = f"tcp://127.0.0.1:{port}"
-            return [str(tansu_binary()), "broker", "--listener-url", url,
-                    "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+            return [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
 
         port = self._start_on_free_port("tansu", argv, lambda p: kafka_answers("127.0.0.1", p))
         self.started.append(f"kafka 127.0.0.1:{port}")
@@ -208,11 +222,21 @@ class EmbeddedServers:
 
     def _start_redis(self) -> str:
         def argv(port: int) -> list[str]:
-            return [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--dir", str(self.log_dir)]
+            return [
+                str(redis_binary()),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.log_dir),
+            ]
 
-        port = self._start_on_free_port("redis", argv,
-                                        lambda p: redis_answers(f"redis://127.0.0.1:{p}/0"))
+        port = self._start_on_free_port("redis", argv, lambda p: redis_answers(f"redis://127.0.0.1:{p}/0"))
         self.started.append(f"redis 127.0.0.1:{port}")
         return f"redis://127.0.0.1:{port}/0"
 

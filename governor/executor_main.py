@@ -1,4 +1,5 @@
 """``governor executor --zone Z``: one zone's executor process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,17 +43,23 @@ def make_backend(name: str, redis: aioredis.Redis, prefix: str, zone: str, webho
 
 
 async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
-    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0,
-                                    socket_connect_timeout=5.0)
+    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0)
     backend = make_backend(backend_name, redis, settings.topic_prefix, zone, webhook_url)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5)
     await producer.start()
     metrics = ExecutorMetrics()
     metrics.serve(settings.metrics_port)
-    executor = ZoneExecutor(zone=zone, prefix=settings.topic_prefix, redis=redis, backend=backend,
-                            clock=ScaledClock(settings.clock_speed, settings.clock_origin_s),
-                            results=producer, results_topic=settings.topic("results"),
-                            metrics=metrics, probe_interval_s=PROBE_INTERVAL_S)
+    executor = ZoneExecutor(
+        zone=zone,
+        prefix=settings.topic_prefix,
+        redis=redis,
+        backend=backend,
+        clock=ScaledClock(settings.clock_speed, settings.clock_origin_s),
+        results=producer,
+        results_topic=settings.topic("results"),
+        metrics=metrics,
+        probe_interval_s=PROBE_INTERVAL_S,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, executor.stop)
@@ -64,7 +71,13 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         await producer.stop()
         await redis.aclose()
     t = executor.timing
-    log.info("executor %s stopped: %s; rtt base %.2f ms x factor %.2f, clock offset %.2f ms (+/- %.2f)",
-             zone, executor.stats.outcomes, t.rtt.base_ms(zone), t.rtt.factor(zone), t.offset_ms(),
-             t.offset.error_bound_ms())
+    log.info(
+        "executor %s stopped: %s; rtt base %.2f ms x factor %.2f, clock offset %.2f ms (+/- %.2f)",
+        zone,
+        executor.stats.outcomes,
+        t.rtt.base_ms(zone),
+        t.rtt.factor(zone),
+        t.offset_ms(),
+        t.offset.error_bound_ms(),
+    )
     return 0

@@ -1,6 +1,7 @@
 """``governor fleet``: a simulated inference fleet replaying a real trace in
 real time against a running stack (Kafka telemetry out, desired replicas from
 Redis in) -- the docker-compose stack's stand-in for GPU nodes."""
+
 from __future__ import annotations
 
 import logging
@@ -31,17 +32,39 @@ async def run_fleet(settings: Settings, args: Namespace) -> int:
         for zone in settings.zones:
             await redis.hsetnx(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)
         t0_ms = clock.now_ms()
-        fleet = Fleet(FleetConfig(models={model: PerfModel.from_splitwise(model=model)},
-                                  zones=tuple(settings.zones), startup_s=args.startup_s,
-                                  initial_replicas=args.replicas, seed=args.seed), epoch_ms0=t0_ms)
+        fleet = Fleet(
+            FleetConfig(
+                models={model: PerfModel.from_splitwise(model=model)},
+                zones=tuple(settings.zones),
+                startup_s=args.startup_s,
+                initial_replicas=args.replicas,
+                seed=args.seed,
+            ),
+            epoch_ms0=t0_ms,
+        )
         workload = from_trace(load_trace(args.trace), args.qps, args.duration_s)
-        log.info("fleet: %d requests of %s over %.0f s in zones %s", len(workload), args.trace,
-                 args.duration_s, ",".join(settings.zones))
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="sim-fleet", clock_ms=clock.now_ms) as producer:
-            live = LiveFleet(fleet, workload, model=model, zones=settings.zones, producer=producer,
-                             redis=redis, prefix=settings.topic_prefix, now_ms=clock.now_ms,
-                             t0_ms=t0_ms, seed=args.seed)
+        log.info(
+            "fleet: %d requests of %s over %.0f s in zones %s",
+            len(workload),
+            args.trace,
+            args.duration_s,
+            ",".join(settings.zones),
+        )
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="sim-fleet", clock_ms=clock.now_ms
+        ) as producer:
+            live = LiveFleet(
+                fleet,
+                workload,
+                model=model,
+                zones=settings.zones,
+                producer=producer,
+                redis=redis,
+                prefix=settings.topic_prefix,
+                now_ms=clock.now_ms,
+                t0_ms=t0_ms,
+                seed=args.seed,
+            )
             stats = await live.run(args.duration_s)
         log.info("fleet done: %d submitted, %d finished", stats.submitted, len(stats.finished))
     finally:

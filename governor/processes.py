@@ -5,6 +5,7 @@ the run's settings through its environment (``Settings.to_env``), with its
 log in the run directory.  Children die with the parent (PR_SET_PDEATHSIG)
 and are stopped with SIGTERM, then SIGKILL.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,15 +21,21 @@ from governor.embedded import _die_with_parent
 
 
 class ChildProcess:
-    def __init__(self, name: str, argv: list[str], settings: Settings, log_path: Path,
-                 extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_path
         env = {**os.environ, **settings.to_env(), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "governor.cli", *argv], env=env,
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "governor.cli", *argv],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -74,5 +81,9 @@ def start_worker(settings: Settings, run_dir: Path) -> ChildProcess:
 
 
 def start_executor(settings: Settings, zone: str, run_dir: Path, backend: str = "sim") -> ChildProcess:
-    return ChildProcess(f"executor-{zone}", ["executor", "--zone", zone, "--backend", backend],
-                        settings, run_dir / f"executor-{zone}.log")
+    return ChildProcess(
+        f"executor-{zone}",
+        ["executor", "--zone", zone, "--backend", backend],
+        settings,
+        run_dir / f"executor-{zone}.log",
+    )

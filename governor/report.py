@@ -1,4 +1,5 @@
 """The run report: ground truth from the fleet, what the loop did, a PNG."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -12,8 +13,11 @@ import numpy as np
 def attainment(finished: Sequence[Mapping[str, Any]], ttft_slo_ms: float, itl_slo_ms: float) -> float:
     if not finished:
         return float("nan")
-    ok = sum(1 for r in finished if r.get("status") == "ok" and r["ttft_ms"] <= ttft_slo_ms
-             and r.get("itl_ms", 0.0) <= itl_slo_ms)
+    ok = sum(
+        1
+        for r in finished
+        if r.get("status") == "ok" and r["ttft_ms"] <= ttft_slo_ms and r.get("itl_ms", 0.0) <= itl_slo_ms
+    )
     return ok / len(finished)
 
 
@@ -25,10 +29,17 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
-def build_report(*, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tuple],
-                 results: Sequence[Mapping[str, Any]], windows: Sequence[Mapping[str, Any]],
-                 dead_letters: Sequence[Mapping[str, Any]], ttft_slo_ms: float, itl_slo_ms: float,
-                 extra: Mapping[str, Any]) -> dict[str, Any]:
+def build_report(
+    *,
+    finished: Sequence[Mapping[str, Any]],
+    replicas: Sequence[tuple],
+    results: Sequence[Mapping[str, Any]],
+    windows: Sequence[Mapping[str, Any]],
+    dead_letters: Sequence[Mapping[str, Any]],
+    ttft_slo_ms: float,
+    itl_slo_ms: float,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
     # executors' RTT/offset probes and relayed relocation outcomes are not command results
     relocations = [r for r in results if r.get("record") == "relocation_outcome"]
     results = [r for r in results if r.get("outcome") != "timing" and r.get("record") != "relocation_outcome"]
@@ -44,16 +55,27 @@ def build_report(*, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tu
         "slo_attainment": attainment(finished, ttft_slo_ms, itl_slo_ms),
         "e2e_ms": percentiles([r["e2e_ms"] for r in finished]),
         "ttft_ms": percentiles([r["ttft_ms"] for r in finished]),
-        "replicas": {z: {"start": s[0][1] + s[0][2], "max": max(x[1] + x[2] for x in s),
-                         "end": s[-1][1] + s[-1][2]} for z, s in replica_series.items()},
-        "commands": {"outcomes": dict(outcomes), "applied": outcomes.get("applied", 0),
-                     "issue_to_apply_ms": percentiles(latencies)},
-        "relocations": {"applied": sum(bool(r.get("applied")) for r in relocations),
-                        "refused": sum(not r.get("applied") for r in relocations)},
-        "pipeline": {"zone_windows": len(zone_windows),
-                     "requests_in_windows": int(sum(w.get("count", 0) for w in zone_windows))},
-        "dead_letters": {"count": len(dead_letters),
-                         "reasons": dict(Counter(d["reason"].split(":")[0] for d in dead_letters))},
+        "replicas": {
+            z: {"start": s[0][1] + s[0][2], "max": max(x[1] + x[2] for x in s), "end": s[-1][1] + s[-1][2]}
+            for z, s in replica_series.items()
+        },
+        "commands": {
+            "outcomes": dict(outcomes),
+            "applied": outcomes.get("applied", 0),
+            "issue_to_apply_ms": percentiles(latencies),
+        },
+        "relocations": {
+            "applied": sum(bool(r.get("applied")) for r in relocations),
+            "refused": sum(not r.get("applied") for r in relocations),
+        },
+        "pipeline": {
+            "zone_windows": len(zone_windows),
+            "requests_in_windows": int(sum(w.get("count", 0) for w in zone_windows)),
+        },
+        "dead_letters": {
+            "count": len(dead_letters),
+            "reasons": dict(Counter(d["reason"].split(":")[0] for d in dead_letters)),
+        },
         **extra,
     }
 
@@ -74,15 +96,22 @@ def render_text(rep: Mapping[str, Any]) -> str:
     for zone, r in sorted(rep["replicas"].items()):
         lines.append(f"replicas {zone:<12} start {r['start']}  max {r['max']}  end {r['end']}")
     c = rep["commands"]
-    lines.append(f"commands              {sum(c['outcomes'].values())} results: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(c["outcomes"].items())))
-    lines.append(f"commands applied      {c['applied']}  (issue -> apply P50 {ms(c['issue_to_apply_ms']['p50'])}, "
-                 f"P99 {ms(c['issue_to_apply_ms']['p99'])}, trace time)")
+    lines.append(
+        f"commands              {sum(c['outcomes'].values())} results: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(c["outcomes"].items()))
+    )
+    lines.append(
+        f"commands applied      {c['applied']}  (issue -> apply P50 {ms(c['issue_to_apply_ms']['p50'])}, "
+        f"P99 {ms(c['issue_to_apply_ms']['p99'])}, trace time)"
+    )
     if sum(rep.get("relocations", {}).values()):
-        lines.append(f"KV relocations        applied {rep['relocations']['applied']}, "
-                     f"refused {rep['relocations']['refused']}")
+        lines.append(
+            f"KV relocations        applied {rep['relocations']['applied']}, refused {rep['relocations']['refused']}"
+        )
     p = rep["pipeline"]
-    lines.append(f"pipeline windows      {p['zone_windows']} zone windows holding {p['requests_in_windows']:,} requests")
+    lines.append(
+        f"pipeline windows      {p['zone_windows']} zone windows holding {p['requests_in_windows']:,} requests"
+    )
     d = rep["dead_letters"]
     lines.append(f"dead letters          {d['count']} " + (str(d["reasons"]) if d["reasons"] else ""))
     for key in ("injected_bad_records", "telemetry_records_sent", "wall_s", "speed", "plot"):
@@ -91,16 +120,14 @@ def render_text(rep: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def latency_panel(ax: Any, finished: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float,
-                  title: str) -> None:
+def latency_panel(ax: Any, finished: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float, title: str) -> None:
     """TTFT P95 per 10 s of completion time against the SLO, log scale."""
     if finished:
         t = np.array([(r["ts_ms"] - t0_ms) / 1000 for r in finished])
         ttft = np.array([r["ttft_ms"] for r in finished])
         edges = np.arange(0, t.max() + 10, 10)
         idx = np.digitize(t, edges)
-        p95 = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95))
-               for i in np.unique(idx) if (idx == i).sum() > 5]
+        p95 = [(edges[i - 1] + 5, np.percentile(ttft[idx == i], 95)) for i in np.unique(idx) if (idx == i).sum() > 5]
         if p95:
             ax.plot(*zip(*p95, strict=True), color="tab:red", label="TTFT P95 (10 s)")
     ax.axhline(ttft_slo_ms, color="k", ls="--", lw=1, label="TTFT SLO")
@@ -130,8 +157,14 @@ def save(fig: Any, path: Path, dpi: int) -> Path:
     return path
 
 
-def plot(path: Path, finished: Sequence[Mapping[str, Any]], replicas: Sequence[tuple],
-         windows: Sequence[Mapping[str, Any]], t0_ms: int, ttft_slo_ms: float) -> Path:
+def plot(
+    path: Path,
+    finished: Sequence[Mapping[str, Any]],
+    replicas: Sequence[tuple],
+    windows: Sequence[Mapping[str, Any]],
+    t0_ms: int,
+    ttft_slo_ms: float,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

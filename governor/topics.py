@@ -1,4 +1,5 @@
 """Create governor's topics up front, so producers and Faust agree on partitions."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,10 @@ log = logging.getLogger(__name__)
 
 async def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     names = settings.topics
-    wanted = [NewTopic(name=t, num_partitions=1 if key == "deadletter" else settings.partitions,
-                       replication_factor=1) for key, t in names.items()]
+    wanted = [
+        NewTopic(name=t, num_partitions=1 if key == "deadletter" else settings.partitions, replication_factor=1)
+        for key, t in names.items()
+    ]
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)

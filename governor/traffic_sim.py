@@ -11,6 +11,7 @@ class has one) and did not fail; classes as in
 The scenarios are :mod:`governor.bench_traffic` (routing, breaker),
 :mod:`governor.bench_canary` and :mod:`governor.bench_agents`.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ def on_time(rec: dict) -> bool:
     return rec["ttft_ms"] <= c.ttft_slo_ms and (c.e2e_slo_ms is None or rec["e2e_ms"] <= c.e2e_slo_ms)
 
 
-def workload(rate_rps: float, duration_s: float, seed: int,
-             mix: dict[str, float] | None = None) -> list[tuple[float, str, int, int]]:
+def workload(
+    rate_rps: float, duration_s: float, seed: int, mix: dict[str, float] | None = None
+) -> list[tuple[float, str, int, int]]:
     """Poisson arrivals ``(t_s, class, prompt, output)``, seeded."""
     rng = np.random.default_rng([seed, 7])
     mix = mix or CLASS_MIX
@@ -68,16 +70,22 @@ def workload(rate_rps: float, duration_s: float, seed: int,
     return out
 
 
-def capacity_rps(perf: PerfModel, replicas: int, prompt: float = 800, output: float = 80,
-                 batch: int = 32) -> float:
+def capacity_rps(perf: PerfModel, replicas: int, prompt: float = 800, output: float = 80, batch: int = 32) -> float:
     """Rough sustainable rate of ``replicas``: batched decode tokens/s over the mean output."""
     per_req_s = (float(perf.prefill_ms(prompt)) + output * perf.decode_step_ms(batch) / batch) / 1000
     return replicas / per_req_s
 
 
-def run_arm(cfg: FleetConfig, arrivals: list[tuple[float, str, int, int]], duration_s: float,
-            window_s: float, setup: Callable[[Fleet], None], policy: Policy,
-            drain_s: float = 300.0, family: str = FAMILY) -> tuple[list[dict], Fleet]:
+def run_arm(
+    cfg: FleetConfig,
+    arrivals: list[tuple[float, str, int, int]],
+    duration_s: float,
+    window_s: float,
+    setup: Callable[[Fleet], None],
+    policy: Policy,
+    drain_s: float = 300.0,
+    family: str = FAMILY,
+) -> tuple[list[dict], Fleet]:
     """Replay ``arrivals`` window by window, calling ``policy`` after each; return all records."""
     fleet = Fleet(cfg, epoch_ms0=0)
     setup(fleet)
@@ -106,15 +114,26 @@ def summarize(recs: list[dict], gpu_seconds: float, submitted: int) -> dict[str,
     for r in recs:
         by[r["request_class"]].append(r)
     ok = sum(on_time(r) for r in recs)
-    out = {"requests": submitted, "completed": len(recs),
-           "ttft_p50_ms": _pct(ttft, 50), "ttft_p95_ms": _pct(ttft, 95), "ttft_p99_ms": _pct(ttft, 99),
-           "e2e_p50_ms": _pct(e2e, 50), "e2e_p95_ms": _pct(e2e, 95), "e2e_p99_ms": _pct(e2e, 99),
-           "on_time": ok / submitted if submitted else 0.0,
-           "error_rate": sum(r.get("status") == "error" for r in recs) / max(1, len(recs)),
-           "gpu_seconds": gpu_seconds, "per_class": {}}
+    out = {
+        "requests": submitted,
+        "completed": len(recs),
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p95_ms": _pct(ttft, 95),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "e2e_p50_ms": _pct(e2e, 50),
+        "e2e_p95_ms": _pct(e2e, 95),
+        "e2e_p99_ms": _pct(e2e, 99),
+        "on_time": ok / submitted if submitted else 0.0,
+        "error_rate": sum(r.get("status") == "error" for r in recs) / max(1, len(recs)),
+        "gpu_seconds": gpu_seconds,
+        "per_class": {},
+    }
     for c, rs in sorted(by.items()):
-        out["per_class"][c] = {"n": len(rs), "on_time": sum(on_time(r) for r in rs) / len(rs),
-                               "ttft_p95_ms": _pct([r["ttft_ms"] for r in rs], 95)}
+        out["per_class"][c] = {
+            "n": len(rs),
+            "on_time": sum(on_time(r) for r in rs) / len(rs),
+            "ttft_p95_ms": _pct([r["ttft_ms"] for r in rs], 95),
+        }
     return out
 
 
@@ -132,14 +151,17 @@ def _setup_replicas(replicas: dict[str, int]) -> Callable[[Fleet], None]:
         for z in f.config.zones:
             for m, n in replicas.items():
                 f.set_desired(z, m, n, 0.0)
+
     return setup
 
 
 def static_policy(weights: dict[str, float]) -> Policy:
     """Fixed weights for every class."""
+
     def pol(f: Fleet, t: float, win: list[dict]) -> None:
         if t == 0.0:
             f.set_routing(FAMILY, weights, t)
+
     return pol
 
 
@@ -153,8 +175,14 @@ def _target_windows(win: list[dict]) -> dict[str, list[dict]]:
 class ControlledRouting:
     """controllers.routing every window, optionally with a breaker per target."""
 
-    def __init__(self, targets: list[rt.Target], caps: dict[rt.Target, float], window_s: float,
-                 params: rt.RoutingParams, breaker: brk.BreakerParams | None = None) -> None:
+    def __init__(
+        self,
+        targets: list[rt.Target],
+        caps: dict[rt.Target, float],
+        window_s: float,
+        params: rt.RoutingParams,
+        breaker: brk.BreakerParams | None = None,
+    ) -> None:
         self.targets, self.caps, self.window_s, self.params = targets, caps, window_s, params
         self.state = rt.RoutingState()
         self.breaker = breaker
@@ -176,15 +204,20 @@ class ControlledRouting:
             state = "closed"
             if self.breaker is not None:
                 errs = sum(r.get("status") == "error" for r in rs)
-                self.bstate[tg], out = brk.step(self.breaker, self.bstate[tg],
-                                                brk.BreakerObs(len(rs), errs, self.attain.attainment()), t)
+                self.bstate[tg], out = brk.step(
+                    self.breaker, self.bstate[tg], brk.BreakerObs(len(rs), errs, self.attain.attainment()), t
+                )
                 state = out.state_name
                 if out.changed:
                     self.timeline.append({"t_s": t, "target": tg.key, "state": state, "reason": out.reason})
             obs[tg] = rt.TargetObs(
-                ttft_p95_ms=_pct([r["ttft_ms"] for r in rs], 95), e2e_p95_ms=_pct([r["e2e_ms"] for r in rs], 95),
-                queue_len=float(f.queued(tg.zone, tg.variant)), rate_rps=len(rs) / self.window_s,
-                capacity_rps=self.caps[tg], breaker=state)  # type: ignore[arg-type]
+                ttft_p95_ms=_pct([r["ttft_ms"] for r in rs], 95),
+                e2e_p95_ms=_pct([r["e2e_ms"] for r in rs], 95),
+                queue_len=float(f.queued(tg.zone, tg.variant)),
+                rate_rps=len(rs) / self.window_s,
+                capacity_rps=self.caps[tg],
+                breaker=state,
+            )  # type: ignore[arg-type]
         self.state, d = rt.step(self.params, self.state, obs, rt.DEFAULT_CLASSES, self.window_s)
         for c in d.fallback:
             self.fallback_windows[c] += 1
@@ -196,9 +229,10 @@ class ControlledRouting:
 def _row(name: str, s: dict[str, Any]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:8.0f}"
+
     pc = " ".join(f"{c}={v['on_time'] * 100:5.1f}%" for c, v in s["per_class"].items())
-    return (f"  {name:15s} ttft p50/p95/p99 {ms(s['ttft_p50_ms'])}{ms(s['ttft_p95_ms'])}{ms(s['ttft_p99_ms'])}"
-            f"  e2e p95/p99 {ms(s['e2e_p95_ms'])}{ms(s['e2e_p99_ms'])}  on-time {s['on_time'] * 100:5.1f}%"
-            f"  err {s['error_rate'] * 100:5.2f}%  gpu-s {s['gpu_seconds']:.0f}  [{pc}]")
-
-
+    return (
+        f"  {name:15s} ttft p50/p95/p99 {ms(s['ttft_p50_ms'])}{ms(s['ttft_p95_ms'])}{ms(s['ttft_p99_ms'])}"
+        f"  e2e p95/p99 {ms(s['e2e_p95_ms'])}{ms(s['e2e_p99_ms'])}  on-time {s['on_time'] * 100:5.1f}%"
+        f"  err {s['error_rate'] * 100:5.2f}%  gpu-s {s['gpu_seconds']:.0f}  [{pc}]"
+    )

@@ -16,6 +16,7 @@ where the reference is the run with the current default gains, so 1.0 is
 any saving.  The best trial is written as a gains file
 (``{"gains": {...}, ...}``) that the worker loads with GOVERNOR_GAINS_FILE.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,13 @@ def _runs(args: Namespace) -> list[tuple[str, Any, LoopConfig]]:
     return runs
 
 
-def evaluate(gains: dict[str, float], runs: list[tuple[str, Any, LoopConfig]],
-             reference: dict[str, float] | None, target: float, penalty: float) -> tuple[float, dict[str, Any]]:
+def evaluate(
+    gains: dict[str, float],
+    runs: list[tuple[str, Any, LoopConfig]],
+    reference: dict[str, float] | None,
+    target: float,
+    penalty: float,
+) -> tuple[float, dict[str, Any]]:
     total, detail = 0.0, {}
     for name, sc, cfg in runs:
         r = run("governor", sc.workload, dataclasses.replace(cfg, pid_gains=gains), sc.faults, sc.duration_s)
@@ -81,8 +87,10 @@ def run_tune(args: Namespace) -> int:
     base_score, base = evaluate(default_gains, runs, None, args.target_attainment, args.penalty)
     reference = {k: v["gpu_seconds"] for k, v in base.items()}
     base_score, base = evaluate(default_gains, runs, reference, args.target_attainment, args.penalty)
-    print(f"defaults: objective {base_score:.3f}  " + "  ".join(
-        f"{k}: {v['slo_attainment']:.2%} / {v['gpu_seconds']:,.0f} GPU-s" for k, v in base.items()))
+    print(
+        f"defaults: objective {base_score:.3f}  "
+        + "  ".join(f"{k}: {v['slo_attainment']:.2%} / {v['gpu_seconds']:,.0f} GPU-s" for k, v in base.items())
+    )
 
     def objective(trial: optuna.Trial) -> float:
         gains = {
@@ -95,21 +103,32 @@ def run_tune(args: Namespace) -> int:
         }
         score, detail = evaluate(gains, runs, reference, args.target_attainment, args.penalty)
         trial.set_user_attr("detail", detail)
-        print(f"trial {trial.number:>3}: objective {score:.3f}  " + "  ".join(
-            f"{k}: {v['slo_attainment']:.2%} / {v['gpu_seconds']:,.0f}" for k, v in detail.items()), flush=True)
+        print(
+            f"trial {trial.number:>3}: objective {score:.3f}  "
+            + "  ".join(f"{k}: {v['slo_attainment']:.2%} / {v['gpu_seconds']:,.0f}" for k, v in detail.items()),
+            flush=True,
+        )
         return score
 
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=args.seed))
-    study.enqueue_trial({**default_gains, "ff_target_util": 0.8,
-                         "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
+    study.enqueue_trial({**default_gains, "ff_target_util": 0.8, "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
     study.optimize(objective, n_trials=args.trials)
     best = study.best_trial
-    out = {"gains": {**best.params, "kd": 0.0}, "objective": best.value, "defaults_objective": base_score,
-           "runs": best.user_attrs["detail"], "defaults_runs": base, "trials": args.trials,
-           "target_attainment": args.target_attainment, "seed": args.seed,
-           "constraint": "slew |a_k - a_{k-1}| <= 0.3 enforced inside every controller step"}
+    out = {
+        "gains": {**best.params, "kd": 0.0},
+        "objective": best.value,
+        "defaults_objective": base_score,
+        "runs": best.user_attrs["detail"],
+        "defaults_runs": base,
+        "trials": args.trials,
+        "target_attainment": args.target_attainment,
+        "seed": args.seed,
+        "constraint": "slew |a_k - a_{k-1}| <= 0.3 enforced inside every controller step",
+    }
     Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"best trial {best.number}: objective {best.value:.3f} (defaults {base_score:.3f}); "
-          f"gains written to {args.out} (GOVERNOR_GAINS_FILE={args.out})")
+    print(
+        f"best trial {best.number}: objective {best.value:.3f} (defaults {base_score:.3f}); "
+        f"gains written to {args.out} (GOVERNOR_GAINS_FILE={args.out})"
+    )
     sys.stdout.flush()
     return 0

@@ -1,4 +1,5 @@
 """``governor worker``: the Faust stream worker process."""
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,8 @@ def run_worker(settings: Settings) -> int:
     async def _assigned(sender, assigned, **kwargs) -> None:  # type: ignore[no-untyped-def]
         log.info("%s: %d partitions assigned", WORKER_READY, len(assigned))
 
-    worker = Worker(app, loglevel=logging.getLevelName(logging.getLogger().level).lower(),
-                    redirect_stdouts=False, quiet=True)
+    worker = Worker(
+        app, loglevel=logging.getLevelName(logging.getLogger().level).lower(), redirect_stdouts=False, quiet=True
+    )
     worker.execute_from_commandline()
     return 0

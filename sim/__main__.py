@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     zones = tuple(z.strip() for z in args.zones.split(",") if z.strip())
     perf = PerfModel.from_splitwise(model=args.model, hardware=args.hardware, tensor_parallel=args.tp)
     tr = load_trace(args.trace).scaled_to_qps(args.qps).loop_to(args.duration_s)
-    cfg = FleetConfig(models={args.model: perf}, zones=zones, jitter=not args.no_jitter,
-                      seed=args.seed)
+    cfg = FleetConfig(models={args.model: perf}, zones=zones, jitter=not args.no_jitter, seed=args.seed)
     fleet = Fleet(cfg, epoch_ms0=0)
     per_zone = [args.replicas // len(zones) + (i < args.replicas % len(zones)) for i in range(len(zones))]
     for z, n in zip(zones, per_zone, strict=True):
@@ -53,8 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         t1 = min(t + args.slice_s, args.duration_s)
         j = int(np.searchsorted(arr, t1, side="left"))
         for k in range(i, j):
-            fleet.submit(t_start + float(arr[k]), zones[k % len(zones)], args.model, pt[k], ot[k],
-                         str(k), None if h is None else h[k])
+            fleet.submit(
+                t_start + float(arr[k]),
+                zones[k % len(zones)],
+                args.model,
+                pt[k],
+                ot[k],
+                str(k),
+                None if h is None else h[k],
+            )
         i, t = j, t1
         records += fleet.advance_to(t_start + t)
     records += fleet.advance_to(t_start + args.duration_s + 3600.0)  # drain
@@ -63,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ttft = np.array([r["ttft_ms"] for r in records])
     e2e = np.array([r["e2e_ms"] for r in records])
     print(f"trace={tr.name} requests={n} completed={len(records)} conserved={st['conserved']}")
-    print(f"simulated {args.duration_s:.0f} s (+drain) in {wall:.2f} s wall: "
-          f"{args.duration_s / wall:.1f}x real time, {n / wall:,.0f} requests/s")
+    print(
+        f"simulated {args.duration_s:.0f} s (+drain) in {wall:.2f} s wall: "
+        f"{args.duration_s / wall:.1f}x real time, {n / wall:,.0f} requests/s"
+    )
     if len(ttft):
         p = np.percentile(ttft, [50, 95, 99])
         q = np.percentile(e2e, [50, 95, 99])

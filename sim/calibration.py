@@ -22,6 +22,7 @@ decode CV median 0.39 %, p90 0.98 %; fitted ``sigma = 1.27`` for
 noisiest measured configuration: latency swings in the simulator come from
 queueing and batching, which it models, not from kernel-time noise.
 """
+
 from __future__ import annotations
 
 import csv
@@ -55,15 +56,17 @@ def _quantile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def fit_jitter(path: Path | str = DATA, quantile: float = 0.9, theta: float = 0.03,
-               L_bar: float = 100.0, min_reps: int = 3) -> JitterFit:
+def fit_jitter(
+    path: Path | str = DATA, quantile: float = 0.9, theta: float = 0.03, L_bar: float = 100.0, min_reps: int = 3
+) -> JitterFit:
     groups: dict[tuple[str, ...], list[tuple[float, float]]] = defaultdict(list)
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
             if r["hardware"].endswith("pcap"):  # derived rows (1.3 x H100), not measured
                 continue
-            key = tuple(r[k] for k in ("model", "hardware", "tensor_parallel", "prompt_size",
-                                       "batch_size", "token_size"))
+            key = tuple(
+                r[k] for k in ("model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size")
+            )
             groups[key].append((float(r["prompt_time"]), float(r["token_time"])))
     cv_p, cv_t = [], []
     for reps in groups.values():
@@ -75,14 +78,23 @@ def fit_jitter(path: Path | str = DATA, quantile: float = 0.9, theta: float = 0.
         cv_t.append(statistics.pstdev(t) / statistics.mean(t))
     target = _quantile(cv_p, quantile)
     sigma = target * L_bar * math.sqrt(2 * theta)
-    return JitterFit(configs=len(cv_p), prefill_cv_median=statistics.median(cv_p),
-                     prefill_cv_p90=_quantile(cv_p, 0.9), decode_cv_median=statistics.median(cv_t),
-                     decode_cv_p90=_quantile(cv_t, 0.9), target_cv=target, theta=theta, L_bar=L_bar,
-                     sigma=sigma)
+    return JitterFit(
+        configs=len(cv_p),
+        prefill_cv_median=statistics.median(cv_p),
+        prefill_cv_p90=_quantile(cv_p, 0.9),
+        decode_cv_median=statistics.median(cv_t),
+        decode_cv_p90=_quantile(cv_t, 0.9),
+        target_cv=target,
+        theta=theta,
+        L_bar=L_bar,
+        sigma=sigma,
+    )
 
 
 if __name__ == "__main__":
     f = fit_jitter()
-    print(f"{f.configs} configurations; prefill CV median {f.prefill_cv_median:.2%} p90 {f.prefill_cv_p90:.2%}; "
-          f"decode CV median {f.decode_cv_median:.2%} p90 {f.decode_cv_p90:.2%}")
+    print(
+        f"{f.configs} configurations; prefill CV median {f.prefill_cv_median:.2%} p90 {f.prefill_cv_p90:.2%}; "
+        f"decode CV median {f.decode_cv_median:.2%} p90 {f.decode_cv_p90:.2%}"
+    )
     print(f"fitted sigma {f.sigma:.3f} (theta {f.theta}, L_bar {f.L_bar}): stationary CV {f.stationary_cv():.2%}")

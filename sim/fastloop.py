@@ -24,6 +24,7 @@ holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
 GPU-seconds weight ready replicas by their measured busy fraction; waste is
 ``1 - busy / provisioned``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -114,14 +115,29 @@ class LoopConfig:
             raise LoopConfigError(f"balancer={self.balancer!r}: choose uniform or health")
 
     def settings(self) -> Settings:
-        spec = ModelSpec(self.model, ttft_slo_ms=self.ttft_slo_ms, itl_slo_ms=self.itl_slo_ms,
-                         min_replicas=self.min_replicas, max_replicas=self.max_replicas,
-                         replica_capacity_rps=self.replica_capacity_rps)
-        return Settings(startup_hint_s=self.startup_s, controller=self.controller,
-                        dead_time_comp=self.dead_time_comp, drift=self.drift, observer=self.observer,
-                        zone_redundancy=self.zone_redundancy, zones=self.zones, models=(spec,), window_s=self.window_s,
-                        lateness_s=self.lateness_s, eps_ref=self.eps_ref, pid_gains=dict(self.pid_gains),
-                        command_ttl_s=max(60.0, 3 * self.window_s))
+        spec = ModelSpec(
+            self.model,
+            ttft_slo_ms=self.ttft_slo_ms,
+            itl_slo_ms=self.itl_slo_ms,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            replica_capacity_rps=self.replica_capacity_rps,
+        )
+        return Settings(
+            startup_hint_s=self.startup_s,
+            controller=self.controller,
+            dead_time_comp=self.dead_time_comp,
+            drift=self.drift,
+            observer=self.observer,
+            zone_redundancy=self.zone_redundancy,
+            zones=self.zones,
+            models=(spec,),
+            window_s=self.window_s,
+            lateness_s=self.lateness_s,
+            eps_ref=self.eps_ref,
+            pid_gains=dict(self.pid_gains),
+            command_ttl_s=max(60.0, 3 * self.window_s),
+        )
 
 
 @dataclass
@@ -172,16 +188,29 @@ def _reversals(values: Sequence[int]) -> int:
     return sum(1 for a, b in zip(moves, moves[1:], strict=False) if (a > 0) != (b > 0))
 
 
-def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
-        faults: Sequence[Fault] = (), duration_s: float | None = None,
-        name: str | None = None) -> RunResult:
+def run(
+    strategy: str | StrategyFactory,
+    workload: Workload,
+    cfg: LoopConfig,
+    faults: Sequence[Fault] = (),
+    duration_s: float | None = None,
+    name: str | None = None,
+) -> RunResult:
     """Run one strategy ("governor" or a per-zone baseline factory) on a workload."""
     wall0 = time.perf_counter()
     duration = float(duration_s if duration_s is not None else (workload.arrival_s[-1] if len(workload) else 0.0))
     settings = cfg.settings()
     perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
-    fleet = Fleet(FleetConfig(models={cfg.model: perf}, zones=cfg.zones, startup_s=cfg.startup_s,
-                              initial_replicas=cfg.initial_replicas, seed=cfg.seed), epoch_ms0=EPOCH_MS0)
+    fleet = Fleet(
+        FleetConfig(
+            models={cfg.model: perf},
+            zones=cfg.zones,
+            startup_s=cfg.startup_s,
+            initial_replicas=cfg.initial_replicas,
+            seed=cfg.seed,
+        ),
+        epoch_ms0=EPOCH_MS0,
+    )
     processor = TelemetryProcessor(settings)
     governor = _GovernorStrategy(settings) if strategy == "governor" else None
     scalers: dict[str, Autoscaler] = {} if governor else {z: strategy(z) for z in cfg.zones}  # type: ignore[operator]
@@ -234,9 +263,15 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                 zone = _pick_zone(weights, live_zones, float(route_u[i])) or zone
             if zone not in live_zones:  # the global balancer sends a cut zone's traffic elsewhere
                 zone = live_zones[i % len(live_zones)]
-            fleet.submit(float(workload.arrival_s[i]), zone, cfg.model, int(workload.prompt_tokens[i]),
-                         int(workload.output_tokens[i]), f"r{i}",
-                         hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else None)
+            fleet.submit(
+                float(workload.arrival_s[i]),
+                zone,
+                cfg.model,
+                int(workload.prompt_tokens[i]),
+                int(workload.output_tokens[i]),
+                f"r{i}",
+                hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else None,
+            )
             arrivals_last[zone].append(float(workload.arrival_s[i]))
             i += 1
         while pending and pending[0][0] <= t:
@@ -247,8 +282,11 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
         finished.extend(done)
         snaps = fleet.gpu_snapshot(t)
         now_ms = EPOCH_MS0 + int(round(t * 1000))
-        processor.process({"schema_version": 1, "kind": "batch", "records": done + snaps},
-                          {"topic": "fastloop", "partition": 0, "offset": k}, now_ms)
+        processor.process(
+            {"schema_version": 1, "kind": "batch", "records": done + snaps},
+            {"topic": "fastloop", "partition": 0, "offset": k},
+            now_ms,
+        )
         for m in processor.close_due(now_ms, now_ms):
             if m["scope"] != "zone":
                 continue
@@ -282,12 +320,18 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                 from sim.baselines.base import Observation
 
                 obs = Observation(
-                    t_s=t, zone=zone, model=cfg.model, replicas_ready=counts.get("ready", 0),
-                    replicas_starting=counts.get("starting", 0), desired=fleet.desired(zone, cfg.model),
+                    t_s=t,
+                    zone=zone,
+                    model=cfg.model,
+                    replicas_ready=counts.get("ready", 0),
+                    replicas_starting=counts.get("starting", 0),
+                    desired=fleet.desired(zone, cfg.model),
                     ongoing_requests=sum(s["queue_len"] + s["running"] for s in zs),
-                    queue_len=sum(s["queue_len"] for s in zs), arrival_rate_rps=float(len(q)),
+                    queue_len=sum(s["queue_len"] for s in zs),
+                    arrival_rate_rps=float(len(q)),
                     gpu_util=float(np.mean([s["gpu_util"] for s in ready])) if ready else 0.0,
-                    window=last_window.get(zone))
+                    window=last_window.get(zone),
+                )
                 n = scaler.decide(obs)
                 if n is not None:
                     n = int(min(max(n, cfg.min_replicas), cfg.max_replicas))
@@ -296,23 +340,50 @@ def run(strategy: str | StrategyFactory, workload: Workload, cfg: LoopConfig,
                         decisions.append((t, zone, n, scaler.name))
                         desired_seq[zone].append(n)
         tl["t_s"].append(t)
-    sde = {} if governor is None else {f"{model}|{zone}": est.to_dict()
-                                       for (model, zone), est in governor.scaler.sde_estimates().items()}
+    sde = (
+        {}
+        if governor is None
+        else {f"{model}|{zone}": est.to_dict() for (model, zone), est in governor.scaler.sde_estimates().items()}
+    )
     # Drain: let in-flight requests finish (no new arrivals), so nothing is left uncounted.
     tail = fleet.advance_to(t + 600.0)
     finished.extend(tail)
     return RunResult(
         strategy=name or (strategy if isinstance(strategy, str) else getattr(scalers[cfg.zones[0]], "name", "?")),
-        metrics=summarise(finished, cfg, prov_gpu_s, busy_gpu_s, decisions, desired_seq,
-                          submitted=i, wall_s=time.perf_counter() - wall0, duration_s=duration,
-                          in_flight=fleet.stats().get("in_flight", 0)) | ({"sde_fit": sde} if sde else {}),
-        timeline={k: np.asarray(v) for k, v in tl.items()}, decisions=decisions,
-        finished=finished, windows=windows, events=[] if governor is None else governor.events)
+        metrics=summarise(
+            finished,
+            cfg,
+            prov_gpu_s,
+            busy_gpu_s,
+            decisions,
+            desired_seq,
+            submitted=i,
+            wall_s=time.perf_counter() - wall0,
+            duration_s=duration,
+            in_flight=fleet.stats().get("in_flight", 0),
+        )
+        | ({"sde_fit": sde} if sde else {}),
+        timeline={k: np.asarray(v) for k, v in tl.items()},
+        decisions=decisions,
+        finished=finished,
+        windows=windows,
+        events=[] if governor is None else governor.events,
+    )
 
 
-def summarise(finished: Sequence[Mapping[str, Any]], cfg: LoopConfig, prov_gpu_s: float,
-              busy_gpu_s: float, decisions: Sequence[tuple], desired_seq: Mapping[str, Sequence[int]],
-              *, submitted: int, wall_s: float, duration_s: float, in_flight: int) -> dict[str, Any]:
+def summarise(
+    finished: Sequence[Mapping[str, Any]],
+    cfg: LoopConfig,
+    prov_gpu_s: float,
+    busy_gpu_s: float,
+    decisions: Sequence[tuple],
+    desired_seq: Mapping[str, Sequence[int]],
+    *,
+    submitted: int,
+    wall_s: float,
+    duration_s: float,
+    in_flight: int,
+) -> dict[str, Any]:
     ttft = np.array([r["ttft_ms"] for r in finished], dtype=float)
     itl = np.array([r.get("itl_ms", 0.0) for r in finished], dtype=float)
     e2e = np.array([r["e2e_ms"] for r in finished], dtype=float)
@@ -322,9 +393,13 @@ def summarise(finished: Sequence[Mapping[str, Any]], cfg: LoopConfig, prov_gpu_s
         return round(float(np.percentile(a, q)), 1) if len(a) else None
 
     return {
-        "requests": int(len(finished)), "submitted": int(submitted), "unfinished": int(in_flight),
+        "requests": int(len(finished)),
+        "submitted": int(submitted),
+        "unfinished": int(in_flight),
         "slo_attainment": round(float(ok.mean()), 5) if len(ok) else None,
-        "e2e_p50_ms": pct(e2e, 50), "e2e_p95_ms": pct(e2e, 95), "e2e_p99_ms": pct(e2e, 99),
+        "e2e_p50_ms": pct(e2e, 50),
+        "e2e_p95_ms": pct(e2e, 95),
+        "e2e_p99_ms": pct(e2e, 99),
         "ttft_p95_ms": pct(ttft, 95),
         "gpu_seconds": round(prov_gpu_s, 1),
         "waste": round(1.0 - busy_gpu_s / prov_gpu_s, 4) if prov_gpu_s else None,

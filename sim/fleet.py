@@ -98,14 +98,31 @@ class Fleet:
         serial = next(self._serial)
         jit = None
         if cfg.jitter:
-            jit = JitterProcess(cfg.jitter_theta, cfg.jitter_L_bar, cfg.jitter_sigma0, cfg.jitter_k,
-                                cfg.jitter_L_knee, np.random.default_rng([cfg.seed, 1, serial]), t)
-        r = Replica(f"{key[0]}/{key[1]}/r{next(self._names[key])}", key[0], key[1], perf,
-                    state=READY if ready else STARTING, max_batch=cfg.max_batch,
-                    kv_capacity_tokens=cfg.kv_capacity_tokens or perf.kv_capacity_tokens,
-                    max_prefill_tokens=cfg.max_prefill_tokens, jitter=jit,
-                    prefix_cache=cfg.prefix_cache, context_aware=cfg.context_aware_decode, t_s=t,
-                    kv_allocator=cfg.kv_allocator, copy_bandwidth_bytes_s=cfg.kv_copy_bandwidth_bytes_s)
+            jit = JitterProcess(
+                cfg.jitter_theta,
+                cfg.jitter_L_bar,
+                cfg.jitter_sigma0,
+                cfg.jitter_k,
+                cfg.jitter_L_knee,
+                np.random.default_rng([cfg.seed, 1, serial]),
+                t,
+            )
+        r = Replica(
+            f"{key[0]}/{key[1]}/r{next(self._names[key])}",
+            key[0],
+            key[1],
+            perf,
+            state=READY if ready else STARTING,
+            max_batch=cfg.max_batch,
+            kv_capacity_tokens=cfg.kv_capacity_tokens or perf.kv_capacity_tokens,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            jitter=jit,
+            prefix_cache=cfg.prefix_cache,
+            context_aware=cfg.context_aware_decode,
+            t_s=t,
+            kv_allocator=cfg.kv_allocator,
+            copy_bandwidth_bytes_s=cfg.kv_copy_bandwidth_bytes_s,
+        )
         self._reps[key].append(r)
         if ready:
             self._ready[key].append(r)
@@ -183,9 +200,18 @@ class Fleet:
         self.now = max(self.now, t_end)
 
     # -- public API ----------------------------------------------------------------------
-    def submit(self, t_s: float, zone: str, model: str, prompt_tokens: int, output_tokens: int,
-               request_id: str, hash_ids: list[int] | None = None,
-               request_class: str = "default", agent: dict[str, Any] | None = None) -> None:
+    def submit(
+        self,
+        t_s: float,
+        zone: str,
+        model: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        request_id: str,
+        hash_ids: list[int] | None = None,
+        request_class: str = "default",
+        agent: dict[str, Any] | None = None,
+    ) -> None:
         """Enqueue a request arriving at ``t_s`` (clamped to the fleet clock).
 
         ``agent``: the mixed-agent fields its telemetry record carries
@@ -203,16 +229,24 @@ class Fleet:
         if prompt_tokens < 0 or output_tokens < 0:
             raise FleetConfigError("prompt_tokens/output_tokens: must be >= 0")
         t = max(float(t_s), self.now)
-        req = Request(str(request_id), zone, model, request_class, int(prompt_tokens),
-                      int(output_tokens), hash_ids, t, self._network_ms(),
-                      0.5 + 0.0005 * int(prompt_tokens))
+        req = Request(
+            str(request_id),
+            zone,
+            model,
+            request_class,
+            int(prompt_tokens),
+            int(output_tokens),
+            hash_ids,
+            t,
+            self._network_ms(),
+            0.5 + 0.0005 * int(prompt_tokens),
+        )
         req.agent = agent
         self.submitted += 1
         self._pending_reach += 1
         self._push(req.reach_t, _REACH, req)
 
-    def set_routing(self, family: str, weights: dict, t_s: float,
-                    request_class: str | None = None) -> dict[str, float]:
+    def set_routing(self, family: str, weights: dict, t_s: float, request_class: str | None = None) -> dict[str, float]:
         """Routing weights of ``family`` over ``(variant, zone)`` / ``'variant|zone'`` targets.
 
         For ``request_class`` (None: every class without its own weights);
@@ -229,21 +263,27 @@ class Fleet:
             v, z = parse_target(k)
             self._key(z, v)
         out = self.router.set(family, weights, request_class)
-        self.routing_log.append({"t_s": max(float(t_s), self.now), "family": family,
-                                 "request_class": request_class, "weights": out})
+        self.routing_log.append(
+            {"t_s": max(float(t_s), self.now), "family": family, "request_class": request_class, "weights": out}
+        )
         return out
 
-    def submit_routed(self, t_s: float, family: str, request_class: str, prompt_tokens: int,
-                      output_tokens: int, request_id: str,
-                      hash_ids: list[int] | None = None) -> tuple[str, str]:
+    def submit_routed(
+        self,
+        t_s: float,
+        family: str,
+        request_class: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        request_id: str,
+        hash_ids: list[int] | None = None,
+    ) -> tuple[str, str]:
         """Submit to the (variant, zone) drawn from the family's weights; returns it."""
         variant, zone = self.router.pick(family, request_class)
-        self.submit(t_s, zone, variant, prompt_tokens, output_tokens, request_id, hash_ids,
-                    request_class)
+        self.submit(t_s, zone, variant, prompt_tokens, output_tokens, request_id, hash_ids, request_class)
         return variant, zone
 
-    def inject_errors(self, zone: str, model: str, rate: float, start_s: float,
-                      duration_s: float) -> None:
+    def inject_errors(self, zone: str, model: str, rate: float, start_s: float, duration_s: float) -> None:
         """Requests of (zone, model) finishing in the interval get ``status='error'`` w.p. ``rate``."""
         self._key(zone, model)
         self.errors.add(zone, model, rate, start_s, duration_s)
@@ -287,8 +327,16 @@ class Fleet:
         if n < 0:
             raise FleetConfigError(f"n: must be >= 0, got {n}")
         t = float(t_s)
-        change = {"zone": zone, "model": model, "desired": n, "t_s": max(t, self.now),
-                  "scheduled": t > self.now, "started": [], "cancelled": [], "draining": []}
+        change = {
+            "zone": zone,
+            "model": model,
+            "desired": n,
+            "t_s": max(t, self.now),
+            "scheduled": t > self.now,
+            "started": [],
+            "cancelled": [],
+            "draining": [],
+        }
         if t > self.now:
             token = next(self._seq)
             self._pending[key] = (n, token)
@@ -305,10 +353,9 @@ class Fleet:
     def _apply_desired(self, key: tuple[str, str], n: int, t: float, change: dict) -> dict:
         active = [r for r in self._reps[key] if r.state in (STARTING, READY)]
         if n > len(active):
-            change["started"] = [self._new_replica(key, t, ready=False).node
-                                 for _ in range(n - len(active))]
+            change["started"] = [self._new_replica(key, t, ready=False).node for _ in range(n - len(active))]
         excess = len(active) - n
-        for r in [r for r in reversed(active) if r.state == STARTING][:max(0, excess)]:
+        for r in [r for r in reversed(active) if r.state == STARTING][: max(0, excess)]:
             self._gone_now(r)
             change["cancelled"].append(r.node)
             excess -= 1
@@ -349,8 +396,9 @@ class Fleet:
             out[r.state] += 1
         return out
 
-    def fail_replica(self, zone: str, model: str, t_s: float, node: str | None = None,
-                     replace: bool = True) -> str | None:
+    def fail_replica(
+        self, zone: str, model: str, t_s: float, node: str | None = None, replace: bool = True
+    ) -> str | None:
         """Kill one replica at ``t_s`` (``node`` or a seeded random ready one).
 
         Its requests go back to the zone's router from scratch; with
@@ -386,8 +434,9 @@ class Fleet:
         if replace and was_active:
             self._new_replica((r.zone, r.model), t, ready=False)
 
-    def inject_latency_spike(self, zone: str, model: str, fraction: float, factor: float,
-                             start_s: float, duration_s: float) -> list[str]:
+    def inject_latency_spike(
+        self, zone: str, model: str, fraction: float, factor: float, start_s: float, duration_s: float
+    ) -> list[str]:
         """Multiply service time by ``factor`` on a seeded ``fraction`` of replicas.
 
         Returns the affected node ids (chosen among current non-gone replicas).
@@ -427,8 +476,9 @@ class Fleet:
             return None
         return int(r.kv.generation)
 
-    def relocate(self, zone: str, model: str, node: str, max_bytes: int,
-                 expected_generation: int | None, t_s: float) -> dict:
+    def relocate(
+        self, zone: str, model: str, node: str, max_bytes: int, expected_generation: int | None, t_s: float
+    ) -> dict:
         """One bounded KV compaction round on ``node`` at the fleet clock (``t_s`` is recorded).
 
         Returns :meth:`sim.replica.Replica.relocate`'s outcome, or
@@ -450,8 +500,7 @@ class Fleet:
             self._push(nxt, _REPLICA, r, r.version)
         return {"zone": zone, "model": model, "t_s": max(float(t_s), self.now), **out}
 
-    def move_sessions(self, zone: str, model: str, node: str, t_s: float,
-                      max_requests: int | None = None) -> dict:
+    def move_sessions(self, zone: str, model: str, node: str, t_s: float, max_requests: int | None = None) -> dict:
         """Move ``node``'s waiting requests to ready peers whose KV can hold them now.
 
         A peer is chosen per request by the most of its prefix blocks already
@@ -465,8 +514,7 @@ class Fleet:
         moved: dict[str, str] = {}
         kept = []
         for q in src.take_queue():
-            fit = [p for p in peers if p.kv is not None
-                   and p.kv.fits(q.need * p.perf.kv_bytes_per_token, q.hash_ids)]
+            fit = [p for p in peers if p.kv is not None and p.kv.fits(q.need * p.perf.kv_bytes_per_token, q.hash_ids)]
             if not fit or (max_requests is not None and len(moved) >= max_requests):
                 kept.append(q)
                 continue
@@ -481,8 +529,14 @@ class Fleet:
         nxt = src.poke(self.now, force=False) if moved else None
         if nxt is not None:
             self._push(nxt, _REPLICA, src, src.version)
-        return {"zone": zone, "model": model, "node": node, "t_s": max(float(t_s), self.now),
-                "moved": moved, "kept": len(kept)}
+        return {
+            "zone": zone,
+            "model": model,
+            "node": node,
+            "t_s": max(float(t_s), self.now),
+            "moved": moved,
+            "kept": len(kept),
+        }
 
     def gpu_snapshot(self, t_s: float) -> list[dict]:
         """One GPU record per non-gone replica; ``gpu_util`` is busy time since the last snapshot.
@@ -512,10 +566,16 @@ class Fleet:
             for r in reps:
                 by_state[r.state] += 1
                 in_flight += r.in_flight
-        return {"t_s": self.now, "submitted": self.submitted, "completed": self.completed,
-                "in_flight": in_flight, "zone_queued": sum(len(q) for q in self._zone_q.values()),
-                "replicas": by_state, "failures": self.failures,
-                "conserved": self.submitted == self.completed + in_flight}
+        return {
+            "t_s": self.now,
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "in_flight": in_flight,
+            "zone_queued": sum(len(q) for q in self._zone_q.values()),
+            "replicas": by_state,
+            "failures": self.failures,
+            "conserved": self.submitted == self.completed + in_flight,
+        }
 
 
 _load = operator.attrgetter("outstanding")  # least outstanding tokens; ties: first in order

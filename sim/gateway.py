@@ -8,6 +8,7 @@
 * :func:`sync_routing_from_redis` reads all three from the Redis hashes the
   executors write (the contract is in :mod:`executors.backends`).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,6 @@ from sim.router import DEFAULT_CLASS, parse_target
 __all__ = ["HALF_OPEN_SHARE", "BreakerView", "TrafficGate", "gate_weights", "sync_routing_from_redis"]
 
 log = logging.getLogger(__name__)
-
-
 
 
 # -- the gateway contract: breakers and canary shares on top of the route weights ----------
@@ -210,8 +209,7 @@ def _changed(seen: dict[str, int], key: str, basis_ms: int) -> bool:
     return True
 
 
-def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: bytes,
-                 seen: dict[str, int]) -> None:
+def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: bytes, seen: dict[str, int]) -> None:
     c = json.loads(raw)
     model = field.partition("|")[2]
     variant, share, basis_ms = f"{model}@{c['version']}", float(c["share"]), int(c.get("basis_ms", 0))
@@ -226,15 +224,14 @@ def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: byte
         log.info("canary %s in %s: the fleet has no %s there; ignored", model, zone, variant)
 
 
-async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
-                         seen: dict[str, int]) -> bool:
+async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate, seen: dict[str, int]) -> bool:
     """Apply the zone's breaker hash; True when a breaker changed (fields gone: closed)."""
     h = await redis.hgetall(names.breaker_hash(prefix, zone))
     changed = False
     mine = f"{zone}|breaker|"
-    for key in [k for k in seen if k.startswith(mine) and k[len(mine):].encode() not in h]:
+    for key in [k for k in seen if k.startswith(mine) and k[len(mine) :].encode() not in h]:
         del seen[key]
-        target = key[len(mine):]
+        target = key[len(mine) :]
         if not any(k.endswith(f"|breaker|{target}") for k in seen):  # no other zone's hash has it
             gate.breakers.pop(target, None)
             changed = True
@@ -243,8 +240,7 @@ async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
         try:
             b = json.loads(raw)
             if _changed(seen, mine + target, int(b.get("basis_ms", 0))):
-                gate.set_breaker(target, str(b["state"]), int(b.get("probe_budget") or 0),
-                                 int(b.get("basis_ms", 0)))
+                gate.set_breaker(target, str(b["state"]), int(b.get("probe_budget") or 0), int(b.get("basis_ms", 0)))
                 changed = True
         except (ValueError, KeyError, TypeError) as exc:  # bad input is data: skip the field
             if _changed(seen, mine + target, -1):  # warn once, not every poll
@@ -252,9 +248,16 @@ async def _read_breakers(redis: Any, prefix: str, zone: str, gate: TrafficGate,
     return changed
 
 
-async def sync_routing_from_redis(fleet: Any, redis: Any, prefix: str, zones: list[str], family: str,
-                                  t_s: float, seen: dict[str, int],
-                                  gate: TrafficGate | None = None) -> list[str]:
+async def sync_routing_from_redis(
+    fleet: Any,
+    redis: Any,
+    prefix: str,
+    zones: list[str],
+    family: str,
+    t_s: float,
+    seen: dict[str, int],
+    gate: TrafficGate | None = None,
+) -> list[str]:
     """Apply what the executors wrote for a gateway to ``fleet`` (the contract is :mod:`executors.backends`).
 
     * Route weights, ``<prefix>:routing:<zone>``: each class field's

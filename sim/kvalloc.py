@@ -86,9 +86,16 @@ from dataclasses import dataclass
 
 from sim.kvcompact import best_plan
 
-__all__ = ["COPY_BANDWIDTH_BYTES_S", "DEFAULT_HIST_BLOCKS", "MOVE_OVERHEAD_S", "CompactionPlan",
-           "CompactionResult",
-           "ContiguousKvAllocator", "KvAllocError", "PagedKvAllocator"]
+__all__ = [
+    "COPY_BANDWIDTH_BYTES_S",
+    "DEFAULT_HIST_BLOCKS",
+    "MOVE_OVERHEAD_S",
+    "CompactionPlan",
+    "CompactionResult",
+    "ContiguousKvAllocator",
+    "KvAllocError",
+    "PagedKvAllocator",
+]
 
 COPY_BANDWIDTH_BYTES_S = 1.5e12  # per GPU, HBM-to-HBM effective (see module docstring)
 MOVE_OVERHEAD_S = 10e-6  # per moved region: kernel launch + block-table update
@@ -131,8 +138,9 @@ class _Base:
 
     def __init__(self, capacity_bytes: int, block_bytes: int) -> None:
         if block_bytes < 1 or capacity_bytes < block_bytes:
-            raise KvAllocError(f"capacity_bytes={capacity_bytes}, block_bytes={block_bytes}: "
-                               "need 1 <= block_bytes <= capacity_bytes")
+            raise KvAllocError(
+                f"capacity_bytes={capacity_bytes}, block_bytes={block_bytes}: need 1 <= block_bytes <= capacity_bytes"
+            )
         self.block_bytes = int(block_bytes)
         self.n_blocks = int(capacity_bytes) // self.block_bytes
         self.total_bytes = self.n_blocks * self.block_bytes
@@ -333,15 +341,21 @@ class ContiguousKvAllocator(_Base):
         budget = int(max_bytes_moved) // self.block_bytes
         units = self._units()
         # items in address order: (start, n, unit index or -1 for a free extent)
-        items = sorted([(s, n, i) for i, (s, n, _) in enumerate(units)]
-                       + [(s, n, -1) for s, n in zip(self._fs, self._fl, strict=True)])
+        items = sorted(
+            [(s, n, i) for i, (s, n, _) in enumerate(units)]
+            + [(s, n, -1) for s, n in zip(self._fs, self._fl, strict=True)]
+        )
         best = best_plan(items, self.n_blocks - self.used_blocks, self._largest_blocks(), budget)
         b = self.block_bytes
         moves = tuple((units[u][2], src * b, dst * b, n * b) for u, src, dst, n in best[2])
         return CompactionPlan(moves, best[1] * b, best[0] * b)
 
-    def compact(self, max_bytes_moved: int, bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
-                move_overhead_s: float = MOVE_OVERHEAD_S) -> CompactionResult:
+    def compact(
+        self,
+        max_bytes_moved: int,
+        bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
+        move_overhead_s: float = MOVE_OVERHEAD_S,
+    ) -> CompactionResult:
         """Carry out :meth:`plan_compaction` (at most ``max_bytes_moved`` bytes); see the module docstring."""
         if max_bytes_moved < 0 or not bandwidth_bytes_s > 0:
             raise KvAllocError("max_bytes_moved >= 0 and bandwidth_bytes_s > 0 required")
@@ -374,9 +388,16 @@ class ContiguousKvAllocator(_Base):
             self._largest = None
             self.generation += 1
         nbytes = plan.bytes_moved
-        return CompactionResult(nbytes, nbytes / bandwidth_bytes_s + len(plan.moves) * move_overhead_s,
-                                sorted(moved), frag0, self.fragmentation_ratio(), big0,
-                                self.largest_free_block(), self.generation)
+        return CompactionResult(
+            nbytes,
+            nbytes / bandwidth_bytes_s + len(plan.moves) * move_overhead_s,
+            sorted(moved),
+            frag0,
+            self.fragmentation_ratio(),
+            big0,
+            self.largest_free_block(),
+            self.generation,
+        )
 
 
 class PagedKvAllocator(_Base):
@@ -412,8 +433,12 @@ class PagedKvAllocator(_Base):
         for p in blocks:
             insort(self._free, p)
 
-    def compact(self, max_bytes_moved: int, bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
-                move_overhead_s: float = MOVE_OVERHEAD_S) -> CompactionResult:
+    def compact(
+        self,
+        max_bytes_moved: int,
+        bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
+        move_overhead_s: float = MOVE_OVERHEAD_S,
+    ) -> CompactionResult:
         """Nothing to do: paged memory does not fragment externally."""
         f, big = self.fragmentation_ratio(), self.largest_free_block()
         return CompactionResult(0, 0.0, [], f, f, big, big, self.generation)

@@ -24,6 +24,7 @@ blocks merges the holes into one of 4 blocks for 1 block copied::
 >>> best_plan(items, free_total=4, largest=2, budget=10)
 (4, 1, ((1, 4, 2, 1),))
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left, insort
@@ -65,8 +66,8 @@ def plan_run(items: list[tuple[int, int, int]], i: int, j: int, budget: int) -> 
     """Empty ``items[i..j]``: evacuate its units (largest first, best fit) into free extents
     outside it, slide those that do not fit to its low end. ``(hole, cost, moves)`` or None
     over ``budget``."""
-    outside = sorted((n, s) for s, n, u in items[:i] + items[j + 1:] if u < 0)
-    inside = sorted((it for it in items[i:j + 1] if it[2] >= 0), key=lambda it: (-it[1], it[0]))
+    outside = sorted((n, s) for s, n, u in items[:i] + items[j + 1 :] if u < 0)
+    inside = sorted((it for it in items[i : j + 1] if it[2] >= 0), key=lambda it: (-it[1], it[0]))
     moves: list[Move] = []
     stay = []
     for s, n, u in inside:

@@ -37,6 +37,7 @@ otherwise calls ``Fleet.relocate(..., expected_generation=None)``.
 It keeps the ground truth (every finished request, replicas over time) for
 the run's report.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,39 +60,41 @@ log = logging.getLogger(__name__)
 RELOCATED_KEEP = 1000
 
 
-
-
 def apply_relocation(fleet: Any, zone: str, req: dict[str, Any], t: float) -> dict[str, Any]:
     """Apply one relocation request to the fleet under the coarse generation check."""
     model, node = str(req["model"]), str(req["node"])
     expected = req.get("expected_generation")
     now_gen = fleet.kv_generation(zone, model, node)
-    base = {"zone": zone, "model": model, "node": node, "command_id": req.get("command_id"),
-            "action": req.get("action"), "t_s": t}
+    base = {
+        "zone": zone,
+        "model": model,
+        "node": node,
+        "command_id": req.get("command_id"),
+        "action": req.get("action"),
+        "t_s": t,
+    }
     if now_gen is None:
         return {**base, "refused": "unknown node or no kv allocator"}
     if isinstance(expected, int) and now_gen < expected:
-        return {**base, "refused": "generation changed", "generation": now_gen,
-                "expected_generation": expected}
+        return {**base, "refused": "generation changed", "generation": now_gen, "expected_generation": expected}
     if req.get("action") == "move":
         return {**base, **fleet.move_sessions(zone, model, node, t)}
     out = fleet.relocate(zone, model, node, int(req["max_bytes"]), None, t)
     return {**base, **out}
 
 
-
 _CORRUPTIONS = {
     "request": (
-        ("ttft_ms", -5.0),          # negative latency
-        ("zone", None),             # missing required field
-        ("e2e_ms", "slow"),         # wrong type
-        ("status", "exploded"),     # unknown status
+        ("ttft_ms", -5.0),  # negative latency
+        ("zone", None),  # missing required field
+        ("e2e_ms", "slow"),  # wrong type
+        ("status", "exploded"),  # unknown status
     ),
     "gpu": (
-        ("gpu_util", 7.5),          # outside [0, 1]
-        ("zone", None),             # missing required field
+        ("gpu_util", 7.5),  # outside [0, 1]
+        ("zone", None),  # missing required field
         ("mem_used_bytes", "lots"),  # wrong type
-        ("state", "melting"),       # unknown state
+        ("state", "melting"),  # unknown state
     ),
 }
 
@@ -110,10 +113,24 @@ class LiveStats:
 
 
 class LiveFleet:
-    def __init__(self, fleet: Any, workload: Workload, *, model: str, zones: Sequence[str],
-                 producer: Any, redis: Any, prefix: str, now_ms: Callable[[], int], t0_ms: int,
-                 gpu_interval_s: float = 1.0, bad_rate: float = 0.0, seed: int = 0,
-                 tick_wall_s: float = 0.05, desired_poll_wall_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        fleet: Any,
+        workload: Workload,
+        *,
+        model: str,
+        zones: Sequence[str],
+        producer: Any,
+        redis: Any,
+        prefix: str,
+        now_ms: Callable[[], int],
+        t0_ms: int,
+        gpu_interval_s: float = 1.0,
+        bad_rate: float = 0.0,
+        seed: int = 0,
+        tick_wall_s: float = 0.05,
+        desired_poll_wall_s: float = 0.2,
+    ) -> None:
         self.fleet = fleet
         self.workload = workload
         self.model = model
@@ -150,8 +167,9 @@ class LiveFleet:
         if hasattr(self.fleet, "kv_generation") and hasattr(self.redis, "lpop"):
             await self._sync_relocations(t)
         if hasattr(self.fleet, "router") and hasattr(self.redis, "hgetall"):  # route commands: family = model
-            await sync_routing_from_redis(self.fleet, self.redis, self.prefix, self.zones, self.model,
-                                          t, self._routing_seen, self.gate)
+            await sync_routing_from_redis(
+                self.fleet, self.redis, self.prefix, self.zones, self.model, t, self._routing_seen, self.gate
+            )
 
     async def _sync_relocations(self, t: float) -> None:
         """Drain each zone's relocation list, apply, report the outcomes."""
@@ -164,8 +182,12 @@ class LiveFleet:
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     out = {"zone": zone, "refused": f"bad relocation request: {exc}", "t_s": t}
                 self.stats.relocations.append(out)
-                log.info("fleet %s relocation %s: %s", zone, out.get("node"),
-                         out.get("refused") or f"{out.get('bytes_moved', out.get('moved'))}")
+                log.info(
+                    "fleet %s relocation %s: %s",
+                    zone,
+                    out.get("node"),
+                    out.get("refused") or f"{out.get('bytes_moved', out.get('moved'))}",
+                )
                 key = names.relocated_outcomes(self.prefix, zone)
                 await self.redis.rpush(key, orjson.dumps(out, default=str))
                 await self.redis.ltrim(key, -RELOCATED_KEEP, -1)
@@ -183,9 +205,15 @@ class LiveFleet:
     def _submit(self, i: int, t: float) -> None:
         w = self.workload
         variant, zone = self._target(i)
-        self.fleet.submit(float(w.arrival_s[i]), zone, variant, int(w.prompt_tokens[i]),
-                          int(w.output_tokens[i]), f"req-{i}",
-                          hash_ids=w.hash_ids[i] if w.hash_ids is not None else None)
+        self.fleet.submit(
+            float(w.arrival_s[i]),
+            zone,
+            variant,
+            int(w.prompt_tokens[i]),
+            int(w.output_tokens[i]),
+            f"req-{i}",
+            hash_ids=w.hash_ids[i] if w.hash_ids is not None else None,
+        )
         key = f"{variant}|{zone}"
         self.stats.routed[key] = self.stats.routed.get(key, 0) + 1
         if self.gate.sent(variant, zone) and self.gate.routes:  # a probe budget ran out
@@ -208,8 +236,7 @@ class LiveFleet:
             await self.producer.send(rec)
         self.stats.records_sent += len(records)
 
-    async def run(self, duration_s: float,
-                  on_tick: Callable[[float], Awaitable[None]] | None = None) -> LiveStats:
+    async def run(self, duration_s: float, on_tick: Callable[[float], Awaitable[None]] | None = None) -> LiveStats:
         w = self.workload
         next_gpu = 0.0
         last_poll = -1e9
@@ -232,8 +259,16 @@ class LiveFleet:
                 self.stats.gpu_sent += len(snaps)
                 for zone in self.zones:
                     c = self.fleet.replicas(zone, self.model)
-                    self.stats.replicas.append((t, zone, self.model, c.get("ready", 0),
-                                                c.get("starting", 0), self.fleet.desired(zone, self.model)))
+                    self.stats.replicas.append(
+                        (
+                            t,
+                            zone,
+                            self.model,
+                            c.get("ready", 0),
+                            c.get("starting", 0),
+                            self.fleet.desired(zone, self.model),
+                        )
+                    )
                 next_gpu += self.gpu_interval_s
             if on_tick is not None:
                 await on_tick(t)

@@ -160,7 +160,11 @@ def _prefill_points(rows: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray,
     for r in rows:
         groups[int(r["prompt_size"]) * int(r["batch_size"])].append(float(r["prompt_time"]))
     xs = np.array(sorted(groups), dtype=float)
-    return xs, np.array([np.median(groups[int(x)]) for x in xs]), np.array([len(groups[int(x)]) for x in xs], dtype=float)
+    return (
+        xs,
+        np.array([np.median(groups[int(x)]) for x in xs]),
+        np.array([len(groups[int(x)]) for x in xs], dtype=float),
+    )
 
 
 def _decode_points(rows: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -172,8 +176,11 @@ def _decode_points(rows: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ctx_slope(rows: list[dict[str, str]]) -> float:
-    pts = [(int(r["prompt_size"]), float(r["token_time"])) for r in rows
-           if r["batch_size"] == "1" and r["token_size"] == "128"]
+    pts = [
+        (int(r["prompt_size"]), float(r["token_time"]))
+        for r in rows
+        if r["batch_size"] == "1" and r["token_size"] == "128"
+    ]
     if len(pts) < 2:
         return 0.0
     x, y = np.array(pts, dtype=float).T
@@ -231,8 +238,13 @@ class PerfModel:
         object.__setattr__(self, "_pcache", {})
 
     @classmethod
-    def from_splitwise(cls, path: str | Path | None = None, model: str = "llama2-70b",
-                       hardware: str = "h100-80gb", tensor_parallel: int = 8) -> PerfModel:
+    def from_splitwise(
+        cls,
+        path: str | Path | None = None,
+        model: str = "llama2-70b",
+        hardware: str = "h100-80gb",
+        tensor_parallel: int = 8,
+    ) -> PerfModel:
         """Build the model from the Splitwise CSV (medians, see module docstring).
 
         Examples
@@ -247,12 +259,17 @@ class PerfModel:
         dx, dy = _decode_points(rows)
         layers, kv_heads, head_dim, params = ARCHITECTURES[model]
         return cls(
-            model=model, hardware=hardware, tensor_parallel=tensor_parallel,
-            prefill_tokens=tuple(px.tolist()), prefill_knots_ms=tuple(_pav(py, pw).tolist()),
-            decode_batch=tuple(dx.tolist()), decode_knots_ms=tuple(dy.tolist()),
+            model=model,
+            hardware=hardware,
+            tensor_parallel=tensor_parallel,
+            prefill_tokens=tuple(px.tolist()),
+            prefill_knots_ms=tuple(_pav(py, pw).tolist()),
+            decode_batch=tuple(dx.tolist()),
+            decode_knots_ms=tuple(dy.tolist()),
             decode_ctx_slope_ms=_ctx_slope(rows),
             kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
-            weight_bytes=int(2 * params), hbm_bytes=int(HBM_BYTES_PER_GPU * tensor_parallel),
+            weight_bytes=int(2 * params),
+            hbm_bytes=int(HBM_BYTES_PER_GPU * tensor_parallel),
         )
 
     @property
@@ -305,8 +322,9 @@ class PerfModel:
         return max(0.5 * base, base + extra)
 
 
-def calibration_report(model: str = "llama2-70b", hardware: str = "h100-80gb",
-                       tensor_parallel: int = 8, path: str | Path | None = None) -> dict:
+def calibration_report(
+    model: str = "llama2-70b", hardware: str = "h100-80gb", tensor_parallel: int = 8, path: str | Path | None = None
+) -> dict:
     """Fit and leave-one-out errors of the interpolants at every measured median.
 
     Returns ``{'prefill': [...], 'decode': [...], 'summary': {...}}``; each
@@ -330,23 +348,37 @@ def calibration_report(model: str = "llama2-70b", hardware: str = "h100-80gb",
             keep = np.arange(len(xs)) != i
             yk = _pav(ys[keep], ws[keep]) if mono else ys[keep]
             loo = float(_loglog(xs[i], xs[keep], yk))
-            points.append({
-                "x": float(xs[i]), "median_ms": float(ys[i]), "fit_ms": float(fit[i]), "loo_ms": loo,
-                "fit_rel_err": float(abs(fit[i] - ys[i]) / ys[i]), "loo_rel_err": abs(loo - ys[i]) / ys[i],
-            })
+            points.append(
+                {
+                    "x": float(xs[i]),
+                    "median_ms": float(ys[i]),
+                    "fit_ms": float(fit[i]),
+                    "loo_ms": loo,
+                    "fit_rel_err": float(abs(fit[i] - ys[i]) / ys[i]),
+                    "loo_rel_err": abs(loo - ys[i]) / ys[i],
+                }
+            )
         out[name] = points
     out["summary"] = {
         f"{n}_{k}_{s}_rel_err": float(getattr(np, s)([p[f"{k}_rel_err"] for p in out[n]]))
-        for n in ("prefill", "decode") for k in ("fit", "loo") for s in ("mean", "max")
+        for n in ("prefill", "decode")
+        for k in ("fit", "loo")
+        for s in ("mean", "max")
     }
     return out
 
 
 def _fmt(rep: dict) -> str:  # pragma: no cover - convenience for the docstring numbers
     lines = [f"{k}: {v:.3f}" for k, v in rep["summary"].items()]
-    return "\n".join(lines) + "\n" + "\n".join(
-        f"{n} x={p['x']:.0f} med={p['median_ms']:.1f} fit={p['fit_ms']:.1f} loo={p['loo_ms']:.1f} ({p['loo_rel_err']:.1%})"
-        for n in ("prefill", "decode") for p in rep[n])
+    return (
+        "\n".join(lines)
+        + "\n"
+        + "\n".join(
+            f"{n} x={p['x']:.0f} med={p['median_ms']:.1f} fit={p['fit_ms']:.1f} loo={p['loo_ms']:.1f} ({p['loo_rel_err']:.1%})"
+            for n in ("prefill", "decode")
+            for p in rep[n]
+        )
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

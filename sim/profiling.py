@@ -5,6 +5,7 @@ profiling step, and what a capacity planner sizes a static fleet with.
 Bisection over the offered rate on a fixed fleet in the fast simulator
 (seeded), accepting a rate when SLO attainment stays >= ``target``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,12 +19,14 @@ from sim.workloads import from_trace
 
 def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, duration_s: float) -> float:
     perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
-    fleet = Fleet(FleetConfig(models={cfg.model: perf}, zones=("profile",), initial_replicas=replicas,
-                              seed=cfg.seed), epoch_ms0=0)
+    fleet = Fleet(
+        FleetConfig(models={cfg.model: perf}, zones=("profile",), initial_replicas=replicas, seed=cfg.seed), epoch_ms0=0
+    )
     w = from_trace(trace, qps, duration_s)
     for i in range(len(w)):
-        fleet.submit(float(w.arrival_s[i]), "profile", cfg.model, int(w.prompt_tokens[i]),
-                     int(w.output_tokens[i]), f"p{i}")
+        fleet.submit(
+            float(w.arrival_s[i]), "profile", cfg.model, int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"p{i}"
+        )
     done = fleet.advance_to(duration_s + 600.0)
     if not done:
         return 1.0
@@ -31,8 +34,15 @@ def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, dura
     return ok / len(done)
 
 
-def replica_capacity_rps(trace: Trace, cfg: LoopConfig | None = None, *, replicas: int = 4,
-                         target: float = 0.98, duration_s: float = 300.0, iters: int = 8) -> float:
+def replica_capacity_rps(
+    trace: Trace,
+    cfg: LoopConfig | None = None,
+    *,
+    replicas: int = 4,
+    target: float = 0.98,
+    duration_s: float = 300.0,
+    iters: int = 8,
+) -> float:
     """Requests/s one replica sustains with attainment >= ``target`` (bisection).
 
     Some requests miss the SLO at any load (a Mooncake prompt of 85k tokens

@@ -110,14 +110,20 @@ class FleetConfig:
             raise FleetConfigError("models: need at least one name -> PerfModel")
         if not self.zones or len(set(self.zones)) != len(self.zones):
             raise FleetConfigError("zones: need at least one, no duplicates")
-        checks = {"startup_s": self.startup_s >= 0, "max_batch": self.max_batch >= 1,
-                  "max_prefill_tokens": self.max_prefill_tokens >= 1,
-                  "kv_capacity_tokens": self.kv_capacity_tokens is None or self.kv_capacity_tokens >= 1,
-                  "network_ms_median": self.network_ms_median >= 0, "network_sigma": self.network_sigma >= 0,
-                  "initial_replicas": self.initial_replicas >= 0, "jitter_theta": self.jitter_theta > 0,
-                  "jitter_L_bar": self.jitter_L_bar > 0, "jitter_sigma0": self.jitter_sigma0 >= 0,
-                  "kv_allocator": self.kv_allocator in KV_ALLOCATORS,
-                  "kv_copy_bandwidth_bytes_s": self.kv_copy_bandwidth_bytes_s > 0}
+        checks = {
+            "startup_s": self.startup_s >= 0,
+            "max_batch": self.max_batch >= 1,
+            "max_prefill_tokens": self.max_prefill_tokens >= 1,
+            "kv_capacity_tokens": self.kv_capacity_tokens is None or self.kv_capacity_tokens >= 1,
+            "network_ms_median": self.network_ms_median >= 0,
+            "network_sigma": self.network_sigma >= 0,
+            "initial_replicas": self.initial_replicas >= 0,
+            "jitter_theta": self.jitter_theta > 0,
+            "jitter_L_bar": self.jitter_L_bar > 0,
+            "jitter_sigma0": self.jitter_sigma0 >= 0,
+            "kv_allocator": self.kv_allocator in KV_ALLOCATORS,
+            "kv_copy_bandwidth_bytes_s": self.kv_copy_bandwidth_bytes_s > 0,
+        }
         for name, ok in checks.items():
             if not ok:
                 raise FleetConfigError(f"{name}: invalid value {getattr(self, name)!r}")
@@ -126,14 +132,41 @@ class FleetConfig:
 class Request:
     """Mutable state of one in-flight request (internal to the simulator)."""
 
-    __slots__ = ("request_id", "zone", "model", "request_class", "prompt", "output", "hash_ids",
-                 "arrival_t", "reach_t", "network_ms", "preprocess_ms", "prefill_start_t",
-                 "first_token_t", "kv_hit_blocks", "kv_hit", "prefill_tokens", "need", "pause_steps",
-                 "agent")
+    __slots__ = (
+        "request_id",
+        "zone",
+        "model",
+        "request_class",
+        "prompt",
+        "output",
+        "hash_ids",
+        "arrival_t",
+        "reach_t",
+        "network_ms",
+        "preprocess_ms",
+        "prefill_start_t",
+        "first_token_t",
+        "kv_hit_blocks",
+        "kv_hit",
+        "prefill_tokens",
+        "need",
+        "pause_steps",
+        "agent",
+    )
 
-    def __init__(self, request_id: str, zone: str, model: str, request_class: str, prompt: int,
-                 output: int, hash_ids: list[int] | None, arrival_t: float, network_ms: float,
-                 preprocess_ms: float) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        zone: str,
+        model: str,
+        request_class: str,
+        prompt: int,
+        output: int,
+        hash_ids: list[int] | None,
+        arrival_t: float,
+        network_ms: float,
+        preprocess_ms: float,
+    ) -> None:
         self.request_id, self.zone, self.model = request_id, zone, model
         self.request_class, self.prompt, self.output, self.hash_ids = request_class, prompt, output, hash_ids
         self.arrival_t, self.network_ms, self.preprocess_ms = arrival_t, network_ms, preprocess_ms
@@ -153,11 +186,24 @@ class Request:
 class Replica:
     """One replica's queue, running batch and service segments."""
 
-    def __init__(self, node: str, zone: str, model: str, perf: PerfModel, *, state: str,
-                 max_batch: int, kv_capacity_tokens: int, max_prefill_tokens: int,
-                 jitter: JitterProcess | None, prefix_cache: bool, context_aware: bool,
-                 t_s: float, kv_allocator: str = "reserve",
-                 copy_bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S) -> None:
+    def __init__(
+        self,
+        node: str,
+        zone: str,
+        model: str,
+        perf: PerfModel,
+        *,
+        state: str,
+        max_batch: int,
+        kv_capacity_tokens: int,
+        max_prefill_tokens: int,
+        jitter: JitterProcess | None,
+        prefix_cache: bool,
+        context_aware: bool,
+        t_s: float,
+        kv_allocator: str = "reserve",
+        copy_bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S,
+    ) -> None:
         self.node, self.zone, self.model, self.perf, self.state = node, zone, model, perf, state
         self.max_batch, self.kv_cap, self.max_prefill = max_batch, kv_capacity_tokens, max_prefill_tokens
         self.jitter, self.prefix_cache, self.context_aware = jitter, prefix_cache, context_aware
@@ -356,8 +402,7 @@ class Replica:
         return None
 
     # -- KV relocation -------------------------------------------------------------------
-    def relocate(self, max_bytes: int, expected_generation: int | None,
-                 t: float) -> tuple[dict, float | None]:
+    def relocate(self, max_bytes: int, expected_generation: int | None, t: float) -> tuple[dict, float | None]:
         """Compact the KV allocator (one bounded round); returns the outcome and a new event time.
 
         Refused when there is no allocator or its generation is not
@@ -372,8 +417,11 @@ class Replica:
         res = kv.compact(int(max_bytes), self.copy_bw)
         moved, k = set(res.moved_request_ids), 0
         if moved:
-            step_s = self.seg_step_s if self.phase == DECODE else (
-                self.perf.decode_step_ms(max(1, len(self.heap))) * self.factor(t) / 1000.0)
+            step_s = (
+                self.seg_step_s
+                if self.phase == DECODE
+                else (self.perf.decode_step_ms(max(1, len(self.heap))) * self.factor(t) / 1000.0)
+            )
             k = math.ceil(res.duration_s / step_s - 1e-12) if step_s > 0 else 0
             heap = []
             for target, seq, r in self.heap:
@@ -386,12 +434,18 @@ class Replica:
             for r in self.prefilling:
                 if r.request_id in moved:
                     r.pause_steps += k
-        out = {"node": self.node, "bytes_moved": res.bytes_moved, "duration_s": res.duration_s,
-               "moved_request_ids": res.moved_request_ids, "pause_steps": k,
-               "fragmentation_before": res.fragmentation_before,
-               "fragmentation_after": res.fragmentation_after,
-               "largest_free_before": res.largest_free_before,
-               "largest_free_after": res.largest_free_after, "generation": res.generation}
+        out = {
+            "node": self.node,
+            "bytes_moved": res.bytes_moved,
+            "duration_s": res.duration_s,
+            "moved_request_ids": res.moved_request_ids,
+            "pause_steps": k,
+            "fragmentation_before": res.fragmentation_before,
+            "fragmentation_after": res.fragmentation_after,
+            "largest_free_before": res.largest_free_before,
+            "largest_free_after": res.largest_free_after,
+            "generation": res.generation,
+        }
         return out, self.poke(t, force=False)
 
     def waiting_kv_bytes(self) -> int:
@@ -422,18 +476,27 @@ class Replica:
             used_blocks, total_blocks, kv_bytes = kv.used_blocks, kv.n_blocks, kv.used_bytes
             free_bytes = kv.largest_free_block()
         rec = {
-            "node": self.node, "zone": self.zone, "model": self.model, "state": self.state,
+            "node": self.node,
+            "zone": self.zone,
+            "model": self.model,
+            "state": self.state,
             "gpu_util": float(util) if loaded else 0.0,
             "mem_used_bytes": int(self.perf.weight_bytes + kv_bytes) if loaded else 0,
             "mem_total_bytes": int(self.perf.hbm_bytes),
-            "kv_blocks_used": int(used_blocks), "kv_blocks_total": int(total_blocks),
+            "kv_blocks_used": int(used_blocks),
+            "kv_blocks_total": int(total_blocks),
             "largest_free_block_bytes": int(free_bytes),
-            "queue_len": len(self.queue), "running": self.running,
+            "queue_len": len(self.queue),
+            "running": self.running,
         }
         if kv is not None:  # allocator telemetry (issue 6); absent in 'reserve' mode
-            rec.update(fragmentation_ratio=float(kv.fragmentation_ratio()),
-                       free_block_hist=kv.free_block_histogram(), kv_generation=int(kv.generation),
-                       kv_free_bytes=int(kv.free_bytes), kv_waiting_bytes=int(self.waiting_kv_bytes()))
+            rec.update(
+                fragmentation_ratio=float(kv.fragmentation_ratio()),
+                free_block_hist=kv.free_block_histogram(),
+                kv_generation=int(kv.generation),
+                kv_free_bytes=int(kv.free_bytes),
+                kv_waiting_bytes=int(self.waiting_kv_bytes()),
+            )
         return rec
 
 
@@ -444,14 +507,27 @@ def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:
     decode_ms = (t - q.first_token_t) * 1000.0
     ttft = q.network_ms + q.preprocess_ms + queue_ms + prefill_ms
     rec = {
-        "schema_version": 1, "kind": "request", "request_id": q.request_id,
-        "ts_ms": epoch_ms0 + round(t * 1000.0), "arrival_ms": epoch_ms0 + round(q.arrival_t * 1000.0),
-        "model": q.model, "zone": q.zone, "node": node, "request_class": q.request_class,
-        "queue_ms": queue_ms, "network_ms": q.network_ms, "preprocess_ms": q.preprocess_ms,
-        "ttft_ms": ttft, "itl_ms": decode_ms / q.output if q.output > 0 else 0.0,
-        "decode_ms": decode_ms, "e2e_ms": ttft + decode_ms,
-        "prompt_tokens": q.prompt, "output_tokens": q.output,
-        "kv_hit": q.kv_hit, "kv_hit_blocks": q.kv_hit_blocks, "status": "ok",
+        "schema_version": 1,
+        "kind": "request",
+        "request_id": q.request_id,
+        "ts_ms": epoch_ms0 + round(t * 1000.0),
+        "arrival_ms": epoch_ms0 + round(q.arrival_t * 1000.0),
+        "model": q.model,
+        "zone": q.zone,
+        "node": node,
+        "request_class": q.request_class,
+        "queue_ms": queue_ms,
+        "network_ms": q.network_ms,
+        "preprocess_ms": q.preprocess_ms,
+        "ttft_ms": ttft,
+        "itl_ms": decode_ms / q.output if q.output > 0 else 0.0,
+        "decode_ms": decode_ms,
+        "e2e_ms": ttft + decode_ms,
+        "prompt_tokens": q.prompt,
+        "output_tokens": q.output,
+        "kv_hit": q.kv_hit,
+        "kv_hit_blocks": q.kv_hit_blocks,
+        "status": "ok",
     }
     if q.agent:
         rec.update(q.agent)

@@ -35,6 +35,7 @@ Examples
 >>> inj.status("z1", "a", 12.0), inj.status("z1", "a", 20.0)
 ('error', 'ok')
 """
+
 from __future__ import annotations
 
 import bisect
@@ -77,8 +78,9 @@ class WeightedRouter:
         self._draws: list[float] = []
         self.picks: dict[tuple[str, str, str], int] = {}  # (class, variant, zone) -> count
 
-    def set(self, family: str, weights: Mapping[str | tuple[str, str], float],
-            request_class: str | None = None) -> dict[str, float]:
+    def set(
+        self, family: str, weights: Mapping[str | tuple[str, str], float], request_class: str | None = None
+    ) -> dict[str, float]:
         """Replace the weights of ``family`` for ``request_class`` (None: the default).
 
         Weights are normalised (they need not sum to 1); zero weights are
@@ -144,7 +146,8 @@ class ErrorInjector:
         if not 0.0 <= float(rate) <= 1.0 or not float(duration_s) > 0:
             raise FleetConfigError("rate/duration_s: need 0 <= rate <= 1 and duration_s > 0")
         self._rules.setdefault((zone, model), []).append(
-            (float(start_s), float(start_s) + float(duration_s), float(rate)))
+            (float(start_s), float(start_s) + float(duration_s), float(rate))
+        )
 
     @property
     def active(self) -> bool:

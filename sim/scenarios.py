@@ -19,6 +19,7 @@ zone-cut       the second zone is cut off at 40 % of the run for 30 % of it (at
 slow-start     replica start-up becomes 3x slower a third of the way in
 =============  ==============================================================
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,8 +52,9 @@ def _segments_sine(duration_s: float, lo: float, hi: float, n: int = 48) -> list
     return [(float(t), float(mid - amp * np.cos(2 * np.pi * t / duration_s))) for t in ts]
 
 
-def build(name: str, trace: Trace, qps: float, duration_s: float,
-          zones: tuple[str, ...] = ("az-a", "az-b")) -> Scenario:
+def build(
+    name: str, trace: Trace, qps: float, duration_s: float, zones: tuple[str, ...] = ("az-a", "az-b")
+) -> Scenario:
     """Build scenario ``name`` on ``trace`` at base rate ``qps`` for ``duration_s``."""
     if duration_s <= 0 or qps <= 0:
         raise ScenarioError("duration_s and qps must be > 0")
@@ -60,11 +62,14 @@ def build(name: str, trace: Trace, qps: float, duration_s: float,
     if name in ("replay", "spike", "replica-loss", "zone-cut", "slow-start"):
         w = from_trace(trace, qps, duration_s)
         if name == "spike":
-            faults = (Fault("spike", zones[0], duration_s * 0.25, 120.0, 0.5, 3.0),
-                      Fault("spike", zones[-1], duration_s * 0.6, 120.0, 0.5, 3.0))
+            faults = (
+                Fault("spike", zones[0], duration_s * 0.25, 120.0, 0.5, 3.0),
+                Fault("spike", zones[-1], duration_s * 0.6, 120.0, 0.5, 3.0),
+            )
         elif name == "replica-loss":
-            faults = tuple(Fault("replica_lost", z, float(t)) for t in np.arange(300.0, duration_s, 300.0)
-                           for z in zones)
+            faults = tuple(
+                Fault("replica_lost", z, float(t)) for t in np.arange(300.0, duration_s, 300.0) for z in zones
+            )
         elif name == "zone-cut":
             if len(zones) < 2:
                 raise ScenarioError("zone-cut needs at least two zones")

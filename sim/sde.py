@@ -121,8 +121,15 @@ class SdeParams:
         return cls(KneeDrift(0.8, 150.0), GrowingDiffusion(12.0, 0.02), 0.01, "article")
 
     @classmethod
-    def mean_reverting(cls, theta: float = 0.03, L_bar: float = 100.0, k: float = 0.0,
-                       L_knee: float = 150.0, sigma0: float = 8.0, dt_s: float = 0.01) -> SdeParams:
+    def mean_reverting(
+        cls,
+        theta: float = 0.03,
+        L_bar: float = 100.0,
+        k: float = 0.0,
+        L_knee: float = 150.0,
+        sigma0: float = 8.0,
+        dt_s: float = 0.01,
+    ) -> SdeParams:
         """Mean-reverting preset with an optional self-feeding knee.
 
         Examples
@@ -136,12 +143,16 @@ class SdeParams:
                 raise SdeParamError(f"{nm}: must be finite and >= 0, got {v}")
         if k < 0:
             raise SdeParamError(f"k: must be >= 0, got {k}")
-        return cls(MeanRevertingDrift(theta, L_bar, k, L_knee), ConstantDiffusion(sigma0), dt_s,
-                   "mean_reverting")
+        return cls(MeanRevertingDrift(theta, L_bar, k, L_knee), ConstantDiffusion(sigma0), dt_s, "mean_reverting")
 
 
-def simulate(params: SdeParams, L0: float | np.ndarray, duration_s: float,
-             dt_s: float | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
+def simulate(
+    params: SdeParams,
+    L0: float | np.ndarray,
+    duration_s: float,
+    dt_s: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
     """Euler-Maruyama path(s) of the SDE.
 
     Vectorised over paths (give ``L0`` as an array); the noise is drawn in one
@@ -234,13 +245,20 @@ class JitterProcess:
     True
     """
 
-    __slots__ = ("theta", "L_bar", "sigma0", "k", "L_knee", "rng", "t", "L", "lo", "hi",
-                 "max_substep_s")
+    __slots__ = ("theta", "L_bar", "sigma0", "k", "L_knee", "rng", "t", "L", "lo", "hi", "max_substep_s")
 
-    def __init__(self, theta: float = 0.03, L_bar: float = 100.0, sigma0: float = 8.0,
-                 k: float = 0.0, L_knee: float = 150.0, rng: np.random.Generator | None = None,
-                 t0_s: float = 0.0, clip: tuple[float, float] = (0.5, 3.0),
-                 max_substep_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        theta: float = 0.03,
+        L_bar: float = 100.0,
+        sigma0: float = 8.0,
+        k: float = 0.0,
+        L_knee: float = 150.0,
+        rng: np.random.Generator | None = None,
+        t0_s: float = 0.0,
+        clip: tuple[float, float] = (0.5, 3.0),
+        max_substep_s: float = 1.0,
+    ) -> None:
         if not theta > 0:
             raise SdeParamError(f"theta: must be > 0 for a lazy OU jitter, got {theta}")
         if not L_bar > 0:

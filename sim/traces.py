@@ -116,8 +116,15 @@ class Trace:
         if not qps > 0:
             raise TraceError(f"qps: must be positive, got {qps}")
         f = self.mean_qps / qps
-        return Trace(self.arrival_s * f, self.prompt_tokens, self.output_tokens, self.hash_ids,
-                     f"{self.name}@{qps:g}qps", self.source, self.duration_s * f)
+        return Trace(
+            self.arrival_s * f,
+            self.prompt_tokens,
+            self.output_tokens,
+            self.hash_ids,
+            f"{self.name}@{qps:g}qps",
+            self.source,
+            self.duration_s * f,
+        )
 
     def window(self, start_s: float, duration_s: float) -> Trace:
         """Requests arriving in ``[start_s, start_s + duration_s)``, re-based to 0.
@@ -248,8 +255,7 @@ def load_mooncake_jsonl(path: str | Path) -> Trace:
     t = np.array(ts) / 1000.0
     order = np.argsort(t, kind="stable")
     name = path.name.split(".")[0]
-    return Trace(t[order] - t.min(), np.array(p)[order], np.array(o)[order],
-                 [h[i] for i in order], name, str(path))
+    return Trace(t[order] - t.min(), np.array(p)[order], np.array(o)[order], [h[i] for i in order], name, str(path))
 
 
 def load_trace(path_or_name: str | Path) -> Trace:
@@ -262,8 +268,7 @@ def load_trace(path_or_name: str | Path) -> Trace:
     """
     if isinstance(path_or_name, str) and path_or_name in PACKAGED:
         tr = load_trace(PACKAGED[path_or_name])
-        return Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.hash_ids,
-                     path_or_name, tr.source)
+        return Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.hash_ids, path_or_name, tr.source)
     path = Path(path_or_name)
     if not path.exists():
         raise TraceError(f"{path}: no such trace file (packaged names: {sorted(PACKAGED)})")

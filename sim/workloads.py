@@ -6,6 +6,7 @@ rate multiplier is r(t), trace time u advances as du/dt = r(t), so the
 trace's own burstiness and its prompt/output lengths are kept while the
 mean rate follows the scenario.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -57,8 +58,9 @@ def warp(u: np.ndarray, segments: Sequence[tuple[float, float]]) -> np.ndarray:
     return t_out
 
 
-def from_trace(trace: Trace, qps: float, duration_s: float,
-               segments: Sequence[tuple[float, float]] = ((0.0, 1.0),)) -> Workload:
+def from_trace(
+    trace: Trace, qps: float, duration_s: float, segments: Sequence[tuple[float, float]] = ((0.0, 1.0),)
+) -> Workload:
     """The trace at mean rate ``qps`` (times the segments' multipliers) for ``duration_s``."""
     if qps <= 0 or duration_s <= 0:
         raise WorkloadError("qps and duration_s must be > 0")
@@ -68,13 +70,16 @@ def from_trace(trace: Trace, qps: float, duration_s: float,
     keep = t < duration_s
     idx = np.nonzero(keep)[0]
     hashes = [base.hash_ids[i] for i in idx] if base.hash_ids is not None else None
-    return Workload(arrival_s=t[keep], prompt_tokens=np.asarray(base.prompt_tokens)[keep],
-                    output_tokens=np.asarray(base.output_tokens)[keep], hash_ids=hashes,
-                    name=f"{trace.name}@{qps:g}qps")
+    return Workload(
+        arrival_s=t[keep],
+        prompt_tokens=np.asarray(base.prompt_tokens)[keep],
+        output_tokens=np.asarray(base.output_tokens)[keep],
+        hash_ids=hashes,
+        name=f"{trace.name}@{qps:g}qps",
+    )
 
 
-def step_load(trace: Trace, qps: float, duration_s: float, step_at_s: float,
-              factor: float) -> Workload:
+def step_load(trace: Trace, qps: float, duration_s: float, step_at_s: float, factor: float) -> Workload:
     """Mean rate ``qps`` until ``step_at_s``, then ``qps * factor``."""
     if step_at_s <= 0 or step_at_s >= duration_s:
         return from_trace(trace, qps, duration_s)

@@ -50,8 +50,10 @@ from controllers.hlc import ClockOffsetEstimator, Hlc, RttEstimator
 
 __all__ = ["DEFAULT_ZONES", "SEED_FIGURES", "ZoneSpec", "run_zones"]
 
-SEED_FIGURES = {"az-a<->az-b": {"rtt_ms": 18.7, "sigma_ms": 4.2, "delay_increase_pct": 23.0},
-                "az-a<->az-c": {"rtt_ms": 9.3, "sigma_ms": 1.8, "delay_increase_pct": 8.0}}
+SEED_FIGURES = {
+    "az-a<->az-b": {"rtt_ms": 18.7, "sigma_ms": 4.2, "delay_increase_pct": 23.0},
+    "az-a<->az-c": {"rtt_ms": 9.3, "sigma_ms": 1.8, "delay_increase_pct": 8.0},
+}
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,17 @@ def _split(rng: np.random.Generator, z: ZoneSpec, rtt: float) -> tuple[float, fl
     return rtt * share, rtt * (1 - share)
 
 
-def run_zones(zones: Sequence[ZoneSpec] = DEFAULT_ZONES, duration_s: float = 600.0,
-              probe_period_s: float = 1.0, command_period_s: float = 5.0, alpha: float = 1.0,
-              beta: float = 1.0, factors: Mapping[str, float] | None = None, seed: int = 0,
-              burst_every: int = 4) -> dict:
+def run_zones(
+    zones: Sequence[ZoneSpec] = DEFAULT_ZONES,
+    duration_s: float = 600.0,
+    probe_period_s: float = 1.0,
+    command_period_s: float = 5.0,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    factors: Mapping[str, float] | None = None,
+    seed: int = 0,
+    burst_every: int = 4,
+) -> dict:
     """Run the timing simulation; returns a report dict (see the module docstring).
 
     ``factors`` configures per-zone factors (e.g. the article's ``{'az-b':
@@ -136,8 +145,13 @@ def run_zones(zones: Sequence[ZoneSpec] = DEFAULT_ZONES, duration_s: float = 600
                 hlc_in[z.name] = hlc_in[z.name].receive(stamp, int(z.clock(arrive)))
                 max_hlc_drift = max(max_hlc_drift, hlc_in[z.name].drift_ms(int(z.clock(arrive))))
                 target = z.true_time(tc + lead + off_est[z.name].offset_ms())
-                row[z.name] = {"arrive": arrive, "target": target, "issue": tc, "hlc": stamp.encode(),
-                               "off_err": abs(off_est[z.name].offset_ms() - (z.clock(tc) - tc))}
+                row[z.name] = {
+                    "arrive": arrive,
+                    "target": target,
+                    "issue": tc,
+                    "hlc": stamp.encode(),
+                    "off_err": abs(off_est[z.name].offset_ms() - (z.clock(tc) - tc)),
+                }
                 rtt_est = rtt_est.observe_delay(z.name, crtt)
             rows.append(row)
         # executors apply in arrival order; a command older (HLC) than the last applied is refused
@@ -151,46 +165,82 @@ def run_zones(zones: Sequence[ZoneSpec] = DEFAULT_ZONES, duration_s: float = 600
                 else:
                     refused += 1
     rows = [r for r in rows if all(e["applied"] for e in r.values())]  # applied everywhere
-    return _report(zones, ref, rows, rtt_est, off_est, alpha, beta, sent, applied, refused,
-                   max_hlc_drift, factors)
+    return _report(zones, ref, rows, rtt_est, off_est, alpha, beta, sent, applied, refused, max_hlc_drift, factors)
 
 
-def _report(zones: Sequence[ZoneSpec], ref: ZoneSpec, rows: list[dict[str, dict[str, float]]],
-            rtt_est: RttEstimator, off_est: Mapping[str, ClockOffsetEstimator], alpha: float,
-            beta: float, sent: int, applied: int, refused: int, max_hlc_drift: int,
-            factors: Mapping[str, float] | None) -> dict:
-    comp = {z.name: np.array([max(r[z.name]["arrive"], r[z.name]["target"]) + z.compute_ms for r in rows])
-            for z in zones}
+def _report(
+    zones: Sequence[ZoneSpec],
+    ref: ZoneSpec,
+    rows: list[dict[str, dict[str, float]]],
+    rtt_est: RttEstimator,
+    off_est: Mapping[str, ClockOffsetEstimator],
+    alpha: float,
+    beta: float,
+    sent: int,
+    applied: int,
+    refused: int,
+    max_hlc_drift: int,
+    factors: Mapping[str, float] | None,
+) -> dict:
+    comp = {
+        z.name: np.array([max(r[z.name]["arrive"], r[z.name]["target"]) + z.compute_ms for r in rows]) for z in zones
+    }
     raw = {z.name: np.array([r[z.name]["arrive"] + z.compute_ms for r in rows]) for z in zones}
     issue = np.array([r[ref.name]["issue"] for r in rows])
     pairs = {}
     for z in zones[1:]:
-        late = np.array([max(0.0, r[z.name]["arrive"] - r[z.name]["target"])
-                         - max(0.0, r[ref.name]["arrive"] - r[ref.name]["target"]) for r in rows])
+        late = np.array(
+            [
+                max(0.0, r[z.name]["arrive"] - r[z.name]["target"])
+                - max(0.0, r[ref.name]["arrive"] - r[ref.name]["target"])
+                for r in rows
+            ]
+        )
         off_err = np.array([r[z.name]["off_err"] + r[ref.name]["off_err"] for r in rows])
         dc = abs(ref.compute_ms - z.compute_ms)
         one_way = np.array([r[z.name]["arrive"] - r[ref.name]["arrive"] for r in rows])
-        out = {"rtt_ms": z.rtt_ms, "base_rtt_ms": rtt_est.base_ms(z.name),
-               "factor": rtt_est.factor(z.name), "factor_true": z.command_factor}
-        for name, eff, dt_net, df in (("compensated", comp, float(np.mean(np.abs(late))), float(np.mean(off_err))),
-                                      ("uncompensated", raw, float(np.mean(np.abs(one_way))), 0.0)):
+        out = {
+            "rtt_ms": z.rtt_ms,
+            "base_rtt_ms": rtt_est.base_ms(z.name),
+            "factor": rtt_est.factor(z.name),
+            "factor_true": z.command_factor,
+        }
+        for name, eff, dt_net, df in (
+            ("compensated", comp, float(np.mean(np.abs(late))), float(np.mean(off_err))),
+            ("uncompensated", raw, float(np.mean(np.abs(one_way))), 0.0),
+        ):
             d = eff[z.name] - eff[ref.name]
-            out[name] = {"sigma_ms": float(np.std(d)), "mean_abs_ms": float(np.mean(np.abs(d))),
-                         "p95_abs_ms": float(np.percentile(np.abs(d), 95)),
-                         "dt_net_ms": dt_net, "df_clock_ms": df, "dC_ms": dc,
-                         "eps_sync_model_ms": dt_net + alpha * df + beta * dc,
-                         "delay_ms": float(np.mean(eff[z.name] - issue))}
+            out[name] = {
+                "sigma_ms": float(np.std(d)),
+                "mean_abs_ms": float(np.mean(np.abs(d))),
+                "p95_abs_ms": float(np.percentile(np.abs(d), 95)),
+                "dt_net_ms": dt_net,
+                "df_clock_ms": df,
+                "dC_ms": dc,
+                "eps_sync_model_ms": dt_net + alpha * df + beta * dc,
+                "delay_ms": float(np.mean(eff[z.name] - issue)),
+            }
         out["delay_increase_pct"] = 100.0 * (out["compensated"]["delay_ms"] / out["uncompensated"]["delay_ms"] - 1)
         pairs[f"{ref.name}<->{z.name}"] = out
-    spread = {name: np.ptp(np.vstack([eff[z.name] for z in zones]), axis=0)
-              for name, eff in (("compensated", comp), ("uncompensated", raw))}
+    spread = {
+        name: np.ptp(np.vstack([eff[z.name] for z in zones]), axis=0)
+        for name, eff in (("compensated", comp), ("uncompensated", raw))
+    }
     return {
-        "commands": sent, "applied": applied, "refused_stale": refused, "max_hlc_drift_ms": max_hlc_drift,
-        "factors": "configured" if factors else "learned", "alpha": alpha, "beta": beta,
+        "commands": sent,
+        "applied": applied,
+        "refused_stale": refused,
+        "max_hlc_drift_ms": max_hlc_drift,
+        "factors": "configured" if factors else "learned",
+        "alpha": alpha,
+        "beta": beta,
         "pairs": pairs,
-        "spread_ms": {k: {"p50": float(np.median(v)), "p95": float(np.percentile(v, 95)),
-                          "max": float(np.max(v))} for k, v in spread.items()},
-        "offset_error_ms": {z.name: abs(off_est[z.name].offset_ms() - (z.clock(float(issue[-1])) - float(issue[-1])))
-                            for z in zones},
+        "spread_ms": {
+            k: {"p50": float(np.median(v)), "p95": float(np.percentile(v, 95)), "max": float(np.max(v))}
+            for k, v in spread.items()
+        },
+        "offset_error_ms": {
+            z.name: abs(off_est[z.name].offset_ms() - (z.clock(float(issue[-1])) - float(issue[-1]))) for z in zones
+        },
         "seed_figures": SEED_FIGURES,
     }

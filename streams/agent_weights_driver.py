@@ -38,6 +38,7 @@ A redelivered window (its end not newer than the target's last) is ignored.
 :meth:`AgentWeightsDriver.snapshot` / :meth:`AgentWeightsDriver.restore` carry the
 EWMAs, the published weights and the last window ends as JSON.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,8 @@ def parse_window(m: Mapping[str, Any]) -> _Window | None:
         means.append(float(v))
     counts = m.get("agent_path_counts") or {}
     if not isinstance(counts, Mapping) or not all(
-            p in AGENT_PATHS and isinstance(c, int) and not isinstance(c, bool) and c >= 0
-            for p, c in counts.items()):
+        p in AGENT_PATHS and isinstance(c, int) and not isinstance(c, bool) and c >= 0 for p, c in counts.items()
+    ):
         raise ValueError(f"agent_path_counts={counts!r}: must map {AGENT_PATHS} to ints >= 0")
     total = sum(counts.values())
     shares = {p: round(counts.get(p, 0) / total, 6) for p in AGENT_PATHS} if total else {}
@@ -122,8 +123,14 @@ class AgentWeightsDriver:
     []
     """
 
-    def __init__(self, settings: Settings, params: AgentWeightParams | None = None, *,
-                 alpha: float = EWMA_ALPHA, min_delta: float = PUBLISH_DELTA) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        params: AgentWeightParams | None = None,
+        *,
+        alpha: float = EWMA_ALPHA,
+        min_delta: float = PUBLISH_DELTA,
+    ) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha={alpha!r}: must lie in (0, 1]")
         if not 0.0 <= min_delta < 1.0:
@@ -144,8 +151,13 @@ class AgentWeightsDriver:
         target = (w.model, w.zone)
         prev = self.signals.get(target)
         a = self.alpha
-        s, r, t = w.means if prev is None else (  # clamped: rounding must not leave [0, 1]
-            min(1.0, max(0.0, a * x + (1.0 - a) * p)) for x, p in zip(w.means, prev, strict=True))
+        s, r, t = (
+            w.means
+            if prev is None
+            else (  # clamped: rounding must not leave [0, 1]
+                min(1.0, max(0.0, a * x + (1.0 - a) * p)) for x, p in zip(w.means, prev, strict=True)
+            )
+        )
         ewma = self.signals[target] = (s, r, t)
         signals = {k: round(v, 6) for k, v in zip(_SIGNALS, ewma, strict=True)}
         new = {k: round(v, 6) for k, v in weights(AgentSignals(*ewma), self.params).as_dict().items()}
@@ -154,19 +166,39 @@ class AgentWeightsDriver:
             return []
         self.published[target] = new
         ttl = int(self.settings.command_ttl_s * 1000)
-        reason = ("agent weights " + " ".join(f"{k} {v:.2f}" for k, v in new.items())
-                  + " from " + " ".join(f"{k} {v:.2f}" for k, v in signals.items()))
-        return [Command(kind="agents", zone=w.zone, model=w.model, target_replicas=0, reason=reason,
-                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=w.end_ms,
-                        controller="agent_weights", detail={"agent_signals_n": w.n},
-                        payload={"weights": new, "signals": signals, "paths": w.path_shares})]
+        reason = (
+            "agent weights "
+            + " ".join(f"{k} {v:.2f}" for k, v in new.items())
+            + " from "
+            + " ".join(f"{k} {v:.2f}" for k, v in signals.items())
+        )
+        return [
+            Command(
+                kind="agents",
+                zone=w.zone,
+                model=w.model,
+                target_replicas=0,
+                reason=reason,
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + ttl,
+                basis_ms=w.end_ms,
+                controller="agent_weights",
+                detail={"agent_signals_n": w.n},
+                payload={"weights": new, "signals": signals, "paths": w.path_shares},
+            )
+        ]
 
     # -- snapshots ------------------------------------------------------------
     def snapshot(self) -> bytes:
         """Every target's smoothed signals, published weights and last window end, as JSON."""
-        targets = {f"{t[0]}|{t[1]}": {"signals": list(s), "published": self.published.get(t),
-                                      "last_end_ms": self.last_end_ms.get(t, -1)}
-                   for t, s in sorted(self.signals.items())}
+        targets = {
+            f"{t[0]}|{t[1]}": {
+                "signals": list(s),
+                "published": self.published.get(t),
+                "last_end_ms": self.last_end_ms.get(t, -1),
+            }
+            for t, s in sorted(self.signals.items())
+        }
         return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
 
     def restore(self, blob: bytes) -> int:

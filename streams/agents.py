@@ -16,6 +16,7 @@ circuit breakers, the KV relocator and the agent-mix weights -- is saved to Redi
 (``<prefix>:snapshot:<name>``, :class:`SnapshotStore`) at most every 2 s and
 restored when the agent starts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -119,9 +120,16 @@ class Pipeline:
     snapshots: SnapshotStore
 
 
-async def xadd_with_retry(redis: aioredis.Redis, key: str, fields: dict[str, bytes],
-                          metrics: WorkerMetrics | None = None, *, base_s: float = 0.1,
-                          cap_s: float = 5.0, sleep: Callable[[float], Any] = asyncio.sleep) -> bytes:
+async def xadd_with_retry(
+    redis: aioredis.Redis,
+    key: str,
+    fields: dict[str, bytes],
+    metrics: WorkerMetrics | None = None,
+    *,
+    base_s: float = 0.1,
+    cap_s: float = 5.0,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> bytes:
     """XADD until it succeeds; temporary Redis failures back off, never drop."""
     delay = base_s
     while True:
@@ -135,8 +143,9 @@ async def xadd_with_retry(redis: aioredis.Redis, key: str, fields: dict[str, byt
             delay = min(cap_s, delay * 2)
 
 
-def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
-                   metrics: WorkerMetrics | None = None) -> Pipeline:
+def build_pipeline(
+    app: GovernorApp, settings: Settings, clock: ScaledClock, metrics: WorkerMetrics | None = None
+) -> Pipeline:
     metrics = metrics or WorkerMetrics()
     processor = TelemetryProcessor(settings)
     scaler = Scaler(settings)
@@ -149,18 +158,20 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
     commands = app.topic(settings.topic("commands"), partitions=parts)
     deadletter = app.topic(settings.topic("deadletter"), partitions=1)
     events = app.topic(settings.topic("events"), partitions=parts)
-    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0,
-                                    socket_connect_timeout=5.0)
+    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
     zones = set(settings.zones)
     routed_families = {m for pair in settings.fallbacks for m in pair}  # the RoutingDriver's
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
     # Routing runs on a window before the scaler sees it: the forecast 2 windows past the
     # scaler's last one is the window the new routes apply to.
-    routing = RoutingDriver(settings, breaker_of=breaker.state_of,
-                            forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2))  # GOVERNOR_FALLBACKS families (streams.canary_driver)
-    snapshots = SnapshotStore(redis, settings.topic_prefix,
-                              {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator,
-                               "agents": agent_mix})
+    routing = RoutingDriver(
+        settings, breaker_of=breaker.state_of, forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2)
+    )  # GOVERNOR_FALLBACKS families (streams.canary_driver)
+    snapshots = SnapshotStore(
+        redis,
+        settings.topic_prefix,
+        {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator, "agents": agent_mix},
+    )
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         metrics.observe_dead_letter(dl["reason"])
@@ -183,8 +194,14 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 # One log line per message, not per record: a replay of old data or a
                 # broken producer must not become a flood of log lines (measured: the
                 # per-record line was ~30 % of the worker's time on an all-late stream).
-                log.info("%d dead letter(s) from %s[%d]@%d, first: %s", len(res.dead_letters),
-                         msg.topic, msg.partition, msg.offset, res.dead_letters[0]["reason"])
+                log.info(
+                    "%d dead letter(s) from %s[%d]@%d, first: %s",
+                    len(res.dead_letters),
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    res.dead_letters[0]["reason"],
+                )
                 for dl in res.dead_letters:
                     await send_dead_letter(dl)
             closed = processor.close_due(None, now)
@@ -244,9 +261,14 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
             try:
                 m = orjson.loads(event.value)
             except orjson.JSONDecodeError as exc:
-                await send_dead_letter(dead_letter(f"bad metrics record: {exc}", {
-                    "topic": event.message.topic, "offset": event.message.offset},
-                    event.value.decode("utf-8", "replace"), clock.now_ms()))
+                await send_dead_letter(
+                    dead_letter(
+                        f"bad metrics record: {exc}",
+                        {"topic": event.message.topic, "offset": event.message.offset},
+                        event.value.decode("utf-8", "replace"),
+                        clock.now_ms(),
+                    )
+                )
                 continue
             if m.get("scope") == "node" and (rc := relocator.on_node_window(m, clock.now_ms())) is not None:
                 await publish(rc, f"relocate {rc.payload['node']}")
@@ -282,6 +304,7 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
         # stamped (tick at the clock's physical ms) before the XADD.  The stamp is not
         # part of command_id, so a re-delivered decision is still dropped as a duplicate.
         from controllers.hlc import Hlc
+
         hlc = Hlc()
         async for event in stream.events():
             msg = event.message
@@ -290,16 +313,23 @@ def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock,
                 if cmd.zone not in zones:
                     raise CommandError(f"unknown zone {cmd.zone!r} (GOVERNOR_ZONES={sorted(zones)})")
             except CommandError as exc:
-                await send_dead_letter(dead_letter(f"bad command: {exc}", {
-                    "topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
-                    bytes(event.value).decode("utf-8", "replace"), clock.now_ms()))
+                await send_dead_letter(
+                    dead_letter(
+                        f"bad command: {exc}",
+                        {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
+                        bytes(event.value).decode("utf-8", "replace"),
+                        clock.now_ms(),
+                    )
+                )
                 continue
             now = clock.now_ms()
             hlc = hlc.tick(now)
-            await xadd_with_retry(redis, names.command_stream(settings.topic_prefix, cmd.zone),
-                                  {"cmd": cmd.with_hlc(hlc.encode()).encode(), "bridged_ms": str(now).encode()},
-                                  metrics)
+            await xadd_with_retry(
+                redis,
+                names.command_stream(settings.topic_prefix, cmd.zone),
+                {"cmd": cmd.with_hlc(hlc.encode()).encode(), "bridged_ms": str(now).encode()},
+                metrics,
+            )
             metrics.bridged.labels(cmd.zone).inc()
 
-    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics, breaker=breaker,
-                    snapshots=snapshots)
+    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics, breaker=breaker, snapshots=snapshots)

@@ -8,6 +8,7 @@ built the aiokafka consumer and before it starts.  The override is plain
 aiokafka configuration: the same code runs unchanged on Apache Kafka, where a
 short fetch wait only means more, smaller fetch requests.
 """
+
 from __future__ import annotations
 
 import logging

@@ -45,6 +45,7 @@ on a newer window.  Executors write the payload into
 :meth:`BreakerDriver.snapshot` / :meth:`BreakerDriver.restore` carry the
 whole memory as JSON, so a restarted worker decides as the stopped one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,8 +70,7 @@ from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window",
-           "window_target"]
+__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window", "window_target"]
 
 SNAPSHOT_VERSION = 1
 HORIZON_S = 300.0  # the seed's "SLO attainment of the last 5 minutes"
@@ -142,8 +142,9 @@ class _ZoneWindow(Protocol):
 W = TypeVar("W", bound=_ZoneWindow)
 
 
-def fresh_zone_window(m: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], W | None],
-                      last_end_ms: dict[Target, int], what: str) -> W | None:
+def fresh_zone_window(
+    m: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], W | None], last_end_ms: dict[Target, int], what: str
+) -> W | None:
     """``parse(m)`` of a zone window newer than its target's last one (recorded), else None.
 
     Not a zone window, a malformed one (``ValueError``, logged), one ``parse``
@@ -236,19 +237,41 @@ class BreakerDriver:
     def _commands(self, target: Target, out: BreakerOutput, end_ms: int, now_ms: int) -> list[Command]:
         key = _key(target)
         ttl = int(self.settings.command_ttl_s * 1000)
-        payload = {"target": key, "state": out.state_name, "probe_budget": int(out.probe_budget),
-                   "threshold": float(out.threshold), "error_ratio": float(out.error_ratio)}
-        return [Command(kind="breaker", zone=z, model=key, target_replicas=0, reason=out.reason[:500],
-                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=end_ms,
-                        controller="breaker", payload=dict(payload))
-                for z in self.settings.zones]
+        payload = {
+            "target": key,
+            "state": out.state_name,
+            "probe_budget": int(out.probe_budget),
+            "threshold": float(out.threshold),
+            "error_ratio": float(out.error_ratio),
+        }
+        return [
+            Command(
+                kind="breaker",
+                zone=z,
+                model=key,
+                target_replicas=0,
+                reason=out.reason[:500],
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + ttl,
+                basis_ms=end_ms,
+                controller="breaker",
+                payload=dict(payload),
+            )
+            for z in self.settings.zones
+        ]
 
     # -- snapshots ------------------------------------------------------------
     def snapshot(self) -> bytes:
         """Every target's breaker state, attainment history and last window end, as JSON."""
-        targets = {_key(t): {"state": s.to_dict(), "history": self.history[t].to_dict(),
-                             "last_end_ms": self.last_end_ms.get(t, -1)}
-                   for t, s in self.states.items() if t in self.history}
+        targets = {
+            _key(t): {
+                "state": s.to_dict(),
+                "history": self.history[t].to_dict(),
+                "last_end_ms": self.last_end_ms.get(t, -1),
+            }
+            for t, s in self.states.items()
+            if t in self.history
+        }
         return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
 
     def restore(self, blob: bytes) -> int:

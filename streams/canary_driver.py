@@ -24,6 +24,7 @@ write it into the zone's routing hash.  The start's share is published on
 the first window of the model after ``start``; an abort's share 0 on the
 first window after ``abort``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,7 @@ from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict",
-           "window_obs"]
-
+__all__ = ["CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
 
 
 def params_to_dict(p: can.CanaryParams) -> dict[str, Any]:
@@ -66,9 +65,15 @@ def new_rollout(model: str, version: str, params: can.CanaryParams, now_s: float
     """
     if not model or "@" in model or not version or "@" in version:
         raise ValueError(f"model={model!r} version={version!r}: non-empty, without '@'")
-    return {"model": model, "version": version, "canary": f"{model}@{version}",
-            "params": params_to_dict(params), "state": can.start(params, now_s).to_dict(),
-            "published_share": 0.0, "updated_ms": int(now_s * 1000)}
+    return {
+        "model": model,
+        "version": version,
+        "canary": f"{model}@{version}",
+        "params": params_to_dict(params),
+        "state": can.start(params, now_s).to_dict(),
+        "published_share": 0.0,
+        "updated_ms": int(now_s * 1000),
+    }
 
 
 def window_obs(m: dict[str, Any] | None) -> can.VersionObs:
@@ -154,8 +159,9 @@ class CanaryDriver:
                         ref = pair.stable or pair.canary
                         assert ref is not None
                         end_ms = int(ref["window_end_ms"])
-                        state, out = can.step(params, state, window_obs(pair.canary),
-                                              window_obs(pair.stable), end_ms / 1000.0)
+                        state, out = can.step(
+                            params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0
+                        )
                         if out.changed:
                             log.info("canary %s: %s", rollout["canary"], out.reason)
                     share = can.traffic_share(params, state)
@@ -179,11 +185,23 @@ class CanaryDriver:
         log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
         return []
 
-    def _commands(self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int,
-                  reason: str) -> list[Command]:
+    def _commands(
+        self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str
+    ) -> list[Command]:
         ttl = int(self.settings.command_ttl_s * 1000)
         payload = {"model": rollout["model"], "version": rollout["version"], "share": share}
-        return [Command(kind="canary", zone=z, model=rollout["model"], target_replicas=0,
-                        reason=reason, issued_at_ms=now_ms, expires_at_ms=now_ms + ttl,
-                        basis_ms=basis_ms, controller="canary", payload=dict(payload))
-                for z in self.settings.zones]
+        return [
+            Command(
+                kind="canary",
+                zone=z,
+                model=rollout["model"],
+                target_replicas=0,
+                reason=reason,
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + ttl,
+                basis_ms=basis_ms,
+                controller="canary",
+                payload=dict(payload),
+            )
+            for z in self.settings.zones
+        ]

@@ -21,6 +21,7 @@ writes the command to the zone's Redis stream.  It is *not* part of
 duplicate is still dropped).  ``0`` means "unstamped" (an older producer);
 executors then skip the HLC order check (:func:`hlc_stale`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,9 @@ def canonical_payload(payload: dict[str, Any]) -> str:
     return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def command_id(kind: str, zone: str, model: str, basis_ms: int, target: Any,
-               payload: dict[str, Any] | None = None) -> str:
+def command_id(
+    kind: str, zone: str, model: str, basis_ms: int, target: Any, payload: dict[str, Any] | None = None
+) -> str:
     """Deterministic id of a decision.
 
     >>> command_id("scale", "az-a", "m", 10_000, 4) == command_id("scale", "az-a", "m", 10_000, 4)
@@ -95,8 +97,11 @@ class Command:
         if self.schema_version != COMMAND_SCHEMA_VERSION:
             raise CommandError(f"unsupported command schema_version {self.schema_version}")
         if not self.command_id:
-            object.__setattr__(self, "command_id", command_id(
-                self.kind, self.zone, self.model, self.basis_ms, self.target_replicas, self.payload))
+            object.__setattr__(
+                self,
+                "command_id",
+                command_id(self.kind, self.zone, self.model, self.basis_ms, self.target_replicas, self.payload),
+            )
         if isinstance(self.hlc, bool) or not isinstance(self.hlc, int) or self.hlc < 0:
             raise CommandError(f"hlc must be a non-negative int, got {self.hlc!r}")
         if not isinstance(self.payload, dict):
@@ -104,22 +109,36 @@ class Command:
         if self.kind == "route":
             weights = self.payload.get("weights")
             if not isinstance(weights, dict) or not all(
-                    isinstance(ws, dict) and all(isinstance(w, int | float) and w >= 0 for w in ws.values())
-                    for ws in weights.values()):
+                isinstance(ws, dict) and all(isinstance(w, int | float) and w >= 0 for w in ws.values())
+                for ws in weights.values()
+            ):
                 raise CommandError("route payload needs weights: {class: {'variant|zone': weight >= 0}}")
         if self.kind == "relocate":
             p = self.payload
-            if not isinstance(p.get("node"), str) or not p["node"] or p.get("action") not in ("compact", "move") \
-                    or not all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] >= 0
-                               for k in ("max_bytes", "expected_generation")):
-                raise CommandError("relocate payload needs node, action in (compact, move), "
-                                   "max_bytes >= 0 and expected_generation >= 0 (ints)")
+            if (
+                not isinstance(p.get("node"), str)
+                or not p["node"]
+                or p.get("action") not in ("compact", "move")
+                or not all(
+                    isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] >= 0
+                    for k in ("max_bytes", "expected_generation")
+                )
+            ):
+                raise CommandError(
+                    "relocate payload needs node, action in (compact, move), "
+                    "max_bytes >= 0 and expected_generation >= 0 (ints)"
+                )
         if self.kind == "agents":
             p = self.payload
-            if not (_shares(p.get("weights"), AGENT_PATHS) and _shares(p.get("signals"), AGENT_SIGNALS)
-                    and _shares(p.get("paths"), None)):
-                raise CommandError("agents payload needs weights {rag, tool, llm}, signals {stability, "
-                                   "rag_score, tool_conf} and paths {path: share}, numbers in [0, 1]")
+            if not (
+                _shares(p.get("weights"), AGENT_PATHS)
+                and _shares(p.get("signals"), AGENT_SIGNALS)
+                and _shares(p.get("paths"), None)
+            ):
+                raise CommandError(
+                    "agents payload needs weights {rag, tool, llm}, signals {stability, "
+                    "rag_score, tool_conf} and paths {path: share}, numbers in [0, 1]"
+                )
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -155,9 +174,14 @@ class Command:
 
 def _shares(d: Any, keys: tuple[str, ...] | None) -> bool:
     """``d`` maps exactly ``keys`` (any str keys when None) to numbers in [0, 1]."""
-    return (isinstance(d, dict) and (keys is None or sorted(d) == sorted(keys))
-            and all(isinstance(k, str) and not isinstance(v, bool) and isinstance(v, int | float)
-                    and 0.0 <= v <= 1.0 for k, v in d.items()))
+    return (
+        isinstance(d, dict)
+        and (keys is None or sorted(d) == sorted(keys))
+        and all(
+            isinstance(k, str) and not isinstance(v, bool) and isinstance(v, int | float) and 0.0 <= v <= 1.0
+            for k, v in d.items()
+        )
+    )
 
 
 def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:
@@ -170,6 +194,3 @@ def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:
     (True, False, False, False)
     """
     return cmd_hlc != 0 and last_applied_hlc is not None and cmd_hlc < last_applied_hlc
-
-
-

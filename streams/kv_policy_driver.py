@@ -26,6 +26,7 @@ Compaction itself is safe on any current layout (bounded by ``max_bytes``).
 per-node policy states, the peers' largest free blocks and the decision count
 as JSON, so a restarted worker continues an episode where it stopped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
 
-_NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fragmentation_ratio",
-           "kv_generation")
+_NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fragmentation_ratio", "kv_generation")
 
 
 class KvPolicyDriver:
@@ -68,10 +68,14 @@ class KvPolicyDriver:
         peers = self._largest.setdefault((model, zone), {})
         peers[node] = int(record["largest_free_block_bytes"])
         try:
-            obs = KvObs(int(record["largest_free_block_bytes"]), int(record["kv_free_bytes"]),
-                        int(record["kv_waiting_bytes"]), float(record["fragmentation_ratio"]),
-                        int(record["kv_generation"]),
-                        max((v for n, v in peers.items() if n != node), default=0))
+            obs = KvObs(
+                int(record["largest_free_block_bytes"]),
+                int(record["kv_free_bytes"]),
+                int(record["kv_waiting_bytes"]),
+                float(record["fragmentation_ratio"]),
+                int(record["kv_generation"]),
+                max((v for n, v in peers.items() if n != node), default=0),
+            )
         except ParameterError:
             return None  # inconsistent sample (e.g. largest free > free): skip this window
         key = (model, zone, node)
@@ -81,20 +85,35 @@ class KvPolicyDriver:
             return None
         self.decisions += 1
         basis = int(record.get("window_end_ms", now_ms))
-        return Command(kind="relocate", zone=zone, model=model, target_replicas=0,
-                       reason=decision.reason, issued_at_ms=now_ms, expires_at_ms=now_ms + self.ttl_ms,
-                       basis_ms=basis, controller="kv_policy",
-                       detail={"round": decision.round, "target_fragmentation": decision.target_fragmentation},
-                       payload={"node": node, "max_bytes": decision.bytes_budget,
-                                "expected_generation": decision.expected_generation,
-                                "action": decision.action})
+        return Command(
+            kind="relocate",
+            zone=zone,
+            model=model,
+            target_replicas=0,
+            reason=decision.reason,
+            issued_at_ms=now_ms,
+            expires_at_ms=now_ms + self.ttl_ms,
+            basis_ms=basis,
+            controller="kv_policy",
+            detail={"round": decision.round, "target_fragmentation": decision.target_fragmentation},
+            payload={
+                "node": node,
+                "max_bytes": decision.bytes_budget,
+                "expected_generation": decision.expected_generation,
+                "action": decision.action,
+            },
+        )
 
     def snapshot(self) -> bytes:
         """Per-node policy states, peers' largest free blocks and the decision count, as JSON."""
-        return orjson.dumps({
-            "version": SNAPSHOT_VERSION, "decisions": self.decisions,
-            "states": [[*key, st.to_dict()] for key, st in self.states.items()],
-            "largest": [[model, zone, peers] for (model, zone), peers in self._largest.items()]})
+        return orjson.dumps(
+            {
+                "version": SNAPSHOT_VERSION,
+                "decisions": self.decisions,
+                "states": [[*key, st.to_dict()] for key, st in self.states.items()],
+                "largest": [[model, zone, peers] for (model, zone), peers in self._largest.items()],
+            }
+        )
 
     def restore(self, blob: bytes) -> int:
         """Load a :meth:`snapshot` (replacing the memory); returns the number of nodes."""

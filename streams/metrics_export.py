@@ -4,6 +4,7 @@ Metric names are a contract with ``infra/prometheus`` (alerts) and
 ``infra/grafana`` (dashboard); a test checks the dashboard against them.
 Each process owns a registry (no global state, so tests can build several).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -22,7 +23,9 @@ class WorkerMetrics:
         self.p95 = Gauge("governor_latency_p95_ms", "end-to-end latency P95 of the last window", _LABELS, registry=r)
         self.p99 = Gauge("governor_latency_p99_ms", "end-to-end latency P99 of the last window", _LABELS, registry=r)
         self.ttft_p95 = Gauge("governor_ttft_p95_ms", "time-to-first-token P95 of the last window", _LABELS, registry=r)
-        self.violation = Gauge("governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r)
+        self.violation = Gauge(
+            "governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r
+        )
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
         self.queue = Gauge("governor_queue_len", "mean queued requests per replica", _LABELS, registry=r)
         self.gpu_util = Gauge("governor_gpu_util", "mean GPU utilisation", _LABELS, registry=r)
@@ -30,38 +33,59 @@ class WorkerMetrics:
         self.starting = Gauge("governor_replicas_starting", "replicas loading", _LABELS, registry=r)
         self.target = Gauge("governor_replicas_target", "last replica target issued", _LABELS, registry=r)
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
-        self.deadletters = Counter("governor_deadletter_total", "records sent to the dead-letter topic",
-                                   ("reason",), registry=r)
+        self.deadletters = Counter(
+            "governor_deadletter_total", "records sent to the dead-letter topic", ("reason",), registry=r
+        )
         self.windows = Counter("governor_windows_closed_total", "windows closed", ("scope",), registry=r)
         self.commands = Counter("governor_commands_issued_total", "commands published", ("kind", "zone"), registry=r)
         self.bridged = Counter("governor_commands_bridged_total", "commands written to Redis", ("zone",), registry=r)
-        self.events = Counter("governor_control_events_total", "drift detections and mode switches",
-                              ("kind", "signal"), registry=r)
-        self.ff_mode = Gauge("governor_feedforward_mode", "1 while feedforward drives the level",
-                             _LABELS, registry=r)
-        self.sde = Gauge("governor_latency_sde", "online OU fit of TTFT P50 (theta 1/s, mu ms, sigma)",
-                         ("model", "zone", "param"), registry=r)
+        self.events = Counter(
+            "governor_control_events_total", "drift detections and mode switches", ("kind", "signal"), registry=r
+        )
+        self.ff_mode = Gauge("governor_feedforward_mode", "1 while feedforward drives the level", _LABELS, registry=r)
+        self.sde = Gauge(
+            "governor_latency_sde",
+            "online OU fit of TTFT P50 (theta 1/s, mu ms, sigma)",
+            ("model", "zone", "param"),
+            registry=r,
+        )
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
-        self.breaker_state = Gauge("governor_breaker_state",
-                                   "circuit breaker of a model|zone target: 0 closed, 1 half_open, 2 open",
-                                   _LABELS, registry=r)
-        self.breaker_transitions = Counter("governor_breaker_transitions_total",
-                                           "circuit breaker state changes, by the state entered",
-                                           ("model", "zone", "state"), registry=r)
-        self.agent_weight = Gauge("governor_agent_weight",
-                                  "last published mixed-agent weight (seed 4.1) of a path: rag, tool or llm",
-                                  ("model", "zone", "path"), registry=r)
+        self.breaker_state = Gauge(
+            "governor_breaker_state",
+            "circuit breaker of a model|zone target: 0 closed, 1 half_open, 2 open",
+            _LABELS,
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "governor_breaker_transitions_total",
+            "circuit breaker state changes, by the state entered",
+            ("model", "zone", "state"),
+            registry=r,
+        )
+        self.agent_weight = Gauge(
+            "governor_agent_weight",
+            "last published mixed-agent weight (seed 4.1) of a path: rag, tool or llm",
+            ("model", "zone", "path"),
+            registry=r,
+        )
 
     def observe_window(self, m: Mapping[str, Any]) -> None:
         self.windows.labels(m["scope"]).inc()
         if m["scope"] != "zone":
             return
         lab = (m["model"], m["zone"])
-        for gauge, key in ((self.p50, "e2e_p50_ms"), (self.p95, "e2e_p95_ms"), (self.p99, "e2e_p99_ms"),
-                           (self.ttft_p95, "ttft_p95_ms"), (self.violation, "violation_rate"),
-                           (self.rate, "rate_rps"), (self.queue, "queue_len_mean"),
-                           (self.gpu_util, "gpu_util_mean"), (self.ready, "replicas_ready"),
-                           (self.starting, "replicas_starting")):
+        for gauge, key in (
+            (self.p50, "e2e_p50_ms"),
+            (self.p95, "e2e_p95_ms"),
+            (self.p99, "e2e_p99_ms"),
+            (self.ttft_p95, "ttft_p95_ms"),
+            (self.violation, "violation_rate"),
+            (self.rate, "rate_rps"),
+            (self.queue, "queue_len_mean"),
+            (self.gpu_util, "gpu_util_mean"),
+            (self.ready, "replicas_ready"),
+            (self.starting, "replicas_starting"),
+        ):
             value = m.get(key)
             if value is not None:
                 gauge.labels(*lab).set(float(value))
@@ -89,12 +113,13 @@ class WorkerMetrics:
 class ExecutorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        self.outcomes = Counter("governor_commands_applied_total", "commands by outcome",
-                                ("zone", "outcome"), registry=r)
-        self.expired = Counter("governor_commands_expired_total", "commands refused as expired",
-                               ("zone",), registry=r)
-        self.latency = Gauge("governor_command_latency_ms", "issue -> apply latency of the last command",
-                             ("zone",), registry=r)
+        self.outcomes = Counter(
+            "governor_commands_applied_total", "commands by outcome", ("zone", "outcome"), registry=r
+        )
+        self.expired = Counter("governor_commands_expired_total", "commands refused as expired", ("zone",), registry=r)
+        self.latency = Gauge(
+            "governor_command_latency_ms", "issue -> apply latency of the last command", ("zone",), registry=r
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         if port > 0:

@@ -18,6 +18,7 @@ allowed lateness has passed (by event time, or by the clock when traffic
 stops) and returns one metrics record per node and one per (model, zone),
 the latter merged from the node windows.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,7 @@ class ProcessResult:
 
 
 def dead_letter(reason: str, source: Mapping[str, Any], record: Any, now_ms: int) -> dict[str, Any]:
-    return {"schema_version": 1, "reason": reason, "source": dict(source),
-            "record": record, "dead_lettered_ms": now_ms}
+    return {"schema_version": 1, "reason": reason, "source": dict(source), "record": record, "dead_lettered_ms": now_ms}
 
 
 def _or(col: list[Any], default: Any) -> list[Any]:
@@ -80,10 +80,22 @@ def _raw_text(raw: Any) -> Any:
 FLUSH_ROWS = 2048
 
 _REQUEST_COLUMNS = ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens", "kv_hit", "ok")
-_GPU_COLUMNS = ("ts_ms", "gpu_util", "queue_len", "running", "mem_used_bytes", "mem_total_bytes",
-                "kv_blocks_used", "kv_blocks_total", "largest_free_block_bytes",
-                # KV allocator fields (controllers.window_columns.KV_COLUMNS): None -> NaN = not reported
-                "fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
+_GPU_COLUMNS = (
+    "ts_ms",
+    "gpu_util",
+    "queue_len",
+    "running",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "largest_free_block_bytes",
+    # KV allocator fields (controllers.window_columns.KV_COLUMNS): None -> NaN = not reported
+    "fragmentation_ratio",
+    "kv_free_bytes",
+    "kv_waiting_bytes",
+    "kv_generation",
+)
 # Agent fields of a request (controllers.window_columns.AGENT_COLUMNS): None -> NaN, the path -> its index.
 _AGENT_FIELDS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 _PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
@@ -141,8 +153,7 @@ class _Pending:
             cols = dict(zip(_REQUEST_COLUMNS, self.requests, strict=True))
             if self.agent is not None:
                 cols.update(zip(AGENT_COLUMNS, self.agent, strict=True))
-            add_requests(self.agg, {name: np.array(col, dtype=np.float64) for name, col in cols.items()},
-                         self.slo)
+            add_requests(self.agg, {name: np.array(col, dtype=np.float64) for name, col in cols.items()}, self.slo)
             self.requests = [[] for _ in _REQUEST_COLUMNS]
             self.agent = None
         if self.gpus:
@@ -197,8 +208,9 @@ class TelemetryProcessor:
         self._process_records(enumerate(records) if rest is None else rest, source, now_ms, out)
         return out
 
-    def _process_records(self, records: Iterable[tuple[int, Any]], source: Mapping[str, Any], now_ms: int,
-                         out: ProcessResult) -> None:
+    def _process_records(
+        self, records: Iterable[tuple[int, Any]], source: Mapping[str, Any], now_ms: int, out: ProcessResult
+    ) -> None:
         """Per-record path: validate each record, dead-letter it with its reason and index."""
         size = self.size_ms
         closed = self.tracker.closed_ms
@@ -218,8 +230,7 @@ class TelemetryProcessor:
                     start = ts - ts % size
                     if closed is not None and start + size <= closed:
                         self.late_count += 1
-                        reason = (f"late: window [{start}, {start + size}) closed before "
-                                  f"the record arrived")
+                        reason = f"late: window [{start}, {start + size}) closed before the record arrived"
             if reason is not None:
                 out.dead_letters.append(dead_letter(reason, {**source, "index": index}, rec, now_ms))
                 self.dead_letter_count += 1
@@ -230,16 +241,37 @@ class TelemetryProcessor:
                 buf = pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
             get = rec.get
             if rec["kind"] == "request":
-                buf.extend_requests([[rec["ttft_ms"]], [get("itl_ms") or 0], [rec["e2e_ms"]],
-                                     [get("queue_ms") or 0], [get("prompt_tokens") or 0],
-                                     [get("output_tokens") or 0], [get("kv_hit") or False],
-                                     [rec["status"] == "ok"]], _agent_row(get))
+                buf.extend_requests(
+                    [
+                        [rec["ttft_ms"]],
+                        [get("itl_ms") or 0],
+                        [rec["e2e_ms"]],
+                        [get("queue_ms") or 0],
+                        [get("prompt_tokens") or 0],
+                        [get("output_tokens") or 0],
+                        [get("kv_hit") or False],
+                        [rec["status"] == "ok"],
+                    ],
+                    _agent_row(get),
+                )
             else:
-                buf.gpus.append((ts, rec["gpu_util"], get("queue_len") or 0, get("running") or 0,
-                                 rec["mem_used_bytes"], rec["mem_total_bytes"], get("kv_blocks_used") or 0,
-                                 get("kv_blocks_total") or 0, get("largest_free_block_bytes") or 0,
-                                 get("fragmentation_ratio"), get("kv_free_bytes"), get("kv_waiting_bytes"),
-                                 get("kv_generation")))
+                buf.gpus.append(
+                    (
+                        ts,
+                        rec["gpu_util"],
+                        get("queue_len") or 0,
+                        get("running") or 0,
+                        rec["mem_used_bytes"],
+                        rec["mem_total_bytes"],
+                        get("kv_blocks_used") or 0,
+                        get("kv_blocks_total") or 0,
+                        get("largest_free_block_bytes") or 0,
+                        get("fragmentation_ratio"),
+                        get("kv_free_bytes"),
+                        get("kv_waiting_bytes"),
+                        get("kv_generation"),
+                    )
+                )
                 buf.nodes.append(rec["node"])
                 buf.states.append(rec["state"])
                 buf.hists.append(get("free_block_hist"))
@@ -276,9 +308,16 @@ class TelemetryProcessor:
         closed = self.tracker.closed_ms
         if closed is not None and min(starts) + size <= closed:
             return None
-        values = [cols["ttft_ms"], _or(cols["itl_ms"], 0), cols["e2e_ms"], _or(cols["queue_ms"], 0),
-                  _or(cols["prompt_tokens"], 0), _or(cols["output_tokens"], 0), _or(cols["kv_hit"], False),
-                  [s == "ok" for s in cols["status"]]]
+        values = [
+            cols["ttft_ms"],
+            _or(cols["itl_ms"], 0),
+            cols["e2e_ms"],
+            _or(cols["queue_ms"], 0),
+            _or(cols["prompt_tokens"], 0),
+            _or(cols["output_tokens"], 0),
+            _or(cols["kv_hit"], False),
+            [s == "ok" for s in cols["status"]],
+        ]
         agent = _agent_columns(cols)
         keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
         if keys.count(keys[0]) == len(keys):  # the usual batch: one node, one window
@@ -295,8 +334,10 @@ class TelemetryProcessor:
             if idx is None:
                 buf.extend_requests(values, agent)
             else:
-                buf.extend_requests([[col[i] for i in idx] for col in values],
-                                    None if agent is None else [[col[i] for i in idx] for col in agent])
+                buf.extend_requests(
+                    [[col[i] for i in idx] for col in values],
+                    None if agent is None else [[col[i] for i in idx] for col in agent],
+                )
         self.tracker.observe(max(ts_col))
         out.valid += len(records)
         return rest
@@ -317,8 +358,12 @@ class TelemetryProcessor:
         up on a backlog (after a restart, say) sees old event times: closing
         by the clock then would dead-letter the whole backlog as late.
         """
-        if now_ms is not None and self._last_message_ms is not None \
-                and now_ms - self._last_message_ms < self.idle_close_ms and not self._caught_up:
+        if (
+            now_ms is not None
+            and self._last_message_ms is not None
+            and now_ms - self._last_message_ms < self.idle_close_ms
+            and not self._caught_up
+        ):
             now_ms = None
         closed = self.tracker.close_due(now_ms)
         if not closed:
@@ -337,17 +382,26 @@ class TelemetryProcessor:
             zones[zkey] = agg if zkey not in zones else merge(zones[zkey], agg)
             nodes_in[zkey] += 1
         for (model, zone, start), agg in sorted(zones.items(), key=lambda kv: kv[0][2]):
-            out.append(self._record("zone", model, zone, start, agg, emitted_ms,
-                                    nodes=nodes_in[(model, zone, start)]))
+            out.append(self._record("zone", model, zone, start, agg, emitted_ms, nodes=nodes_in[(model, zone, start)]))
         return out
 
-    def _record(self, scope: str, model: str, zone: str, start: int, agg: Any,
-                emitted_ms: int, **extra: Any) -> dict[str, Any]:
+    def _record(
+        self, scope: str, model: str, zone: str, start: int, agg: Any, emitted_ms: int, **extra: Any
+    ) -> dict[str, Any]:
         slo = self.slos[model]
-        summary = (node_result(agg, extra["node"], self.window_s) if scope == "node"
-                   else result(agg, self.window_s))
-        return {"schema_version": METRICS_SCHEMA_VERSION, "kind": "window", "scope": scope,
-                "model": model, "zone": zone, "window_start_ms": start,
-                "window_end_ms": start + self.size_ms, "window_s": self.window_s,
-                "ttft_slo_ms": slo.ttft_slo_ms, "itl_slo_ms": slo.itl_slo_ms,
-                "emitted_ms": emitted_ms, **extra, **summary}
+        summary = node_result(agg, extra["node"], self.window_s) if scope == "node" else result(agg, self.window_s)
+        return {
+            "schema_version": METRICS_SCHEMA_VERSION,
+            "kind": "window",
+            "scope": scope,
+            "model": model,
+            "zone": zone,
+            "window_start_ms": start,
+            "window_end_ms": start + self.size_ms,
+            "window_s": self.window_s,
+            "ttft_slo_ms": slo.ttft_slo_ms,
+            "itl_slo_ms": slo.itl_slo_ms,
+            "emitted_ms": emitted_ms,
+            **extra,
+            **summary,
+        }

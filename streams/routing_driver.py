@@ -74,13 +74,15 @@ class RoutingDriver:
         cap = spec.replica_capacity_rps * ready if spec is not None and spec.replica_capacity_rps else None
         p95, e2e = m.get("ttft_p95_ms"), m.get("e2e_p95_ms")
         breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{m['model']}|{m['zone']}")
-        return rt.TargetObs(ttft_p95_ms=None if p95 is None else float(p95),
-                            e2e_p95_ms=None if e2e is None else float(e2e),
-                            queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
-                            rate_rps=float(m.get("rate_rps") or 0.0), capacity_rps=cap,
-                            breaker=cast(rt.BreakerName, breaker),
-                            forecast_rps=None if self.forecast_of is None
-                            else self.forecast_of(str(m["model"]), str(m["zone"])))
+        return rt.TargetObs(
+            ttft_p95_ms=None if p95 is None else float(p95),
+            e2e_p95_ms=None if e2e is None else float(e2e),
+            queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
+            rate_rps=float(m.get("rate_rps") or 0.0),
+            capacity_rps=cap,
+            breaker=cast(rt.BreakerName, breaker),
+            forecast_rps=None if self.forecast_of is None else self.forecast_of(str(m["model"]), str(m["zone"])),
+        )
 
     def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
         """Feed one metrics record; returns the ``route`` commands to publish."""
@@ -100,36 +102,63 @@ class RoutingDriver:
 
     def _step(self, family: str, windows: dict[rt.Target, dict[str, Any]], now_ms: int) -> list[Command]:
         params = self._params[family]
-        state, d = rt.step(params, self._state.get(family, rt.RoutingState()),
-                           {t: self.obs(w) for t, w in windows.items()}, self.classes,
-                           self.settings.window_s)
+        state, d = rt.step(
+            params,
+            self._state.get(family, rt.RoutingState()),
+            {t: self.obs(w) for t, w in windows.items()},
+            self.classes,
+            self.settings.window_s,
+        )
         self._state[family] = state
         weights = {c: {t.key: w for t, w in ws.items()} for c, ws in d.weights.items() if ws}
         if not weights:
             return []
         last = self._published.get(family)
-        moved = last is None or set(last) != set(weights) or any(
-            abs(ws.get(t, 0.0) - last[c].get(t, 0.0)) > self.min_change
-            for c, ws in weights.items() for t in set(ws) | set(last[c]))
+        moved = (
+            last is None
+            or set(last) != set(weights)
+            or any(
+                abs(ws.get(t, 0.0) - last[c].get(t, 0.0)) > self.min_change
+                for c, ws in weights.items()
+                for t in set(ws) | set(last[c])
+            )
+        )
         if not (moved or d.changed):
             return []
         self._published[family] = weights
         basis_ms = max(int(w["window_end_ms"]) for w in windows.values())
         ttl = int(self.settings.command_ttl_s * 1000)
         reason = "; ".join(f"{c}: {r}" for c, r in sorted(d.reasons.items()))
-        return [Command(kind="route", zone=z, model=family, target_replicas=0, reason=reason[:500],
-                        issued_at_ms=now_ms, expires_at_ms=now_ms + ttl, basis_ms=basis_ms,
-                        controller="routing",
-                        payload={"weights": weights, "fallback": dict(d.fallback)})
-                for z in self.settings.zones]
+        return [
+            Command(
+                kind="route",
+                zone=z,
+                model=family,
+                target_replicas=0,
+                reason=reason[:500],
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + ttl,
+                basis_ms=basis_ms,
+                controller="routing",
+                payload={"weights": weights, "fallback": dict(d.fallback)},
+            )
+            for z in self.settings.zones
+        ]
 
     def snapshot(self) -> bytes:
         """Router state, last published weights and the gathering windows per family, as JSON."""
-        pending = [[family, start, [[t.variant, t.zone, w] for t, w in ws.items()]]
-                   for (family, start), ws in self._pending.items()]
-        return orjson.dumps({"version": ROUTING_SNAPSHOT_VERSION,
-                             "state": {f: s.to_dict() for f, s in self._state.items()},
-                             "published": self._published, "pending": pending})
+        pending = [
+            [family, start, [[t.variant, t.zone, w] for t, w in ws.items()]]
+            for (family, start), ws in self._pending.items()
+        ]
+        return orjson.dumps(
+            {
+                "version": ROUTING_SNAPSHOT_VERSION,
+                "state": {f: s.to_dict() for f, s in self._state.items()},
+                "published": self._published,
+                "pending": pending,
+            }
+        )
 
     def restore(self, blob: bytes) -> int:
         """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families."""
@@ -140,7 +169,8 @@ class RoutingDriver:
         known = set(self._params)
         state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
         published = {f: w for f, w in data["published"].items() if f in known}
-        pending = {(f, int(start)): {rt.Target(v, z): w for v, z, w in ws}
-                   for f, start, ws in data["pending"] if f in known}
+        pending = {
+            (f, int(start)): {rt.Target(v, z): w for v, z, w in ws} for f, start, ws in data["pending"] if f in known
+        }
         self._state, self._published, self._pending = state, published, pending  # all or nothing
         return len(state)

@@ -33,6 +33,7 @@ disagrees with the target for ``reconcile_after`` windows the target is
 re-issued.  :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the learned
 state (controller, forecaster, detectors) across a worker restart.  No I/O.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,17 +64,28 @@ def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParam
     if spec is None:
         raise KeyError(f"no model {model!r} in settings")
     g = dict(settings.pid_gains)
-    common = {"eps_ref": settings.eps_ref, "min_replicas": spec.min_replicas,
-              "max_replicas": spec.max_replicas, "hold_while_pending": settings.dead_time_comp}
+    common = {
+        "eps_ref": settings.eps_ref,
+        "min_replicas": spec.min_replicas,
+        "max_replicas": spec.max_replicas,
+        "hold_while_pending": settings.dead_time_comp,
+    }
     if settings.controller == "fpid":
         extra = {k: g[k] for k in ("alpha", "eta", "gamma", "beta") if k in g}
         if "memory" in g:
             extra["memory"] = int(g["memory"])
-        return fpid.FpidParams(kp=g.get("kp", 0.2), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
-                               deadband=g.get("deadband", 0.015),
-                               time_scale_s=settings.window_s, **extra, **common)
-    return PidParams(kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0),
-                     deadband=g.get("deadband", 0.015), **common)
+        return fpid.FpidParams(
+            kp=g.get("kp", 0.2),
+            ki=g.get("ki", 0.05),
+            kd=g.get("kd", 0.0),
+            deadband=g.get("deadband", 0.015),
+            time_scale_s=settings.window_s,
+            **extra,
+            **common,
+        )
+    return PidParams(
+        kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0), deadband=g.get("deadband", 0.015), **common
+    )
 
 
 def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None:
@@ -84,8 +96,9 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     # Tuned values (``governor tune``) come in the gains under ff_* names.
     g = settings.pid_gains
     tuned = {name: float(g[f"ff_{name}"]) for name in FF_TUNABLES if f"ff_{name}" in g}
-    return ff.FeedforwardParams(capacity_rps=spec.replica_capacity_rps,
-                                horizon_s=settings.startup_hint_s + settings.window_s, **tuned)
+    return ff.FeedforwardParams(
+        capacity_rps=spec.replica_capacity_rps, horizon_s=settings.startup_hint_s + settings.window_s, **tuned
+    )
 
 
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
@@ -99,10 +112,14 @@ def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
     """
     ffp = ff_params_for(settings, model)
     heal_windows = max(3, math.ceil(2 * (settings.startup_hint_s + settings.window_s) / settings.window_s))
-    return zc.ZoneCapacityParams(zones=tuple(settings.zones), window_s=settings.window_s,
-                                 redundancy=settings.zone_redundancy, max_heal_windows=heal_windows,
-                                 capacity_rps=None if ffp is None else ffp.capacity_rps,
-                                 target_util=0.8 if ffp is None else ffp.target_util)
+    return zc.ZoneCapacityParams(
+        zones=tuple(settings.zones),
+        window_s=settings.window_s,
+        redundancy=settings.zone_redundancy,
+        max_heal_windows=heal_windows,
+        capacity_rps=None if ffp is None else ffp.capacity_rps,
+        target_util=0.8 if ffp is None else ffp.target_util,
+    )
 
 
 @dataclass
@@ -139,24 +156,33 @@ class Scaler:
 
     # -- state ----------------------------------------------------------------
     def _new_key(self) -> KeyState:
-        ctrl: PidState | fpid.FpidState = (fpid.FpidState() if self.settings.controller == "fpid"
-                                           else PidState())
-        return KeyState(ctrl=ctrl, forecaster=LoadForecaster("holtwinters", self.horizon_steps),
-                        latency_drift=DriftDetector("adwin", signal="ttft_p95_ms") if self.settings.drift else None,
-                        rate_drift=DriftDetector("page_hinkley", signal="arrival_rps") if self.settings.drift else None)
+        ctrl: PidState | fpid.FpidState = fpid.FpidState() if self.settings.controller == "fpid" else PidState()
+        return KeyState(
+            ctrl=ctrl,
+            forecaster=LoadForecaster("holtwinters", self.horizon_steps),
+            latency_drift=DriftDetector("adwin", signal="ttft_p95_ms") if self.settings.drift else None,
+            rate_drift=DriftDetector("page_hinkley", signal="arrival_rps") if self.settings.drift else None,
+        )
 
     def snapshot(self) -> bytes:
         """Learned state of every key (controller, forecaster, detectors) as bytes."""
-        return pickle.dumps({"version": SNAPSHOT_VERSION, "controller": self.settings.controller,
-                             "states": self.states, "decisions": self.decisions,
-                             "zones": {m: st.to_dict() for m, st in self.zones.items()}})
+        return pickle.dumps(
+            {
+                "version": SNAPSHOT_VERSION,
+                "controller": self.settings.controller,
+                "states": self.states,
+                "decisions": self.decisions,
+                "zones": {m: st.to_dict() for m, st in self.zones.items()},
+            }
+        )
 
     def restore(self, blob: bytes) -> int:
         """Load a :meth:`snapshot`; returns the number of keys restored."""
         data = pickle.loads(blob)  # noqa: S301 - our own snapshot from our own Redis
         if data.get("version") != SNAPSHOT_VERSION or data.get("controller") != self.settings.controller:
-            log.warning("ignoring scaler snapshot (version %s, controller %s)", data.get("version"),
-                        data.get("controller"))
+            log.warning(
+                "ignoring scaler snapshot (version %s, controller %s)", data.get("version"), data.get("controller")
+            )
             return 0
         self.states = data["states"]
         self.decisions = data.get("decisions", 0)
@@ -183,14 +209,18 @@ class Scaler:
         starting = int(m.get("replicas_starting") or 0)
         queued = float(m.get("queue_len_mean") or 0.0) * max(ready, 1)
         rate = float(m.get("rate_rps") or 0.0)
-        eps = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
-                                        queued, rate, float(m.get("ttft_slo_ms") or self._slo(model)))
+        eps = ff.leading_violation_rate(
+            int(m.get("count") or 0),
+            float(m.get("violation_rate") or 0.0),
+            queued,
+            rate,
+            float(m.get("ttft_slo_ms") or self._slo(model)),
+        )
         arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
         floor = self._zones(model, zone, basis, arrival, ready, starting)
         if self.settings.observer:
             eps = self._observe(ks, model, m, basis, window_s, ready, starting, queued, rate, arrival, eps)
-        meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting,
-                              replicas_pending=starting)
+        meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting, replicas_pending=starting)
         ks.queued = queued
         if m.get("ttft_p50_ms") is not None:
             ks.sde = ks.sde.update(float(m["ttft_p50_ms"]), window_s)
@@ -221,20 +251,44 @@ class Scaler:
         issued = max(now_ms, basis)
         # Newer decisions supersede older ones still on their way.
         ks.inflight = [[basis / 1000.0, issued / 1000.0, target, None]]
-        return Command(kind="scale", zone=zone, model=model, target_replicas=target,
-                       previous_replicas=previous if previous is not None else provisioned,
-                       reason=reason, issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms,
-                       basis_ms=basis, controller=self.settings.controller,
-                       detail={"violation_rate": meas.violation_rate, "multiplier": out.multiplier,
-                               "feedforward": None if ff_out is None else ff_out.to_dict(),
-                               "zone_floor_rps": floor,
-                               "ff_mode": ks.ff_mode, "error": out.error,
-                               "held_pending": out.held_pending,
-                               "e2e_p95_ms": m.get("e2e_p95_ms"), "ttft_p95_ms": m.get("ttft_p95_ms")})
+        return Command(
+            kind="scale",
+            zone=zone,
+            model=model,
+            target_replicas=target,
+            previous_replicas=previous if previous is not None else provisioned,
+            reason=reason,
+            issued_at_ms=issued,
+            expires_at_ms=issued + self.ttl_ms,
+            basis_ms=basis,
+            controller=self.settings.controller,
+            detail={
+                "violation_rate": meas.violation_rate,
+                "multiplier": out.multiplier,
+                "feedforward": None if ff_out is None else ff_out.to_dict(),
+                "zone_floor_rps": floor,
+                "ff_mode": ks.ff_mode,
+                "error": out.error,
+                "held_pending": out.held_pending,
+                "e2e_p95_ms": m.get("e2e_p95_ms"),
+                "ttft_p95_ms": m.get("ttft_p95_ms"),
+            },
+        )
 
-    def _observe(self, ks: KeyState, model: str, m: Mapping[str, Any], basis: int, window_s: float,
-                 ready: int, starting: int, queued: float, rate: float, arrival: float,
-                 eps: float) -> float:
+    def _observe(
+        self,
+        ks: KeyState,
+        model: str,
+        m: Mapping[str, Any],
+        basis: int,
+        window_s: float,
+        ready: int,
+        starting: int,
+        queued: float,
+        rate: float,
+        arrival: float,
+        eps: float,
+    ) -> float:
         """Delay compensation: measure the loop delay from the commands' life, filter
         the loop state with the Kalman observer and predict it over that delay."""
         now_s = basis / 1000.0
@@ -243,8 +297,9 @@ class Scaler:
             if applied is None and ready + starting == target:
                 cmd[3] = applied = now_s  # the fleet shows the command (window resolution)
             if applied is not None and ready == target:
-                ks.delay = ks.delay.observe(issued_at_s=issued, applied_at_s=applied,
-                                            effective_at_s=now_s, basis_at_s=b)
+                ks.delay = ks.delay.observe(
+                    issued_at_s=issued, applied_at_s=applied, effective_at_s=now_s, basis_at_s=b
+                )
                 ks.inflight.remove(cmd)
             elif now_s - b > 600.0:
                 ks.inflight.remove(cmd)  # never took effect (replaced, refused): stop waiting
@@ -262,17 +317,20 @@ class Scaler:
         tau = ks.delay.tau_s if ks.delay.n else self.settings.startup_hint_s
         _u, q_pred, eps_pred = obs.predict_ahead(kp, ks.kalman, tau, steady)
         # Where the loop will be when a command lands: the predicted queue's doomed share.
-        lead = ff.leading_violation_rate(int(m.get("count") or 0), float(m.get("violation_rate") or 0.0),
-                                         max(0.0, q_pred) * max(ready, 1), rate,
-                                         float(m.get("ttft_slo_ms") or self._slo(model)))
+        lead = ff.leading_violation_rate(
+            int(m.get("count") or 0),
+            float(m.get("violation_rate") or 0.0),
+            max(0.0, q_pred) * max(ready, 1),
+            rate,
+            float(m.get("ttft_slo_ms") or self._slo(model)),
+        )
         return min(1.0, max(0.0, eps_pred, lead))
 
     def _slo(self, model: str) -> float:
         spec = self.settings.model(model)
         return spec.ttft_slo_ms if spec else 1000.0
 
-    def _drift(self, ks: KeyState, model: str, zone: str, m: Mapping[str, Any], arrival: float,
-               basis: int) -> None:
+    def _drift(self, ks: KeyState, model: str, zone: str, m: Mapping[str, Any], arrival: float, basis: int) -> None:
         checks = ((ks.latency_drift, m.get("ttft_p95_ms")), (ks.rate_drift, arrival))
         for detector, value in checks:
             if detector is None or value is None:
@@ -281,8 +339,15 @@ class Scaler:
             if event is None:
                 continue
             detail = event.to_dict()
-            record = {**detail, "schema_version": 1, "kind": "drift", "detector": detail["kind"],
-                      "model": model, "zone": zone, "window_end_ms": basis}
+            record = {
+                **detail,
+                "schema_version": 1,
+                "kind": "drift",
+                "detector": detail["kind"],
+                "model": model,
+                "zone": zone,
+                "window_end_ms": basis,
+            }
             self.events.append(record)
             log.info("drift %s/%s: %s %s (%s)", zone, model, event.signal, event.direction, event.kind)
             if detector is ks.rate_drift and ks.forecaster is not None:
@@ -291,8 +356,9 @@ class Scaler:
     def _zones(self, model: str, zone: str, basis: int, arrival: float, ready: int, starting: int) -> float:
         """Fold the window into the model's zone view; publish its events; this zone's demand floor."""
         zp = self.zone_params[model]
-        state, events = zc.observe(zp, self.zones.get(model, zc.ZoneCapacityState()), zone,
-                                   zc.ZoneWindow(basis, arrival, ready, starting))
+        state, events = zc.observe(
+            zp, self.zones.get(model, zc.ZoneCapacityState()), zone, zc.ZoneWindow(basis, arrival, ready, starting)
+        )
         self.zones[model] = state
         for ev in events:
             log.warning("%s/%s %s: %s", ev.zone, model, ev.kind, ev.to_dict())
@@ -321,18 +387,38 @@ class Scaler:
         payload = {"weights": {"*": {f"{model}|{z}": round(w, 6) for z, w in shares.items()}}}
         status = self.zone_status(model)
         reason = "zone-aware routing: " + ", ".join(f"{z} {st}" for z, st in sorted(status.items()))
-        return [Command(kind="route", zone=z, model=model, target_replicas=0, reason=reason,
-                        issued_at_ms=issued, expires_at_ms=issued + self.ttl_ms, basis_ms=basis_ms,
-                        controller="zone_capacity", payload=dict(payload))
-                for z in self.settings.zones]
+        return [
+            Command(
+                kind="route",
+                zone=z,
+                model=model,
+                target_replicas=0,
+                reason=reason,
+                issued_at_ms=issued,
+                expires_at_ms=issued + self.ttl_ms,
+                basis_ms=basis_ms,
+                controller="zone_capacity",
+                payload=dict(payload),
+            )
+            for z in self.settings.zones
+        ]
 
     def zone_status(self, model: str) -> dict[str, str]:
         """``up`` / ``lost`` / ``healing`` per zone that has reported."""
         return {z: st.status for z, st in self.zones.get(model, zc.ZoneCapacityState()).zones.items()}
 
-    def _feedforward(self, model: str, zone: str, ks: KeyState, rate: float, queued: float,
-                     window_s: float, meas: PidMeasurement, params: PidParams,
-                     floor_rps: float = 0.0) -> ff.FeedforwardOutput | None:
+    def _feedforward(
+        self,
+        model: str,
+        zone: str,
+        ks: KeyState,
+        rate: float,
+        queued: float,
+        window_s: float,
+        meas: PidMeasurement,
+        params: PidParams,
+        floor_rps: float = 0.0,
+    ) -> ff.FeedforwardOutput | None:
         """Size from demand (at least ``floor_rps``, the zone-aware floor); lift (or let
         decay) the feedback level before it steps."""
         ffp = self.ff_params.get(model)
@@ -342,12 +428,19 @@ class Scaler:
         if ks.forecaster is not None and ks.forecaster.ready:
             forecast = max(0.0, ks.forecaster.forecast(self.horizon_steps)[-1])
             error = ks.forecaster.errors_h.mae
-        ks.ff, out = ff.step(ffp, ks.ff, ff.FeedforwardMeasurement(
-            rate_rps=rate, queued=queued, forecast_rps=forecast, forecast_error_rps=error), window_s)
+        ks.ff, out = ff.step(
+            ffp,
+            ks.ff,
+            ff.FeedforwardMeasurement(rate_rps=rate, queued=queued, forecast_rps=forecast, forecast_error_rps=error),
+            window_s,
+        )
         need = max(out.replicas, floor_rps / (ffp.capacity_rps * ffp.target_util))
         need = min(max(need, float(params.min_replicas)), float(params.max_replicas))
-        level = ks.ctrl.level if ks.ctrl.level is not None else float(
-            ks.ctrl.last_target if ks.ctrl.last_target is not None else meas.replicas_current)
+        level = (
+            ks.ctrl.level
+            if ks.ctrl.level is not None
+            else float(ks.ctrl.last_target if ks.ctrl.last_target is not None else meas.replicas_current)
+        )
         lift = need > level * (1.0 + ffp.tolerance)
         if lift:
             ks.ctrl = replace(ks.ctrl, level=need)  # bumpless: the integrator starts at the demand
@@ -357,11 +450,25 @@ class Scaler:
             ks.ctrl = replace(ks.ctrl, level=level - ffp.decay_per_step * (level - need))
         mode = out.burst or lift
         if mode != ks.ff_mode:
-            log.info("%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",
-                     zone, model, "on" if mode else "off", out.forecast_rps, need)
-            self.events.append({"schema_version": 1, "kind": "feedforward_mode", "model": model,
-                                "zone": zone, "on": mode, "forecast_rps": out.forecast_rps,
-                                "need_replicas": need})
+            log.info(
+                "%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",
+                zone,
+                model,
+                "on" if mode else "off",
+                out.forecast_rps,
+                need,
+            )
+            self.events.append(
+                {
+                    "schema_version": 1,
+                    "kind": "feedforward_mode",
+                    "model": model,
+                    "zone": zone,
+                    "on": mode,
+                    "forecast_rps": out.forecast_rps,
+                    "need_replicas": need,
+                }
+            )
             ks.ff_mode = mode
         return out
 

@@ -1,6 +1,7 @@
 """Shared fixtures.  Integration tests get the real embedded broker and Redis,
 started once per session by the project's own launcher (or the ones named by
 KAFKA_BOOTSTRAP / REDIS_URL), and a unique topic/key prefix per test."""
+
 from __future__ import annotations
 
 import os
@@ -26,5 +27,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 @pytest.fixture
 def settings(servers: Settings, tmp_path: Path) -> Settings:
     """Real servers, a fresh topic/key namespace, short windows, clock at 1x."""
-    return servers.replace(topic_prefix=f"t{uuid.uuid4().hex[:10]}", data_dir=str(tmp_path / "state"),
-                           window_s=1.0, lateness_s=0.5, partitions=2, clock_origin_s=time.time())
+    return servers.replace(
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        data_dir=str(tmp_path / "state"),
+        window_s=1.0,
+        lateness_s=0.5,
+        partitions=2,
+        clock_origin_s=time.time(),
+    )

@@ -56,30 +56,38 @@ def check(ok: bool, parameter: str, value: object, why: str) -> None:
 
 def positive(parameter: str, value: float) -> None:
     """``value`` must be a finite number > 0."""
-    check(isinstance(value, int | float) and math.isfinite(value) and value > 0,
-          parameter, value, "must be a finite number > 0")
+    check(
+        isinstance(value, int | float) and math.isfinite(value) and value > 0,
+        parameter,
+        value,
+        "must be a finite number > 0",
+    )
 
 
 def non_negative(parameter: str, value: float) -> None:
     """``value`` must be a finite number >= 0."""
-    check(isinstance(value, int | float) and math.isfinite(value) and value >= 0,
-          parameter, value, "must be a finite number >= 0")
+    check(
+        isinstance(value, int | float) and math.isfinite(value) and value >= 0,
+        parameter,
+        value,
+        "must be a finite number >= 0",
+    )
 
 
 @dataclass(frozen=True)
 class Observation:
     """What the harness shows a baseline about one zone at ``t_s``."""
 
-    t_s: float                 # trace time now (seconds)
+    t_s: float  # trace time now (seconds)
     zone: str
     model: str
     replicas_ready: int
     replicas_starting: int
-    desired: int               # current desired replica count (last decision applied)
-    ongoing_requests: int      # requests queued + running on this zone's replicas right now
-    queue_len: int             # requests waiting (not yet in a running batch) in this zone
-    arrival_rate_rps: float    # arrivals in this zone over the last second
-    gpu_util: float            # mean busy fraction of ready replicas over the last second (0..1)
+    desired: int  # current desired replica count (last decision applied)
+    ongoing_requests: int  # requests queued + running on this zone's replicas right now
+    queue_len: int  # requests waiting (not yet in a running batch) in this zone
+    arrival_rate_rps: float  # arrivals in this zone over the last second
+    gpu_util: float  # mean busy fraction of ready replicas over the last second (0..1)
     window: Mapping[str, Any] | None  # latest closed window metrics of this zone (keys below) or None
     # window keys (same dict the stream pipeline publishes): window_end_ms, window_s, count, rate_rps,
     # violation_rate, ttft_p50_ms, ttft_p95_ms, ttft_p99_ms, e2e_p50_ms, e2e_p95_ms, e2e_p99_ms,
@@ -92,9 +100,9 @@ class Autoscaler(Protocol):
     """A baseline: ``decide`` is called every ``period_s`` seconds of trace time."""
 
     name: str
-    period_s: float            # the harness calls decide() every period_s of trace time
+    period_s: float  # the harness calls decide() every period_s of trace time
 
-    def decide(self, obs: Observation) -> int | None: ...   # new desired replicas, or None = unchanged
+    def decide(self, obs: Observation) -> int | None: ...  # new desired replicas, or None = unchanged
 
 
 class BaselineBase:
@@ -113,13 +121,24 @@ class BaselineBase:
     name = "base"
     period_s = 1.0
 
-    def __init__(self, *, min_replicas: int = 1, max_replicas: int = 64,
-                 slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        check(isinstance(min_replicas, int) and min_replicas >= 0, "min_replicas", min_replicas,
-              "must be an integer >= 0")
-        check(isinstance(max_replicas, int) and max_replicas >= max(1, min_replicas),
-              "max_replicas", max_replicas, "must be an integer >= max(1, min_replicas)")
+    def __init__(
+        self,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        check(
+            isinstance(min_replicas, int) and min_replicas >= 0, "min_replicas", min_replicas, "must be an integer >= 0"
+        )
+        check(
+            isinstance(max_replicas, int) and max_replicas >= max(1, min_replicas),
+            "max_replicas",
+            max_replicas,
+            "must be an integer >= max(1, min_replicas)",
+        )
         positive("slo_ttft_ms", slo_ttft_ms)
         positive("slo_itl_ms", slo_itl_ms)
         if replica_capacity_rps is not None:

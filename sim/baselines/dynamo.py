@@ -135,12 +135,24 @@ class DynamoLoadParams:
 
     def __post_init__(self) -> None:
         positive("adjustment_interval_s", self.adjustment_interval_s)
-        check(0 <= self.scaling_down_sensitivity <= 100, "scaling_down_sensitivity",
-              self.scaling_down_sensitivity, "must lie in [0, 100]")
-        check(isinstance(self.min_observations, int) and self.min_observations >= 2,
-              "min_observations", self.min_observations, "must be an integer >= 2")
-        check(isinstance(self.max_samples, int) and self.max_samples >= self.min_observations,
-              "max_samples", self.max_samples, "must be an integer >= min_observations")
+        check(
+            0 <= self.scaling_down_sensitivity <= 100,
+            "scaling_down_sensitivity",
+            self.scaling_down_sensitivity,
+            "must lie in [0, 100]",
+        )
+        check(
+            isinstance(self.min_observations, int) and self.min_observations >= 2,
+            "min_observations",
+            self.min_observations,
+            "must be an integer >= 2",
+        )
+        check(
+            isinstance(self.max_samples, int) and self.max_samples >= self.min_observations,
+            "max_samples",
+            self.max_samples,
+            "must be an integer >= min_observations",
+        )
         if self.ttft_sla_ms is not None:
             positive("ttft_sla_ms", self.ttft_sla_ms)
         if self.itl_sla_ms is not None:
@@ -152,12 +164,23 @@ class DynamoLoadPlanner(BaselineBase):
 
     name = "dynamo-load"
 
-    def __init__(self, params: DynamoLoadParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: DynamoLoadParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = p = params or DynamoLoadParams()
         self.period_s = p.adjustment_interval_s
         self.ttft_sla_ms = p.ttft_sla_ms if p.ttft_sla_ms is not None else self.slo_ttft_ms
@@ -209,8 +232,7 @@ class DynamoLoadPlanner(BaselineBase):
         if len(self.ttft_fit) < m or len(self.itl_fit) < m:
             return None  # regression has insufficient data
         p_des = self._side(self.ttft_fit, obs.queue_len / n, self.ttft_sla_ms, n, own_cost=True)
-        d_des = self._side(self.itl_fit, obs.ongoing_requests / n, self.itl_sla_ms, n,
-                           own_cost=False)
+        d_des = self._side(self.itl_fit, obs.ongoing_requests / n, self.itl_sla_ms, n, own_cost=False)
         if p_des > n or d_des > n:
             desired = n + 1
         elif p_des < n and d_des < n:
@@ -257,7 +279,7 @@ class KalmanTrend:
             K = self.P @ self.H.T @ np.linalg.inv(S)
             self.x = self.x + K @ y
             ikh = np.eye(2) - K @ self.H
-            self.P = ikh @ self.P @ ikh.T + K @ self.R @ K.T   # Joseph form
+            self.P = ikh @ self.P @ ikh.T + K @ self.R @ K.T  # Joseph form
         self.cached = None
 
     def predict(self) -> float:
@@ -281,14 +303,22 @@ class DynamoThroughputParams:
 
     def __post_init__(self) -> None:
         positive("adjustment_interval_s", self.adjustment_interval_s)
-        check(self.predictor in ("constant", "kalman"), "predictor", self.predictor,
-              "must be 'constant' or 'kalman' (ARIMA/Prophet need dependencies)")
+        check(
+            self.predictor in ("constant", "kalman"),
+            "predictor",
+            self.predictor,
+            "must be 'constant' or 'kalman' (ARIMA/Prophet need dependencies)",
+        )
         non_negative("kalman_q_level", self.kalman_q_level)
         non_negative("kalman_q_trend", self.kalman_q_trend)
         positive("kalman_r", self.kalman_r)
         positive("sample_period_s", self.sample_period_s)
-        check(self.sample_period_s <= self.adjustment_interval_s, "sample_period_s",
-              self.sample_period_s, "must not exceed adjustment_interval_s")
+        check(
+            self.sample_period_s <= self.adjustment_interval_s,
+            "sample_period_s",
+            self.sample_period_s,
+            "must not exceed adjustment_interval_s",
+        )
 
 
 class DynamoThroughputPlanner(BaselineBase):
@@ -296,21 +326,34 @@ class DynamoThroughputPlanner(BaselineBase):
 
     name = "dynamo-throughput"
 
-    def __init__(self, params: DynamoThroughputParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: DynamoThroughputParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         if replica_capacity_rps is None:
-            raise BaselineParameterError("replica_capacity_rps", None,
-                                         "required: the per-replica rate within the SLA "
-                                         "(Dynamo takes it from profiling)")
+            raise BaselineParameterError(
+                "replica_capacity_rps",
+                None,
+                "required: the per-replica rate within the SLA (Dynamo takes it from profiling)",
+            )
         self.capacity_rps = float(replica_capacity_rps)
         self.params = p = params or DynamoThroughputParams()
         self.period_s = p.sample_period_s
         self.kalman = KalmanTrend(p.kalman_q_level, p.kalman_q_trend, p.kalman_r)
-        self.history: list[float] = []           # request counts per interval (predictor buffer)
+        self.history: list[float] = []  # request counts per interval (predictor buffer)
         self.seen_nonzero = False
         self.interval_start_s: float | None = None
         self.last_t_s: float | None = None

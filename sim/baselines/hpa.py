@@ -86,8 +86,7 @@ class ScalingPolicy:
 
     def __post_init__(self) -> None:
         check(self.kind in ("Pods", "Percent"), "kind", self.kind, "must be 'Pods' or 'Percent'")
-        check(isinstance(self.value, int) and self.value > 0, "value", self.value,
-              "must be an integer > 0")
+        check(isinstance(self.value, int) and self.value > 0, "value", self.value, "must be an integer > 0")
         positive("period_s", self.period_s)
 
 
@@ -102,12 +101,15 @@ class ScalingRules:
     def __post_init__(self) -> None:
         non_negative("stabilization_window_s", self.stabilization_window_s)
         check(len(self.policies) > 0, "policies", self.policies, "needs at least one policy")
-        check(self.select_policy in ("Max", "Min", "Disabled"), "select_policy",
-              self.select_policy, "must be 'Max', 'Min' or 'Disabled'")
+        check(
+            self.select_policy in ("Max", "Min", "Disabled"),
+            "select_policy",
+            self.select_policy,
+            "must be 'Max', 'Min' or 'Disabled'",
+        )
 
 
-DEFAULT_SCALE_UP = ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15.0),
-                                      ScalingPolicy("Pods", 4, 15.0)), "Max")
+DEFAULT_SCALE_UP = ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15.0), ScalingPolicy("Pods", 4, 15.0)), "Max")
 DEFAULT_SCALE_DOWN = ScalingRules(300.0, (ScalingPolicy("Percent", 100, 15.0),), "Max")
 
 
@@ -122,14 +124,14 @@ class HpaParams:
     scale_down: ScalingRules = DEFAULT_SCALE_DOWN
 
     def __post_init__(self) -> None:
-        check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization,
-              "must lie in (0, 1]")
+        check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization, "must lie in (0, 1]")
         check(0 <= self.tolerance < 1, "tolerance", self.tolerance, "must lie in [0, 1)")
         positive("sync_period_s", self.sync_period_s)
 
 
-def plain_metric_replicas(usage: float, target: float, ready: int, unready: int, current: int,
-                          tolerance: float = 0.1) -> int | None:
+def plain_metric_replicas(
+    usage: float, target: float, ready: int, unready: int, current: int, tolerance: float = 0.1
+) -> int | None:
     """Replica proposal of the HPA ratio rule for a per-pod average metric.
 
     ``usage`` is the mean over ready pods; ``unready`` pods carry no metric.
@@ -198,8 +200,7 @@ class HpaBehavior:
         result: int | None = None
         for p in rules.policies:
             start = current - self._changed(self.up_events, t_s, p.period_s)
-            prop = (start + p.value if p.kind == "Pods"
-                    else math.ceil(start * (1 + p.value / 100)))
+            prop = start + p.value if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100))
             result = prop if result is None else pick(result, prop)
         return int(result if result is not None else current)
 
@@ -261,12 +262,23 @@ class HorizontalPodAutoscaler(BaselineBase):
 
     name = "hpa"
 
-    def __init__(self, params: HpaParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: HpaParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = params or HpaParams()
         self.period_s = self.params.sync_period_s
         self.behavior = HpaBehavior(self.params.scale_up, self.params.scale_down)
@@ -274,8 +286,8 @@ class HorizontalPodAutoscaler(BaselineBase):
     def decide(self, obs: Observation) -> int | None:
         """One HPA sync: proposal from GPU utilisation, then behaviour and bounds."""
         p = self.params
-        proposal = plain_metric_replicas(obs.gpu_util, p.target_utilization, obs.replicas_ready,
-                                         obs.replicas_starting, obs.desired, p.tolerance)
-        new = self.behavior.reconcile(obs.t_s, obs.desired, proposal, self.min_replicas,
-                                      self.max_replicas)
+        proposal = plain_metric_replicas(
+            obs.gpu_util, p.target_utilization, obs.replicas_ready, obs.replicas_starting, obs.desired, p.tolerance
+        )
+        new = self.behavior.reconcile(obs.t_s, obs.desired, proposal, self.min_replicas, self.max_replicas)
         return None if new == obs.desired else new

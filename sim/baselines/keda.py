@@ -85,18 +85,27 @@ class KedaParams:
         if self.threshold_ms is not None:
             positive("threshold_ms", self.threshold_ms)
         non_negative("activation_threshold_ms", self.activation_threshold_ms)
-        check(self.metric_type in ("Value", "AverageValue"), "metric_type", self.metric_type,
-              "must be 'Value' or 'AverageValue'")
-        check(isinstance(self.metric_key, str) and bool(self.metric_key), "metric_key",
-              self.metric_key, "must name a window key")
+        check(
+            self.metric_type in ("Value", "AverageValue"),
+            "metric_type",
+            self.metric_type,
+            "must be 'Value' or 'AverageValue'",
+        )
+        check(
+            isinstance(self.metric_key, str) and bool(self.metric_key),
+            "metric_key",
+            self.metric_key,
+            "must name a window key",
+        )
         positive("polling_interval_s", self.polling_interval_s)
         non_negative("cooldown_period_s", self.cooldown_period_s)
         check(0 <= self.tolerance < 1, "tolerance", self.tolerance, "must lie in [0, 1)")
         positive("hpa_sync_period_s", self.hpa_sync_period_s)
 
 
-def external_metric_replicas(value: float, target: float, metric_type: str, ready: int,
-                             current: int, tolerance: float = 0.1) -> int | None:
+def external_metric_replicas(
+    value: float, target: float, metric_type: str, ready: int, current: int, tolerance: float = 0.1
+) -> int | None:
     """HPA proposal for an External metric (``Value`` or ``AverageValue`` target).
 
     >>> external_metric_replicas(1500.0, 1000.0, "Value", ready=4, current=4)
@@ -124,12 +133,23 @@ class KedaPrometheus(BaselineBase):
 
     name = "keda"
 
-    def __init__(self, params: KedaParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: KedaParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = params or KedaParams()
         p = self.params
         self.threshold_ms = p.threshold_ms if p.threshold_ms is not None else self.slo_ttft_ms
@@ -161,17 +181,21 @@ class KedaPrometheus(BaselineBase):
             if active or self.last_active_s is None:
                 self.last_active_s = t
             if current == 0 and active:
-                new = max(1, self.min_replicas)           # 0 -> 1 (or to minReplicaCount)
-            elif (self.min_replicas == 0 and current > 0 and not active
-                  and t - self.last_active_s >= p.cooldown_period_s):
-                new = 0                                   # cooldown over: back to zero
-        if new == current and current > 0 and (
-                self.last_hpa_s is None or t - self.last_hpa_s >= p.hpa_sync_period_s - eps):
+                new = max(1, self.min_replicas)  # 0 -> 1 (or to minReplicaCount)
+            elif (
+                self.min_replicas == 0 and current > 0 and not active and t - self.last_active_s >= p.cooldown_period_s
+            ):
+                new = 0  # cooldown over: back to zero
+        if (
+            new == current
+            and current > 0
+            and (self.last_hpa_s is None or t - self.last_hpa_s >= p.hpa_sync_period_s - eps)
+        ):
             self.last_hpa_s = t
             value = self.cached_value if p.use_cached_metrics else self._query(obs)
-            proposal = external_metric_replicas(value, self.threshold_ms, p.metric_type,
-                                                obs.replicas_ready, current, p.tolerance)
-            new = self.behavior.reconcile(t, current, proposal, max(1, self.min_replicas),
-                                          self.max_replicas)
+            proposal = external_metric_replicas(
+                value, self.threshold_ms, p.metric_type, obs.replicas_ready, current, p.tolerance
+            )
+            new = self.behavior.reconcile(t, current, proposal, max(1, self.min_replicas), self.max_replicas)
         new = self.clamp(new)
         return None if new == current else new

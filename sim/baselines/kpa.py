@@ -65,30 +65,39 @@ __all__ = ["KnativePodAutoscaler", "KpaParams"]
 class KpaParams:
     """KPA configuration (``config-autoscaler`` keys in comments)."""
 
-    target_concurrency: float = 32.0        # container-concurrency-target-default (Knative: 100)
-    target_utilization: float = 0.70        # container-concurrency-target-percentage / 100
-    stable_window_s: float = 60.0           # stable-window
-    panic_window_percentage: float = 10.0   # panic-window-percentage
+    target_concurrency: float = 32.0  # container-concurrency-target-default (Knative: 100)
+    target_utilization: float = 0.70  # container-concurrency-target-percentage / 100
+    stable_window_s: float = 60.0  # stable-window
+    panic_window_percentage: float = 10.0  # panic-window-percentage
     panic_threshold_percentage: float = 200.0  # panic-threshold-percentage
-    max_scale_up_rate: float = 1000.0       # max-scale-up-rate
-    max_scale_down_rate: float = 2.0        # max-scale-down-rate
-    scale_down_delay_s: float = 0.0         # scale-down-delay
-    tick_interval_s: float = 2.0            # tick-interval
+    max_scale_up_rate: float = 1000.0  # max-scale-up-rate
+    max_scale_down_rate: float = 2.0  # max-scale-down-rate
+    scale_down_delay_s: float = 0.0  # scale-down-delay
+    tick_interval_s: float = 2.0  # tick-interval
 
     def __post_init__(self) -> None:
         positive("target_concurrency", self.target_concurrency)
-        check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization,
-              "must lie in (0, 1]")
-        check(6.0 <= self.stable_window_s <= 3600.0, "stable_window_s", self.stable_window_s,
-              "must lie in [6 s, 1 h] (Knative's bounds)")
-        check(1.0 <= self.panic_window_percentage <= 100.0, "panic_window_percentage",
-              self.panic_window_percentage, "must lie in [1, 100]")
-        check(110.0 <= self.panic_threshold_percentage <= 1000.0, "panic_threshold_percentage",
-              self.panic_threshold_percentage, "must lie in [110, 1000]")
-        check(self.max_scale_up_rate > 1.0, "max_scale_up_rate", self.max_scale_up_rate,
-              "must be > 1")
-        check(self.max_scale_down_rate > 1.0, "max_scale_down_rate", self.max_scale_down_rate,
-              "must be > 1")
+        check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization, "must lie in (0, 1]")
+        check(
+            6.0 <= self.stable_window_s <= 3600.0,
+            "stable_window_s",
+            self.stable_window_s,
+            "must lie in [6 s, 1 h] (Knative's bounds)",
+        )
+        check(
+            1.0 <= self.panic_window_percentage <= 100.0,
+            "panic_window_percentage",
+            self.panic_window_percentage,
+            "must lie in [1, 100]",
+        )
+        check(
+            110.0 <= self.panic_threshold_percentage <= 1000.0,
+            "panic_threshold_percentage",
+            self.panic_threshold_percentage,
+            "must lie in [110, 1000]",
+        )
+        check(self.max_scale_up_rate > 1.0, "max_scale_up_rate", self.max_scale_up_rate, "must be > 1")
+        check(self.max_scale_down_rate > 1.0, "max_scale_down_rate", self.max_scale_down_rate, "must be > 1")
         non_negative("scale_down_delay_s", self.scale_down_delay_s)
         positive("tick_interval_s", self.tick_interval_s)
 
@@ -108,12 +117,23 @@ class KnativePodAutoscaler(BaselineBase):
 
     name = "kpa"
 
-    def __init__(self, params: KpaParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: KpaParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = params or KpaParams()
         self.period_s = self.params.tick_interval_s
         self.samples: deque[tuple[float, float]] = deque()
@@ -155,15 +175,15 @@ class KnativePodAutoscaler(BaselineBase):
 
         over = dppc / ready >= p.panic_threshold_percentage / 100.0
         if over:
-            self.panic_time_s = t                      # begin or extend panic
+            self.panic_time_s = t  # begin or extend panic
         elif self.panic_time_s is not None and self.panic_time_s + p.stable_window_s < t:
-            self.panic_time_s, self.max_panic_pods = None, 0   # un-panic
+            self.panic_time_s, self.max_panic_pods = None, 0  # un-panic
 
         desired = desired_stable
         if self.panic_time_s is not None:
             desired = max(desired, desired_panic)
             self.max_panic_pods = max(self.max_panic_pods, desired)
-            desired = self.max_panic_pods              # never scale down while panicking
+            desired = self.max_panic_pods  # never scale down while panicking
 
         if p.scale_down_delay_s > 0:
             while self.delay_window and self.delay_window[0][0] <= t - p.scale_down_delay_s:

@@ -109,16 +109,27 @@ class RayServeAutoscaler(BaselineBase):
 
     name = "rayserve"
 
-    def __init__(self, params: RayServeParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: RayServeParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = params or RayServeParams()
         self.period_s = self.params.control_loop_interval_s
-        self.pending: list[tuple[float, float]] = []        # recorded, not yet pushed
-        self.store: deque[tuple[float, float]] = deque()     # what the controller has
+        self.pending: list[tuple[float, float]] = []  # recorded, not yet pushed
+        self.store: deque[tuple[float, float]] = deque()  # what the controller has
         self.last_push_s: float | None = None
         self.decision_counter = 0
 
@@ -165,7 +176,7 @@ class RayServeAutoscaler(BaselineBase):
         if running == 0:  # cold start fast path: no delay
             new = max(math.ceil(p.up_factor), target) if total > 0 else target
             return self.changed(obs, new)
-        desired_f = total / p.target_ongoing_requests      # = running * error_ratio
+        desired_f = total / p.target_ongoing_requests  # = running * error_ratio
         delta = desired_f - running
         factor = p.up_factor if delta > 0 else p.down_factor
         scaled = math.ceil(running + factor * delta)

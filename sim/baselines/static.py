@@ -33,8 +33,9 @@ class StaticParams:
     period_s: float = 15.0
 
     def __post_init__(self) -> None:
-        check(isinstance(self.replicas, int) and self.replicas >= 0, "replicas", self.replicas,
-              "must be an integer >= 0")
+        check(
+            isinstance(self.replicas, int) and self.replicas >= 0, "replicas", self.replicas, "must be an integer >= 0"
+        )
         check(self.period_s > 0, "period_s", self.period_s, "must be > 0")
 
 
@@ -43,12 +44,23 @@ class StaticReplicas(BaselineBase):
 
     name = "static"
 
-    def __init__(self, params: StaticParams | None = None, *, min_replicas: int = 1,
-                 max_replicas: int = 64, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 150.0,
-                 replica_capacity_rps: float | None = None) -> None:
-        super().__init__(min_replicas=min_replicas, max_replicas=max_replicas,
-                         slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                         replica_capacity_rps=replica_capacity_rps)
+    def __init__(
+        self,
+        params: StaticParams | None = None,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        slo_ttft_ms: float = 1000.0,
+        slo_itl_ms: float = 150.0,
+        replica_capacity_rps: float | None = None,
+    ) -> None:
+        super().__init__(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_itl_ms=slo_itl_ms,
+            replica_capacity_rps=replica_capacity_rps,
+        )
         self.params = params or StaticParams()
         self.period_s = self.params.period_s
 

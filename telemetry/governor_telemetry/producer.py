@@ -14,6 +14,7 @@ Example::
                                  source="node-17") as producer:
         await producer.send({"kind": "request", ...})
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,17 @@ class BufferFull(RuntimeError):
 
 
 class TelemetryProducer:
-    def __init__(self, bootstrap: str, topic: str, *, source: str, linger_ms: int = 100,
-                 max_batch: int = 500, max_pending: int = 50_000,
-                 clock_ms: Any = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        source: str,
+        linger_ms: int = 100,
+        max_batch: int = 500,
+        max_pending: int = 50_000,
+        clock_ms: Any = None,
+    ) -> None:
         if linger_ms <= 0 or max_batch <= 0 or max_pending < max_batch:
             raise ValueError("need linger_ms > 0, max_batch > 0 and max_pending >= max_batch")
         self.bootstrap = bootstrap
@@ -58,7 +67,9 @@ class TelemetryProducer:
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, linger_ms=5, acks=1,
+            bootstrap_servers=self.bootstrap,
+            linger_ms=5,
+            acks=1,
             max_request_size=8 * 1024 * 1024,
         )
         await self._producer.start()
@@ -117,7 +128,7 @@ class TelemetryProducer:
         done = 0
         try:
             for i in range(0, len(batch), self.max_batch):
-                chunk = batch[i:i + self.max_batch]
+                chunk = batch[i : i + self.max_batch]
                 payload = encode_envelope(chunk, self.source, self._clock_ms())
                 await self._producer.send(self.topic, payload, key=key)
                 done += len(chunk)

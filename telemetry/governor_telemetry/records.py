@@ -16,6 +16,7 @@ replica/GPU sample).  Field tables below are the contract with producers on
 inference nodes; ``validate_record`` returns a reason string for the first
 problem it finds, or ``None``.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,13 +101,13 @@ class EnvelopeError(ValueError):
 _STR, _INT, _NUMBER, _BOOL = range(4)
 
 
-def _compile(table: Mapping[str, tuple[tuple[type, ...], bool, float | None]]
-             ) -> tuple[tuple[str, bool, int, float | None], ...]:
+def _compile(
+    table: Mapping[str, tuple[tuple[type, ...], bool, float | None]],
+) -> tuple[tuple[str, bool, int, float | None], ...]:
     def check(types: tuple[type, ...]) -> int:
         return {(str,): _STR, (int,): _INT, _NUM: _NUMBER, (bool,): _BOOL}[types]
 
-    return tuple((name, required, check(types), minimum)
-                 for name, (types, required, minimum) in table.items())
+    return tuple((name, required, check(types), minimum) for name, (types, required, minimum) in table.items())
 
 
 _COMPILED = {kind: _compile(table) for kind, table in FIELDS_BY_KIND.items()}
@@ -121,8 +122,7 @@ def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float
         # An integral float is accepted where an int is expected (some JSON encoders
         # write 5.0 for 5); its minimum still applies.
         if not (types == (int,) and isinstance(value, float) and value.is_integer()):
-            return (f"field {name!r} must be {'/'.join(t.__name__ for t in types)}, "
-                    f"got {type(value).__name__}")
+            return f"field {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}"
     if isinstance(value, float) and not math.isfinite(value):
         return f"field {name!r} is not finite"
     if isinstance(value, str) and not value:
@@ -194,8 +194,12 @@ def validate_record(rec: Any) -> str | None:
             return f"status {rec['status']!r} not in {sorted(REQUEST_STATUSES)}"
         if rec["e2e_ms"] + 1e-6 < rec["ttft_ms"]:
             return f"e2e_ms ({rec['e2e_ms']}) is smaller than ttft_ms ({rec['ttft_ms']})"
-        if rec.get("agent_stability") is None and rec.get("agent_rag_score") is None \
-                and rec.get("agent_tool_conf") is None and rec.get("agent_path") is None:
+        if (
+            rec.get("agent_stability") is None
+            and rec.get("agent_rag_score") is None
+            and rec.get("agent_tool_conf") is None
+            and rec.get("agent_path") is None
+        ):
             return None
         return _agent_reason(rec)
     else:
@@ -210,8 +214,9 @@ def validate_record(rec: Any) -> str | None:
         if (rec.get("fragmentation_ratio") or 0.0) > 1.0:
             return f"fragmentation_ratio={rec['fragmentation_ratio']} above 1"
         hist = rec.get("free_block_hist")
-        if hist is not None and not (isinstance(hist, list) and all(
-                type(v) is int and 0 <= v <= INT_MAX for v in hist)):
+        if hist is not None and not (
+            isinstance(hist, list) and all(type(v) is int and 0 <= v <= INT_MAX for v in hist)
+        ):
             return "free_block_hist must be a list of non-negative ints"
     return None
 
@@ -308,8 +313,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
 
 def encode_envelope(records: list[Mapping[str, Any]], source: str, sent_ms: int) -> bytes:
     return orjson.dumps(
-        {"schema_version": SCHEMA_VERSION, "kind": "batch", "source": source,
-         "sent_ms": sent_ms, "records": records}
+        {"schema_version": SCHEMA_VERSION, "kind": "batch", "source": source, "sent_ms": sent_ms, "records": records}
     )
 
 

@@ -1,4 +1,5 @@
 """The README's main command, shortened, as a user runs it."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,31 @@ def test_demo_runs_the_closed_loop_and_reports_applied_commands(tmp_path: Path) 
     out = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "REDIS_URL")}
     proc = subprocess.run(
-        [sys.executable, "-m", "governor.cli", "--log-level", "WARNING", "demo", "--duration-s", "150",
-         "--step-at-s", "40", "--step-factor", "3", "--speed", "5", "--out", str(out), "--no-progress"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+        [
+            sys.executable,
+            "-m",
+            "governor.cli",
+            "--log-level",
+            "WARNING",
+            "demo",
+            "--duration-s",
+            "150",
+            "--step-at-s",
+            "40",
+            "--step-factor",
+            "3",
+            "--speed",
+            "5",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "governor demo report" in proc.stdout
     report = json.loads((out / "report.json").read_text())

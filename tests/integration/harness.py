@@ -1,4 +1,5 @@
 """A real worker process and one in-process executor per zone, for the loop tests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,16 +21,27 @@ from governor.topics import ensure_topics
 
 
 @asynccontextmanager
-async def worker_and_executors(settings: Settings, tmp_path: Path
-                               ) -> AsyncIterator[tuple[Any, aioredis.Redis, list[ZoneExecutor]]]:
+async def worker_and_executors(
+    settings: Settings, tmp_path: Path
+) -> AsyncIterator[tuple[Any, aioredis.Redis, list[ZoneExecutor]]]:
     """Topics created, the worker started and ready, a sim-backend executor per zone with its group."""
     await ensure_topics(settings)
     worker = start_worker(settings, tmp_path)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
-    executors = [ZoneExecutor(zone=z, prefix=settings.topic_prefix, redis=redis,
-                              backend=SimFleetBackend(redis, settings.topic_prefix, z), clock=ScaledClock(),
-                              results=None, results_topic="x", block_ms=50, probe_interval_s=0)
-                 for z in settings.zones]
+    executors = [
+        ZoneExecutor(
+            zone=z,
+            prefix=settings.topic_prefix,
+            redis=redis,
+            backend=SimFleetBackend(redis, settings.topic_prefix, z),
+            clock=ScaledClock(),
+            results=None,
+            results_topic="x",
+            block_ms=50,
+            probe_interval_s=0,
+        )
+        for z in settings.zones
+    ]
     try:
         await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 45)
         for ex in executors:
@@ -40,9 +52,13 @@ async def worker_and_executors(settings: Settings, tmp_path: Path
         await redis.aclose()
 
 
-async def field_in_every_zone(redis: aioredis.Redis, executors: list[ZoneExecutor],
-                              key_of: Callable[[str], str], field: str, timeout_s: float = 30.0
-                              ) -> dict[str, Any]:
+async def field_in_every_zone(
+    redis: aioredis.Redis,
+    executors: list[ZoneExecutor],
+    key_of: Callable[[str], str],
+    field: str,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
     """Poll the executors until ``field`` of the hash ``key_of(zone)`` exists for every zone
     (or the timeout passes); returns the JSON values found, by zone."""
     found: dict[str, Any] = {}

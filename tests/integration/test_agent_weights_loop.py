@@ -4,6 +4,7 @@ real process) -> one ``agents`` command per zone -> the zone executors ->
 ``<prefix>:routing:<zone>`` field ``_agents|<model>`` holds the 4.1 weights of
 those signals; the driver's state is in the worker's snapshot and the weights
 in its metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,19 +29,34 @@ SIGNALS = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.
 
 
 def _req(i: int, now: int, zone: str) -> dict:
-    return {"kind": "request", "request_id": f"{zone}-{i}", "ts_ms": now, "model": MODEL, "zone": zone,
-            "node": f"{zone}/n1", "ttft_ms": 200.0, "itl_ms": 30.0, "e2e_ms": 3200.0, "prompt_tokens": 1000,
-            "output_tokens": 100, "status": "ok", **SIGNALS, "agent_path": ("rag", "rag", "llm", "tool")[i % 4]}
+    return {
+        "kind": "request",
+        "request_id": f"{zone}-{i}",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}/n1",
+        "ttft_ms": 200.0,
+        "itl_ms": 30.0,
+        "e2e_ms": 3200.0,
+        "prompt_tokens": 1000,
+        "output_tokens": 100,
+        "status": "ok",
+        **SIGNALS,
+        "agent_path": ("rag", "rag", "llm", "tool")[i % 4],
+    }
 
 
 async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
-        settings: Settings, tmp_path: Path) -> None:
+    settings: Settings, tmp_path: Path
+) -> None:
     settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0, metrics_port=free_port())
     want = weights(AgentSignals(0.9, 0.9, 0.2)).as_dict()
     field = f"_agents|{MODEL}"
     async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="test", linger_ms=20) as producer:
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        ) as producer:
             for step in range(20):  # 4 s, 10 requests/s per zone
                 now = int(time.time() * 1000)
                 for zone in ("az-a", "az-b"):
@@ -51,8 +67,7 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
         assert set(got) == {"az-a", "az-b"}, (got, worker.tail())
         for zone, value in got.items():
             assert value["weights"] == pytest.approx(want, abs=1e-5), zone
-            assert value["signals"] == pytest.approx({"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2},
-                                                     abs=1e-5)
+            assert value["signals"] == pytest.approx({"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2}, abs=1e-5)
             assert value["model"] == MODEL and value["basis_ms"] > 0 and value["command_id"].startswith("agents-")
             assert set(value["paths"]) == {"rag", "tool", "llm"}
         # Constant signals: one publication per zone, never a second (weights do not move).

@@ -2,6 +2,7 @@
 the worker (a real process) trips the target's breaker -> one breaker command
 per zone -> the zone executors -> ``<prefix>:breaker:<zone>`` says "open";
 the breaker's state is in the worker's snapshot."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,28 +26,43 @@ TARGET = f"{MODEL}|az-a"
 
 
 def _req(i: int, now: int, error: bool) -> dict:
-    return {"kind": "request", "request_id": f"r{i}", "ts_ms": now, "model": MODEL, "zone": "az-a",
-            "node": "az-a/n1", "ttft_ms": 200.0, "itl_ms": 30.0, "e2e_ms": 3200.0,
-            "prompt_tokens": 1000, "output_tokens": 100, "status": "error" if error else "ok"}
+    return {
+        "kind": "request",
+        "request_id": f"r{i}",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": "az-a",
+        "node": "az-a/n1",
+        "ttft_ms": 200.0,
+        "itl_ms": 30.0,
+        "e2e_ms": 3200.0,
+        "prompt_tokens": 1000,
+        "output_tokens": 100,
+        "status": "error" if error else "ok",
+    }
 
 
 async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
-        settings: Settings, tmp_path: Path) -> None:
-    settings = settings.replace(zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0,
-                                metrics_port=free_port())
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = settings.replace(
+        zones=("az-a", "az-b"), breaker_min_requests=200, command_ttl_s=60.0, metrics_port=free_port()
+    )
     async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
         # 4 s at 150 requests/s, every 16th fails (6.25 % >> the 0.5 % threshold).
         i = 0
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="test", linger_ms=20) as producer:
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        ) as producer:
             for _ in range(20):
                 now = int(time.time() * 1000)
                 for _ in range(30):
                     await producer.send(_req(i, now, i % 16 == 0))
                     i += 1
                 await asyncio.sleep(0.2)
-        states = await field_in_every_zone(redis, executors, lambda z: names.breaker_hash(settings.topic_prefix, z),
-                                           TARGET)
+        states = await field_in_every_zone(
+            redis, executors, lambda z: names.breaker_hash(settings.topic_prefix, z), TARGET
+        )
         assert set(states) == {"az-a", "az-b"}, (states, worker.tail())
         for zone, st in states.items():
             assert st["state"] == "open", (zone, st)

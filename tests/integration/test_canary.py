@@ -1,4 +1,5 @@
 """Canary rollout against the real Redis: CLI state round trip, the worker's driver, the backend."""
+
 from __future__ import annotations
 
 import time
@@ -20,11 +21,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 MODEL = "llama2-70b"
 
 
-def _window(model: str, zone: str, start_ms: int, count: int, error_rate: float,
-            p99: float | None = 200.0) -> dict:
-    return {"kind": "window", "scope": "zone", "model": model, "zone": zone,
-            "window_start_ms": start_ms, "window_end_ms": start_ms + 10_000, "count": count,
-            "error_rate": error_rate, "ttft_p99_ms": p99}
+def _window(model: str, zone: str, start_ms: int, count: int, error_rate: float, p99: float | None = 200.0) -> dict:
+    return {
+        "kind": "window",
+        "scope": "zone",
+        "model": model,
+        "zone": zone,
+        "window_start_ms": start_ms,
+        "window_end_ms": start_ms + 10_000,
+        "count": count,
+        "error_rate": error_rate,
+        "ttft_p99_ms": p99,
+    }
 
 
 def test_start_status_abort_round_trip(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,8 +51,9 @@ def test_start_status_abort_round_trip(settings: Settings, capsys: pytest.Captur
     assert canary_cli.status(settings, MODEL)["version"] == "v3"
 
 
-def test_cli_commands_use_the_environment(settings: Settings, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_commands_use_the_environment(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for k, v in settings.to_env().items():
         monkeypatch.setenv(k, v)
     assert main(["canary", "start", "--model", MODEL, "--version", "v2", "--stages", "0.05,1"]) == 0

@@ -1,5 +1,6 @@
 """The simulated fleet as the gateway of executors/backends.py, on the real Redis: canary
 and breaker commands applied by the executors' backend steer a LiveFleet's requests."""
+
 from __future__ import annotations
 
 import time
@@ -42,20 +43,47 @@ class _NoProducer:
 
 def _cmd(kind: str, zone: str, payload: dict[str, Any], basis_ms: int = 10_000) -> Command:
     now = int(time.time() * 1000)
-    return Command(kind=kind, zone=zone, model=M, target_replicas=0, reason="test", issued_at_ms=now,
-                   expires_at_ms=now + 60_000, basis_ms=basis_ms, controller=kind, payload=payload)
+    return Command(
+        kind=kind,
+        zone=zone,
+        model=M,
+        target_replicas=0,
+        reason="test",
+        issued_at_ms=now,
+        expires_at_ms=now + 60_000,
+        basis_ms=basis_ms,
+        controller=kind,
+        payload=payload,
+    )
 
 
 async def _run_live(settings: Settings, redis: aioredis.Redis, seed: int = 3) -> LiveFleet:
     perf = PerfModel.from_splitwise()
-    fleet = Fleet(FleetConfig(models={M: perf, f"{M}@v2": perf}, zones=("az-a", "az-b"),
-                              initial_replicas=1, jitter=False, seed=seed))
-    workload = Workload(arrival_s=np.linspace(0.0, 0.5, N), prompt_tokens=np.full(N, 100),
-                        output_tokens=np.full(N, 4), hash_ids=None, name="flat")
+    fleet = Fleet(
+        FleetConfig(
+            models={M: perf, f"{M}@v2": perf}, zones=("az-a", "az-b"), initial_replicas=1, jitter=False, seed=seed
+        )
+    )
+    workload = Workload(
+        arrival_s=np.linspace(0.0, 0.5, N),
+        prompt_tokens=np.full(N, 100),
+        output_tokens=np.full(N, 4),
+        hash_ids=None,
+        name="flat",
+    )
     t0 = int(time.time() * 1000)
-    live = LiveFleet(fleet, workload, model=M, zones=["az-a", "az-b"], producer=_NoProducer(), redis=redis,
-                     prefix=settings.topic_prefix, now_ms=lambda: int(time.time() * 1000), t0_ms=t0,
-                     seed=seed)
+    live = LiveFleet(
+        fleet,
+        workload,
+        model=M,
+        zones=["az-a", "az-b"],
+        producer=_NoProducer(),
+        redis=redis,
+        prefix=settings.topic_prefix,
+        now_ms=lambda: int(time.time() * 1000),
+        t0_ms=t0,
+        seed=seed,
+    )
     await live.run(0.8)
     assert live.stats.submitted == N
     return live
@@ -66,10 +94,12 @@ def _binomial_ok(k: int, n: int, p: float) -> bool:
 
 
 async def test_canary_share_in_the_routing_hash_splits_the_live_fleets_requests(
-        settings: Settings, redis: aioredis.Redis) -> None:
+    settings: Settings, redis: aioredis.Redis
+) -> None:
     for zone in ("az-a", "az-b"):  # the executors' backend writes _canary|<model> per zone
         out = await SimFleetBackend(redis, settings.topic_prefix, zone).apply(
-            _cmd("canary", zone, {"model": M, "version": "v2", "share": 0.2}))
+            _cmd("canary", zone, {"model": M, "version": "v2", "share": 0.2})
+        )
         assert out == {"model": M, "version": "v2", "share": 0.2}
     live = await _run_live(settings, redis)
     routed = live.stats.routed
@@ -83,8 +113,13 @@ async def test_canary_share_in_the_routing_hash_splits_the_live_fleets_requests(
 
 async def test_open_breaker_sends_nothing_to_its_target(settings: Settings, redis: aioredis.Redis) -> None:
     backend = SimFleetBackend(redis, settings.topic_prefix, "az-a")
-    await backend.apply(_cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "open", "probe_budget": 0,
-                                                 "threshold": 0.005, "error_ratio": 0.2}))
+    await backend.apply(
+        _cmd(
+            "breaker",
+            "az-a",
+            {"target": f"{M}|az-a", "state": "open", "probe_budget": 0, "threshold": 0.005, "error_ratio": 0.2},
+        )
+    )
     live = await _run_live(settings, redis)  # no route weights: the zone choice avoids az-a
     assert live.stats.routed == {f"{M}|az-b": N}
     # With route weights over both zones, the open target's weight is removed.
@@ -97,12 +132,14 @@ async def test_open_breaker_sends_nothing_to_its_target(settings: Settings, redi
 async def test_half_open_breaker_gets_at_most_its_probe_budget(settings: Settings, redis: aioredis.Redis) -> None:
     backend = SimFleetBackend(redis, settings.topic_prefix, "az-a")
     await backend.apply(_cmd("route", "az-a", {"weights": {"*": {f"{M}|az-a": 0.5, f"{M}|az-b": 0.5}}}))
-    await backend.apply(_cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open",
-                                                 "probe_budget": 10**6}, basis_ms=11_000))
+    await backend.apply(
+        _cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open", "probe_budget": 10**6}, basis_ms=11_000)
+    )
     live = await _run_live(settings, redis)  # a budget that never runs out: 5 % of its half
     assert _binomial_ok(live.stats.routed.get(f"{M}|az-a", 0), N, 0.5 * HALF_OPEN_SHARE), live.stats.routed
-    await backend.apply(_cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open",
-                                                 "probe_budget": 5}, basis_ms=12_000))
+    await backend.apply(
+        _cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open", "probe_budget": 5}, basis_ms=12_000)
+    )
     live = await _run_live(settings, redis)
     assert live.stats.routed.get(f"{M}|az-a", 0) == 5  # ~50 drawn, capped at the budget
     assert live.fleet.router.weights(M) == {f"{M}|az-b": 1.0}  # spent: treated as open

@@ -1,6 +1,7 @@
 """The stream worker and a zone executor as real processes on the real broker
 and Redis: telemetry in, windows, a scale-up command applied once, dead
 letters with reasons."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,18 @@ MODEL = "llama2-70b"  # default ModelSpec: TTFT SLO 1000 ms, ITL SLO 80 ms
 @pytest.fixture(scope="module")
 def loop(servers: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     run = tmp_path_factory.mktemp("loop")
-    settings = servers.replace(topic_prefix=f"t{uuid.uuid4().hex[:10]}", data_dir=str(run / "state"),
-                               window_s=1.0, lateness_s=0.5, partitions=2, clock_origin_s=time.time(),
-                               zones=("az-a",), command_ttl_s=30.0,
-                               # 1 s windows: a gain that acts within a few windows.
-                               pid_gains={"kp": 0.0, "ki": 0.5, "kd": 0.0})
+    settings = servers.replace(
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        data_dir=str(run / "state"),
+        window_s=1.0,
+        lateness_s=0.5,
+        partitions=2,
+        clock_origin_s=time.time(),
+        zones=("az-a",),
+        command_ttl_s=30.0,
+        # 1 s windows: a gain that acts within a few windows.
+        pid_gains={"kp": 0.0, "ki": 0.5, "kd": 0.0},
+    )
     asyncio.run(ensure_topics(settings))
     children = [start_worker(settings, run), start_executor(settings, "az-a", run)]
     try:
@@ -47,20 +55,46 @@ def loop(servers: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def _req(i: int, now: int, node: str, ttft_ms: float) -> dict:
-    return {"kind": "request", "request_id": f"r{i}", "ts_ms": now, "model": MODEL, "zone": "az-a",
-            "node": node, "ttft_ms": ttft_ms, "itl_ms": 30.0, "e2e_ms": ttft_ms + 3000.0,
-            "prompt_tokens": 1000, "output_tokens": 100, "status": "ok"}
+    return {
+        "kind": "request",
+        "request_id": f"r{i}",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": "az-a",
+        "node": node,
+        "ttft_ms": ttft_ms,
+        "itl_ms": 30.0,
+        "e2e_ms": ttft_ms + 3000.0,
+        "prompt_tokens": 1000,
+        "output_tokens": 100,
+        "status": "ok",
+    }
 
 
 def _gpu(now: int, node: str) -> dict:
-    return {"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": "az-a", "node": node, "state": "ready",
-            "gpu_util": 0.7, "mem_used_bytes": 60, "mem_total_bytes": 80, "queue_len": 3, "running": 8}
+    return {
+        "kind": "gpu",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": "az-a",
+        "node": node,
+        "state": "ready",
+        "gpu_util": 0.7,
+        "mem_used_bytes": 60,
+        "mem_total_bytes": 80,
+        "queue_len": 3,
+        "running": 8,
+    }
 
 
 async def _consume(settings: Settings, topics: list[str], until, timeout_s: float) -> dict[str, list]:  # type: ignore[no-untyped-def]
-    consumer = AIOKafkaConsumer(*[settings.topic(t) for t in topics],
-                                bootstrap_servers=settings.kafka_bootstrap, group_id=None,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    consumer = AIOKafkaConsumer(
+        *[settings.topic(t) for t in topics],
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     seen: dict[str, list] = {t: [] for t in topics}
     try:
@@ -79,8 +113,9 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
     await redis.hset(names.desired_replicas(settings.topic_prefix, "az-a"), MODEL, 2)
     nodes = ("az-a/n1", "az-a/n2")
     i = 0
-    async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                 source="test", linger_ms=50) as producer:
+    async with TelemetryProducer(
+        settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=50
+    ) as producer:
         # 4 s healthy (TTFT 200 ms), then a load step: TTFT 3 s, every request violates.
         for second in range(10):
             ttft = 200.0 if second < 4 else 3000.0
@@ -113,8 +148,9 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
     desired = int(await redis.hget(names.desired_replicas(settings.topic_prefix, "az-a"), MODEL))
     assert desired == applied[-1]["target_replicas"] > 2
     # Every request that was sent is counted in exactly one zone window: nothing dropped.
-    seen_all = await _consume(settings, ["metrics"], lambda s: sum(
-        w["count"] for w in s["metrics"] if w["scope"] == "zone") >= i, 15)
+    seen_all = await _consume(
+        settings, ["metrics"], lambda s: sum(w["count"] for w in s["metrics"] if w["scope"] == "zone") >= i, 15
+    )
     assert sum(w["count"] for w in seen_all["metrics"] if w["scope"] == "zone") == i
     await redis.aclose()
 
@@ -126,8 +162,9 @@ async def test_malformed_records_land_in_dead_letter_topic_with_reason(loop: Set
     bad_latency = {**good, "request_id": "neg", "ttft_ms": -1.0}
     missing_zone = {k: v for k, v in good.items() if k != "zone"}
     unknown_model = {**good, "request_id": "um", "model": "no-such-model"}
-    async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                 source="test", linger_ms=20) as producer:
+    async with TelemetryProducer(
+        settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+    ) as producer:
         for rec in (good, bad_latency, missing_zone, unknown_model):
             await producer.send(rec)
     # A message that is not even JSON: a dead letter too, not a crashed agent.
@@ -150,11 +187,16 @@ async def test_malformed_records_land_in_dead_letter_topic_with_reason(loop: Set
         assert {"topic", "partition", "offset"} <= set(d["source"])
     # The pipeline goes on: a later valid record is still windowed.
     later = _req(20_000, int(time.time() * 1000), "az-a/n1", 100.0)
-    async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                 source="test", linger_ms=20) as producer:
+    async with TelemetryProducer(
+        settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+    ) as producer:
         await producer.send(later)
-    seen = await _consume(settings, ["metrics"], lambda s: any(
-        w["scope"] == "zone" and w["window_end_ms"] > later["ts_ms"] for w in s["metrics"]), 20)
+    seen = await _consume(
+        settings,
+        ["metrics"],
+        lambda s: any(w["scope"] == "zone" and w["window_end_ms"] > later["ts_ms"] for w in s["metrics"]),
+        20,
+    )
     assert any(w["window_end_ms"] > later["ts_ms"] for w in seen["metrics"] if w["scope"] == "zone")
 
 

@@ -2,6 +2,7 @@
 relocate list, the live fleet's drain applies it and reports the outcome, and
 the executor relays the outcome to the results topic (none lost when the
 broker is down or the executor dies mid-publish)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,16 +39,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 def _relocate(node: str, gen: int, basis_ms: int = 5_000) -> Command:
     now = int(time.time() * 1000)
-    return Command(kind="relocate", zone="az-a", model=M, target_replicas=0, reason="test",
-                   issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=basis_ms, controller="kv_policy",
-                   payload={"node": node, "max_bytes": 10**12, "expected_generation": gen, "action": "compact"})
+    return Command(
+        kind="relocate",
+        zone="az-a",
+        model=M,
+        target_replicas=0,
+        reason="test",
+        issued_at_ms=now,
+        expires_at_ms=now + 60_000,
+        basis_ms=basis_ms,
+        controller="kv_policy",
+        payload={"node": node, "max_bytes": 10**12, "expected_generation": gen, "action": "compact"},
+    )
 
 
 async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settings) -> None:
     prefix = settings.topic_prefix
     redis = aioredis.Redis.from_url(str(settings.redis_url))
-    ex = ZoneExecutor(zone="az-a", prefix=prefix, redis=redis, backend=SimFleetBackend(redis, prefix, "az-a"),
-                      clock=ScaledClock(), results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=prefix,
+        redis=redis,
+        backend=SimFleetBackend(redis, prefix, "az-a"),
+        clock=ScaledClock(),
+        results=None,
+        results_topic="x",
+        block_ms=50,
+        probe_interval_s=0,
+    )
     fleet, g = fragmented(kv_copy_bandwidth_bytes_s=1e8)
     try:
         await ex.ensure_group()
@@ -58,12 +77,23 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         assert await ex.poll_once() == 3
         assert ex.stats.outcomes == {"applied": 2, "duplicate": 1}
         queued = [orjson.loads(x) for x in await redis.lrange(names.relocate_queue(prefix, "az-a"), 0, -1)]
-        assert [(q["node"], q["command_id"]) for q in queued] == [(g["node"], cmd.command_id),
-                                                                  ("az-a/x/r9", other.command_id)]
+        assert [(q["node"], q["command_id"]) for q in queued] == [
+            (g["node"], cmd.command_id),
+            ("az-a/x/r9", other.command_id),
+        ]
         assert queued[0]["expected_generation"] == g["kv_generation"] and queued[0]["action"] == "compact"
 
-        live = LiveFleet(fleet, SimpleNamespace(arrival_s=[]), model=M, zones=["az-a"], producer=None,  # type: ignore[arg-type]
-                         redis=redis, prefix=prefix, now_ms=lambda: 0, t0_ms=0)
+        live = LiveFleet(
+            fleet,
+            SimpleNamespace(arrival_s=[]),
+            model=M,
+            zones=["az-a"],
+            producer=None,  # type: ignore[arg-type]
+            redis=redis,
+            prefix=prefix,
+            now_ms=lambda: 0,
+            t0_ms=0,
+        )
         await live._sync_relocations(3.5)
         assert await redis.llen(names.relocate_queue(prefix, "az-a")) == 0  # drained
         outs = [orjson.loads(x) for x in await redis.lrange(names.relocated_outcomes(prefix, "az-a"), 0, -1)]
@@ -75,9 +105,18 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
 
 
 def test_relocator_command_round_trips_through_the_executor_codec() -> None:
-    w = {"scope": "node", "model": M, "zone": "az-a", "node": "az-a/n0", "window_end_ms": 1_000,
-         "largest_free_block_bytes": 1, "kv_free_bytes": 100, "kv_waiting_bytes": 10,
-         "fragmentation_ratio": 0.99, "kv_generation": 3}
+    w = {
+        "scope": "node",
+        "model": M,
+        "zone": "az-a",
+        "node": "az-a/n0",
+        "window_end_ms": 1_000,
+        "largest_free_block_bytes": 1,
+        "kv_free_bytes": 100,
+        "kv_waiting_bytes": 10,
+        "fragmentation_ratio": 0.99,
+        "kv_generation": 3,
+    }
     cmd = KvPolicyDriver().on_node_window(w, 0)
     assert cmd is not None and Command.decode(cmd.with_hlc(5 << 16).encode()).command_id == cmd.command_id
 
@@ -104,27 +143,54 @@ class _Results:
 async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list[Command], dict]:
     """Two relocate commands applied by an executor and the live fleet: one compacts, one is refused."""
     fleet, g = fragmented(kv_copy_bandwidth_bytes_s=1e8)
-    ex = ZoneExecutor(zone="az-a", prefix=prefix, redis=redis, backend=SimFleetBackend(redis, prefix, "az-a"),
-                      clock=ScaledClock(), results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=prefix,
+        redis=redis,
+        backend=SimFleetBackend(redis, prefix, "az-a"),
+        clock=ScaledClock(),
+        results=None,
+        results_topic="x",
+        block_ms=50,
+        probe_interval_s=0,
+    )
     await ex.ensure_group()
     cmds = [_relocate(g["node"], g["kv_generation"]), _relocate("az-a/x/r9", 0, basis_ms=4_000)]
     for c in cmds:
         await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": c.encode()})
     assert await ex.poll_once() == 2
-    live = LiveFleet(fleet, SimpleNamespace(arrival_s=[]), model=M, zones=["az-a"], producer=None,  # type: ignore[arg-type]
-                     redis=redis, prefix=prefix, now_ms=lambda: 0, t0_ms=0)
+    live = LiveFleet(
+        fleet,
+        SimpleNamespace(arrival_s=[]),
+        model=M,
+        zones=["az-a"],
+        producer=None,  # type: ignore[arg-type]
+        redis=redis,
+        prefix=prefix,
+        now_ms=lambda: 0,
+        t0_ms=0,
+    )
     await live._sync_relocations(3.5)
     return cmds, g
 
 
 def _relaying_executor(redis: aioredis.Redis, prefix: str, results: _Results) -> ZoneExecutor:
-    return ZoneExecutor(zone="az-a", prefix=prefix, redis=redis, backend=SimFleetBackend(redis, prefix, "az-a"),
-                        clock=ScaledClock(), results=results, results_topic="r",  # type: ignore[arg-type]
-                        block_ms=50, probe_interval_s=0)
+    return ZoneExecutor(
+        zone="az-a",
+        prefix=prefix,
+        redis=redis,
+        backend=SimFleetBackend(redis, prefix, "az-a"),
+        clock=ScaledClock(),
+        results=results,
+        results_topic="r",  # type: ignore[arg-type]
+        block_ms=50,
+        probe_interval_s=0,
+    )
 
 
 async def test_outcomes_reach_the_results_topic_through_a_broker_outage(
-        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prefix = settings.topic_prefix
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     waits: list[float] = []
@@ -144,7 +210,11 @@ async def test_outcomes_reach_the_results_topic_through_a_broker_outage(
         done, refused = results.sent
         assert done["record"] == done["kind"] == "relocation_outcome"
         assert (done["command_id"], done["node"], done["zone"], done["action"]) == (
-            cmd.command_id, g["node"], "az-a", "compact")
+            cmd.command_id,
+            g["node"],
+            "az-a",
+            "compact",
+        )
         assert done["outcome"] == "relocation_applied" and done["applied"] and done["reason"] == ""
         assert done["bytes_moved"] == 2 * BLOCK_B and done["pause_steps"] >= 1 and done["t_s"] == 3.5
         assert done["fragmentation_before"] == pytest.approx(g["fragmentation_ratio"])
@@ -183,6 +253,7 @@ async def test_an_outcome_in_flight_when_the_executor_dies_is_published_by_the_n
 
 # -- end to end: fragmented fleet -> telemetry -> worker -> relocate -> executor -> fleet -> results --
 
+
 def _fragmenting_workload() -> Workload:
     """On one replica with 20 KV blocks: ten 2-block requests placed in order, the odd ones short.
 
@@ -192,8 +263,13 @@ def _fragmenting_workload() -> Workload:
     """
     placed = [(0.02 * i, 24, 1000) if i % 2 == 0 else (0.02 * i, 1014, 10) for i in range(10)]
     rows = np.array([*placed, (0.5, 1024, 1024)])  # (arrival_s, prompt, output); the last one waits
-    return Workload(arrival_s=rows[:, 0], prompt_tokens=rows[:, 1].astype(int),
-                    output_tokens=rows[:, 2].astype(int), hash_ids=None, name="fragmenting")
+    return Workload(
+        arrival_s=rows[:, 0],
+        prompt_tokens=rows[:, 1].astype(int),
+        output_tokens=rows[:, 2].astype(int),
+        hash_ids=None,
+        name="fragmenting",
+    )
 
 
 class _Seen(Exception):
@@ -201,16 +277,22 @@ class _Seen(Exception):
 
 
 async def _watch(settings: Settings, found: asyncio.Event, seen: dict[str, list[dict[str, Any]]]) -> None:
-    consumer = AIOKafkaConsumer(settings.topic("commands"), settings.topic("results"),
-                                bootstrap_servers=settings.kafka_bootstrap, group_id=None,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    consumer = AIOKafkaConsumer(
+        settings.topic("commands"),
+        settings.topic("results"),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     try:
         while not found.is_set():
             for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
                 seen[tp.topic.rsplit(".", 1)[1]] += [orjson.loads(m.value) for m in msgs]
-            if any(r.get("record") == "relocation_outcome" and r["applied"] and r["bytes_moved"]
-                   for r in seen["results"]):
+            if any(
+                r.get("record") == "relocation_outcome" and r["applied"] and r["bytes_moved"] for r in seen["results"]
+            ):
                 found.set()
     finally:
         await consumer.stop()
@@ -218,10 +300,18 @@ async def _watch(settings: Settings, found: asyncio.Event, seen: dict[str, list[
 
 @pytest.mark.timeout(120)
 async def test_fragmented_fleet_is_compacted_through_the_loop_and_the_outcome_is_published(
-        servers: Settings, tmp_path: Path) -> None:
-    settings = servers.replace(topic_prefix=f"t{uuid.uuid4().hex[:10]}", data_dir=str(tmp_path / "state"),
-                               window_s=1.0, lateness_s=0.5, partitions=1, clock_origin_s=time.time(),
-                               zones=("az-a",), command_ttl_s=30.0)
+    servers: Settings, tmp_path: Path
+) -> None:
+    settings = servers.replace(
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        data_dir=str(tmp_path / "state"),
+        window_s=1.0,
+        lateness_s=0.5,
+        partitions=1,
+        clock_origin_s=time.time(),
+        zones=("az-a",),
+        command_ttl_s=30.0,
+    )
     await ensure_topics(settings)
     children = [start_worker(settings, tmp_path), start_executor(settings, "az-a", tmp_path)]
     redis = aioredis.Redis.from_url(str(settings.redis_url))
@@ -232,18 +322,37 @@ async def test_fragmented_fleet_is_compacted_through_the_loop_and_the_outcome_is
         children[1].wait_for_log(EXECUTOR_READY, 30)
         clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
         t0 = clock.now_ms()
-        fleet = Fleet(FleetConfig(models={M: PM}, initial_replicas=1, jitter=False, context_aware_decode=False,
-                                  kv_allocator="contiguous", kv_capacity_tokens=20 * 512), epoch_ms0=t0)
+        fleet = Fleet(
+            FleetConfig(
+                models={M: PM},
+                initial_replicas=1,
+                jitter=False,
+                context_aware_decode=False,
+                kv_allocator="contiguous",
+                kv_capacity_tokens=20 * 512,
+            ),
+            epoch_ms0=t0,
+        )
         watcher = asyncio.create_task(_watch(settings, found, seen))
 
         async def stop_when_seen(t: float) -> None:
             if found.is_set() or watcher.done():
                 raise _Seen
 
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="test", linger_ms=20) as producer:
-            live = LiveFleet(fleet, _fragmenting_workload(), model=M, zones=["az-a"], producer=producer,
-                             redis=redis, prefix=settings.topic_prefix, now_ms=clock.now_ms, t0_ms=t0)
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        ) as producer:
+            live = LiveFleet(
+                fleet,
+                _fragmenting_workload(),
+                model=M,
+                zones=["az-a"],
+                producer=producer,
+                redis=redis,
+                prefix=settings.topic_prefix,
+                now_ms=clock.now_ms,
+                t0_ms=t0,
+            )
             with pytest.raises(_Seen):
                 await live.run(30.0, on_tick=stop_when_seen)  # the long requests end at ~32 s
         await watcher  # re-raises a consumer failure

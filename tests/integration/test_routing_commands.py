@@ -1,4 +1,5 @@
 """Route and breaker commands: deterministic ids, Redis routing hash, webhook, executor."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,9 +31,18 @@ W = {"trading": {"llama2-70b|az-a": 3.0, "bloom-176b|az-a": 1.0}, "batch": {"blo
 
 def _route(weights: dict, basis_ms: int = 1_000) -> Command:
     now = int(time.time() * 1000)
-    return Command(kind="route", zone="az-a", model="chat", target_replicas=0, reason="test",
-                   issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=basis_ms, controller="routing",
-                   payload={"weights": weights})
+    return Command(
+        kind="route",
+        zone="az-a",
+        model="chat",
+        target_replicas=0,
+        reason="test",
+        issued_at_ms=now,
+        expires_at_ms=now + 60_000,
+        basis_ms=basis_ms,
+        controller="routing",
+        payload={"weights": weights},
+    )
 
 
 def test_route_command_ids_encode_weights_and_scale_ids_are_unchanged() -> None:
@@ -40,9 +50,11 @@ def test_route_command_ids_encode_weights_and_scale_ids_are_unchanged() -> None:
     assert a.command_id == b.command_id
     assert _route({**W, "batch": {"bloom-176b|az-a": 2.0}}).command_id != a.command_id
     assert Command.decode(a.encode()) == a
-    scale = Command(kind="scale", zone="z", model="m", target_replicas=3, reason="", issued_at_ms=0,
-                    expires_at_ms=1, basis_ms=5)
+    scale = Command(
+        kind="scale", zone="z", model="m", target_replicas=3, reason="", issued_at_ms=0, expires_at_ms=1, basis_ms=5
+    )
     from streams.commands import command_id
+
     assert scale.command_id == command_id("scale", "z", "m", 5, 3)
     with pytest.raises(CommandError):
         _route({"trading": {"x|y": -1}})
@@ -58,9 +70,17 @@ async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> No
         assert trading["weights"] == {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75}
         assert int(h[b"_version"]) == 1_000
         now = int(time.time() * 1000)
-        brk = Command(kind="breaker", zone="az-a", model="chat", target_replicas=0, reason="trip",
-                      issued_at_ms=now, expires_at_ms=now + 1000, basis_ms=2_000,
-                      payload={"target": "bloom-176b|az-a", "state": "open"})
+        brk = Command(
+            kind="breaker",
+            zone="az-a",
+            model="chat",
+            target_replicas=0,
+            reason="trip",
+            issued_at_ms=now,
+            expires_at_ms=now + 1000,
+            basis_ms=2_000,
+            payload={"target": "bloom-176b|az-a", "state": "open"},
+        )
         await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(brk)
         raw = await redis.hget(names.breaker_hash(settings.topic_prefix, "az-a"), "bloom-176b|az-a")
         assert orjson.loads(raw)["state"] == "open"
@@ -70,9 +90,16 @@ async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> No
 
 async def test_executor_applies_a_route_command_once(settings: Settings) -> None:
     redis = aioredis.Redis.from_url(str(settings.redis_url))
-    ex = ZoneExecutor(zone="az-a", prefix=settings.topic_prefix, redis=redis,
-                      backend=RoutingBackend(redis, settings.topic_prefix), clock=ScaledClock(),
-                      results=None, results_topic="x", block_ms=50)
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=settings.topic_prefix,
+        redis=redis,
+        backend=RoutingBackend(redis, settings.topic_prefix),
+        clock=ScaledClock(),
+        results=None,
+        results_topic="x",
+        block_ms=50,
+    )
     try:
         await ex.ensure_group()
         cmd = _route(W, basis_ms=5_000)
@@ -126,8 +153,7 @@ async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings
     from sim.perf_model import PerfModel
 
     perf = PerfModel.from_splitwise()
-    fleet = Fleet(FleetConfig(models={"bloom-176b": perf, "llama2-70b": perf}, zones=("az-a",),
-                              initial_replicas=1))
+    fleet = Fleet(FleetConfig(models={"bloom-176b": perf, "llama2-70b": perf}, zones=("az-a",), initial_replicas=1))
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
         await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(_route(W))
@@ -135,7 +161,8 @@ async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings
         got = await sync_routing_from_redis(fleet, redis, settings.topic_prefix, ["az-a"], "chat", 0.0, seen)
         assert got == ["batch", "trading"]
         assert fleet.router.weights("chat", "trading") == pytest.approx(
-            {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75})
+            {"bloom-176b|az-a": 0.25, "llama2-70b|az-a": 0.75}
+        )
         assert fleet.submit_routed(0.0, "chat", "batch", 10, 1, "x") == ("bloom-176b", "az-a")
         assert await sync_routing_from_redis(fleet, redis, settings.topic_prefix, ["az-a"], "chat", 1.0, seen) == []
     finally:
@@ -144,19 +171,39 @@ async def test_sim_fleet_applies_route_commands_through_redis(settings: Settings
 
 def _agents(weights: dict[str, float], basis_ms: int) -> Command:
     now = int(time.time() * 1000)
-    return Command(kind="agents", zone="az-a", model="llama2-70b", target_replicas=0, reason="test",
-                   issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=basis_ms, controller="agent_weights",
-                   payload={"weights": weights, "signals": {"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2},
-                            "paths": {"rag": 0.5, "tool": 0.1, "llm": 0.4}})
+    return Command(
+        kind="agents",
+        zone="az-a",
+        model="llama2-70b",
+        target_replicas=0,
+        reason="test",
+        issued_at_ms=now,
+        expires_at_ms=now + 60_000,
+        basis_ms=basis_ms,
+        controller="agent_weights",
+        payload={
+            "weights": weights,
+            "signals": {"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2},
+            "paths": {"rag": 0.5, "tool": 0.1, "llm": 0.4},
+        },
+    )
 
 
 async def test_agents_commands_write_the_routing_hash_field_once_and_in_order(settings: Settings) -> None:
     """The sim backend delegates to the routing backend: ``_agents|<model>`` of the zone's
     routing hash; the executor drops a duplicate and refuses an older decision as stale."""
     redis = aioredis.Redis.from_url(str(settings.redis_url))
-    ex = ZoneExecutor(zone="az-a", prefix=settings.topic_prefix, redis=redis,
-                      backend=SimFleetBackend(redis, settings.topic_prefix, "az-a"), clock=ScaledClock(),
-                      results=None, results_topic="x", block_ms=50, probe_interval_s=0)
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=settings.topic_prefix,
+        redis=redis,
+        backend=SimFleetBackend(redis, settings.topic_prefix, "az-a"),
+        clock=ScaledClock(),
+        results=None,
+        results_topic="x",
+        block_ms=50,
+        probe_interval_s=0,
+    )
     try:
         await ex.ensure_group()
         cmd = _agents({"rag": 0.6, "tool": 0.1, "llm": 0.3}, basis_ms=5_000)

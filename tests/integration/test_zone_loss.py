@@ -2,6 +2,7 @@
 the worker (a real process) marks az-b lost -> a ``route`` command per zone ->
 the zone executors write ``<prefix>:routing:<zone>`` with no weight on az-b;
 the ``zone_lost`` event is on the events topic."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,17 +24,43 @@ MODEL = "llama2-70b"
 
 
 def _records(i: int, now: int, zone: str) -> list[dict]:
-    req = {"kind": "request", "request_id": f"{zone}-{i}", "ts_ms": now, "model": MODEL, "zone": zone,
-           "node": f"{zone}/n1", "ttft_ms": 200.0, "itl_ms": 30.0, "e2e_ms": 3200.0,
-           "prompt_tokens": 1000, "output_tokens": 100, "status": "ok"}
-    gpu = {"kind": "gpu", "ts_ms": now, "model": MODEL, "zone": zone, "node": f"{zone}/n1", "state": "ready",
-           "gpu_util": 0.5, "mem_used_bytes": 60, "mem_total_bytes": 80, "queue_len": 0, "running": 4}
+    req = {
+        "kind": "request",
+        "request_id": f"{zone}-{i}",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}/n1",
+        "ttft_ms": 200.0,
+        "itl_ms": 30.0,
+        "e2e_ms": 3200.0,
+        "prompt_tokens": 1000,
+        "output_tokens": 100,
+        "status": "ok",
+    }
+    gpu = {
+        "kind": "gpu",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}/n1",
+        "state": "ready",
+        "gpu_util": 0.5,
+        "mem_used_bytes": 60,
+        "mem_total_bytes": 80,
+        "queue_len": 0,
+        "running": 4,
+    }
     return [req, gpu]
 
 
 async def _zone_events(settings: Settings, timeout_s: float) -> list[dict]:
-    consumer = AIOKafkaConsumer(settings.topic("events"), bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=None, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        settings.topic("events"),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+    )
     await consumer.start()
     out: list[dict] = []
     try:
@@ -49,8 +76,9 @@ async def _zone_events(settings: Settings, timeout_s: float) -> list[dict]:
 async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Settings, tmp_path: Path) -> None:
     settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0)
     async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
-        async with TelemetryProducer(settings.kafka_bootstrap, settings.topic("telemetry"),
-                                     source="test", linger_ms=20) as producer:
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        ) as producer:
             # 5 s with demand in both zones (4 requests/s each), then az-b goes dark for 6 s.
             for step in range(55):
                 now = int(time.time() * 1000)

@@ -78,8 +78,7 @@ def test_signals_are_validated(kwargs, name) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"llm_base": 0.0}, "llm_base"), ({"rag_coef": -1.0}, "rag_coef"),
-     ({"tool_coef": float("inf")}, "tool_coef")],
+    [({"llm_base": 0.0}, "llm_base"), ({"rag_coef": -1.0}, "rag_coef"), ({"tool_coef": float("inf")}, "tool_coef")],
 )
 def test_params_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):

@@ -1,6 +1,7 @@
 """The mixed-agent driver (streams.agent_weights_driver): zone windows with agent signals ->
 EWMA -> 4.1 weights -> ``agents`` commands when a weight moves by more than 0.05;
 the ``agents`` command's payload validation; restore-equivalence."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,11 +18,30 @@ S = Settings(zones=("az-a", "az-b"), command_ttl_s=30.0)
 M = "llama2-70b"
 
 
-def _w(end_ms: int, s: float, r: float, t: float, *, zone: str = "az-a", n: int = 10,
-       paths: dict[str, int] | None = None, **kw: Any) -> dict[str, Any]:
-    return {"kind": "window", "scope": "zone", "model": M, "zone": zone, "window_end_ms": end_ms,
-            "agent_signals_n": n, "agent_stability_mean": s, "agent_rag_score_mean": r,
-            "agent_tool_conf_mean": t, "agent_path_counts": paths or {"rag": 0, "tool": 0, "llm": 0}, **kw}
+def _w(
+    end_ms: int,
+    s: float,
+    r: float,
+    t: float,
+    *,
+    zone: str = "az-a",
+    n: int = 10,
+    paths: dict[str, int] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    return {
+        "kind": "window",
+        "scope": "zone",
+        "model": M,
+        "zone": zone,
+        "window_end_ms": end_ms,
+        "agent_signals_n": n,
+        "agent_stability_mean": s,
+        "agent_rag_score_mean": r,
+        "agent_tool_conf_mean": t,
+        "agent_path_counts": paths or {"rag": 0, "tool": 0, "llm": 0},
+        **kw,
+    }
 
 
 def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
@@ -35,8 +55,12 @@ def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     assert cmd.payload["paths"] == {"rag": 0.6, "tool": 0.1, "llm": 0.3}
     assert Command.decode(cmd.encode()) == cmd
     # The same decision taken again (a restarted worker re-reading the window) has the same id.
-    assert AgentWeightsDriver(S).on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}),
-                                       5_000)[0].command_id == cmd.command_id
+    assert (
+        AgentWeightsDriver(S)
+        .on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}), 5_000)[0]
+        .command_id
+        == cmd.command_id
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,8 +121,10 @@ def _stream() -> list[dict[str, Any]]:
     """Two zones: converged, then jumping, then converged again (publishes along the way)."""
     out = []
     for i, (s, r, t) in enumerate([(0.9, 0.9, 0.2)] * 4 + [(0.1, 0.4, 0.9)] * 6 + [(0.8, 0.7, 0.3)] * 6):
-        out += [_w(10_000 * (i + 1), s, r, t, paths={"rag": i, "tool": 1, "llm": 2}),
-                _w(10_000 * (i + 1), 1 - s, r, t, zone="az-b")]
+        out += [
+            _w(10_000 * (i + 1), s, r, t, paths={"rag": i, "tool": 1, "llm": 2}),
+            _w(10_000 * (i + 1), 1 - s, r, t, zone="az-b"),
+        ]
     return out
 
 
@@ -106,8 +132,9 @@ def _stream() -> list[dict[str, Any]]:
 def test_a_restored_agent_mix_driver_decides_like_the_original(cut: int) -> None:
     from tests.unit.test_breaker_driver import assert_restores_alike
 
-    rest = assert_restores_alike(lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"]),
-                                 _stream(), cut)
+    rest = assert_restores_alike(
+        lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"]), _stream(), cut
+    )
     assert rest  # every cut has publications ahead
 
 
@@ -119,13 +146,25 @@ def test_agent_mix_snapshot_of_another_version_is_ignored() -> None:
     assert AgentWeightsDriver(S).restore(d.snapshot()) == 1
 
 
-P = {"weights": {"rag": 0.5, "tool": 0.2, "llm": 0.3}, "signals": {"stability": 0.9, "rag_score": 0.9,
-                                                                    "tool_conf": 0.2}, "paths": {}}
+P = {
+    "weights": {"rag": 0.5, "tool": 0.2, "llm": 0.3},
+    "signals": {"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2},
+    "paths": {},
+}
 
 
 def _agents(payload: dict[str, Any]) -> Command:
-    return Command(kind="agents", zone="az-a", model=M, target_replicas=0, reason="", issued_at_ms=0,
-                   expires_at_ms=1, basis_ms=10, payload=payload)
+    return Command(
+        kind="agents",
+        zone="az-a",
+        model=M,
+        target_replicas=0,
+        reason="",
+        issued_at_ms=0,
+        expires_at_ms=1,
+        basis_ms=10,
+        payload=payload,
+    )
 
 
 @pytest.mark.parametrize(

@@ -37,19 +37,35 @@ from sim.baselines.static import StaticParams, StaticReplicas
 pytestmark = pytest.mark.timeout(60)
 
 
-def ob(t: float = 0.0, *, ready: int = 1, starting: int = 0, desired: int | None = None,
-       ongoing: int = 0, queue: int = 0, rate: float = 0.0, util: float = 0.0,
-       window: dict[str, Any] | None = None) -> Observation:
+def ob(
+    t: float = 0.0,
+    *,
+    ready: int = 1,
+    starting: int = 0,
+    desired: int | None = None,
+    ongoing: int = 0,
+    queue: int = 0,
+    rate: float = 0.0,
+    util: float = 0.0,
+    window: dict[str, Any] | None = None,
+) -> Observation:
     """An observation; ``desired`` defaults to ready + starting."""
-    return Observation(t_s=float(t), zone="az-a", model="m", replicas_ready=ready,
-                       replicas_starting=starting,
-                       desired=ready + starting if desired is None else desired,
-                       ongoing_requests=ongoing, queue_len=queue, arrival_rate_rps=rate,
-                       gpu_util=util, window=window)
+    return Observation(
+        t_s=float(t),
+        zone="az-a",
+        model="m",
+        replicas_ready=ready,
+        replicas_starting=starting,
+        desired=ready + starting if desired is None else desired,
+        ongoing_requests=ongoing,
+        queue_len=queue,
+        arrival_rate_rps=rate,
+        gpu_util=util,
+        window=window,
+    )
 
 
-def run(scaler: Autoscaler, obs_at, t_end: float, t0: float = 0.0,
-        desired: int = 1) -> list[tuple[float, int]]:
+def run(scaler: Autoscaler, obs_at, t_end: float, t0: float = 0.0, desired: int = 1) -> list[tuple[float, int]]:
     """Call ``decide`` every ``period_s`` from ``t0`` to ``t_end``; the fleet follows at once.
 
     ``obs_at(t, desired)`` builds the observation; returns the (t, decision) changes.
@@ -70,8 +86,8 @@ def run(scaler: Autoscaler, obs_at, t_end: float, t0: float = 0.0,
 
 def test_static_fixed_count_clamped_and_idempotent() -> None:
     s = StaticReplicas(StaticParams(replicas=6), max_replicas=4)
-    assert s.decide(ob(desired=1)) == 4          # 6 clamped to max_replicas = 4
-    assert s.decide(ob(desired=4)) is None       # already there: unchanged
+    assert s.decide(ob(desired=1)) == 4  # 6 clamped to max_replicas = 4
+    assert s.decide(ob(desired=4)) is None  # already there: unchanged
     assert StaticReplicas(StaticParams(replicas=3)).decide(ob(desired=9)) == 3
 
 
@@ -81,25 +97,24 @@ def test_static_fixed_count_clamped_and_idempotent() -> None:
 @pytest.mark.parametrize(
     ("ready", "starting", "util", "expected"),
     [
-        (4, 0, 0.90, 6),      # ratio 0.9/0.7 = 1.286 -> ceil(4 * 1.286) = ceil(5.14) = 6
-        (4, 0, 0.75, None),   # ratio 1.071: |1 - ratio| <= 0.1 tolerance -> unchanged
-        (4, 0, 0.64, None),   # ratio 0.914: within tolerance downwards -> unchanged
-        (4, 1, 1.00, 6),      # unready pod counted at 0: 4*1.0/(0.7*5) = 1.143 -> ceil(5.71) = 6
-        (2, 2, 1.00, None),   # 2*1.0/(0.7*4) = 0.714 < 1: direction flips -> keep 4
-        (2, 1, 1.00, None),   # 2*1.0/(0.7*3) = 0.952: within tolerance after rebalance -> keep 3
-        (0, 3, 0.00, None),   # no ready pod reports a metric -> the HPA keeps the scale
+        (4, 0, 0.90, 6),  # ratio 0.9/0.7 = 1.286 -> ceil(4 * 1.286) = ceil(5.14) = 6
+        (4, 0, 0.75, None),  # ratio 1.071: |1 - ratio| <= 0.1 tolerance -> unchanged
+        (4, 0, 0.64, None),  # ratio 0.914: within tolerance downwards -> unchanged
+        (4, 1, 1.00, 6),  # unready pod counted at 0: 4*1.0/(0.7*5) = 1.143 -> ceil(5.71) = 6
+        (2, 2, 1.00, None),  # 2*1.0/(0.7*4) = 0.714 < 1: direction flips -> keep 4
+        (2, 1, 1.00, None),  # 2*1.0/(0.7*3) = 0.952: within tolerance after rebalance -> keep 3
+        (0, 3, 0.00, None),  # no ready pod reports a metric -> the HPA keeps the scale
     ],
 )
-def test_hpa_ratio_rule_and_tolerance(ready: int, starting: int, util: float,
-                                      expected: int | None) -> None:
+def test_hpa_ratio_rule_and_tolerance(ready: int, starting: int, util: float, expected: int | None) -> None:
     hpa = HorizontalPodAutoscaler(max_replicas=32)
-    assert hpa.period_s == 15.0   # controller sync period
+    assert hpa.period_s == 15.0  # controller sync period
     assert hpa.decide(ob(ready=ready, starting=starting, util=util)) == expected
 
 
 def test_hpa_plain_metric_replicas_is_the_ratio_rule() -> None:
-    assert plain_metric_replicas(90, 70, ready=4, unready=0, current=4) == 6   # ceil(5.14)
-    assert plain_metric_replicas(35, 70, ready=4, unready=0, current=4) == 2   # ceil(4 * 0.5)
+    assert plain_metric_replicas(90, 70, ready=4, unready=0, current=4) == 6  # ceil(5.14)
+    assert plain_metric_replicas(35, 70, ready=4, unready=0, current=4) == 2  # ceil(4 * 0.5)
     assert plain_metric_replicas(50, 70, ready=0, unready=2, current=2) is None
 
 
@@ -119,12 +134,12 @@ def test_hpa_scale_down_held_for_300s_stabilisation() -> None:
 def test_hpa_scale_down_keeps_highest_recent_recommendation() -> None:
     """A spike inside the window keeps the count up: max over the last 300 s."""
     hpa = HorizontalPodAutoscaler()
-    assert hpa.decide(ob(0, ready=4, util=0.2)) is None           # wants 2, seed 4 holds
-    assert hpa.decide(ob(100, ready=4, util=0.9)) == 6            # up: no window, ceil(5.14)
+    assert hpa.decide(ob(0, ready=4, util=0.2)) is None  # wants 2, seed 4 holds
+    assert hpa.decide(ob(100, ready=4, util=0.9)) == 6  # up: no window, ceil(5.14)
     # 6 at 20 %: ceil(6 * 0.2/0.7) = ceil(1.71) = 2, but 6 (t = 100) is in the window
     assert hpa.decide(ob(115, ready=6, util=0.2)) is None
-    assert hpa.decide(ob(399, ready=6, util=0.2)) is None         # 100 > 399 - 300
-    assert hpa.decide(ob(400, ready=6, util=0.2)) == 2            # 100 is not > 400 - 300
+    assert hpa.decide(ob(399, ready=6, util=0.2)) is None  # 100 > 399 - 300
+    assert hpa.decide(ob(400, ready=6, util=0.2)) == 2  # 100 is not > 400 - 300
 
 
 def test_hpa_scale_up_rate_limit_default_policies() -> None:
@@ -151,8 +166,8 @@ def test_hpa_scale_down_rate_policy() -> None:
 
 def test_hpa_bounds_and_disabled_at_zero() -> None:
     hpa = HorizontalPodAutoscaler(min_replicas=2, max_replicas=5)
-    assert hpa.decide(ob(0, ready=8, util=0.7)) == 5       # current above max: snap to max
-    assert hpa.decide(ob(15, ready=1, util=0.7)) == 2      # current below min: snap to min
+    assert hpa.decide(ob(0, ready=8, util=0.7)) == 5  # current above max: snap to max
+    assert hpa.decide(ob(15, ready=1, util=0.7)) == 2  # current below min: snap to min
     assert HorizontalPodAutoscaler().decide(ob(ready=0, desired=0, util=1.0)) is None  # disabled
     assert HorizontalPodAutoscaler(max_replicas=7).decide(ob(ready=4, util=1.0)) == 6  # ceil(5.71)
     assert HorizontalPodAutoscaler(max_replicas=5).decide(ob(ready=4, util=1.0)) == 5  # max
@@ -206,7 +221,7 @@ def test_keda_activation_and_cooldown_to_zero() -> None:
     """minReplicaCount 0: a poll over activationThreshold wakes 0 -> 1; 300 s idle -> 0."""
     k = KedaPrometheus(KedaParams(activation_threshold_ms=50.0), min_replicas=0)
     assert k.decide(ob(0, ready=0, desired=0, window={"ttft_p95_ms": 40.0})) is None  # 40 <= 50
-    assert k.decide(ob(30, ready=0, desired=0, window={"ttft_p95_ms": 300.0})) == 1   # active
+    assert k.decide(ob(30, ready=0, desired=0, window={"ttft_p95_ms": 300.0})) == 1  # active
     # idle from t = 45 on: polls at 60, 90, ...; last active poll at 30 -> zero at 30 + 300
     changes = run(k, lambda t, d: ob(t, ready=d, window=None), t0=45.0, t_end=345.0, desired=1)
     assert changes == [(330.0, 0)]
@@ -214,7 +229,7 @@ def test_keda_activation_and_cooldown_to_zero() -> None:
 
 # --------------------------------------------------------------------------- KPA
 
-KPA10 = KpaParams(target_concurrency=10.0, target_utilization=1.0)   # TargetValue 10
+KPA10 = KpaParams(target_concurrency=10.0, target_utilization=1.0)  # TargetValue 10
 
 
 def calm_then(kpa: KnativePodAutoscaler, ready: int, ongoing: int, t_end: float) -> None:
@@ -225,7 +240,7 @@ def calm_then(kpa: KnativePodAutoscaler, ready: int, ongoing: int, t_end: float)
 
 def test_kpa_stable_mode_scales_on_60s_average() -> None:
     kpa = KnativePodAutoscaler(KPA10)
-    assert kpa.period_s == 2.0                     # tick-interval
+    assert kpa.period_s == 2.0  # tick-interval
     calm_then(kpa, ready=2, ongoing=20, t_end=70)  # 20 in flight / 10 = 2 pods; startup panic ends
     assert not kpa.panicking
     # burst to 50 at t=72: panic window (6 s) = (20+20+50)/3 = 30 -> dppc 3; 3/2 = 1.5 < 2
@@ -246,11 +261,11 @@ def test_kpa_panic_entered_at_twice_the_capacity_of_ready_pods() -> None:
 def test_kpa_no_scale_down_while_panicking_and_exit_after_stable_window() -> None:
     kpa = KnativePodAutoscaler(KPA10)
     calm_then(kpa, ready=2, ongoing=20, t_end=70)
-    assert kpa.decide(ob(72, ready=2, ongoing=80)) == 4        # panic at t = 72
+    assert kpa.decide(ob(72, ready=2, ongoing=80)) == 4  # panic at t = 72
     # load drops to 0 with 4 pods ready: never below maxPanicPods = 4 while panicking
     for t in range(74, 133, 2):
         assert kpa.decide(ob(t, ready=4, ongoing=0)) is None, t
-    assert kpa.panicking                                        # 72 + 60 = 132 is not < 132
+    assert kpa.panicking  # 72 + 60 = 132 is not < 132
     # t = 134: 72 + 60 < 134 and not over -> un-panic; stable avg 0 -> dspc 0, but
     # max-scale-down-rate 2 floors it at floor(4 / 2) = 2
     assert kpa.decide(ob(134, ready=4, ongoing=0)) == 2
@@ -271,16 +286,21 @@ def test_kpa_default_target_is_22_4_per_replica() -> None:
     assert kpa.decide(ob(0, ready=1, ongoing=40)) == 2
 
 
-@pytest.mark.parametrize(("delay_s", "expected"), [(0.0, [(2, 2), (4, 1)]),
-                                                    (10.0, [(10, 2), (12, 1)])])
+@pytest.mark.parametrize(("delay_s", "expected"), [(0.0, [(2, 2), (4, 1)]), (10.0, [(10, 2), (12, 1)])])
 def test_kpa_scale_down_delay_holds_the_max(delay_s: float, expected: list) -> None:
     """Stable window 6 s, panic effectively off (threshold 1000 %), target 10 per pod."""
-    kpa = KnativePodAutoscaler(KpaParams(target_concurrency=10.0, target_utilization=1.0,
-                                         stable_window_s=6.0, panic_threshold_percentage=1000.0,
-                                         scale_down_delay_s=delay_s))
-    assert kpa.decide(ob(0, ready=1, ongoing=30)) == 3          # ceil(30 / 10)
+    kpa = KnativePodAutoscaler(
+        KpaParams(
+            target_concurrency=10.0,
+            target_utilization=1.0,
+            stable_window_s=6.0,
+            panic_threshold_percentage=1000.0,
+            scale_down_delay_s=delay_s,
+        )
+    )
+    assert kpa.decide(ob(0, ready=1, ongoing=30)) == 3  # ceil(30 / 10)
     changes, desired = [], 3
-    for t in range(2, 16, 2):                                   # load gone, 3 pods ready
+    for t in range(2, 16, 2):  # load gone, 3 pods ready
         out = kpa.decide(ob(t, ready=3, desired=desired, ongoing=0))
         if out is not None:
             changes.append((t, out))
@@ -292,11 +312,11 @@ def test_kpa_scale_down_delay_holds_the_max(delay_s: float, expected: list) -> N
 
 # --------------------------------------------------------------------------- Ray Serve
 
-FAST_METRICS = dict(look_back_period_s=1.0, metrics_interval_s=1.0)   # latest sample only
+FAST_METRICS = dict(look_back_period_s=1.0, metrics_interval_s=1.0)  # latest sample only
 
 
 def test_rayserve_upscale_only_after_30s_of_consistent_decisions() -> None:
-    rs = RayServeAutoscaler()                      # target 32 per replica, 1 s loop
+    rs = RayServeAutoscaler()  # target 32 per replica, 1 s loop
     # 2 replicas with 128 ongoing: 128 / 32 = 4 replicas wanted from t = 0
     changes = run(rs, lambda t, d: ob(t, ready=2, desired=d, ongoing=128), t_end=40.0, desired=2)
     # counter must exceed int(30 / 1) = 30: 31st consecutive loop, t = 30
@@ -312,18 +332,18 @@ def test_rayserve_downscale_after_600s() -> None:
 
 def test_rayserve_direction_flip_resets_the_counter() -> None:
     rs = RayServeAutoscaler(RayServeParams(**FAST_METRICS))
-    for t in range(20):                            # 20 loops wanting 4
+    for t in range(20):  # 20 loops wanting 4
         assert rs.decide(ob(t, ready=2, ongoing=128)) is None
-    assert rs.decide(ob(20, ready=2, ongoing=64)) is None       # 64/32 = 2 = target: reset
+    assert rs.decide(ob(20, ready=2, ongoing=64)) is None  # 64/32 = 2 = target: reset
     assert rs.decision_counter == 0
     outs = [rs.decide(ob(t, ready=2, ongoing=128)) for t in range(21, 52)]
-    assert outs[:-1] == [None] * 30 and outs[-1] == 4          # another 31 loops
+    assert outs[:-1] == [None] * 30 and outs[-1] == 4  # another 31 loops
 
 
 def test_rayserve_metrics_averaged_over_look_back() -> None:
     rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0, metrics_interval_s=1.0))
     for t in range(10):
-        rs.decide(ob(t, ready=4, desired=4, ongoing=128))      # 128 / 32 = 4: no change
+        rs.decide(ob(t, ready=4, desired=4, ongoing=128))  # 128 / 32 = 4: no change
     # one sample of 448 among 11 in the 30 s look-back: (10*128 + 448)/11 = 157.1 -> ceil(4.9) = 5
     assert rs.decide(ob(10, ready=4, desired=4, ongoing=448)) == 5
 
@@ -339,28 +359,31 @@ def test_rayserve_metrics_averaged_over_look_back() -> None:
         ({}, 2, 100, 4),
     ],
 )
-def test_rayserve_scaling_factors(params: dict[str, float], ready: int, ongoing: int,
-                                  expected: int) -> None:
-    rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0, downscale_delay_s=0.0,
-                                           **FAST_METRICS, **params))
+def test_rayserve_scaling_factors(params: dict[str, float], ready: int, ongoing: int, expected: int) -> None:
+    rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0, downscale_delay_s=0.0, **FAST_METRICS, **params))
     assert rs.decide(ob(0, ready=ready, ongoing=ongoing)) == expected
 
 
 def test_rayserve_cold_start_bypasses_the_delay() -> None:
     rs = RayServeAutoscaler(min_replicas=0)
-    assert rs.decide(ob(0, ready=0, desired=0, ongoing=3)) == 1     # max(ceil(1 * 1.0), 0)
+    assert rs.decide(ob(0, ready=0, desired=0, ongoing=3)) == 1  # max(ceil(1 * 1.0), 0)
     assert RayServeAutoscaler(min_replicas=0).decide(ob(0, ready=0, desired=0)) is None
 
 
 # --------------------------------------------------------------------------- Dynamo load
 
-TTFT0, TTFT_SLOPE, ITL0 = 200.0, 100.0, 20.0   # ttft = 200 + 100 q ; itl = 20 + 1 * (q + r)
+TTFT0, TTFT_SLOPE, ITL0 = 200.0, 100.0, 20.0  # ttft = 200 + 100 q ; itl = 20 + 1 * (q + r)
 
 
 def window(k: int) -> dict[str, Any]:
     q, r = float(k), 10.0 * k
-    return {"window_end_ms": 10_000 * (k + 1), "queue_len_mean": q, "running_mean": r,
-            "ttft_p95_ms": TTFT0 + TTFT_SLOPE * q, "itl_p95_ms": ITL0 + (q + r)}
+    return {
+        "window_end_ms": 10_000 * (k + 1),
+        "queue_len_mean": q,
+        "running_mean": r,
+        "ttft_p95_ms": TTFT0 + TTFT_SLOPE * q,
+        "itl_p95_ms": ITL0 + (q + r),
+    }
 
 
 def trained(n_windows: int = 5) -> DynamoLoadPlanner:
@@ -405,7 +428,7 @@ def test_dynamo_load_refuses_unsafe_scale_down() -> None:
 
 def test_dynamo_load_observes_only_while_scaling() -> None:
     dl = trained()
-    assert dl.decide(ob(25, ready=2, desired=3, queue=40, ongoing=40)) is None   # in progress
+    assert dl.decide(ob(25, ready=2, desired=3, queue=40, ongoing=40)) is None  # in progress
     assert dl.decide(ob(30, ready=1, starting=0, desired=1, queue=0, ongoing=1)) is None  # N = 1
 
 
@@ -428,23 +451,23 @@ def test_dynamo_throughput_ceil_of_forecast_over_capacity() -> None:
 
 def test_dynamo_throughput_constant_vs_kalman_on_a_ramp() -> None:
     """Rates 10, 20, 30, 40 rps in four 10 s intervals (counts 100 ... 400)."""
+
     def sizes(predictor: str) -> list[tuple[float, int]]:
         th = DynamoThroughputPlanner(
-            DynamoThroughputParams(adjustment_interval_s=10.0, predictor=predictor),
-            replica_capacity_rps=4.0)
-        return run(th, lambda t, d: ob(t, ready=d, rate=10.0 * ((int(t) - 1) // 10 + 1)),
-                   t_end=40.0)
+            DynamoThroughputParams(adjustment_interval_s=10.0, predictor=predictor), replica_capacity_rps=4.0
+        )
+        return run(th, lambda t, d: ob(t, ready=d, rate=10.0 * ((int(t) - 1) // 10 + 1)), t_end=40.0)
+
     # constant: last count / 10 s / 4 rps: 100 -> 3, 200 -> 5, 300 -> 8, 400 -> 10
     assert sizes("constant") == [(10.0, 3), (20.0, 5), (30.0, 8), (40.0, 10)]
     kalman = dict(sizes("kalman"))
-    assert kalman[10.0] == 3 and kalman[40.0] > 10    # the trend term forecasts above 400
+    assert kalman[10.0] == 3 and kalman[40.0] > 10  # the trend term forecasts above 400
 
 
 def test_dynamo_throughput_skips_leading_idle_and_floors_at_one() -> None:
-    th = DynamoThroughputPlanner(DynamoThroughputParams(adjustment_interval_s=10.0),
-                                 replica_capacity_rps=4.0)
+    th = DynamoThroughputPlanner(DynamoThroughputParams(adjustment_interval_s=10.0), replica_capacity_rps=4.0)
     assert run(th, lambda t, d: ob(t, ready=d, rate=0.0), t_end=30.0, desired=1) == []
-    assert th.history == []                            # zeros before any traffic are skipped
+    assert th.history == []  # zeros before any traffic are skipped
     assert th.decide(ob(31, ready=3, desired=3)) is None
     assert DynamoThroughputPlanner(replica_capacity_rps=1.0).clamp(0) == 1
 
@@ -483,43 +506,76 @@ def test_invalid_parameters_are_named(factory, parameter: str) -> None:
 
 
 def build(name: str, lo: int = 1, hi: int = 64) -> Autoscaler:
-    return BASELINES[name](min_replicas=lo, max_replicas=hi, slo_ttft_ms=1000.0,
-                           slo_itl_ms=150.0, replica_capacity_rps=2.0)
+    return BASELINES[name](
+        min_replicas=lo, max_replicas=hi, slo_ttft_ms=1000.0, slo_itl_ms=150.0, replica_capacity_rps=2.0
+    )
 
 
 def test_registry_names_and_protocol() -> None:
-    assert set(BASELINES) == {"static", "hpa", "keda", "kpa", "rayserve", "dynamo-load",
-                              "dynamo-throughput"}
+    assert set(BASELINES) == {"static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "dynamo-throughput"}
     for name in BASELINES:
         b = build(name)
         assert isinstance(b, Autoscaler) and b.name == name and b.period_s > 0
 
 
 quantile = st.one_of(st.none(), st.floats(0.0, 20_000.0))
-windows = st.one_of(st.none(), st.fixed_dictionaries({
-    "window_end_ms": st.integers(0, 10**7), "ttft_p95_ms": quantile, "itl_p95_ms": quantile,
-    "queue_len_mean": st.one_of(st.none(), st.floats(0.0, 200.0)),
-    "running_mean": st.one_of(st.none(), st.floats(0.0, 64.0)),
-}))
-steps = st.lists(st.tuples(st.integers(0, 70), st.integers(0, 5), st.integers(0, 2000),
-                           st.integers(0, 2000), st.floats(0.0, 500.0), st.floats(0.0, 1.0),
-                           windows, st.floats(0.1, 40.0)),
-                 min_size=1, max_size=60)
+windows = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "window_end_ms": st.integers(0, 10**7),
+            "ttft_p95_ms": quantile,
+            "itl_p95_ms": quantile,
+            "queue_len_mean": st.one_of(st.none(), st.floats(0.0, 200.0)),
+            "running_mean": st.one_of(st.none(), st.floats(0.0, 64.0)),
+        }
+    ),
+)
+steps = st.lists(
+    st.tuples(
+        st.integers(0, 70),
+        st.integers(0, 5),
+        st.integers(0, 2000),
+        st.integers(0, 2000),
+        st.floats(0.0, 500.0),
+        st.floats(0.0, 1.0),
+        windows,
+        st.floats(0.1, 40.0),
+    ),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(sorted(BASELINES)), lo=st.integers(0, 4), span=st.integers(0, 20),
-       seq=steps, start=st.integers(0, 30))
+@given(
+    name=st.sampled_from(sorted(BASELINES)),
+    lo=st.integers(0, 4),
+    span=st.integers(0, 20),
+    seq=steps,
+    start=st.integers(0, 30),
+)
 def test_decisions_stay_within_bounds(name: str, lo: int, span: int, seq, start: int) -> None:
     hi = max(1, lo + span)
     b = build(name, lo, hi)
     desired, t = start, 0.0
     for ready, starting, ongoing, queue, rate, util, win, dt in seq:
         t += dt
-        out = b.decide(Observation(t_s=t, zone="az-a", model="m", replicas_ready=ready,
-                                   replicas_starting=starting, desired=desired,
-                                   ongoing_requests=ongoing, queue_len=queue,
-                                   arrival_rate_rps=rate, gpu_util=util, window=win))
+        out = b.decide(
+            Observation(
+                t_s=t,
+                zone="az-a",
+                model="m",
+                replicas_ready=ready,
+                replicas_starting=starting,
+                desired=desired,
+                ongoing_requests=ongoing,
+                queue_len=queue,
+                arrival_rate_rps=rate,
+                gpu_util=util,
+                window=win,
+            )
+        )
         if out is not None:
             assert isinstance(out, int) and lo <= out <= hi, (name, out, lo, hi)
             desired = out
@@ -528,9 +584,10 @@ def test_decisions_stay_within_bounds(name: str, lo: int, span: int, seq, start:
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_state_pickles_and_resumes_identically(name: str) -> None:
     b = build(name, 1, 16)
+
     def obs_at(k: int) -> Observation:
-        return ob(k * b.period_s, ready=3, ongoing=20 * k, queue=k, rate=float(k), util=0.1 * k,
-                  window=window(k))
+        return ob(k * b.period_s, ready=3, ongoing=20 * k, queue=k, rate=float(k), util=0.1 * k, window=window(k))
+
     for k in range(6):
         b.decide(obs_at(k))
     clone = pickle.loads(pickle.dumps(b))
@@ -540,6 +597,6 @@ def test_state_pickles_and_resumes_identically(name: str) -> None:
 
 def test_no_nan_from_degenerate_windows() -> None:
     dl = DynamoLoadPlanner()
-    for k in range(6):   # same load every window: regression falls back to the mean
+    for k in range(6):  # same load every window: regression falls back to the mean
         dl.decide(ob(5 * k, ready=2, starting=1, window={**window(2), "window_end_ms": k}))
     assert not math.isnan(dl.ttft_fit.predict(3.0))

@@ -1,4 +1,5 @@
 """governor bench traffic on short runs: each scenario's A/B shows the action's effect."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ def test_breaker_opens_and_lowers_client_errors() -> None:
 
 
 def test_canary_rolls_back_a_bad_version_before_one_percent() -> None:
-    res = bt.scenario_canary(_args(canary_duration_s=400.0, canary_rate=20.0, canary_replicas=2,
-                                   min_stage_requests=50, hold_s=30.0, canary_error_rate=0.1))
+    res = bt.scenario_canary(
+        _args(
+            canary_duration_s=400.0,
+            canary_rate=20.0,
+            canary_replicas=2,
+            min_stage_requests=50,
+            hold_s=30.0,
+            canary_error_rate=0.1,
+        )
+    )
     bad = res["errors/canary"]
     assert bad["final"] == "rolled_back"
     assert bad["v2_share_of_all"] < 0.05  # short run; the full-size run is in the report
@@ -47,8 +56,9 @@ def test_canary_rolls_back_a_bad_version_before_one_percent() -> None:
 
 def test_canary_catches_a_slow_version_at_the_first_stage_and_promotes_a_good_one() -> None:
     """TTFT x5 stays under 800 ms unloaded: only the rule relative to stable sees it at 1 %."""
-    res = bt.scenario_canary(_args(canary_duration_s=500.0, canary_rate=20.0, canary_replicas=2,
-                                   min_stage_requests=50, hold_s=30.0))
+    res = bt.scenario_canary(
+        _args(canary_duration_s=500.0, canary_rate=20.0, canary_replicas=2, min_stage_requests=50, hold_s=30.0)
+    )
     slow = res["slow/canary"]
     assert slow["final"] == "rolled_back" and "rolled back at 1%" in slow["events"][-1]["reason"]
     assert slow["v2_share_of_all"] < 0.01

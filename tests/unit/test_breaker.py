@@ -148,9 +148,14 @@ def test_closing_resets_backoff_and_window() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"base_error_ratio": 0.0}, "base_error_ratio"), ({"min_requests": -1}, "min_requests"),
-     ({"open_s": 0.0}, "open_s"), ({"backoff": 0.5}, "backoff"),
-     ({"probe_requests": 0}, "probe_requests"), ({"max_open_s": 10.0}, "max_open_s")],
+    [
+        ({"base_error_ratio": 0.0}, "base_error_ratio"),
+        ({"min_requests": -1}, "min_requests"),
+        ({"open_s": 0.0}, "open_s"),
+        ({"backoff": 0.5}, "backoff"),
+        ({"probe_requests": 0}, "probe_requests"),
+        ({"max_open_s": 10.0}, "max_open_s"),
+    ],
 )
 def test_params_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):

@@ -1,5 +1,6 @@
 """BreakerDriver: zone windows -> breaker commands per zone; its snapshot; the
 worker's SnapshotStore; the breaker metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,12 +24,28 @@ ZONES = ("az-a", "az-b", "az-c")
 S = Settings(zones=ZONES, breaker_min_requests=200)
 
 
-def _w(end_s: float, count: int, error_rate: float = 0.0, violation_rate: float | None = None,
-       zone: str = "az-a", model: str = M, **kw: Any) -> dict[str, Any]:
+def _w(
+    end_s: float,
+    count: int,
+    error_rate: float = 0.0,
+    violation_rate: float | None = None,
+    zone: str = "az-a",
+    model: str = M,
+    **kw: Any,
+) -> dict[str, Any]:
     end = int(end_s * 1000)
-    return {"kind": "window", "scope": "zone", "model": model, "zone": zone, "window_start_ms": end - 10_000,
-            "window_end_ms": end, "count": count, "error_rate": error_rate,
-            "violation_rate": error_rate if violation_rate is None else violation_rate, **kw}
+    return {
+        "kind": "window",
+        "scope": "zone",
+        "model": model,
+        "zone": zone,
+        "window_start_ms": end - 10_000,
+        "window_end_ms": end,
+        "count": count,
+        "error_rate": error_rate,
+        "violation_rate": error_rate if violation_rate is None else violation_rate,
+        **kw,
+    }
 
 
 def _tripped(d: BreakerDriver) -> list[Command]:
@@ -44,8 +61,13 @@ def test_trip_emits_one_command_per_zone_with_the_exact_payload() -> None:
     for c in cmds:
         assert c.kind == "breaker" and c.controller == "breaker" and c.basis_ms == 20_000
         assert c.model == f"{M}|az-a"  # executors order breaker commands per target
-        assert c.payload == {"target": f"{M}|az-a", "state": "open", "probe_budget": 0,
-                             "threshold": pytest.approx(thr), "error_ratio": 0.02}
+        assert c.payload == {
+            "target": f"{M}|az-a",
+            "state": "open",
+            "probe_budget": 0,
+            "threshold": pytest.approx(thr),
+            "error_ratio": 0.02,
+        }
         assert c.reason.startswith("trip: error_ratio 0.02 > threshold")
         assert Command.decode(c.encode()) == c
     assert len({c.command_id for c in cmds}) == len(ZONES)
@@ -122,19 +144,22 @@ def test_attainment_is_the_models_over_every_zone_for_five_minutes() -> None:
     assert d.attainment(M) == pytest.approx((100 + 91) / 201)
 
 
-@pytest.mark.parametrize("bad", [
-    {"count": None},  # no request count
-    {"count": -1},  # negative count
-    {"count": 1.5},  # not an int
-    {"error_rate": "x"},  # not a number
-    {"error_rate": 2.0},  # above 1
-    {"violation_rate": -0.1},  # below 0
-    {"error_rate": math.nan},  # NaN
-    {"window_end_ms": None},  # no window end
-    {"window_end_ms": math.inf},  # infinite end
-    {"model": None},  # no model
-    {"zone": ""},  # empty zone
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"count": None},  # no request count
+        {"count": -1},  # negative count
+        {"count": 1.5},  # not an int
+        {"error_rate": "x"},  # not a number
+        {"error_rate": 2.0},  # above 1
+        {"violation_rate": -0.1},  # below 0
+        {"error_rate": math.nan},  # NaN
+        {"window_end_ms": None},  # no window end
+        {"window_end_ms": math.inf},  # infinite end
+        {"model": None},  # no model
+        {"zone": ""},  # empty zone
+    ],
+)
 def test_malformed_windows_are_skipped_not_fatal(bad: dict[str, Any]) -> None:
     d = BreakerDriver(S)
     assert d.on_window({**_w(10, 150, 0.02), **bad}, 1) == []
@@ -160,8 +185,12 @@ def _stream() -> list[dict[str, Any]]:
     return out
 
 
-def assert_restores_alike(make: Callable[[], Any], feed: Callable[[Any, dict[str, Any]], list[Command]],
-                          records: list[dict[str, Any]], cut: int) -> list[bytes]:
+def assert_restores_alike(
+    make: Callable[[], Any],
+    feed: Callable[[Any, dict[str, Any]], list[Command]],
+    records: list[dict[str, Any]],
+    cut: int,
+) -> list[bytes]:
     """Feed ``records[:cut]``, snapshot, restore into a fresh object, feed the rest to
     both: the same commands (byte for byte) and the same final snapshot.  Returns them."""
     a = make()
@@ -178,8 +207,9 @@ def assert_restores_alike(make: Callable[[], Any], feed: Callable[[Any, dict[str
 
 @pytest.mark.parametrize("cut", [3, 9, 14, 20])
 def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
-    rest = assert_restores_alike(lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"] + 5),
-                                 _stream(), cut)
+    rest = assert_restores_alike(
+        lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"] + 5), _stream(), cut
+    )
     assert rest  # every cut has transitions ahead (trip at 2, probes at 8-10, recovery at 22-24)
 
 
@@ -237,8 +267,12 @@ def test_snapshot_store_saves_every_part_at_most_every_2_s_and_restores_them() -
     async def run() -> None:
         assert await store.save(100.0) and not await store.save(101.9) and await store.save(102.0)
         assert redis.msets == 2
-        assert redis.data == {"p:snapshot:scaler": b"s", "p:snapshot:routing": b"rr",
-                              "p:snapshot:breaker": b"bbb", "p:snapshot:kv": b"kkkk"}
+        assert redis.data == {
+            "p:snapshot:scaler": b"s",
+            "p:snapshot:routing": b"rr",
+            "p:snapshot:breaker": b"bbb",
+            "p:snapshot:kv": b"kkkk",
+        }
         fresh = {n: Part(fail=(n == "routing")) for n in parts}
         redis.data.pop("p:snapshot:kv")
         got = await SnapshotStore(redis, "p", fresh).restore()  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
 """The fleet's jitter is fitted to the measurements, not assumed."""
+
 from __future__ import annotations
 
 import pytest

@@ -193,8 +193,11 @@ def test_slower_than_stable_rolls_back_on_the_third_small_window() -> None:
         (P, window(150.0, 200.0, 230.0), STABLE),  # 1.9x stable's P95 at most: within k = 2
         (P, window(300.0, 400.0, 500.0), VersionObs(99, 0, 150.0, 80.0, 120.0)),  # stable < 100
         (P, window(300.0, 400.0, 500.0), VersionObs(400, 0, 150.0)),  # stable P95 unknown
-        (CanaryParams(hold_s=60.0, min_requests_per_stage=100, max_slowdown=None),
-         window(300.0, 400.0, 500.0), STABLE),  # the relative rule off
+        (
+            CanaryParams(hold_s=60.0, min_requests_per_stage=100, max_slowdown=None),
+            window(300.0, 400.0, 500.0),
+            STABLE,
+        ),  # the relative rule off
     ],
 )
 def test_no_relative_rollback_without_a_reference_or_within_k(params, canary, stable) -> None:
@@ -222,11 +225,14 @@ def test_sequential_counts_restart_at_each_stage() -> None:
     assert (s.stage, s.stage_slow, s.stage_ref_requests) == (1, 2, 4)
 
 
-@pytest.mark.parametrize(("p_over", "max_rollbacks", "min_rollbacks"),
-                         [(0.01, 0.05 + 0.035, 0.0),  # H0 at its boundary: <= alpha (+3 sigma)
-                          (0.10, 1.0, 0.95)])  # 10x the allowed tail: caught
-def test_false_rollbacks_stay_under_alpha_over_many_windows(p_over, max_rollbacks,
-                                                            min_rollbacks) -> None:
+@pytest.mark.parametrize(
+    ("p_over", "max_rollbacks", "min_rollbacks"),
+    [
+        (0.01, 0.05 + 0.035, 0.0),  # H0 at its boundary: <= alpha (+3 sigma)
+        (0.10, 1.0, 0.95),
+    ],
+)  # 10x the allowed tail: caught
+def test_false_rollbacks_stay_under_alpha_over_many_windows(p_over, max_rollbacks, min_rollbacks) -> None:
     """Monte Carlo over 200 one-request windows: Ville's bound, and power."""
     p = CanaryParams(hold_s=1e9, sequential_alpha=0.05, max_slowdown=None)
     rng = np.random.default_rng(11)
@@ -258,13 +264,22 @@ def test_measured_exposure() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"stages": (0.2, 0.1)}, "stages"), ({"stages": ()}, "stages"), ({"stages": (0.0, 1.0)}, "stages"),
-     ({"hold_s": (10.0, 10.0)}, "hold_s"), ({"max_error_rate": 0.0}, "max_error_rate"),
-     ({"max_p99_ms": 0.0}, "max_p99_ms"), ({"max_p99_ratio": 0.5}, "max_p99_ratio"),
-     ({"min_requests_per_stage": -1}, "min_requests_per_stage"), ({"max_stage_s": 10.0}, "max_stage_s"),
-     ({"sequential_alpha": 0.0}, "sequential_alpha"), ({"limit_p1": 0.01}, "limit_p1"),
-     ({"slowdown_p1": 0.04}, "slowdown_p1"), ({"max_slowdown": 0.5}, "max_slowdown"),
-     ({"min_ref_requests": -1}, "min_ref_requests")],
+    [
+        ({"stages": (0.2, 0.1)}, "stages"),
+        ({"stages": ()}, "stages"),
+        ({"stages": (0.0, 1.0)}, "stages"),
+        ({"hold_s": (10.0, 10.0)}, "hold_s"),
+        ({"max_error_rate": 0.0}, "max_error_rate"),
+        ({"max_p99_ms": 0.0}, "max_p99_ms"),
+        ({"max_p99_ratio": 0.5}, "max_p99_ratio"),
+        ({"min_requests_per_stage": -1}, "min_requests_per_stage"),
+        ({"max_stage_s": 10.0}, "max_stage_s"),
+        ({"sequential_alpha": 0.0}, "sequential_alpha"),
+        ({"limit_p1": 0.01}, "limit_p1"),
+        ({"slowdown_p1": 0.04}, "slowdown_p1"),
+        ({"max_slowdown": 0.5}, "max_slowdown"),
+        ({"min_ref_requests": -1}, "min_ref_requests"),
+    ],
 )
 def test_params_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):
@@ -282,8 +297,12 @@ def test_state_round_trips() -> None:
     assert pickle.loads(pickle.dumps(s)) == s
 
 
-obs = st.builds(lambda n, e, p: VersionObs(n, min(e, n), p), st.integers(0, 2000),
-                st.integers(0, 30), st.one_of(st.none(), st.floats(0, 2000)))
+obs = st.builds(
+    lambda n, e, p: VersionObs(n, min(e, n), p),
+    st.integers(0, 2000),
+    st.integers(0, 30),
+    st.one_of(st.none(), st.floats(0, 2000)),
+)
 
 
 @given(st.lists(st.tuples(obs, obs, st.booleans()), max_size=40))

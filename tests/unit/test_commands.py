@@ -1,4 +1,5 @@
 """Commands: HLC stamps (not part of the id), encode/decode, the stale-by-HLC rule."""
+
 from __future__ import annotations
 
 import orjson
@@ -9,8 +10,16 @@ from streams.commands import Command, CommandError, hlc_stale
 
 
 def _cmd(**kw) -> Command:  # type: ignore[no-untyped-def]
-    base = dict(kind="scale", zone="az-a", model="m", target_replicas=4, reason="t",
-                issued_at_ms=1_000, expires_at_ms=61_000, basis_ms=900)
+    base = dict(
+        kind="scale",
+        zone="az-a",
+        model="m",
+        target_replicas=4,
+        reason="t",
+        issued_at_ms=1_000,
+        expires_at_ms=61_000,
+        basis_ms=900,
+    )
     base.update(kw)
     return Command(**base)
 
@@ -47,9 +56,9 @@ def test_hlc_stale_rule() -> None:
     older, newer = Hlc(100, 0).encode(), Hlc(100, 1).encode()
     assert hlc_stale(older, newer)
     assert not hlc_stale(newer, older)
-    assert not hlc_stale(newer, newer)      # equal is not older
-    assert not hlc_stale(older, None)       # nothing applied yet
-    assert not hlc_stale(0, newer)          # unstamped (older producer): skip the check
+    assert not hlc_stale(newer, newer)  # equal is not older
+    assert not hlc_stale(older, None)  # nothing applied yet
+    assert not hlc_stale(0, newer)  # unstamped (older producer): skip the check
 
 
 def test_order_field_is_kind_and_model() -> None:

@@ -174,9 +174,7 @@ def test_compose_has_no_version_key_and_exactly_the_expected_services(
     assert set(compose["services"]) == {name for name, _ in EXPECTED_SERVICES}
 
 
-@pytest.mark.parametrize(
-    ("name", "image"), EXPECTED_SERVICES, ids=[n for n, _ in EXPECTED_SERVICES]
-)
+@pytest.mark.parametrize(("name", "image"), EXPECTED_SERVICES, ids=[n for n, _ in EXPECTED_SERVICES])
 def test_service_image_or_build(services: dict[str, Any], name: str, image: Any) -> None:
     svc = services[name]
     if image is BUILD:
@@ -203,9 +201,7 @@ def test_service_command(services: dict[str, Any], name: str, argv: list[str]) -
 def test_service_command_is_a_known_subcommand(services: dict[str, Any], name: str) -> None:
     sub = services[name]["command"][1]
     assert sub in KNOWN_COMMANDS, f"{name}: unknown subcommand {sub!r}"
-    assert sub not in EMBEDDED_ONLY, (
-        f"{name}: {sub!r} starts embedded servers; compose has real ones"
-    )
+    assert sub not in EMBEDDED_ONLY, f"{name}: {sub!r} starts embedded servers; compose has real ones"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
@@ -232,9 +228,7 @@ def test_commands_parse_with_the_real_cli(services: dict[str, Any]) -> None:
     argvs = [(f"compose:{n}", services[n]["command"]) for n in GOVERNOR_SERVICES]
     argvs += [(f"k8s:{n}", c["command"]) for n, c in _k8s_containers()]
     for where, argv in argvs:
-        assert argv[1] in available, (
-            f"{where}: CLI has no subcommand {argv[1]!r} ({sorted(available)})"
-        )
+        assert argv[1] in available, f"{where}: CLI has no subcommand {argv[1]!r} ({sorted(available)})"
         try:
             parser.parse_args(argv[1:])
         except SystemExit as exc:
@@ -265,9 +259,7 @@ def test_environment_builds_settings(services: dict[str, Any], name: str) -> Non
         assert zone in settings.zones, f"{name}: zone {zone!r} not in GOVERNOR_ZONES"
 
 
-@pytest.mark.parametrize(
-    ("name", "port"), EXPECTED_METRICS_PORTS, ids=[n for n, _ in EXPECTED_METRICS_PORTS]
-)
+@pytest.mark.parametrize(("name", "port"), EXPECTED_METRICS_PORTS, ids=[n for n, _ in EXPECTED_METRICS_PORTS])
 def test_metrics_port(services: dict[str, Any], name: str, port: int) -> None:
     assert Settings.from_env(_env(services[name])).metrics_port == port
 
@@ -359,9 +351,7 @@ def test_depends_on_waits_for_healthy_services(services: dict[str, Any]) -> None
 
 def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
-    lines = [
-        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
-    ]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     froms = [ln.split()[1] for ln in lines if ln.upper().startswith("FROM ")]
     assert froms and all(f == "python:3.11-slim" for f in froms), froms
     assert any("pip install ." in ln for ln in lines)
@@ -508,9 +498,7 @@ def test_k8s_deployments_are_consistent() -> None:
     docs = _k8s_docs()
     configmaps = {d["metadata"]["name"] for _, d in docs if d["kind"] == "ConfigMap"}
     secrets = {
-        d["metadata"]["name"]: set(d.get("stringData") or d.get("data") or {})
-        for _, d in docs
-        if d["kind"] == "Secret"
+        d["metadata"]["name"]: set(d.get("stringData") or d.get("data") or {}) for _, d in docs if d["kind"] == "Secret"
     }
     metrics_port = Settings.from_env(_k8s_env()).metrics_port
     zones = Settings.from_env(_k8s_env()).zones
@@ -539,11 +527,7 @@ def test_k8s_deployments_are_consistent() -> None:
     # One executor Deployment per zone, no more, no less.
     assert sorted(executor_zones) == sorted(zones)
     services = [d for _, d in docs if d["kind"] == "Service"]
-    assert any(
-        p.get("targetPort") in {"metrics", metrics_port}
-        for s in services
-        for p in s["spec"]["ports"]
-    )
+    assert any(p.get("targetPort") in {"metrics", metrics_port} for s in services for p in s["spec"]["ports"])
 
 
 def test_every_executor_backend_of_the_cli_is_built() -> None:
@@ -551,8 +535,7 @@ def test_every_executor_backend_of_the_cli_is_built() -> None:
     from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, WebhookBackend
     from governor.executor_main import make_backend
 
-    want = {"sim": SimFleetBackend, "dry-run": DryRunBackend, "routing": RoutingBackend,
-            "webhook": WebhookBackend}
+    want = {"sim": SimFleetBackend, "dry-run": DryRunBackend, "routing": RoutingBackend, "webhook": WebhookBackend}
     from governor.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

@@ -40,9 +40,7 @@ def events(det: DriftDetector, xs) -> list[DriftEvent]:
     ],
 )
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_step_change_is_detected_within_n_samples(
-    kind, gen, before, after, within, direction, seed
-) -> None:
+def test_step_change_is_detected_within_n_samples(kind, gen, before, after, within, direction, seed) -> None:
     rng = np.random.default_rng(seed)
     xs = np.concatenate([gen(rng, before, CHANGE_AT), gen(rng, after, CHANGE_AT)])
     params = PH_PARAMS if kind == "page_hinkley" else {}

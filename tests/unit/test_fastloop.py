@@ -1,4 +1,5 @@
 """The fast closed loop: deterministic, conserving, and running the pipeline's code."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,11 @@ def test_same_seed_same_run() -> None:
 
 def test_every_request_is_accounted_for_under_faults() -> None:
     sc = build("replay", TRACE, 8.0, 400.0)
-    faults = (Fault("replica_lost", "az-a", 100.0), Fault("spike", "az-b", 150.0, 60.0),
-              Fault("zone_cut", "az-b", 200.0, 60.0))
+    faults = (
+        Fault("replica_lost", "az-a", 100.0),
+        Fault("spike", "az-b", 150.0, 60.0),
+        Fault("zone_cut", "az-b", 200.0, 60.0),
+    )
     r = run("governor", sc.workload, CFG, faults, sc.duration_s)
     assert r.metrics["submitted"] == len(sc.workload)
     assert r.metrics["requests"] + r.metrics["unfinished"] == r.metrics["submitted"]
@@ -58,17 +62,21 @@ def test_zone_cut_is_detected_shifted_and_handed_back_when_ready() -> None:
     one, healed when it reports again at 420 s, and routes traffic back only once its
     replicas are ready: no request reaches az-b between the heal and the return."""
     sc = build("zone-cut", TRACE, 8.0, 600.0)
-    r = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.0), sc.faults,
-            sc.duration_s)
-    zone_ev = [(e["kind"], e["zone"], (e["window_end_ms"] - EPOCH_MS0) / 1000.0)
-               for e in r.events if e["kind"].startswith("zone_")]
-    assert [(k, z) for k, z, _ in zone_ev] == [("zone_lost", "az-b"), ("zone_healed", "az-b"),
-                                               ("zone_returned", "az-b")]
+    r = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.0), sc.faults, sc.duration_s)
+    zone_ev = [
+        (e["kind"], e["zone"], (e["window_end_ms"] - EPOCH_MS0) / 1000.0)
+        for e in r.events
+        if e["kind"].startswith("zone_")
+    ]
+    assert [(k, z) for k, z, _ in zone_ev] == [
+        ("zone_lost", "az-b"),
+        ("zone_healed", "az-b"),
+        ("zone_returned", "az-b"),
+    ]
     (_, _, lost_t), (_, _, healed_t), (_, _, returned_t) = zone_ev
     assert 240.0 < lost_t <= 270.0  # last window seen ends 230 s (the cut drops the next)
     assert 420.0 < healed_t < returned_t <= healed_t + 60.0
-    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished
-                 if rec["zone"] == "az-b"]
+    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished if rec["zone"] == "az-b"]
     assert not [t for t in arrived_b if 419.0 <= t < returned_t]
     assert r.metrics["unfinished"] == 0
 
@@ -86,10 +94,15 @@ def test_health_checked_balancer_keeps_traffic_off_a_zone_with_nothing_ready() -
     sc = build("zone-cut", TRACE, 8.0, 600.0)
     from sim.baselines.static import StaticParams
 
-    r = run(lambda zone: BASELINES["static"](StaticParams(replicas=3)), sc.workload,
-            dataclasses.replace(CFG, balancer="health"), sc.faults, sc.duration_s, name="static")
-    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished
-                 if rec["zone"] == "az-b"]
+    r = run(
+        lambda zone: BASELINES["static"](StaticParams(replicas=3)),
+        sc.workload,
+        dataclasses.replace(CFG, balancer="health"),
+        sc.faults,
+        sc.duration_s,
+        name="static",
+    )
+    arrived_b = [(rec["ts_ms"] - EPOCH_MS0 - rec["e2e_ms"]) / 1000.0 for rec in r.finished if rec["zone"] == "az-b"]
     # az-b comes back at 420 s with replicas starting (20 s): nothing is sent there meanwhile
     assert not [t for t in arrived_b if 421.0 <= t < 439.0]
     assert [t for t in arrived_b if t >= 441.0]
@@ -99,8 +112,14 @@ def test_a_baseline_runs_in_the_harness() -> None:
     sc = build("replay", TRACE, 4.0, 200.0)
     from sim.baselines.static import StaticParams
 
-    r = run(lambda zone: BASELINES["static"](StaticParams(replicas=3)), sc.workload, CFG, sc.faults,
-            sc.duration_s, name="static")
+    r = run(
+        lambda zone: BASELINES["static"](StaticParams(replicas=3)),
+        sc.workload,
+        CFG,
+        sc.faults,
+        sc.duration_s,
+        name="static",
+    )
     assert r.strategy == "static"
     assert list(r.timeline["az-a.desired"][-5:]) == [3] * 5
 

@@ -1,4 +1,5 @@
 """Feedforward sizing and the leading violation signal (pure)."""
+
 from __future__ import annotations
 
 import pytest
@@ -65,8 +66,12 @@ def test_backlog_adds_drain_capacity() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"capacity_rps": 0.0}, "capacity_rps"), ({"capacity_rps": 1.0, "target_util": 1.5}, "target_util"),
-     ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"), ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step")],
+    [
+        ({"capacity_rps": 0.0}, "capacity_rps"),
+        ({"capacity_rps": 1.0, "target_util": 1.5}, "target_util"),
+        ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"),
+        ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step"),
+    ],
 )
 def test_parameters_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):

@@ -18,13 +18,46 @@ pytestmark = pytest.mark.timeout(120)
 
 M = "llama2-70b"
 PM = PerfModel.from_splitwise()
-REQUEST_KEYS = {"schema_version", "kind", "request_id", "ts_ms", "arrival_ms", "model", "zone", "node",
-                "request_class", "queue_ms", "network_ms", "preprocess_ms", "ttft_ms", "itl_ms",
-                "decode_ms", "e2e_ms", "prompt_tokens", "output_tokens", "kv_hit", "kv_hit_blocks",
-                "status"}
-GPU_KEYS = {"schema_version", "kind", "ts_ms", "node", "zone", "model", "state", "gpu_util",
-            "mem_used_bytes", "mem_total_bytes", "kv_blocks_used", "kv_blocks_total",
-            "largest_free_block_bytes", "queue_len", "running"}
+REQUEST_KEYS = {
+    "schema_version",
+    "kind",
+    "request_id",
+    "ts_ms",
+    "arrival_ms",
+    "model",
+    "zone",
+    "node",
+    "request_class",
+    "queue_ms",
+    "network_ms",
+    "preprocess_ms",
+    "ttft_ms",
+    "itl_ms",
+    "decode_ms",
+    "e2e_ms",
+    "prompt_tokens",
+    "output_tokens",
+    "kv_hit",
+    "kv_hit_blocks",
+    "status",
+}
+GPU_KEYS = {
+    "schema_version",
+    "kind",
+    "ts_ms",
+    "node",
+    "zone",
+    "model",
+    "state",
+    "gpu_util",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "largest_free_block_bytes",
+    "queue_len",
+    "running",
+}
 
 
 def make(**kw) -> Fleet:
@@ -40,10 +73,10 @@ def overhead_s(rec: dict) -> float:
 
 # (prompt, output, context-aware decode): one request on an idle ready replica
 SINGLE = [
-    (512, 10, False),    # short
+    (512, 10, False),  # short
     (3000, 200, False),  # longer prompt, many steps
-    (3000, 200, True),   # context-aware step: ctx = prompt + output / 2
-    (100, 0, False),     # no decode at all
+    (3000, 200, True),  # context-aware step: ctx = prompt + output / 2
+    (100, 0, False),  # no decode at all
 ]
 
 
@@ -98,11 +131,14 @@ def test_simultaneous_arrivals_share_one_prefill() -> None:
     assert ttfts[1] == pytest.approx(PM.prefill_ms(1000) + PM.prefill_ms(2000))
 
 
-@pytest.mark.parametrize("max_batch,kv_tokens,expect_serial", [
-    (1, None, True),     # batch cap 1: the second waits for the first to finish
-    (64, 1500, True),    # 2 x (600 + 300) > 1500 KV tokens: serialised
-    (64, 2000, False),   # both fit: they overlap
-])
+@pytest.mark.parametrize(
+    "max_batch,kv_tokens,expect_serial",
+    [
+        (1, None, True),  # batch cap 1: the second waits for the first to finish
+        (64, 1500, True),  # 2 x (600 + 300) > 1500 KV tokens: serialised
+        (64, 2000, False),  # both fit: they overlap
+    ],
+)
 def test_admission_limits(max_batch: int, kv_tokens: int | None, expect_serial: bool) -> None:
     f = make(max_batch=max_batch, kv_capacity_tokens=kv_tokens)
     f.submit(0.0, "az-a", M, 600, 300, "a")
@@ -220,8 +256,9 @@ def test_gpu_snapshot_records() -> None:
 
 
 def run_workload(seed: int, commands: list[tuple[float, int]], n: int = 300) -> tuple[list[dict], Fleet]:
-    f = make(initial_replicas=2, jitter=True, seed=seed, zones=("az-a", "az-b"), startup_s=3.0,
-             context_aware_decode=True)
+    f = make(
+        initial_replicas=2, jitter=True, seed=seed, zones=("az-a", "az-b"), startup_s=3.0, context_aware_decode=True
+    )
     tr = load_trace("mooncake").scaled_to_qps(30.0)
     cmds = sorted(commands)
     recs: list[dict] = []
@@ -236,8 +273,15 @@ def run_workload(seed: int, commands: list[tuple[float, int]], n: int = 300) -> 
             else:
                 f.set_desired(zone, M, k % 5, tc)
             assert f.stats()["conserved"]
-        f.submit(ta, ("az-a", "az-b")[i % 2], M, int(tr.prompt_tokens[i]) // 8,
-                 int(tr.output_tokens[i]) // 4, str(i), hash_ids=tr.hash_ids[i])
+        f.submit(
+            ta,
+            ("az-a", "az-b")[i % 2],
+            M,
+            int(tr.prompt_tokens[i]) // 8,
+            int(tr.output_tokens[i]) // 4,
+            str(i),
+            hash_ids=tr.hash_ids[i],
+        )
         if ta - t > 0.5:
             recs += f.advance_to(ta)
             t = ta
@@ -248,8 +292,7 @@ def run_workload(seed: int, commands: list[tuple[float, int]], n: int = 300) -> 
     return recs, f
 
 
-@given(seed=st.integers(0, 1000),
-       commands=st.lists(st.tuples(st.floats(0, 40), st.integers(0, 9)), max_size=12))
+@given(seed=st.integers(0, 1000), commands=st.lists(st.tuples(st.floats(0, 40), st.integers(0, 9)), max_size=12))
 @settings(max_examples=25, deadline=None)
 def test_conservation_under_random_scale_and_failures(seed, commands) -> None:
     recs, f = run_workload(seed, commands)
@@ -260,8 +303,7 @@ def test_conservation_under_random_scale_and_failures(seed, commands) -> None:
     assert all(r["queue_ms"] >= -1e-6 and r["e2e_ms"] >= r["ttft_ms"] > 0 for r in recs)
 
 
-@given(seed=st.integers(0, 1000),
-       commands=st.lists(st.tuples(st.floats(0, 40), st.integers(0, 9)), max_size=6))
+@given(seed=st.integers(0, 1000), commands=st.lists(st.tuples(st.floats(0, 40), st.integers(0, 9)), max_size=6))
 @settings(max_examples=10, deadline=None)
 def test_determinism_same_seed_same_records(seed, commands) -> None:
     a, _ = run_workload(seed, commands, n=150)
@@ -284,14 +326,17 @@ def test_routing_balances_least_outstanding() -> None:
     assert list(counts) == [2, 2, 2, 2]
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(models={}), "models"),
-    (dict(zones=("a", "a")), "zones"),
-    (dict(max_batch=0), "max_batch"),
-    (dict(startup_s=-1.0), "startup_s"),
-    (dict(kv_capacity_tokens=0), "kv_capacity_tokens"),
-    (dict(jitter_theta=0.0), "jitter_theta"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(models={}), "models"),
+        (dict(zones=("a", "a")), "zones"),
+        (dict(max_batch=0), "max_batch"),
+        (dict(startup_s=-1.0), "startup_s"),
+        (dict(kv_capacity_tokens=0), "kv_capacity_tokens"),
+        (dict(jitter_theta=0.0), "jitter_theta"),
+    ],
+)
 def test_config_validation_names_parameter(kwargs, param) -> None:
     base = dict(models={M: PM})
     base.update(kwargs)
@@ -337,8 +382,7 @@ def test_future_fail_replica_is_scheduled() -> None:
 
 
 # -- KV allocator (issue 6) --------------------------------------------------------------
-KV_KEYS = GPU_KEYS | {"fragmentation_ratio", "free_block_hist", "kv_generation", "kv_free_bytes",
-                      "kv_waiting_bytes"}
+KV_KEYS = GPU_KEYS | {"fragmentation_ratio", "free_block_hist", "kv_generation", "kv_free_bytes", "kv_waiting_bytes"}
 BLOCK_B = 512 * PM.kv_bytes_per_token
 
 
@@ -393,8 +437,15 @@ def test_no_request_lost_across_relocations(kind: str) -> None:
     f = make(kv_allocator=kind, kv_capacity_tokens=131072, initial_replicas=2, jitter=True)
     tr = load_trace("mooncake").window(0.0, 120.0).scaled_to_qps(0.6)
     for i in range(len(tr)):
-        f.submit(float(tr.arrival_s[i]), "az-a", M, int(tr.prompt_tokens[i]), int(tr.output_tokens[i]),
-                 f"q{i}", tr.hash_ids[i])
+        f.submit(
+            float(tr.arrival_s[i]),
+            "az-a",
+            M,
+            int(tr.prompt_tokens[i]),
+            int(tr.output_tokens[i]),
+            f"q{i}",
+            tr.hash_ids[i],
+        )
     done: list[dict] = []
     for t in np.arange(1.0, 2000.0, 1.0):
         done += f.advance_to(float(t))

@@ -98,9 +98,7 @@ def test_error_tracking_matches_numpy(model, season) -> None:
         nz = y != 0.0
         assert stats.n == len(y) > 200
         assert stats.mae == pytest.approx(np.mean(np.abs(y - p)), rel=1e-12)
-        assert stats.mape == pytest.approx(
-            100 * np.mean(np.abs(y - p)[nz] / np.abs(y[nz])), rel=1e-12
-        )
+        assert stats.mape == pytest.approx(100 * np.mean(np.abs(y - p)[nz] / np.abs(y[nz])), rel=1e-12)
         assert stats.n_pct == int(nz.sum()) < stats.n
 
 

@@ -21,9 +21,7 @@ DT = 30.0
 T_END = 1.0
 
 
-def run(
-    params: FpidParams, eps_seq: list[float], replicas: int = 10, state: FpidState | None = None
-):
+def run(params: FpidParams, eps_seq: list[float], replicas: int = 10, state: FpidState | None = None):
     """Drive the controller; the actuator follows the target at once."""
     st_ = state or FpidState()
     outs = []
@@ -83,9 +81,7 @@ def test_gl_weight_recursion() -> None:
     # w_j = w_{j-1} (1 - (order + 1) / j) equals (-1)^j binom(order, j)
     order = 0.7
     w = gl_weights(order, 6)
-    binom = [
-        math.gamma(order + 1) / (math.gamma(j + 1) * math.gamma(order - j + 1)) for j in range(6)
-    ]
+    binom = [math.gamma(order + 1) / (math.gamma(j + 1) * math.gamma(order - j + 1)) for j in range(6)]
     assert w.tolist() == pytest.approx([(-1) ** j * b for j, b in enumerate(binom)], rel=1e-12)
 
 
@@ -122,9 +118,7 @@ def test_alpha_one_is_pid_py(eps_seq, g, pending, hold) -> None:
     fp, pp = FpidParams(alpha=1.0, eta=0.0, memory=8, **common), PidParams(**common)
     fs, ps, replicas = FpidState(), PidState(), 10
     for eps in eps_seq:
-        meas = PidMeasurement(
-            eps, replicas_current=replicas, replicas_pending=min(pending, replicas)
-        )
+        meas = PidMeasurement(eps, replicas_current=replicas, replicas_pending=min(pending, replicas))
         fs, fo = step(fp, fs, meas, DT)
         ps, po = pid.step(pp, ps, meas, DT)
         assert fo.target_replicas == po.target_replicas and fo.reason == po.reason

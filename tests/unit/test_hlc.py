@@ -22,13 +22,13 @@ RECEIVE = [
 
 
 @pytest.mark.parametrize("state,remote,pt,want", RECEIVE)
-def test_receive_rules(state: tuple[int, int], remote: tuple[int, int], pt: int,
-                       want: tuple[int, int]) -> None:
+def test_receive_rules(state: tuple[int, int], remote: tuple[int, int], pt: int, want: tuple[int, int]) -> None:
     assert Hlc(*state).receive(Hlc(*remote), pt) == Hlc(*want)
 
 
-EVENTS = st.lists(st.tuples(st.sampled_from(["tick", "recv"]), st.integers(0, 2),
-                            st.integers(-50, 50)), min_size=1, max_size=60)
+EVENTS = st.lists(
+    st.tuples(st.sampled_from(["tick", "recv"]), st.integers(0, 2), st.integers(-50, 50)), min_size=1, max_size=60
+)
 
 
 @settings(max_examples=300, deadline=None)

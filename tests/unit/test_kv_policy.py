@@ -102,8 +102,7 @@ def test_state_round_trips_and_params_validate() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6)),
-                max_size=30))
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6)), max_size=30))
 def test_rounds_never_exceed_max_and_budget_is_bounded(seq: list[tuple[int, int, int]]) -> None:
     s = KvPolicyState()
     for a, b, w in seq:
@@ -129,8 +128,7 @@ def test_closed_loop_on_a_fragmented_allocator_converges_within_three_rounds() -
     p = KvPolicyParams(max_bytes_per_round=12)
     s, rounds = KvPolicyState(), 0
     for _ in range(10):
-        s, d = step(p, s, KvObs(a.largest_free_block(), a.free_bytes, 6, a.fragmentation_ratio(),
-                                a.generation))
+        s, d = step(p, s, KvObs(a.largest_free_block(), a.free_bytes, 6, a.fragmentation_ratio(), a.generation))
         if d.action != "compact":
             break
         a.compact(d.bytes_budget)

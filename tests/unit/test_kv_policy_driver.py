@@ -1,6 +1,7 @@
 """KV relocation on the real path: node windows carry the allocator fields, the
 KvPolicyDriver turns them into deterministic ``relocate`` commands, and the live
 fleet applies them under the coarse (restart-only) generation check."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,25 +29,53 @@ from tests.unit.test_fleet import BLOCK_B, M, fragmented
 GIB = 1 << 30
 
 
-def _window(node: str = "az-a/m/r0", *, largest: int = 2 * GIB, free: int = 10 * GIB, waiting: int = 2 * GIB,
-            gen: int = 7, end_ms: int = 10_000, **kw: Any) -> dict[str, Any]:
+def _window(
+    node: str = "az-a/m/r0",
+    *,
+    largest: int = 2 * GIB,
+    free: int = 10 * GIB,
+    waiting: int = 2 * GIB,
+    gen: int = 7,
+    end_ms: int = 10_000,
+    **kw: Any,
+) -> dict[str, Any]:
     frag = 1.0 - largest / free if free else 0.0
-    return {"scope": "node", "model": "m", "zone": "az-a", "node": node, "window_start_ms": end_ms - 1000,
-            "window_end_ms": end_ms, "replicas_ready": 1, "largest_free_block_bytes": largest,
-            "kv_free_bytes": free, "kv_waiting_bytes": waiting, "fragmentation_ratio": frag,
-            "kv_generation": gen, **kw}
+    return {
+        "scope": "node",
+        "model": "m",
+        "zone": "az-a",
+        "node": node,
+        "window_start_ms": end_ms - 1000,
+        "window_end_ms": end_ms,
+        "replicas_ready": 1,
+        "largest_free_block_bytes": largest,
+        "kv_free_bytes": free,
+        "kv_waiting_bytes": waiting,
+        "fragmentation_ratio": frag,
+        "kv_generation": gen,
+        **kw,
+    }
 
 
 def test_node_window_carries_the_latest_samples_kv_fields() -> None:
     agg = initialize()
     cols: dict[str, Any] = {k: np.array([0, 0]) for k in GPU_COLUMNS}
-    cols.update(ts_ms=np.array([1, 2]), largest_free_block_bytes=np.array([10, 20]),
-                fragmentation_ratio=np.array([0.5, np.nan]), kv_free_bytes=np.array([40, 50]),
-                kv_waiting_bytes=np.array([0, 30]), kv_generation=np.array([3, 4]))
+    cols.update(
+        ts_ms=np.array([1, 2]),
+        largest_free_block_bytes=np.array([10, 20]),
+        fragmentation_ratio=np.array([0.5, np.nan]),
+        kv_free_bytes=np.array([40, 50]),
+        kv_waiting_bytes=np.array([0, 30]),
+        kv_generation=np.array([3, 4]),
+    )
     add_gpu(agg, cols, ["n1", "n1"], ["ready", "ready"])
     r = node_result(agg, "n1", 1.0)
-    assert (r["largest_free_block_bytes"], r["kv_free_bytes"], r["kv_waiting_bytes"], r["kv_generation"]) \
-        == (20, 50, 30, 4)
+    assert (r["largest_free_block_bytes"], r["kv_free_bytes"], r["kv_waiting_bytes"], r["kv_generation"]) == (
+        20,
+        50,
+        30,
+        4,
+    )
     assert r["fragmentation_ratio"] is None  # the latest sample did not report it
     assert WindowAggregate.from_dict(agg.to_dict()) == agg
     assert merge(initialize(), agg).nodes == agg.nodes
@@ -67,21 +96,26 @@ def test_relocator_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
     assert cmd.expires_at_ms > cmd.issued_at_ms and Command.decode(cmd.encode()) == cmd
     # same decision on the same window in a fresh relocator (a worker restart): same id
     again = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
-        _window(largest=3 * GIB, waiting=2 * GIB), now_ms=999)
+        _window(largest=3 * GIB, waiting=2 * GIB), now_ms=999
+    )
     assert again is not None and again.command_id == cmd.command_id
     other = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
-        _window(largest=3 * GIB, waiting=2 * GIB, gen=8), now_ms=5)
+        _window(largest=3 * GIB, waiting=2 * GIB, gen=8), now_ms=5
+    )
     assert other is not None and other.command_id != cmd.command_id
 
 
-@pytest.mark.parametrize("kw", [
-    {"largest": 4 * GIB, "waiting": 2 * GIB},            # 4 >= 3.6: no trigger
-    {"largest": 1 * GIB, "waiting": 0},                  # nothing waits
-    {"largest": 1 * GIB, "free": 2 * GIB, "waiting": 2 * GIB},  # too little free memory (no peer)
-    {"kv_generation": None},                             # no allocator telemetry
-    {"replicas_ready": 0},                               # not serving
-    {"scope": "zone"},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"largest": 4 * GIB, "waiting": 2 * GIB},  # 4 >= 3.6: no trigger
+        {"largest": 1 * GIB, "waiting": 0},  # nothing waits
+        {"largest": 1 * GIB, "free": 2 * GIB, "waiting": 2 * GIB},  # too little free memory (no peer)
+        {"kv_generation": None},  # no allocator telemetry
+        {"replicas_ready": 0},  # not serving
+        {"scope": "zone"},
+    ],
+)
 def test_relocator_issues_no_command_otherwise(kw: dict[str, Any]) -> None:
     rec = _window(**{k: v for k, v in kw.items() if k in ("largest", "free", "waiting")})
     rec.update({k: v for k, v in kw.items() if k not in ("largest", "free", "waiting")})
@@ -101,9 +135,17 @@ def test_relocator_episode_rounds_then_stops_and_moves_to_a_peer_with_room() -> 
 
 def test_relocate_payload_is_validated() -> None:
     with pytest.raises(CommandError, match="relocate payload"):
-        Command(kind="relocate", zone="az-a", model="m", target_replicas=0, reason="", issued_at_ms=0,
-                expires_at_ms=1, basis_ms=0, payload={"node": "n", "max_bytes": -1, "expected_generation": 0,
-                                                      "action": "compact"})
+        Command(
+            kind="relocate",
+            zone="az-a",
+            model="m",
+            target_replicas=0,
+            reason="",
+            issued_at_ms=0,
+            expires_at_ms=1,
+            basis_ms=0,
+            payload={"node": "n", "max_bytes": -1, "expected_generation": 0, "action": "compact"},
+        )
 
 
 def test_fleet_window_to_command_to_relocation() -> None:
@@ -140,8 +182,14 @@ def test_fleet_window_to_command_to_relocation() -> None:
 
 def test_live_fleet_applies_a_move_decision_with_move_sessions() -> None:
     fleet, g = fragmented()
-    req = {"node": g["node"], "model": M, "max_bytes": 0, "expected_generation": g["kv_generation"],
-           "action": "move", "command_id": "relocate-x"}
+    req = {
+        "node": g["node"],
+        "model": M,
+        "max_bytes": 0,
+        "expected_generation": g["kv_generation"],
+        "action": "move",
+        "command_id": "relocate-x",
+    }
     out = apply_relocation(fleet, "az-a", req, 3.5)
     assert out["moved"] == {} and out["kept"] == 1  # no peer: the waiting request stays, none lost
     assert out["command_id"] == "relocate-x" and fleet.gpu_snapshot(3.5)[0]["queue_len"] == 1
@@ -154,16 +202,19 @@ def test_a_restored_relocator_decides_like_the_original(cut: int) -> None:
     # r0 fragments for several windows (an episode over rounds); r2 moves to r1, a peer with room.
     recs = []
     for i in range(1, 8):
-        recs += [_window(largest=3 * GIB, end_ms=i * 1000, gen=i),
-                 _window("az-a/m/r1", largest=9 * GIB, waiting=0, end_ms=i * 1000),
-                 _window("az-a/m/r2", largest=GIB, free=2 * GIB, waiting=2 * GIB, end_ms=i * 1000)]
+        recs += [
+            _window(largest=3 * GIB, end_ms=i * 1000, gen=i),
+            _window("az-a/m/r1", largest=9 * GIB, waiting=0, end_ms=i * 1000),
+            _window("az-a/m/r2", largest=GIB, free=2 * GIB, waiting=2 * GIB, end_ms=i * 1000),
+        ]
 
     def feed(rel: KvPolicyDriver, w: dict[str, Any]) -> list[Command]:
         cmd = rel.on_node_window(w, w["window_end_ms"])
         return [] if cmd is None else [cmd]
 
-    rest = assert_restores_alike(lambda: KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=4)),
-                                 feed, recs, cut)
+    rest = assert_restores_alike(
+        lambda: KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=4)), feed, recs, cut
+    )
     assert rest
     rel = KvPolicyDriver()
     feed(rel, recs[0])

@@ -28,11 +28,14 @@ def check_invariants(a: ContiguousKvAllocator) -> None:
 
 
 # op: ("alloc", size_blocks, prefix ids) | ("free", index) | ("compact", budget_blocks)
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("alloc"), st.integers(0, 12), st.lists(st.integers(0, 6), max_size=4)),
-    st.tuples(st.just("free"), st.integers(0, 50)),
-    st.tuples(st.just("compact"), st.integers(0, 40)),
-), max_size=80)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), st.integers(0, 12), st.lists(st.integers(0, 6), max_size=4)),
+        st.tuples(st.just("free"), st.integers(0, 50)),
+        st.tuples(st.just("compact"), st.integers(0, 40)),
+    ),
+    max_size=80,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -99,11 +102,11 @@ def test_unbounded_compaction_removes_all_fragmentation_with_fewest_bytes() -> N
 
 # budget (blocks) -> bytes moved (blocks), largest hole after (blocks)
 BUDGETS = [
-    (0, 0, 2),    # nothing may move
-    (1, 0, 2),    # every region is 2 blocks: none fits a 1-block budget
-    (2, 2, 6),    # one region out of a window of three holes: 2 + 2 + 2
-    (3, 2, 6),    # a block of budget left over is not spent
-    (4, 4, 10),   # two regions: all free memory is one hole
+    (0, 0, 2),  # nothing may move
+    (1, 0, 2),  # every region is 2 blocks: none fits a 1-block budget
+    (2, 2, 6),  # one region out of a window of three holes: 2 + 2 + 2
+    (3, 2, 6),  # a block of budget left over is not spent
+    (4, 4, 10),  # two regions: all free memory is one hole
     (100, 4, 10),  # more budget buys nothing more
 ]
 
@@ -131,7 +134,7 @@ def test_only_the_region_that_blocks_the_merge_moves() -> None:
     res = a.compact(10**9)
     assert res.moved_request_ids == ["C"] and res.bytes_moved == B
     assert a.largest_free_block() == 11 * B and a.fragmentation_ratio() == 0.0
-    assert ("C" in {o for s, _, o in a.regions() if s == 0})
+    assert "C" in {o for s, _, o in a.regions() if s == 0}
 
 
 def test_a_pinned_prefix_island_moves_with_its_refcount_and_holders() -> None:
@@ -193,10 +196,10 @@ def brute_force(n_blocks: int, units: list[tuple[int, int]], budget: int) -> tup
             return
         n = units[k][1]
         for s in range(n_blocks - n + 1):
-            if not any(occ[s:s + n]):
-                occ[s:s + n] = [True] * n
+            if not any(occ[s : s + n]):
+                occ[s : s + n] = [True] * n
                 place(k + 1, occ, pos + [s])
-                occ[s:s + n] = [False] * n
+                occ[s : s + n] = [False] * n
 
     place(0, [False] * n_blocks, [])
     return best

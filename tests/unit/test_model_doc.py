@@ -7,6 +7,7 @@ Each row of the table under ``## Constants checked against the code`` is
 ``default_factory``) or, for a plain class, of an ``__init__`` parameter.
 A value changed in the code without the document (or the reverse) fails here.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,7 +41,7 @@ def parse_table(markdown: str) -> list[tuple[str, str, str]]:
         raise AssertionError(f"{DOC}: no {HEADING!r} section") from None
     rows: list[tuple[str, str, str]] = []
     header_seen = False
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("## "):
             break
         if not line.lstrip().startswith("|"):
@@ -90,16 +91,21 @@ def same(actual: Any, expected: Any) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(actual) is type(expected) and actual == expected
     if isinstance(expected, float):
-        return (isinstance(actual, int | float)
-                and math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15))
+        return isinstance(actual, int | float) and math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15)
     if isinstance(expected, int):
         return isinstance(actual, int) and actual == expected
     if isinstance(expected, tuple | list):
-        return (isinstance(actual, tuple | list) and len(actual) == len(expected)
-                and all(same(a, e) for a, e in zip(actual, expected, strict=True)))
+        return (
+            isinstance(actual, tuple | list)
+            and len(actual) == len(expected)
+            and all(same(a, e) for a, e in zip(actual, expected, strict=True))
+        )
     if isinstance(expected, dict):
-        return (isinstance(actual, dict) and set(actual) == set(expected)
-                and all(same(actual[k], v) for k, v in expected.items()))
+        return (
+            isinstance(actual, dict)
+            and set(actual) == set(expected)
+            and all(same(actual[k], v) for k, v in expected.items())
+        )
     return bool(actual == expected)
 
 
@@ -121,10 +127,12 @@ def test_constant_matches_the_code(constant: str, value: str, code: str) -> None
 
 def test_the_check_can_fail() -> None:
     """A wrong value in the document is caught (the comparison is not vacuous)."""
-    table = f"{HEADING}\n\n| constant | value | code |\n|---|---|---|\n" \
-            "| PID integral gain | `0.06` | `controllers.pid:PidParams.ki` |\n" \
-            "| canary stages | `(0.01, 0.05, 0.25, 1.0)` | `controllers.canary:CanaryParams.stages` |\n" \
-            "| batch degradable | `0` | `controllers.routing_model:BATCH.degradable` |\n"
+    table = (
+        f"{HEADING}\n\n| constant | value | code |\n|---|---|---|\n"
+        "| PID integral gain | `0.06` | `controllers.pid:PidParams.ki` |\n"
+        "| canary stages | `(0.01, 0.05, 0.25, 1.0)` | `controllers.canary:CanaryParams.stages` |\n"
+        "| batch degradable | `0` | `controllers.routing_model:BATCH.degradable` |\n"
+    )
     rows = parse_table(table)
     assert len(rows) == 3
     for _, value, code in rows:

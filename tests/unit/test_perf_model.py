@@ -19,12 +19,12 @@ def pm() -> PerfModel:
 
 # README medians, llama2-70b TP8 on H100: (tokens, ms, tolerance)
 PREFILL = [
-    (512, 53.0, 0.05),    # README 53 ms
+    (512, 53.0, 0.05),  # README 53 ms
     (2048, 137.0, 0.05),  # README 137 (batch-1 rows); pooled median 134.4
     (8192, 845.0, 0.05),  # README 845 (batch-1 rows); pooled with 16x512 -> 831.5
 ]
 DECODE = [
-    (1, 29.8, 0.03),   # README 29.8 (prompt 512 rows); all batch-1 rows -> 30.4
+    (1, 29.8, 0.03),  # README 29.8 (prompt 512 rows); all batch-1 rows -> 30.4
     (8, 32.5, 0.01),
     (32, 38.6, 0.01),
     (64, 50.2, 0.01),
@@ -85,11 +85,14 @@ def test_available_configs() -> None:
     assert ("llama2-70b", "a100-80gb", 2) in combos
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(model="gpt-5"), "model"),
-    (dict(hardware="tpu-v5"), "model/hardware"),
-    (dict(tensor_parallel=3), "tensor_parallel"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(model="gpt-5"), "model"),
+        (dict(hardware="tpu-v5"), "model/hardware"),
+        (dict(tensor_parallel=3), "tensor_parallel"),
+    ],
+)
 def test_bad_config_names_parameter(kwargs, param) -> None:
     with pytest.raises(PerfModelError, match=param):
         PerfModel.from_splitwise(**kwargs)

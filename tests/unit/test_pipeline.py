@@ -1,6 +1,7 @@
 """TelemetryProcessor: buffered/blocked aggregation gives the windows a plain
 one-shot aggregation gives; every bad or late record is dead-lettered with its
 reason and source index."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -30,10 +31,22 @@ T0 = 1_700_000_000_000
 
 
 def _req(i: int, ts: int, node: str, zone: str = "az-a", **kw: Any) -> dict[str, Any]:
-    rec = {"kind": "request", "request_id": f"r{i}", "ts_ms": ts, "model": MODEL, "zone": zone,
-           "node": node, "ttft_ms": 50.0 + (i * 37) % 900, "itl_ms": float(i % 70), "e2e_ms": 2000.0 + i,
-           "queue_ms": float(i % 5), "prompt_tokens": 100 + i, "output_tokens": i % 50,
-           "kv_hit": i % 3 == 0, "status": "ok" if i % 11 else "error"}
+    rec = {
+        "kind": "request",
+        "request_id": f"r{i}",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": node,
+        "ttft_ms": 50.0 + (i * 37) % 900,
+        "itl_ms": float(i % 70),
+        "e2e_ms": 2000.0 + i,
+        "queue_ms": float(i % 5),
+        "prompt_tokens": 100 + i,
+        "output_tokens": i % 50,
+        "kv_hit": i % 3 == 0,
+        "status": "ok" if i % 11 else "error",
+    }
     rec.update(kw)
     return {k: v for k, v in rec.items() if v is not None}
 
@@ -46,9 +59,21 @@ def _agent(i: int) -> dict[str, Any]:
 
 
 def _gpu(ts: int, node: str, state: str = "ready", zone: str = "az-a") -> dict[str, Any]:
-    return {"kind": "gpu", "ts_ms": ts, "model": MODEL, "zone": zone, "node": node, "state": state,
-            "gpu_util": 0.25 + (ts % 7) / 10, "mem_used_bytes": 10, "mem_total_bytes": 20,
-            "queue_len": ts % 4, "running": 2, "kv_blocks_used": 3, "kv_blocks_total": 9}
+    return {
+        "kind": "gpu",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": node,
+        "state": state,
+        "gpu_util": 0.25 + (ts % 7) / 10,
+        "mem_used_bytes": 10,
+        "mem_total_bytes": 20,
+        "queue_len": ts % 4,
+        "running": 2,
+        "kv_blocks_used": 3,
+        "kv_blocks_total": 9,
+    }
 
 
 def _reference(records: list[dict[str, Any]], slo: SloSpec) -> list[dict[str, Any]]:
@@ -62,17 +87,29 @@ def _reference(records: list[dict[str, Any]], slo: SloSpec) -> list[dict[str, An
         reqs = [r for r in recs if r["kind"] == "request"]
         gpus = [r for r in recs if r["kind"] == "gpu"]
         if reqs:
-            add_requests(agg, {
-                **{c: np.array([r.get(c) or 0 for r in reqs], dtype=float)
-                   for c in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")},
-                "kv_hit": np.array([bool(r.get("kv_hit")) for r in reqs]),
-                "ok": np.array([r["status"] == "ok" for r in reqs]),
-                **{c: np.array([r.get(c, np.nan) for r in reqs], dtype=float) for c in AGENT_COLUMNS[:3]},
-                "agent_path": np.array([AGENT_PATHS.index(r["agent_path"]) if "agent_path" in r else np.nan
-                                        for r in reqs])}, slo)
+            add_requests(
+                agg,
+                {
+                    **{
+                        c: np.array([r.get(c) or 0 for r in reqs], dtype=float)
+                        for c in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens")
+                    },
+                    "kv_hit": np.array([bool(r.get("kv_hit")) for r in reqs]),
+                    "ok": np.array([r["status"] == "ok" for r in reqs]),
+                    **{c: np.array([r.get(c, np.nan) for r in reqs], dtype=float) for c in AGENT_COLUMNS[:3]},
+                    "agent_path": np.array(
+                        [AGENT_PATHS.index(r["agent_path"]) if "agent_path" in r else np.nan for r in reqs]
+                    ),
+                },
+                slo,
+            )
         if gpus:
-            add_gpu(agg, {c: np.array([r.get(c) or 0 for r in gpus]) for c in pipeline._GPU_COLUMNS},
-                    [r["node"] for r in gpus], [r["state"] for r in gpus])
+            add_gpu(
+                agg,
+                {c: np.array([r.get(c) or 0 for r in gpus]) for c in pipeline._GPU_COLUMNS},
+                [r["node"] for r in gpus],
+                [r["state"] for r in gpus],
+            )
         nodes[key] = agg
     out = []
     zones: dict[tuple[Any, ...], Any] = {}
@@ -86,8 +123,7 @@ def _reference(records: list[dict[str, Any]], slo: SloSpec) -> list[dict[str, An
 
 def _as_reference(windows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     keys = set(result(initialize(), 1.0))
-    return [(w["scope"], w["zone"], w.get("node"), w["window_start_ms"], {k: w[k] for k in keys})
-            for w in windows]
+    return [(w["scope"], w["zone"], w.get("node"), w["window_start_ms"], {k: w[k] for k in keys}) for w in windows]
 
 
 def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
@@ -120,14 +156,14 @@ def _traffic() -> list[list[dict[str, Any]]]:
 
 @pytest.mark.parametrize("flush_rows", [1, 3, pipeline.FLUSH_ROWS])
 @pytest.mark.parametrize("encoded", [True, False])
-def test_windows_match_one_shot_aggregation(monkeypatch: pytest.MonkeyPatch, flush_rows: int,
-                                            encoded: bool) -> None:
+def test_windows_match_one_shot_aggregation(monkeypatch: pytest.MonkeyPatch, flush_rows: int, encoded: bool) -> None:
     monkeypatch.setattr(pipeline, "FLUSH_ROWS", flush_rows)
     p = TelemetryProcessor(SETTINGS)
     windows: list[dict[str, Any]] = []
     for k, batch in enumerate(_traffic()):
-        raw: Any = encode_envelope(batch, "n", 0) if encoded else {"schema_version": 1, "kind": "batch",
-                                                                     "records": batch}
+        raw: Any = (
+            encode_envelope(batch, "n", 0) if encoded else {"schema_version": 1, "kind": "batch", "records": batch}
+        )
         res = p.process(raw, {"topic": "t", "partition": 0, "offset": k}, 0)
         assert not res.dead_letters and res.valid == len(batch)
         windows += p.close_due(None, 0)
@@ -143,14 +179,22 @@ def test_bad_and_late_records_are_dead_lettered_with_reason_and_index() -> None:
     p = TelemetryProcessor(SETTINGS)
     src = {"topic": "t", "partition": 2, "offset": 7}
     good = _req(1, T0 + 5000, "az-a/n0")
-    batch = [good, _req(2, T0 + 5001, "az-a/n0", ttft_ms=-1.0), {"kind": "nope"},
-             _req(3, T0 + 5002, "az-a/n0", model="unknown-model"), 5, _gpu(T0 + 5003, "az-a/n0")]
+    batch = [
+        good,
+        _req(2, T0 + 5001, "az-a/n0", ttft_ms=-1.0),
+        {"kind": "nope"},
+        _req(3, T0 + 5002, "az-a/n0", model="unknown-model"),
+        5,
+        _gpu(T0 + 5003, "az-a/n0"),
+    ]
     res = p.process(encode_envelope(batch, "n", 0), src, 42)
     assert res.valid == 2
     assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [
-        (1, "field 'ttft_ms'=-1.0 is below 0"), (2, "unknown record kind 'nope'"),
+        (1, "field 'ttft_ms'=-1.0 is below 0"),
+        (2, "unknown record kind 'nope'"),
         (3, "no SLO configured for model 'unknown-model' (GOVERNOR_MODELS)"),
-        (4, "record must be an object, got int")]
+        (4, "record must be an object, got int"),
+    ]
     assert all(d["source"]["offset"] == 7 and d["dead_lettered_ms"] == 42 for d in res.dead_letters)
     assert res.dead_letters[0]["record"] == batch[1]
     # The watermark closes [T0+5000, T0+6000) once event time reaches T0+6200.
@@ -159,8 +203,7 @@ def test_bad_and_late_records_are_dead_lettered_with_reason_and_index() -> None:
     assert {(w["scope"], w["window_start_ms"]) for w in closed} == {("node", T0 + 5000), ("zone", T0 + 5000)}
     zone = next(w for w in closed if w["scope"] == "zone")
     assert zone["count"] == 1 and zone["replicas_ready"] == 1
-    late = p.process(encode_envelope([_req(5, T0 + 5999, "az-a/n0"), _req(6, T0 + 6001, "az-a/n0")], "n", 0),
-                     src, 0)
+    late = p.process(encode_envelope([_req(5, T0 + 5999, "az-a/n0"), _req(6, T0 + 6001, "az-a/n0")], "n", 0), src, 0)
     assert late.valid == 1 and [d["source"]["index"] for d in late.dead_letters] == [0]
     assert late.dead_letters[0]["reason"].startswith(f"late: window [{T0 + 5000}, {T0 + 6000})")
     assert p.late_count == 1
@@ -177,8 +220,13 @@ def test_bad_envelope_is_one_dead_letter() -> None:
 def test_bad_gpu_sample_beside_valid_requests_keeps_its_index() -> None:
     p = TelemetryProcessor(SETTINGS)
     bad_gpu = {**_gpu(T0 + 10, "az-a/n0"), "gpu_util": 2.0}
-    batch = [_req(1, T0, "az-a/n0"), _req(2, T0 + 1, "az-a/n0"), bad_gpu, _gpu(T0 + 11, "az-a/n0"),
-             _req(3, T0 + 2, "az-a/n1")]
+    batch = [
+        _req(1, T0, "az-a/n0"),
+        _req(2, T0 + 1, "az-a/n0"),
+        bad_gpu,
+        _gpu(T0 + 11, "az-a/n0"),
+        _req(3, T0 + 2, "az-a/n1"),
+    ]
     res = p.process(encode_envelope(batch, "n", 0), {"topic": "t", "partition": 0, "offset": 3}, 0)
     assert res.valid == 4
     assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [(2, "gpu_util=2.0 outside [0, 1]")]
@@ -196,8 +244,16 @@ def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None
 
     p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
     now = 10_000_000  # the clock is ~2 h ahead of the backlog's event times
-    rec = {"kind": "request", "request_id": "r", "model": "llama2-70b", "zone": "az-a", "node": "n",
-           "ttft_ms": 100.0, "e2e_ms": 900.0, "status": "ok"}
+    rec = {
+        "kind": "request",
+        "request_id": "r",
+        "model": "llama2-70b",
+        "zone": "az-a",
+        "node": "n",
+        "ttft_ms": 100.0,
+        "e2e_ms": 900.0,
+        "status": "ok",
+    }
     late = 0
     for k in range(50):  # 50 messages, 100 ms of event time each
         msg = encode_envelope([{**rec, "ts_ms": 1_000 + 100 * k}], "t", now)
@@ -212,17 +268,23 @@ def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None
 def test_bad_agent_fields_are_dead_lettered_and_the_good_ones_reach_the_zone_window() -> None:
     p = TelemetryProcessor(SETTINGS)
     sig = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2}
-    batch = [_req(1, T0, "az-a/n0", **sig, agent_path="rag"), _req(2, T0 + 1, "az-a/n0", **sig),
-             _req(3, T0 + 2, "az-a/n0", **{**sig, "agent_rag_score": 1.5}),
-             _req(4, T0 + 3, "az-a/n0", agent_stability=0.5),
-             _req(5, T0 + 4, "az-a/n1", agent_path="browse"), _req(6, T0 + 5, "az-a/n1", agent_path="llm")]
+    batch = [
+        _req(1, T0, "az-a/n0", **sig, agent_path="rag"),
+        _req(2, T0 + 1, "az-a/n0", **sig),
+        _req(3, T0 + 2, "az-a/n0", **{**sig, "agent_rag_score": 1.5}),
+        _req(4, T0 + 3, "az-a/n0", agent_stability=0.5),
+        _req(5, T0 + 4, "az-a/n1", agent_path="browse"),
+        _req(6, T0 + 5, "az-a/n1", agent_path="llm"),
+    ]
     res = p.process(encode_envelope(batch, "n", 0), {"topic": "t", "partition": 0, "offset": 1}, 0)
     assert [(d["source"]["index"], d["reason"]) for d in res.dead_letters] == [
         (2, "field 'agent_rag_score' outside [0, 1]: 1.5"),
         (3, "agent signals incomplete: 'agent_rag_score' missing (send all three or none)"),
-        (4, "agent_path not in ['llm', 'rag', 'tool']: 'browse'")]
+        (4, "agent_path not in ['llm', 'rag', 'tool']: 'browse'"),
+    ]
     zone = next(w for w in p.close_due(T0 + 5000, 0) if w["scope"] == "zone")
     assert zone["count"] == 3 and zone["agent_signals_n"] == 2
-    assert (zone["agent_stability_mean"], zone["agent_rag_score_mean"], zone["agent_tool_conf_mean"]) == \
-        pytest.approx((0.9, 0.9, 0.2))
+    assert (zone["agent_stability_mean"], zone["agent_rag_score_mean"], zone["agent_tool_conf_mean"]) == pytest.approx(
+        (0.9, 0.9, 0.2)
+    )
     assert zone["agent_path_counts"] == {"rag": 1, "tool": 0, "llm": 1}

@@ -1,5 +1,6 @@
 """Weighted routing over (variant, zone) targets, injected errors, and the gateway contract
 (breakers and canary shares on top of the weights) the simulated fleet reads from Redis."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ from sim.router import ErrorInjector, WeightedRouter, parse_target
 
 def _fleet(seed: int = 0) -> Fleet:
     perf = PerfModel.from_splitwise()
-    return Fleet(FleetConfig(models={"big": perf, "small": perf}, zones=("az-a", "az-b"),
-                             initial_replicas=1, jitter=False, seed=seed))
+    return Fleet(
+        FleetConfig(
+            models={"big": perf, "small": perf}, zones=("az-a", "az-b"), initial_replicas=1, jitter=False, seed=seed
+        )
+    )
 
 
 def test_weights_are_honoured_per_class_and_seeded() -> None:
@@ -26,8 +30,7 @@ def test_weights_are_honoured_per_class_and_seeded() -> None:
         f.set_routing("fam", {"big|az-a": 3, ("small", "az-b"): 1}, 0.0)
         f.set_routing("fam", {"small|az-a": 1}, 0.0, request_class="trading")
         p = [f.submit_routed(0.0, "fam", "voice", 10, 1, f"v{i}") for i in range(2000)]
-        assert all(f.submit_routed(0.0, "fam", "trading", 10, 1, f"t{i}") == ("small", "az-a")
-                   for i in range(50))
+        assert all(f.submit_routed(0.0, "fam", "trading", 10, 1, f"t{i}") == ("small", "az-a") for i in range(50))
         picks.append(p)
     assert picks[0] == picks[1]
     share = sum(t == ("big", "az-a") for t in picks[0]) / 2000
@@ -72,20 +75,24 @@ def test_error_rate_is_close_to_the_injected_probability() -> None:
 
 # -- the gateway contract: breakers and canary shares (sim.gateway.TrafficGate) -----------------
 
-@pytest.mark.parametrize(("weights", "factors", "expected"), [
-    # no breaker: the weights, normalised
-    ({"a|z": 3, "b|z": 1}, {}, {"a|z": 0.75, "b|z": 0.25}),
-    # an open target is removed and the rest renormalised
-    ({"a|z": 1, "b|z": 1, "c|z": 2}, {"a|z": 0.0}, {"b|z": 1 / 3, "c|z": 2 / 3}),
-    # a half-open target keeps 5 % of its share; the closed ones take the rest in proportion
-    ({"a|z": 1, "b|z": 1}, {"a|z": 0.05}, {"a|z": 0.025, "b|z": 0.975}),
-    # only probing targets left: they share the traffic
-    ({"a|z": 1, "b|z": 3}, {"a|z": 0.05, "b|z": 0.0}, {"a|z": 1.0}),
-    # every target open: fail open, the weights unchanged (a breaker never drops a class)
-    ({"a|z": 1, "b|z": 3}, {"a|z": 0.0, "b|z": 0.0}, {"a|z": 0.25, "b|z": 0.75}),
-    # zero weights are not targets; a breaker on an unrelated target changes nothing
-    ({"a|z": 0, "b|z": 2}, {"x|z": 0.0}, {"b|z": 1.0}),
-])
+
+@pytest.mark.parametrize(
+    ("weights", "factors", "expected"),
+    [
+        # no breaker: the weights, normalised
+        ({"a|z": 3, "b|z": 1}, {}, {"a|z": 0.75, "b|z": 0.25}),
+        # an open target is removed and the rest renormalised
+        ({"a|z": 1, "b|z": 1, "c|z": 2}, {"a|z": 0.0}, {"b|z": 1 / 3, "c|z": 2 / 3}),
+        # a half-open target keeps 5 % of its share; the closed ones take the rest in proportion
+        ({"a|z": 1, "b|z": 1}, {"a|z": 0.05}, {"a|z": 0.025, "b|z": 0.975}),
+        # only probing targets left: they share the traffic
+        ({"a|z": 1, "b|z": 3}, {"a|z": 0.05, "b|z": 0.0}, {"a|z": 1.0}),
+        # every target open: fail open, the weights unchanged (a breaker never drops a class)
+        ({"a|z": 1, "b|z": 3}, {"a|z": 0.0, "b|z": 0.0}, {"a|z": 0.25, "b|z": 0.75}),
+        # zero weights are not targets; a breaker on an unrelated target changes nothing
+        ({"a|z": 0, "b|z": 2}, {"x|z": 0.0}, {"b|z": 1.0}),
+    ],
+)
 def test_gate_weights(weights: dict, factors: dict, expected: dict) -> None:
     got = gate_weights(weights, factors)
     assert got == pytest.approx(expected)
@@ -133,7 +140,7 @@ def test_canary_share_is_drawn_per_zone_and_obeys_the_canarys_breaker() -> None:
     n = 20_000
     k = sum(g.variant_for("m", "z1") == "m@v2" for _ in range(n))
     assert abs(k - 0.2 * n) < 4 * (n * 0.2 * 0.8) ** 0.5
-    assert all(g.variant_for("m", "z2") == "m" for _ in range(100))      # z2 has no canary
+    assert all(g.variant_for("m", "z2") == "m" for _ in range(100))  # z2 has no canary
     assert all(g.variant_for("other", "z1") == "other" for _ in range(100))
     g.set_breaker("m@v2|z1", "open", 0, 1)
     assert all(g.variant_for("m", "z1") == "m" for _ in range(1000))  # an open canary gets nothing
@@ -148,8 +155,7 @@ class _FakeRedis:
         self.h: dict[str, dict[bytes, bytes]] = {}
 
     def put(self, key: str, field: str, value: object) -> None:
-        self.h.setdefault(key, {})[field.encode()] = (value if isinstance(value, bytes)
-                                                      else json.dumps(value).encode())
+        self.h.setdefault(key, {})[field.encode()] = value if isinstance(value, bytes) else json.dumps(value).encode()
 
     async def hgetall(self, key: str) -> dict[bytes, bytes]:
         return dict(self.h.get(key, {}))
@@ -157,8 +163,14 @@ class _FakeRedis:
 
 def _canary_fleet() -> Fleet:
     perf = PerfModel.from_splitwise()
-    return Fleet(FleetConfig(models={"big": perf, "big@v2": perf, "small": perf}, zones=("az-a", "az-b"),
-                             initial_replicas=1, jitter=False))
+    return Fleet(
+        FleetConfig(
+            models={"big": perf, "big@v2": perf, "small": perf},
+            zones=("az-a", "az-b"),
+            initial_replicas=1,
+            jitter=False,
+        )
+    )
 
 
 async def test_sync_applies_breakers_to_weights_with_same_version_skipping() -> None:
@@ -174,12 +186,12 @@ async def test_sync_applies_breakers_to_weights_with_same_version_skipping() -> 
     r.put("p:breaker:az-a", "bad|az-a", b"{not json")  # bad input is skipped, not a crash
     await sync_routing_from_redis(f, r, "p", ["az-a"], "fam", 2.0, seen, g)
     assert f.router.weights("fam") == {"small|az-a": 1.0}
-    r.put("p:breaker:az-a", "big|az-a", {"target": "big|az-a", "state": "half_open", "probe_budget": 2,
-                                          "basis_ms": 9})
+    r.put("p:breaker:az-a", "big|az-a", {"target": "big|az-a", "state": "half_open", "probe_budget": 2, "basis_ms": 9})
     await sync_routing_from_redis(f, r, "p", ["az-a"], "fam", 3.0, seen, g)
     assert f.router.weights("fam") == pytest.approx({"big|az-a": 0.025, "small|az-a": 0.975})
-    r.put("p:breaker:az-b", "big|az-a", {"target": "big|az-a", "state": "half_open", "probe_budget": 2,
-                                          "basis_ms": 9})  # the driver writes every zone's hash
+    r.put(
+        "p:breaker:az-b", "big|az-a", {"target": "big|az-a", "state": "half_open", "probe_budget": 2, "basis_ms": 9}
+    )  # the driver writes every zone's hash
     await sync_routing_from_redis(f, r, "p", ["az-a", "az-b"], "fam", 3.5, seen, g)
     del r.h["p:breaker:az-a"][b"big|az-a"]
     await sync_routing_from_redis(f, r, "p", ["az-a", "az-b"], "fam", 3.6, seen, g)

@@ -68,8 +68,7 @@ def weights_for(obs, classes=(TRADING,), params=P, state=None):
         # 0.02 + 0.96 * 0.7311 = 0.7218
         ({A70: TargetObs(150.0), B70: TargetObs(225.0)}, {A70: 0.7218, B70: 0.2782}),
         # equal latency, capacity 30 vs 10 rps: 0.02 + 0.96 * 0.75 = 0.74
-        ({A70: TargetObs(150.0, capacity_rps=30), B70: TargetObs(150.0, capacity_rps=10)},
-         {A70: 0.74, B70: 0.26}),
+        ({A70: TargetObs(150.0, capacity_rps=30), B70: TargetObs(150.0, capacity_rps=10)}, {A70: 0.74, B70: 0.26}),
         # the breaker opened az-b: 0 (absent); az-a takes everything
         ({A70: TargetObs(150.0), B70: TargetObs(100.0, breaker="open")}, {A70: 1.0}),
         # half-open az-b gets the probe floor only
@@ -126,20 +125,29 @@ def test_min_latency_split_minimises_the_mean_latency(seed) -> None:
     def cost(lam: np.ndarray) -> float:
         return float(np.sum(lam * s / (1.0 - lam / mu)))
 
-    ref = optimize.minimize(cost, mu * load / mu.sum(), method="SLSQP",
-                            bounds=[(0.0, m * 0.999) for m in mu],
-                            constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - load}],
-                            options={"ftol": 1e-12, "maxiter": 500})
+    ref = optimize.minimize(
+        cost,
+        mu * load / mu.sum(),
+        method="SLSQP",
+        bounds=[(0.0, m * 0.999) for m in mu],
+        constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - load}],
+        options={"ftol": 1e-12, "maxiter": 500},
+    )
     ours = np.array(min_latency_split(list(s), list(mu), load))
     assert ours.sum() == pytest.approx(load)
     assert cost(ours) <= ref.fun * (1 + 1e-6)
     assert ours == pytest.approx(ref.x, abs=1e-3 * load)
 
 
-@pytest.mark.parametrize(("args", "name"), [(((0.0,), (1.0,), 1.0), "latency_ms"),
-                                            (((1.0,), (0.0,), 1.0), "capacity_rps"),
-                                            (((1.0, 2.0), (1.0,), 1.0), "capacity_rps"),
-                                            (((1.0,), (1.0,), -1.0), "load_rps")])
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (((0.0,), (1.0,), 1.0), "latency_ms"),
+        (((1.0,), (0.0,), 1.0), "capacity_rps"),
+        (((1.0, 2.0), (1.0,), 1.0), "capacity_rps"),
+        (((1.0,), (1.0,), -1.0), "load_rps"),
+    ],
+)
 def test_min_latency_split_validates(args, name) -> None:
     with pytest.raises(ParameterError, match=name):
         min_latency_split(*args)
@@ -160,8 +168,10 @@ def test_held_latency(held, latency, completions, expected) -> None:
 
 
 def _two_primaries(ttft_a: float, ttft_b: float, rate: float = 3.0) -> dict[Target, TargetObs]:
-    return {A70: TargetObs(ttft_a, capacity_rps=10.0, rate_rps=rate),
-            B70: TargetObs(ttft_b, capacity_rps=10.0, rate_rps=rate)}
+    return {
+        A70: TargetObs(ttft_a, capacity_rps=10.0, rate_rps=rate),
+        B70: TargetObs(ttft_b, capacity_rps=10.0, rate_rps=rate),
+    }
 
 
 @pytest.mark.parametrize(
@@ -176,16 +186,23 @@ def _two_primaries(ttft_a: float, ttft_b: float, rate: float = 3.0) -> dict[Targ
 )
 def test_batch_leaves_a_slowed_target_only_with_the_min_latency_split(split, expected_b) -> None:
     """Batch (10 s SLO) barely feels 100 vs 400 ms in its softmax; the split moves it."""
-    _, d = step(replace(P, split=split), RoutingState(), _two_primaries(100.0, 400.0),
-                [BATCH], DT)
+    _, d = step(replace(P, split=split), RoutingState(), _two_primaries(100.0, 400.0), [BATCH], DT)
     assert d.weights["batch"][B70] == pytest.approx(expected_b, abs=1e-4)
 
 
 def test_split_follows_the_held_latency_after_a_spike() -> None:
     """400 ms, then one window at 100 ms with 2 completions: held 400 - 300 * 2/22 = 372.7."""
     s, _ = step(P, RoutingState(), _two_primaries(100.0, 400.0), [BATCH], DT)
-    s, d = step(P, s, {A70: TargetObs(100.0, capacity_rps=10.0, rate_rps=5.8),
-                       B70: TargetObs(100.0, capacity_rps=10.0, rate_rps=0.2)}, [BATCH], DT)
+    s, d = step(
+        P,
+        s,
+        {
+            A70: TargetObs(100.0, capacity_rps=10.0, rate_rps=5.8),
+            B70: TargetObs(100.0, capacity_rps=10.0, rate_rps=0.2),
+        },
+        [BATCH],
+        DT,
+    )
     assert s.held_ttft_ms[B70.key] == pytest.approx(400.0 - 300.0 * 2 / 22)
     assert d.weights["batch"][B70] < 0.2  # not yet trusted: still well under half
     _, d = step(P, RoutingState(), _two_primaries(100.0, 100.0), [BATCH], DT)
@@ -243,8 +260,12 @@ def test_enter_windows_delays_entry() -> None:
         # every primary target open: degrade at once
         (TRADING, {A70: TargetObs(100.0, breaker="open"), A13: TargetObs(100.0)}, True, "unavailable"),
         # e2e SLO counts too: 130 s > 120 s for a degradable class with e2e SLO
-        (RequestClass("report", 10_000.0, 120_000.0), {A70: TargetObs(200.0, 130_000.0),
-                                                       A13: TargetObs(100.0, 60_000.0)}, True, "enter"),
+        (
+            RequestClass("report", 10_000.0, 120_000.0),
+            {A70: TargetObs(200.0, 130_000.0), A13: TargetObs(100.0, 60_000.0)},
+            True,
+            "enter",
+        ),
     ],
 )
 def test_fallback_per_class(cls, obs, in_fallback, why) -> None:
@@ -277,11 +298,9 @@ def test_a_window_without_primary_data_neither_counts_nor_resets() -> None:
 
 def test_queue_growth_from_state_raises_the_prediction() -> None:
     """Same P95s; the primary's queue grows 0 -> 50 in a window: predicted over SLO."""
-    s, d = step(P, RoutingState(), {A70: TargetObs(200.0, rate_rps=50), A13: TargetObs(100.0)},
-                [TRADING], DT)
+    s, d = step(P, RoutingState(), {A70: TargetObs(200.0, rate_rps=50), A13: TargetObs(100.0)}, [TRADING], DT)
     assert not d.fallback
-    s, d = step(P, s, {A70: TargetObs(200.0, queue_len=50, rate_rps=50), A13: TargetObs(100.0)},
-                [TRADING], DT)
+    s, d = step(P, s, {A70: TargetObs(200.0, queue_len=50, rate_rps=50), A13: TargetObs(100.0)}, [TRADING], DT)
     assert d.predicted_ttft_ms[A70] == pytest.approx(200.0 + 1000.0 * (50 + 5 * 30) / 50)
     assert "trading" in d.fallback
 
@@ -294,14 +313,22 @@ def test_dropped_class_leaves_no_fallback() -> None:
 
 def test_default_classes() -> None:
     assert [(c.name, c.ttft_slo_ms, c.degradable) for c in DEFAULT_CLASSES] == [
-        ("trading", 300.0, True), ("voice", 800.0, True), ("batch", 10_000.0, False)]
+        ("trading", 300.0, True),
+        ("voice", 800.0, True),
+        ("batch", 10_000.0, False),
+    ]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"primary": ""}, "primary"), ({"primary": BIG, "fallback": BIG}, "fallback"),
-     ({"primary": BIG, "temperature": 0.0}, "temperature"), ({"primary": BIG, "min_share": 1.0}, "min_share"),
-     ({"primary": BIG, "hysteresis": -0.1}, "hysteresis"), ({"primary": BIG, "recover_windows": 0}, "recover_windows")],
+    [
+        ({"primary": ""}, "primary"),
+        ({"primary": BIG, "fallback": BIG}, "fallback"),
+        ({"primary": BIG, "temperature": 0.0}, "temperature"),
+        ({"primary": BIG, "min_share": 1.0}, "min_share"),
+        ({"primary": BIG, "hysteresis": -0.1}, "hysteresis"),
+        ({"primary": BIG, "recover_windows": 0}, "recover_windows"),
+    ],
 )
 def test_params_are_validated(kwargs, name) -> None:
     with pytest.raises(ParameterError, match=name):
@@ -310,10 +337,13 @@ def test_params_are_validated(kwargs, name) -> None:
 
 @pytest.mark.parametrize(
     ("build", "name"),
-    [(lambda: RequestClass("x", 0.0), "ttft_slo_ms"), (lambda: TargetObs(-1.0), "ttft_p95_ms"),
-     (lambda: TargetObs(1.0, breaker="ajar"), "breaker"),
-     (lambda: step(P, RoutingState(), {}, [TRADING, TRADING], DT), "classes"),
-     (lambda: step(P, RoutingState(), {}, [TRADING], 0.0), "dt_s")],
+    [
+        (lambda: RequestClass("x", 0.0), "ttft_slo_ms"),
+        (lambda: TargetObs(-1.0), "ttft_p95_ms"),
+        (lambda: TargetObs(1.0, breaker="ajar"), "breaker"),
+        (lambda: step(P, RoutingState(), {}, [TRADING, TRADING], DT), "classes"),
+        (lambda: step(P, RoutingState(), {}, [TRADING], 0.0), "dt_s"),
+    ],
 )
 def test_inputs_are_validated(build, name) -> None:
     with pytest.raises(ParameterError, match=name):
@@ -321,8 +351,7 @@ def test_inputs_are_validated(build, name) -> None:
 
 
 def test_state_and_decision_serialise() -> None:
-    s, d = step(P, RoutingState(), {A70: TargetObs(400.0, queue_len=3), A13: TargetObs(100.0)},
-                DEFAULT_CLASSES, DT)
+    s, d = step(P, RoutingState(), {A70: TargetObs(400.0, queue_len=3), A13: TargetObs(100.0)}, DEFAULT_CLASSES, DT)
     assert RoutingState.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert pickle.loads(pickle.dumps(s)) == s
     assert json.loads(json.dumps(d.to_dict()))["weights"]["trading"]["llama2-13b|az-a"] == 0.95
@@ -332,7 +361,8 @@ target_obs = st.builds(
     TargetObs,
     ttft_p95_ms=st.one_of(st.none(), st.floats(0, 5000)),
     e2e_p95_ms=st.one_of(st.none(), st.floats(0, 200_000)),
-    queue_len=st.floats(0, 500), rate_rps=st.floats(0, 100),
+    queue_len=st.floats(0, 500),
+    rate_rps=st.floats(0, 100),
     capacity_rps=st.one_of(st.none(), st.floats(0, 100)),
     forecast_rps=st.one_of(st.none(), st.floats(0, 200)),
     breaker=st.sampled_from(["closed", "open", "half_open"]),

@@ -1,4 +1,5 @@
 """RoutingDriver: zone windows of a primary and its fallback -> route commands."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,19 @@ P, F = "llama2-70b", "llama2-13b"
 
 
 def _w(model: str, zone: str, start: int, p95: float, scope: str = "zone") -> dict:
-    return {"kind": "window", "scope": scope, "model": model, "zone": zone, "window_start_ms": start,
-            "window_end_ms": start + 10_000, "ttft_p95_ms": p95, "e2e_p95_ms": None,
-            "queue_len_mean": 0.0, "rate_rps": 5.0, "replicas_ready": 2}
+    return {
+        "kind": "window",
+        "scope": scope,
+        "model": model,
+        "zone": zone,
+        "window_start_ms": start,
+        "window_end_ms": start + 10_000,
+        "ttft_p95_ms": p95,
+        "e2e_p95_ms": None,
+        "queue_len_mean": 0.0,
+        "rate_rps": 5.0,
+        "replicas_ready": 2,
+    }
 
 
 def _feed(d: RoutingDriver, start: int, p95_primary: float, p95_fallback: float = 100.0) -> list[Command]:
@@ -70,8 +81,9 @@ def test_window_obs_of_an_absent_window_is_empty() -> None:
 
 def test_an_open_breaker_takes_its_target_out_of_the_routing() -> None:
     states = {f"{P}|az-a": "open", f"{P}|az-b": "half_open"}
-    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)),
-                      breaker_of=lambda t: states.get(t, "closed"))
+    d = RoutingDriver(
+        Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)), breaker_of=lambda t: states.get(t, "closed")
+    )
     assert d.obs(_w(P, "az-a", 0, 100.0)).breaker == "open"
     cmds = _feed(d, 0, 100.0)
     batch = cmds[0].payload["weights"]["batch"]  # not degradable: stays on the primary
@@ -105,8 +117,9 @@ def test_a_restored_routing_driver_decides_like_the_original(cut: int) -> None:
     from tests.unit.test_breaker_driver import assert_restores_alike
 
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))
-    rest = assert_restores_alike(lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w["window_end_ms"]),
-                                 _routing_stream(), cut)
+    rest = assert_restores_alike(
+        lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w["window_end_ms"]), _routing_stream(), cut
+    )
     assert rest
 
 
@@ -124,8 +137,11 @@ def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() 
     capacity of 2 replicas x 2 rps: the router predicts the backlog and steers away from it."""
     from core.settings import ModelSpec
 
-    s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),),
-                 models=(ModelSpec(P, replica_capacity_rps=2.0), ModelSpec(F, replica_capacity_rps=4.0)))
+    s = Settings(
+        zones=("az-a", "az-b"),
+        fallbacks=((P, F),),
+        models=(ModelSpec(P, replica_capacity_rps=2.0), ModelSpec(F, replica_capacity_rps=4.0)),
+    )
 
     def surge(model: str, zone: str) -> float | None:
         return 20.0 if (model, zone) == (P, "az-a") else None

@@ -1,4 +1,5 @@
 """The per-key wiring of the controllers (streams.scaler_driver.Scaler), without I/O."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,17 +11,43 @@ MODEL = "m"
 
 
 def _settings(**kw) -> Settings:
-    spec = ModelSpec(MODEL, ttft_slo_ms=1000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=100,
-                     replica_capacity_rps=kw.pop("capacity", None))
+    spec = ModelSpec(
+        MODEL,
+        ttft_slo_ms=1000.0,
+        itl_slo_ms=150.0,
+        min_replicas=1,
+        max_replicas=100,
+        replica_capacity_rps=kw.pop("capacity", None),
+    )
     return Settings(models=(spec,), window_s=10.0, zones=("az-a",), **kw)
 
 
-def _window(k: int, *, eps: float = 0.0, rate: float = 10.0, queue: float = 0.0, ready: int = 4,
-            starting: int = 0, p95: float = 300.0) -> dict:
-    return {"scope": "zone", "model": MODEL, "zone": "az-a", "window_start_ms": k * 10_000,
-            "window_end_ms": (k + 1) * 10_000, "window_s": 10.0, "count": int(rate * 10),
-            "violation_rate": eps, "rate_rps": rate, "queue_len_mean": queue, "ttft_p95_ms": p95,
-            "replicas_ready": ready, "replicas_starting": starting, "ttft_slo_ms": 1000.0}
+def _window(
+    k: int,
+    *,
+    eps: float = 0.0,
+    rate: float = 10.0,
+    queue: float = 0.0,
+    ready: int = 4,
+    starting: int = 0,
+    p95: float = 300.0,
+) -> dict:
+    return {
+        "scope": "zone",
+        "model": MODEL,
+        "zone": "az-a",
+        "window_start_ms": k * 10_000,
+        "window_end_ms": (k + 1) * 10_000,
+        "window_s": 10.0,
+        "count": int(rate * 10),
+        "violation_rate": eps,
+        "rate_rps": rate,
+        "queue_len_mean": queue,
+        "ttft_p95_ms": p95,
+        "replicas_ready": ready,
+        "replicas_starting": starting,
+        "ttft_slo_ms": 1000.0,
+    }
 
 
 def _run(scaler: Scaler, windows: list[dict]) -> list:
@@ -115,9 +142,11 @@ def test_observer_predicts_a_growing_queue_as_violations() -> None:
 
 # -- zone-aware capacity (controllers.zone_capacity wired per model) -------------------------
 
+
 def _two_zone_scaler(**kw) -> Scaler:
-    spec = ModelSpec(MODEL, ttft_slo_ms=1000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=100,
-                     replica_capacity_rps=2.0)
+    spec = ModelSpec(
+        MODEL, ttft_slo_ms=1000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=100, replica_capacity_rps=2.0
+    )
     return Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a", "az-b"), **kw))
 
 
@@ -192,8 +221,7 @@ def test_zone_route_commands_carry_the_weights_to_every_zone() -> None:
     s = _az_b_goes_dark(rate_after=8.0, ready_after=6)
     cmds = s.zone_route_commands(MODEL, 90_000, 91_000)
     assert [c.zone for c in cmds] == ["az-a", "az-b"]
-    assert all(c.kind == "route" and c.payload == {"weights": {"*": {"m|az-a": 1.0, "m|az-b": 0.0}}}
-               for c in cmds)
+    assert all(c.kind == "route" and c.payload == {"weights": {"*": {"m|az-a": 1.0, "m|az-b": 0.0}}} for c in cmds)
     assert cmds[0].command_id == s.zone_route_commands(MODEL, 90_000, 95_000)[0].command_id  # idempotent
     assert "az-b lost" in cmds[0].reason
     assert s.zone_route_commands("unknown-model", 90_000, 91_000) == []

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.timeout(120)
 
 # (L, t, drift, diffusion) of the article preset
 ARTICLE = [
-    (100.0, 0.0, 0.0, 12.0),    # below the knee: no drift
-    (150.0, 0.0, 0.0, 12.0),    # at the knee
-    (200.0, 0.0, 40.0, 12.0),   # 0.8 * 50
-    (100.0, 50.0, 0.0, 24.0),   # 12 * (1 + 0.02 * 50)
+    (100.0, 0.0, 0.0, 12.0),  # below the knee: no drift
+    (150.0, 0.0, 0.0, 12.0),  # at the knee
+    (200.0, 0.0, 40.0, 12.0),  # 0.8 * 50
+    (100.0, 50.0, 0.0, 24.0),  # 12 * (1 + 0.02 * 50)
 ]
 
 
@@ -40,9 +40,9 @@ def test_article_preset(L: float, t: float, mu: float, sigma: float) -> None:
 
 # (theta, L_bar, k, L_knee, L, drift)
 MEAN_REVERTING = [
-    (0.03, 100.0, 0.0, 150.0, 100.0, 0.0),       # at the mean
-    (0.03, 100.0, 0.0, 150.0, 200.0, -3.0),      # pulled back
-    (0.03, 100.0, 0.02, 150.0, 200.0, -2.0),     # knee pushes up: -3 + 0.02 * 50
+    (0.03, 100.0, 0.0, 150.0, 100.0, 0.0),  # at the mean
+    (0.03, 100.0, 0.0, 150.0, 200.0, -3.0),  # pulled back
+    (0.03, 100.0, 0.02, 150.0, 200.0, -2.0),  # knee pushes up: -3 + 0.02 * 50
 ]
 
 
@@ -93,7 +93,7 @@ def test_simulate_mean_reverting_stationary_moments() -> None:
 # (theta, mu, sigma, dt_s, duration_s): known parameters the fit must recover
 OU_CASES = [
     (1.0, 50.0, 5.0, 0.05, 4000.0),
-    (0.03, 100.0, 8.0, 1.0, 60000.0),   # the seed's theta and sigma0
+    (0.03, 100.0, 8.0, 1.0, 60000.0),  # the seed's theta and sigma0
     (5.0, 2.0, 1.0, 0.01, 500.0),
 ]
 
@@ -113,15 +113,17 @@ def test_fit_ou_on_euler_path() -> None:
     p = SdeParams.mean_reverting(theta=0.8, L_bar=120.0, sigma0=6.0, dt_s=0.01)
     x = simulate(p, 120.0, 1200.0, rng=np.random.default_rng(5))[::10]
     th, m, s = fit_ou(x, 0.1)
-    assert (th, m, s) == (pytest.approx(0.8, rel=0.15), pytest.approx(120.0, abs=1.5),
-                          pytest.approx(6.0, rel=0.05))
+    assert (th, m, s) == (pytest.approx(0.8, rel=0.15), pytest.approx(120.0, abs=1.5), pytest.approx(6.0, rel=0.05))
 
 
-@pytest.mark.parametrize("samples,msg", [
-    (np.ones(100), "constant"),                                    # no variance
-    (np.arange(100.0), "not mean-reverting"),                     # a trend: b >= 1
-    (np.array([1.0, 2.0]), "at least 3"),                         # too short
-])
+@pytest.mark.parametrize(
+    "samples,msg",
+    [
+        (np.ones(100), "constant"),  # no variance
+        (np.arange(100.0), "not mean-reverting"),  # a trend: b >= 1
+        (np.array([1.0, 2.0]), "at least 3"),  # too short
+    ],
+)
 def test_fit_ou_rejects_unfit_data(samples, msg) -> None:
     with pytest.raises(OUFitError, match=msg):
         fit_ou(samples, 0.1)
@@ -144,8 +146,7 @@ def test_jitter_stationary_law() -> None:
 
 
 def test_jitter_knee_stays_bounded_when_k_below_theta() -> None:
-    j = JitterProcess(theta=0.5, L_bar=100.0, sigma0=30.0, k=0.3, L_knee=120.0,
-                      rng=np.random.default_rng(4))
+    j = JitterProcess(theta=0.5, L_bar=100.0, sigma0=30.0, k=0.3, L_knee=120.0, rng=np.random.default_rng(4))
     xs = np.array([j.advance(0.5 * i) for i in range(1, 20001)])
     assert np.all(np.isfinite(xs)) and xs.max() < 1000.0
     assert xs.mean() > 100.0  # the knee pushes the mean up
@@ -159,23 +160,29 @@ def test_jitter_factor_within_clip(seed: int, times: list[float]) -> None:
         assert 0.5 <= j.factor(t) <= 3.0
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(theta=0.0), "theta"),
-    (dict(L_bar=-1.0), "L_bar"),
-    (dict(sigma0=-1.0), "sigma0"),
-    (dict(clip=(2.0, 1.0)), "clip"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(theta=0.0), "theta"),
+        (dict(L_bar=-1.0), "L_bar"),
+        (dict(sigma0=-1.0), "sigma0"),
+        (dict(clip=(2.0, 1.0)), "clip"),
+    ],
+)
 def test_jitter_validation(kwargs, param) -> None:
     with pytest.raises(SdeParamError, match=param):
         JitterProcess(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(theta=-0.1), "theta"),
-    (dict(sigma0=float("nan")), "sigma0"),
-    (dict(k=-1.0), "k"),
-    (dict(dt_s=0.0), "dt_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(theta=-0.1), "theta"),
+        (dict(sigma0=float("nan")), "sigma0"),
+        (dict(k=-1.0), "k"),
+        (dict(dt_s=0.0), "dt_s"),
+    ],
+)
 def test_params_validation(kwargs, param) -> None:
     with pytest.raises(SdeParamError, match=param):
         SdeParams.mean_reverting(**kwargs)

@@ -1,4 +1,5 @@
 """Online OU fit (seed 2.1, fitted not assumed) and the bandwidth power-law fit (3.3)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,10 +11,13 @@ from governor.bench_bandwidth import SEED_TABLE, fit_power_law
 from sim.sde import fit_ou
 
 
-@pytest.mark.parametrize(("theta", "mu", "sigma", "dt"), [
-    (0.03, 150.0, 8.0, 1.0),    # the seed's reversion rate and initial jitter
-    (0.2, 500.0, 40.0, 10.0),   # fast reversion sampled per 10 s window
-])
+@pytest.mark.parametrize(
+    ("theta", "mu", "sigma", "dt"),
+    [
+        (0.03, 150.0, 8.0, 1.0),  # the seed's reversion rate and initial jitter
+        (0.2, 500.0, 40.0, 10.0),  # fast reversion sampled per 10 s window
+    ],
+)
 def test_online_fit_matches_the_batch_ml_fit_and_the_truth(theta, mu, sigma, dt) -> None:
     rng = np.random.default_rng(1)
     b = np.exp(-theta * dt)
@@ -46,7 +50,7 @@ def test_no_estimate_without_mean_reversion_and_bad_input_refused() -> None:
 
 def test_power_law_fit_recovers_exact_law_and_reads_the_seed_table() -> None:
     b = np.array([0.1, 1.0, 10.0])
-    eps0, a, r2 = fit_power_law(b, 0.12 * b ** -0.85)
+    eps0, a, r2 = fit_power_law(b, 0.12 * b**-0.85)
     assert (eps0, a, r2) == pytest.approx((0.12, 0.85, 1.0))
     # The seed's own table is not its formula (the Correction): a ~ 0.5, eps0 ~ 0.036.
     eps0, a, _ = fit_power_law(np.array(list(SEED_TABLE)), np.array(list(SEED_TABLE.values())))

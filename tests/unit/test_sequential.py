@@ -1,4 +1,5 @@
 """controllers.sequential: the SPRT log-likelihood ratio and the quantile exceedance bound."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,9 @@ from scipy import stats
 from controllers.sequential import quantile_exceedances, sprt_bound, sprt_llr
 
 
-@pytest.mark.parametrize(("k", "n", "p0", "p1"), [(4, 4, 0.05, 0.5), (3, 200, 0.01, 0.05),
-                                                   (0, 50, 0.01, 0.05), (7, 17, 0.05, 0.5)])
+@pytest.mark.parametrize(
+    ("k", "n", "p0", "p1"), [(4, 4, 0.05, 0.5), (3, 200, 0.01, 0.05), (0, 50, 0.01, 0.05), (7, 17, 0.05, 0.5)]
+)
 def test_sprt_llr_is_the_binomial_likelihood_ratio(k, n, p0, p1) -> None:
     """Oracle: scipy's binomial log-pmf ratio."""
     ref = stats.binom.logpmf(k, n, p1) - stats.binom.logpmf(k, n, p0)

@@ -118,17 +118,37 @@ def test_indices_between(azure: Trace) -> None:
 
 # malformed inputs: (file name, content, loader, message fragments)
 BAD = [
-    ("bad_ts.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1,2\nnot-a-date,3,4\n",
-     load_azure_csv, [":3:", "TIMESTAMP"]),  # bad timestamp on line 3
-    ("bad_tok.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,2\n",
-     load_azure_csv, [":2:", "token"]),  # non-integer token count
+    (
+        "bad_ts.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1,2\nnot-a-date,3,4\n",
+        load_azure_csv,
+        [":3:", "TIMESTAMP"],
+    ),  # bad timestamp on line 3
+    (
+        "bad_tok.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,2\n",
+        load_azure_csv,
+        [":2:", "token"],
+    ),  # non-integer token count
     ("bad_hdr.csv", "time,a,b\n1,2,3\n", load_azure_csv, [":1:", "header"]),  # wrong header
-    ("short.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1\n",
-     load_azure_csv, [":2:", "columns"]),  # missing column
-    ("bad.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{"timestamp": 3}\n',
-     load_mooncake_jsonl, [":2:", "input_length"]),  # missing key on line 2
-    ("junk.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{oops\n',
-     load_mooncake_jsonl, [":2:"]),  # invalid JSON
+    (
+        "short.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1\n",
+        load_azure_csv,
+        [":2:", "columns"],
+    ),  # missing column
+    (
+        "bad.jsonl",
+        '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{"timestamp": 3}\n',
+        load_mooncake_jsonl,
+        [":2:", "input_length"],
+    ),  # missing key on line 2
+    (
+        "junk.jsonl",
+        '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{oops\n',
+        load_mooncake_jsonl,
+        [":2:"],
+    ),  # invalid JSON
     ("what.txt", "hello\n", load_trace, [":1:", "unknown trace format"]),  # undetectable
 ]
 
@@ -150,17 +170,19 @@ def test_missing_file_and_name() -> None:
         load_trace("no-such-trace")
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(arrival_s=[1.0, 0.5], prompt_tokens=[1, 1], output_tokens=[1, 1]), "arrival_s"),  # unsorted
-    (dict(arrival_s=[0.0], prompt_tokens=[1, 2], output_tokens=[1]), "prompt_tokens"),  # ragged
-    (dict(arrival_s=[0.0], prompt_tokens=[-1], output_tokens=[1]), "prompt_tokens"),  # negative
-    (dict(arrival_s=[0.0], prompt_tokens=[1], output_tokens=[1], hash_ids=[]), "hash_ids"),
-    (dict(arrival_s=[0.0, 5.0], prompt_tokens=[1, 1], output_tokens=[1, 1], span_s=2.0), "span_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(arrival_s=[1.0, 0.5], prompt_tokens=[1, 1], output_tokens=[1, 1]), "arrival_s"),  # unsorted
+        (dict(arrival_s=[0.0], prompt_tokens=[1, 2], output_tokens=[1]), "prompt_tokens"),  # ragged
+        (dict(arrival_s=[0.0], prompt_tokens=[-1], output_tokens=[1]), "prompt_tokens"),  # negative
+        (dict(arrival_s=[0.0], prompt_tokens=[1], output_tokens=[1], hash_ids=[]), "hash_ids"),
+        (dict(arrival_s=[0.0, 5.0], prompt_tokens=[1, 1], output_tokens=[1, 1], span_s=2.0), "span_s"),
+    ],
+)
 def test_trace_validation_names_parameter(kwargs, param) -> None:
     with pytest.raises(TraceError, match=param):
-        Trace(**{k: (np.array(v) if k != "hash_ids" and isinstance(v, list) else v)
-                 for k, v in kwargs.items()})
+        Trace(**{k: (np.array(v) if k != "hash_ids" and isinstance(v, list) else v) for k, v in kwargs.items()})
 
 
 def test_trace_arrays_are_read_only(azure: Trace) -> None:

@@ -206,9 +206,7 @@ def _node_window(seed: int, node: str) -> tuple[WindowAggregate, dict, dict]:
     n = 50 + seed
     rows = [
         (float(t), float(i), bool(o))
-        for t, i, o in zip(
-            rng.lognormal(6, 1, n), rng.lognormal(3, 1, n), rng.random(n) > 0.05, strict=True
-        )
+        for t, i, o in zip(rng.lognormal(6, 1, n), rng.lognormal(3, 1, n), rng.random(n) > 0.05, strict=True)
     ]
     rq = req_cols(rows)
     gp = gpu_cols(list(range(seed, seed + 5)), list(rng.random(5)))
@@ -297,9 +295,11 @@ def agent_cols(signals: list[tuple[float, float, float] | None], paths: list[int
     """Request columns whose rows carry agent signals (None: not carried) and paths."""
     n = len(signals)
     rows = [s if s is not None else (np.nan, np.nan, np.nan) for s in signals]
-    return req_cols([(10.0, 1.0, True)] * n, **{
-        name: np.array([r[i] for r in rows], dtype=float) for i, name in enumerate(AGENT_COLUMNS[:3])},
-        agent_path=np.array([np.nan if p is None else p for p in paths], dtype=float))
+    return req_cols(
+        [(10.0, 1.0, True)] * n,
+        **{name: np.array([r[i] for r in rows], dtype=float) for i, name in enumerate(AGENT_COLUMNS[:3])},
+        agent_path=np.array([np.nan if p is None else p for p in paths], dtype=float),
+    )
 
 
 @pytest.mark.parametrize(
@@ -331,8 +331,10 @@ def test_a_batch_without_agent_columns_leaves_the_agent_fields_empty() -> None:
 @pytest.mark.parametrize(
     ("cols", "match"),
     [
-        ({"agent_stability": [0.5], "agent_rag_score": [np.nan], "agent_tool_conf": [0.5]},
-         "carried together"),  # part of the signals
+        (
+            {"agent_stability": [0.5], "agent_rag_score": [np.nan], "agent_tool_conf": [0.5]},
+            "carried together",
+        ),  # part of the signals
         ({"agent_stability": [0.5]}, "carried together"),  # a signal column alone
         ({"agent_stability": [1.5], "agent_rag_score": [0.5], "agent_tool_conf": [0.5]}, r"\[0, 1\]"),
         ({"agent_stability": [0.5], "agent_rag_score": [-0.1], "agent_tool_conf": [0.5]}, r"\[0, 1\]"),
@@ -349,8 +351,10 @@ def test_bad_agent_columns_reject_the_batch(cols: dict[str, list[float]], match:
 
 
 _signal = st.floats(0.0, 1.0)
-agent_rows = st.lists(st.tuples(st.one_of(st.none(), st.tuples(_signal, _signal, _signal)),
-                                st.one_of(st.none(), st.integers(0, 2))), max_size=6)
+agent_rows = st.lists(
+    st.tuples(st.one_of(st.none(), st.tuples(_signal, _signal, _signal)), st.one_of(st.none(), st.integers(0, 2))),
+    max_size=6,
+)
 
 
 def _agent_agg(rows: list[tuple[Any, Any]]) -> WindowAggregate:

@@ -3,6 +3,7 @@
 Windows are 10 s; ``demand_alpha=1`` makes a zone's demand its last arrival
 rate, so every floor below can be checked by hand.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -56,11 +57,14 @@ def _cut_b_at_50(p):
     return s, kinds
 
 
-@pytest.mark.parametrize(("timeout", "lost_at_s"), [
-    (1, 40),  # b's window ending 30 missing when a's ending 40 arrives
-    (2, 50),  # the default: two windows missed
-    (3, 60),
-])
+@pytest.mark.parametrize(
+    ("timeout", "lost_at_s"),
+    [
+        (1, 40),  # b's window ending 30 missing when a's ending 40 arrives
+        (2, 50),  # the default: two windows missed
+        (3, 60),
+    ],
+)
 def test_silent_zone_is_lost_after_the_timeout(timeout: int, lost_at_s: int) -> None:
     p = _p(loss_timeout_windows=timeout)
     s = _steady(p, {"a": 6.0, "b": 4.0})
@@ -191,18 +195,21 @@ def test_redelivered_window_changes_nothing() -> None:
     assert s2 is s and ev == []
 
 
-@pytest.mark.parametrize(("zones", "demands", "k", "floors"), [
-    # 2 zones, N+1: each zone carries everything (its share x 2/1)
-    (AB, {"a": 6.0, "b": 4.0}, 1, {"a": 10.0, "b": 10.0}),
-    # 3 equal zones, N+1: share 6 x 3/2 = 9
-    (("a", "b", "c"), {"a": 6.0, "b": 6.0, "c": 6.0}, 1, {"a": 9.0, "b": 9.0, "c": 9.0}),
-    # unequal: own + half of the largest other (the worst single loss)
-    (("a", "b", "c"), {"a": 9.0, "b": 6.0, "c": 3.0}, 1, {"a": 12.0, "b": 10.5, "c": 7.5}),
-    # N+2 over 3 zones: own + both others / 1: every zone carries everything
-    (("a", "b", "c"), {"a": 6.0, "b": 6.0, "c": 6.0}, 2, {"a": 18.0, "b": 18.0, "c": 18.0}),
-    # no redundancy, no loss: no floor
-    (AB, {"a": 6.0, "b": 4.0}, 0, {"a": 0.0, "b": 0.0}),
-])
+@pytest.mark.parametrize(
+    ("zones", "demands", "k", "floors"),
+    [
+        # 2 zones, N+1: each zone carries everything (its share x 2/1)
+        (AB, {"a": 6.0, "b": 4.0}, 1, {"a": 10.0, "b": 10.0}),
+        # 3 equal zones, N+1: share 6 x 3/2 = 9
+        (("a", "b", "c"), {"a": 6.0, "b": 6.0, "c": 6.0}, 1, {"a": 9.0, "b": 9.0, "c": 9.0}),
+        # unequal: own + half of the largest other (the worst single loss)
+        (("a", "b", "c"), {"a": 9.0, "b": 6.0, "c": 3.0}, 1, {"a": 12.0, "b": 10.5, "c": 7.5}),
+        # N+2 over 3 zones: own + both others / 1: every zone carries everything
+        (("a", "b", "c"), {"a": 6.0, "b": 6.0, "c": 6.0}, 2, {"a": 18.0, "b": 18.0, "c": 18.0}),
+        # no redundancy, no loss: no floor
+        (AB, {"a": 6.0, "b": 4.0}, 0, {"a": 0.0, "b": 0.0}),
+    ],
+)
 def test_redundancy_floors(zones, demands, k, floors) -> None:
     p = _p(zones, redundancy=k)
     s = _steady(p, demands)
@@ -234,16 +241,26 @@ def test_unknown_zone_is_ignored() -> None:
     assert ev == [] and s.zones == {}
     assert floor_rps(p, s, "zz", 10_000) == 0.0
     assert weights(p, ZoneCapacityState({"a": ZoneState(status=LOST), "b": ZoneState(status=LOST)})) == {
-        "a": 0.5, "b": 0.5}  # nothing up: no better choice than equal shares
+        "a": 0.5,
+        "b": 0.5,
+    }  # nothing up: no better choice than equal shares
 
 
-@pytest.mark.parametrize("kw", [
-    {"zones": ()}, {"zones": ("a", "a")}, {"zones": AB, "window_s": 0.0},
-    {"zones": AB, "loss_timeout_windows": 0}, {"zones": AB, "redundancy": 2},
-    {"zones": AB, "demand_alpha": 0.0}, {"zones": AB, "return_ready_fraction": 1.5},
-    {"zones": AB, "capacity_rps": -1.0}, {"zones": AB, "release_windows": -1},
-    {"zones": AB, "target_util": 1.2},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"zones": ()},
+        {"zones": ("a", "a")},
+        {"zones": AB, "window_s": 0.0},
+        {"zones": AB, "loss_timeout_windows": 0},
+        {"zones": AB, "redundancy": 2},
+        {"zones": AB, "demand_alpha": 0.0},
+        {"zones": AB, "return_ready_fraction": 1.5},
+        {"zones": AB, "capacity_rps": -1.0},
+        {"zones": AB, "release_windows": -1},
+        {"zones": AB, "target_util": 1.2},
+    ],
+)
 def test_bad_parameters_are_refused(kw) -> None:
     with pytest.raises(ParameterError):
         ZoneCapacityParams(**kw)
