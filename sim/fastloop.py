@@ -23,6 +23,10 @@ Cost accounting per tick: provisioned GPU-seconds count every replica that
 holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
 GPU-seconds weight ready replicas by their measured busy fraction; waste is
 ``1 - busy / provisioned``.
+
+Over 400 lines: the fast loop's run() drives the fleet, the strategy and the faults
+through one clock; it is split by phase in the next structural change (a control-loop
+class shared with the worker).
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ broker and reused by the fast simulator.  Per message it
 allowed lateness has passed (by event time, or by the clock when traffic
 stops) and returns one metrics record per node and one per (model, zone),
 the latter merged from the node windows.
+
+Over 400 lines: the ingest hot path (batch columns, the per-record fallback with its
+dead letters, window closing) is one processor; its fast and slow paths must stay side
+by side to stay equivalent.
 """
 
 from __future__ import annotations
