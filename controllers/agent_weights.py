@@ -1,8 +1,8 @@
-"""Mixed agent load: dynamic RAG / tool / LLM weights (seed spec 4.1).
+"""Mixed agent load: dynamic RAG / tool / LLM weights (docs/model.md §15 (agents)).
 
 An agent turn spends its budget on three kinds of work: retrieval (RAG),
-tool calls and plain LLM generation.  The article weighs them by how settled
-the conversation is (``stability``: 0 = the topic jumps, 1 = converged), how
+tool calls and plain LLM generation.  The design source weighs them by how
+settled the conversation is (``stability``: 0 = the topic jumps, 1 = converged), how
 relevant the retrieved context is (``rag_score``) and how confident the
 planner is in its tool call (``tool_conf``)::
 
@@ -10,15 +10,15 @@ planner is in its tool call (``tool_conf``)::
     w_tool = tool_coef * tool_conf * (1 - stability)    # default 0.5
     w_llm  = llm_base  + llm_stability_coef * stability # default 0.1 + 0.2 s
 
-and the three are then **normalised to sum to 1** (the article's raw values
-do not: at ``stability = rag_score = 1`` they are 0.4, 0 and 0.3).  Because
-``llm_base > 0`` the raw total is always positive, so normalising never
+and the three are then **normalised to sum to 1** (the design source's raw
+values do not: at ``stability = rag_score = 1`` they are 0.4, 0 and 0.3).
+Because ``llm_base > 0`` the raw total is always positive, so normalising never
 divides by zero, and LLM generation always keeps a share.  Intuition: a
 converged conversation leans on retrieval and the model; a jumping one on
 tools.
 
-The reference the article compares against is the static 1:1:1 split
-(:data:`STATIC_WEIGHTS`; article reports 842 ms mean response and 86.3 %
+The reference the design source compares against is the static 1:1:1 split
+(:data:`STATIC_WEIGHTS`; the source reports 842 ms mean response and 86.3 %
 completion for it, against 617 ms and 93.7 % with the dynamic weights).
 :func:`allocate` turns weights into integer slots (workers, replicas,
 concurrency) with the largest-remainder method, so the slots add up.
@@ -48,7 +48,9 @@ KINDS = AGENT_PATHS  # the weight vector is indexed like the telemetry paths
 
 @dataclass(frozen=True)
 class AgentWeightParams:
-    """Coefficients of the 4.1 formulas (validated; defaults are the article's).
+    """Coefficients of the docs/model.md §15 (agents) formulas (validated).
+
+    The defaults are the design source's.
 
     Examples
     --------
@@ -116,18 +118,18 @@ class AgentWeights:
 
 
 STATIC_WEIGHTS = AgentWeights(1 / 3, 1 / 3, 1 / 3, 1.0, 1.0, 1.0)
-"""The static 1:1:1 reference of the article."""
+"""The static 1:1:1 reference the design source compares against (docs/model.md §15 (agents))."""
 
 
 def weights(signals: AgentSignals, params: AgentWeightParams | None = None) -> AgentWeights:
-    """Dynamic weights of one turn (pure): the 4.1 formulas, normalised.
+    """Dynamic weights of one turn (pure): the docs/model.md §15 (agents) formulas, normalised.
 
     Parameters
     ----------
     signals : AgentSignals
         ``stability``, ``rag_score`` and ``tool_conf``, each in [0, 1].
     params : AgentWeightParams, optional
-        Coefficients; the article's (0.4, 0.5, 0.1, 0.2) by default.
+        Coefficients; the design source's (0.4, 0.5, 0.1, 0.2) by default.
 
     Returns
     -------

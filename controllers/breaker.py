@@ -1,4 +1,4 @@
-"""Adaptive circuit breaker per target (seed spec 4.4).
+"""Adaptive circuit breaker per target (docs/model.md §13 (breaker)).
 
 States and transitions::
 
@@ -11,12 +11,12 @@ window*: the most recent per-window observations whose requests add up to
 just **more than** ``min_requests`` (older windows are dropped as long as
 the rest still holds more than ``min_requests``; windows older than
 ``max_window_age_s`` are dropped always).  It trips when that window holds
-strictly more than ``min_requests`` requests (article: "a window of more
+strictly more than ``min_requests`` requests (design source: "a window of more
 than 1,000 requests") and::
 
     error_ratio > threshold = base_error_ratio * (1 + attainment_gain * (1 - slo_attainment_5min))
 
-with the article's ``base_error_ratio = 0.005`` and ``attainment_gain =
+with the design source's ``base_error_ratio = 0.005`` and ``attainment_gain =
 0.5``.  Note the sense of the formula: the threshold *rises* (up to 1.5x)
 as SLO attainment over the last five minutes falls.  While the fleet is
 already missing its SLOs the breaker tolerates more errors before it takes
@@ -73,7 +73,10 @@ StateName = Literal["closed", "open", "half_open"]
 
 @dataclass(frozen=True)
 class BreakerParams:
-    """Trip rule, cool-down and probing (validated; defaults are the article's).
+    """Trip rule, cool-down and probing (validated).
+
+    Defaults: ``base_error_ratio``, ``attainment_gain`` and ``min_requests`` are the design
+    source's, the rest governor's choices (docs/model.md §13 (breaker)).
 
     Examples
     --------

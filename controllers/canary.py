@@ -1,4 +1,4 @@
-"""Canary (gray release) controller for a new model version (seed spec 4.4).
+"""Canary (gray release) controller for a new model version (docs/model.md §14 (canary)).
 
 A new version takes a growing share of traffic, ``1 % -> 5 % -> 20 % ->
 100 %`` by default (``stages``), holding each stage ``hold_s`` (one value,
@@ -32,7 +32,7 @@ looked at) judge latency on the stage's *cumulative* counts ``k`` of ``n``
 canary requests over a threshold, so a slow version is caught at the 1 %
 stage, where no window holds 20 canary requests:
 
-* **over the P99 limit** (the seed's rule, sequential): requests over
+* **over the P99 limit** (the design source's rule, sequential): requests over
   ``max_p99_ms``; ``p0 = 1 %`` (P99 at the limit), ``p1 = limit_p1`` (5 %: the
   canary's P95 over the limit).
 * **slower than stable** (relative, ``max_slowdown`` k = 2; None = off):
@@ -101,7 +101,10 @@ SLOWDOWN_P0 = 0.05  # share over k x stable's P95 when the canary is at most k t
 
 @dataclass(frozen=True)
 class CanaryParams:
-    """Stages, holds and rollback limits (validated; defaults are the article's).
+    """Stages, holds and rollback limits (validated).
+
+    Defaults: ``stages``, ``max_error_rate`` and ``max_p99_ms`` are the design source's, the
+    rest governor's choices (docs/model.md §14 (canary)).
 
     Examples
     --------

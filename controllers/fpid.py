@@ -1,6 +1,6 @@
 """Fractional-order scaling PID (PID^alpha) with an adaptive order.
 
-Seed-spec section 3.2, as a drop-in alternative to :mod:`controllers.pid`:
+docs/model.md §5 (fpid), as a drop-in alternative to :mod:`controllers.pid`:
 the same measurement (:class:`~controllers.pid.PidMeasurement`), the same
 output (:class:`~controllers.pid.PidOutput`), the same sign (``e = eps -
 eps_ref``, violations above the reference scale **up**), the same deadband,
@@ -9,7 +9,7 @@ clamp ``a`` to ``[a_min, a_max]`` (default [0.5, 3.0]), dead-time hold on
 ready replicas and sign guard, slew ``|a_k - a_{k-1}| <= 0.3``, continuous
 replica level within ``[min_replicas, max_replicas]`` with back-calculation.
 
-Control law.  One order ``alpha`` for both operators (the seed's single
+Control law.  One order ``alpha`` for both operators (the design source's single
 "derivative/integral order"): ``lambda = mu = alpha``.  Positional form in
 log-replica space, ``log level = kp e + ki I^alpha e + kd D^alpha e``, taken
 in *velocity* form like pid.py.  With GL weights ``w_j^(r)`` of order ``r``
@@ -43,7 +43,7 @@ Adaptive order, applied after every step (the order used at step ``k`` is
                   alpha_floor, 1.9)
 
 ``sum(e)`` runs over the bounded history (at most ``M`` errors).
-``alpha_floor = max(0.1, 2 ki / kp)`` (just above it): the seed's constraint
+``alpha_floor = max(0.1, 2 ki / kp)`` (just above it): the design source's constraint
 ``ki / kp < 0.5 alpha`` is validated at construction (``ParameterError``)
 and *kept* during adaptation by clipping alpha, never by changing a gain.
 ``kp = 0`` with ``ki > 0`` violates it (the ratio is infinite), so the

@@ -1,4 +1,4 @@
-"""Cross-zone timing (seed-spec 4.3): hybrid logical clocks, RTT compensation, clock offset.
+"""Cross-zone timing (docs/model.md §17 (hlc)): hybrid logical clocks, RTT compensation, clock offset.
 
 Three pure pieces, each a frozen value plus functions that return new values:
 

@@ -1,15 +1,15 @@
-"""KV-cache relocation policy (seed-spec 4.2): when to compact, how much, when to move.
+"""KV-cache relocation policy (docs/model.md §16 (kv)): when to compact, how much, when to move.
 
 Pure: a frozen :class:`KvPolicyParams`, an explicit :class:`KvPolicyState`
 and :func:`step` from one replica's allocator telemetry (:class:`KvObs`) to a
 :class:`KvDecision` that the caller issues as a relocation command.
 
-Definitions (the seed leaves them loose; these are the ones used):
+Definitions (the design source leaves them loose; these are the ones used):
 
 - *fragmentation ratio* ``f = 1 - largest_free / free`` (0: all free memory
   is one hole). *Compactness* is ``1 - f = largest_free / free``.
 - *Trigger*: requests wait and ``largest_free < trigger_factor *
-  waiting_kv_bytes`` (seed: 1.8 x the KV bytes the waiting request needs).
+  waiting_kv_bytes`` (design source: 1.8 x the KV bytes the waiting request needs).
 - *Target*: compact until compactness ``>= compact_ratio`` (0.92), i.e.
   ``f <= 1 - compact_ratio`` (``target_fragmentation`` = 0.08).
 - An *episode* starts at a trigger and ends when the target is met
@@ -17,11 +17,11 @@ Definitions (the seed leaves them loose; these are the ones used):
   each round moves at most ``max_bytes_per_round`` (bounded work).
 - *Can compaction help?* An episode starts only when ``free >=
   trigger_factor * waiting`` (one hole could hold the waiting request with
-  the seed's headroom), or, with ``compact_when_blocked``, when the waiting
+  the design source's headroom), or, with ``compact_when_blocked``, when the waiting
   request is blocked by fragmentation alone: ``largest_free < waiting <=
   free`` (it fits once the free memory is one hole; a paged allocator would
   admit it now; compacting is then preferred to a move: it is local and
-  takes milliseconds). Off by default (the seed's reading); ``governor
+  takes milliseconds). Off by default (the design source's reading); ``governor
   bench kv`` turns it on.
 - *Budget*: ``max_bytes_per_round``; :meth:`KvPolicyParams.for_pause` derives
   it from a pause bound (bytes = pause x copy bandwidth).

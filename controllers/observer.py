@@ -1,6 +1,6 @@
 """Delay compensation: a linear Kalman filter, RK4 look-ahead, loop delay.
 
-Seed-spec section 3.1.  The hidden state is ``x = [u, q, eps]``:
+docs/model.md §9 (observer).  The hidden state is ``x = [u, q, eps]``:
 utilisation (0..1), queue length per replica, SLO-violation rate.  The
 measurement is the same three signals, noisy (``H = I``); a missing signal
 (``None``) is skipped for that update.
@@ -22,7 +22,7 @@ and the lags and noises are parameters to fit, not claims.
 Discretisation over ``dt`` is exact: ``F_i = exp(-dt/lag_i)``,
 ``x' = F x + (1 - F) s``, ``Q_i = q_i lag_i (1 - F_i^2) / 2`` (``q_i dt`` for
 a random walk).  :func:`predict_ahead` integrates the same ODE forward over
-the loop delay ``tau`` with classical RK4 (the seed's method), so the
+the loop delay ``tau`` with classical RK4 (docs/model.md §9 (observer)), so the
 controller can act on ``x(t + tau)``; it ignores noise (the mean path).
 Estimates are not clipped to their physical ranges (clipping would bias a
 linear filter); callers clip what they display.

@@ -1,8 +1,9 @@
 """Elastic scaling controller: velocity PID in log-replica space.
 
-Seed-spec section 5 with its Correction: violations above the reference
-scale **up**.  The error is ``e_k = eps_k - eps_ref`` (``eps`` the measured
-SLO-violation rate, ``eps_ref`` default 2 %), so ``e > 0`` grows the fleet.
+docs/model.md §4 (pid), the design source with its Correction: violations
+above the reference scale **up**.  The error is ``e_k = eps_k - eps_ref``
+(``eps`` the measured SLO-violation rate, ``eps_ref`` default 2 %), so
+``e > 0`` grows the fleet.
 
 Form chosen: *velocity* (incremental) PID on ``log(replicas)``::
 

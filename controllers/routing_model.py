@@ -101,7 +101,7 @@ class RequestClass:
 
 
 TRADING = RequestClass("trading", ttft_slo_ms=300.0, priority=0, degradable=True)
-"""Seed spec 1: a trading agent's 300 ms SLA; a smaller model on time beats a late one."""
+"""docs/model.md §12 (routing): a trading agent's 300 ms SLA; a smaller model on time beats a late one."""
 VOICE = RequestClass("voice", ttft_slo_ms=800.0, priority=1, degradable=True)
 """Conversational voice: the first token within ~800 ms keeps the turn natural."""
 BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2, degradable=False)

@@ -1,6 +1,6 @@
 """Online fit of the latency SDE's mean-reverting (Ornstein-Uhlenbeck) part.
 
-Seed section 2.1 (with its Correction): latency follows
+docs/model.md §10 (sde), the design source with its Correction: latency follows
 ``dL = theta (L_bar - L) dt + sigma dW`` plus a queueing knee; the project fits
 the parameters from observed latency instead of assuming them.  Sampled every
 ``dt``, an OU path is an AR(1) process ``L_{k+1} = a + b L_k + e`` with

@@ -11,8 +11,8 @@ Requests (:data:`REQUEST_COLUMNS`): missing latency measurements are NaN
 (e.g. no first token on an error); other columns must not be NaN, and
 negative or infinite values reject the whole batch.
 
-Mixed agent load (seed spec 4.1, optional :data:`AGENT_COLUMNS`): requests
-may carry the turn's ``agent_stability``, ``agent_rag_score`` and
+Mixed agent load (docs/model.md §15 (agents), optional
+:data:`AGENT_COLUMNS`): requests may carry the turn's ``agent_stability``, ``agent_rag_score`` and
 ``agent_tool_conf`` (each in [0, 1], all three or none; NaN = not carried)
 and its ``agent_path`` (:data:`AGENT_PATHS` index, NaN = not carried).
 
@@ -68,7 +68,7 @@ GPU_COLUMNS = tuple(
 # field (stored as -1 in the snapshot so snapshots stay totally ordered).
 KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
 # Optional agent columns of a request batch (NaN = the request did not carry it):
-# the three 4.1 signals, then the path as an index into AGENT_PATHS.
+# the three signals of docs/model.md §15 (agents), then the path as an index into AGENT_PATHS.
 AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
 AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)

@@ -15,9 +15,9 @@ columns; a bad batch is rejected whole with ``ValueError``) are in
 (:func:`result`, :func:`node_kv`, :func:`node_result`) in
 :mod:`controllers.window_result`; both are re-exported here.
 
-Mixed agent load (seed spec 4.1): a window counts the requests carrying the
-three agent signals and sums each signal in integer millionths (so merging
-is exactly associative and commutative), and counts the requests per
+Mixed agent load (docs/model.md §15 (agents)): a window counts the requests
+carrying the three agent signals and sums each signal in integer millionths
+(so merging is exactly associative and commutative), and counts the requests per
 ``agent_path``; :func:`result` reports the means (None when no request
 carried them) and ``agent_path_counts``.
 

@@ -1,6 +1,6 @@
-"""``governor bench traffic --scenario agents``: seed 4.1 dynamic agent weights vs static 1:1:1.
+"""``governor bench traffic --scenario agents``: dynamic agent weights (docs/model.md §15 (agents)) vs static 1:1:1.
 
-Agent turns take the RAG, tool or plain-LLM path drawn from the 4.1 weights
+Agent turns take the RAG, tool or plain-LLM path drawn from those weights
 (dynamic) or 1:1:1 (static); see :func:`agent_turn_calls` for the stated
 model of each path.
 """

@@ -1,11 +1,11 @@
 """``governor bench bandwidth``: the loop-bandwidth to SLO-violation power law.
 
-Seed section 3.3 claims ``eps = eps0 * B^-a`` (a = 0.85, eps0 = 0.12) and a
-table that disagrees with it; the Correction asks to fit both from our own
-measurements.  The control bandwidth B (Hz) is the rate of decisions:
-``1 / window_s``.  The same seeded workload runs through the fast loop with
-the feedback PID alone at several B, and ``log eps = log eps0 - a log B`` is
-fitted by least squares.
+docs/model.md §21 (bandwidth): the design source claims ``eps = eps0 * B^-a``
+(a = 0.85, eps0 = 0.12) and a table that disagrees with it (:data:`SEED_TABLE`);
+its Correction asks to fit both from our own measurements.  The control
+bandwidth B (Hz) is the rate of decisions: ``1 / window_s``.  The same seeded
+workload runs through the fast loop with the feedback PID alone at several B,
+and ``log eps = log eps0 - a log B`` is fitted by least squares.
 """
 
 from __future__ import annotations
@@ -21,11 +21,15 @@ from sim.fastloop import LoopConfig, run
 from sim.scenarios import SCENARIOS, build
 from sim.traces import load_trace
 
+# The design source's reported table, bandwidth (Hz) -> violation rate (docs/model.md §21 (bandwidth)):
+# fitted and printed (the "seed" output) for comparison, never used as constants.
 SEED_TABLE = {0.1: 0.112, 1.0: 0.038, 10.0: 0.011}
 
 
 def add_parser(sub: Any) -> None:
-    b = sub.add_parser("bandwidth", help="fit the loop-bandwidth -> violation power law (seed 3.3)")
+    b = sub.add_parser(
+        "bandwidth", help="fit the loop-bandwidth -> violation power law (docs/model.md §21 (bandwidth))"
+    )
     b.add_argument("--trace", default="azure-conv")
     b.add_argument("--scenario", default="burst", choices=SCENARIOS)
     b.add_argument("--qps", type=float, default=20.0)
@@ -85,6 +89,7 @@ def run_bandwidth(args: Namespace) -> int:
             f"{r['gpu_seconds']:>10,.0f} {r['scale_actions']:>8}"
         )
     print(f"fit: eps = {eps0:.4f} * B^({-a:+.3f})  (R^2 {r2:.2f})")
+    # "seed": the design source's formula and its reported SEED_TABLE (docs/model.md §21 (bandwidth))
     print(f"seed: formula eps0 0.12, a 0.85; its own table fits eps0 {seed_eps0:.4f}, a {seed_a:.3f}")
     sys.stdout.flush()
     return 0

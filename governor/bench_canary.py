@@ -104,7 +104,7 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {}
     for bad in ("errors", "p99", "slow", "good"):
         arms: dict[str, Any] = {"canary": CanaryPolicy(cp)}
-        if bad in slow_factor:  # the seed's absolute rules alone (sequential P99 test included)
+        if bad in slow_factor:  # absolute rules only: design source's + sequential P99 (docs/model.md §14 (canary))
             arms["canary-abs"] = CanaryPolicy(replace(cp, max_slowdown=None))
         if bad != "good":
             arms["big-bang"] = bigbang

@@ -1,6 +1,6 @@
 """``governor bench kv``: KV fragmentation and relocation on the Mooncake trace; cross-zone timing.
 
-KV part (seed-spec 4.2, issue 6). The same seeded trace window is replayed
+KV part (docs/model.md §16 (kv), issue 6). The same seeded trace window is replayed
 three times on the event-driven fleet (:mod:`sim.fleet`):
 
 1. ``contiguous``: contiguous KV regions, no relocation (the baseline);
@@ -14,8 +14,8 @@ three times on the event-driven fleet (:mod:`sim.fleet`):
 Per-round budget: ``--max-pause-ms`` (default 10 ms) times the copy
 bandwidth of the TP group (``COPY_BANDWIDTH_BYTES_S x tensor_parallel``), so
 the pause a round can cause is bounded; ``--max-gib-per-round`` overrides it
-with a byte count. ``--no-compact-when-blocked`` restores the seed-only
-start rule (see :mod:`controllers.kv_policy`).
+with a byte count. ``--no-compact-when-blocked`` restores the design
+source's start rule alone (see :mod:`controllers.kv_policy`).
 
 Reported per relocation episode (trigger -> target or ``max_rounds``):
 fragmentation at the trigger, after the last round and at the observation
@@ -28,11 +28,12 @@ request fits the largest hole before vs after; per run, the share of samples
 in which a request waits *blocked by fragmentation alone* (``largest_free <
 waiting <= free``) and the mean running requests (vs paged). Latency: TTFT
 p50/p95 and e2e p95 of the three runs; ``lost`` = requests - completed. The
-seed's figures are printed alongside; they come from other models and
-engines, so the comparison is of shape, not of value.
+design source's reported figures (:data:`SEED_KV`) are printed alongside;
+they come from other models and engines, so the comparison is of shape, not
+of value.
 
-Zones part (seed-spec 4.3): :func:`sim.zones.run_zones` with learned and with
-configured factors.
+Zones part (docs/model.md §17 (hlc)): :func:`sim.zones.run_zones` with
+learned and with configured factors.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ from sim.perf_model import PerfModel
 from sim.traces import load_trace
 from sim.zones import run_zones
 
+# The design source's reported figures (docs/model.md §16 (kv)): engine, fragmentation %, rounds,
+# KV capacity gain %; printed as "seed" next to the measured episodes, never used as constants.
 SEED_KV = [("LLaMA-7B streaming", 63.2, 2, 41.3), ("Mixtral-8x7B sparse", 78.9, 3, 32.6)]
-FRAG_BANDS = ((0.0, 0.4), (0.4, 0.6), (0.6, 1.01))  # fragmentation at trigger, for the seed comparison
+FRAG_BANDS = ((0.0, 0.4), (0.4, 0.6), (0.6, 1.01))  # fragmentation at trigger, for the SEED_KV comparison
 
 
 def add_parser(sub: Any) -> None:
@@ -300,6 +303,7 @@ def _fmt_kv(runs: list[dict[str, Any]]) -> list[str]:
             f"{b['rounds_mean']:.2f}, usable KV {b['usable_kv_gain_pct']:+.1f} % (bound "
             f"{b['usable_kv_bound_pct']:+.1f} %)"
         )
+    # "seed": the design source's reported figures, SEED_KV (docs/model.md §16 (kv))
     lines.append(
         "seed (other models/engines): "
         + "; ".join(f"{n}: {f} % -> {k} rounds -> {g:+} % KV capacity" for n, f, k, g in SEED_KV)
@@ -323,6 +327,7 @@ def _fmt_episodes(rel: dict[str, Any]) -> list[str]:
 
 
 def _fmt_zones(reps: dict[str, dict[str, Any]]) -> list[str]:
+    # "seed sigma / delay": the design source's reported figures, sim.zones.SEED_FIGURES (docs/model.md §17 (hlc))
     lines = [
         f"{'pair':<14}{'factors':<12}{'RTT':>6}{'factor':>8}{'sigma raw':>11}{'sigma comp':>11}"
         f"{'|err| comp':>11}{'eps model':>10}{'delay +%':>9}   seed sigma / delay"

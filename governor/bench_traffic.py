@@ -7,8 +7,9 @@ of the arms are equal; only the routing policy differs.  Windows are
 requests (per target: P95 TTFT/e2e, completions, errors, queue depth) and
 sets the fleet's routing weights for the next one.
 
-* ``routing``: latency spikes (``Fleet.inject_latency_spike``: the seed's
-  injected I/O delays) on the primary ``bloom-176b`` in ``az-a``.  Arms:
+* ``routing``: latency spikes (``Fleet.inject_latency_spike``: the design
+  source's injected I/O delays, docs/model.md §19 (sim)) on the primary
+  ``bloom-176b`` in ``az-a``.  Arms:
   ``static-primary`` (weights by capacity over the primary's zones, the
   fallback replicas idle), ``static-all`` (by capacity over every target),
   ``routing`` (:func:`controllers.routing.step` every window, fallback to
@@ -23,7 +24,8 @@ sets the fleet's routing weights for the next one.
   ``big-bang`` (100 % at the start), ``canary`` (:mod:`controllers.canary`)
   and ``canary-abs`` (without the rule relative to stable).
 * ``agents``: agent turns take the RAG, tool or plain-LLM path drawn from
-  the 4.1 weights (dynamic) or 1:1:1 (static); see :func:`agent_turn_calls`.
+  the weights of docs/model.md §15 (agents) (dynamic) or 1:1:1 (static);
+  see :func:`agent_turn_calls`.
 
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in :data:`controllers.routing_model.DEFAULT_CLASSES`.
@@ -172,7 +174,10 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--canary-rate", type=float, default=40.0)
     b.add_argument("--canary-duration-s", type=float, default=1500.0)
     b.add_argument(
-        "--breaker-min-requests", type=int, default=100, help="scaled to the per-target rate (the article: 1000)"
+        "--breaker-min-requests",
+        type=int,
+        default=100,
+        help="scaled to the per-target rate (design source: 1000, docs/model.md §13 (breaker))",
     )
     b.add_argument("--canary-replicas", type=int, default=4, help="per zone and version")
     b.add_argument("--canary-start-s", type=float, default=30.0)

@@ -10,7 +10,7 @@
     governor bench control        every autoscaler on the same seeded workload
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
-    governor bench bandwidth      fit the bandwidth -> violation power law (seed 3.3)
+    governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """

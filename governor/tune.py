@@ -5,8 +5,9 @@ Optuna's TPE sampler (seeded) proposes the feedback gains (ki, kp, deadband)
 and the feedforward sizing (target utilisation, forecast-error headroom,
 quiet decay).  The slew limit |a_k - a_{k-1}| <= 0.3 is not searched: it is
 a hard constraint inside every controller step, so every trial honours it
-(the seed asks for tuning *subject to* it).  Each trial runs every chosen
-(trace, scenario) in :mod:`sim.fastloop`; the objective is
+(the design source asks for tuning *subject to* it: docs/model.md §4 (pid)).
+Each trial runs every chosen (trace, scenario) in :mod:`sim.fastloop`; the
+objective is
 
     mean over runs of  GPU-seconds / reference GPU-seconds
                      + penalty * max(0, target_attainment - attainment)

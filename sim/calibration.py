@@ -1,9 +1,10 @@
 """Fit the service-time jitter to the Splitwise measurements.
 
-The fleet's per-replica jitter is the seed's mean-reverting SDE (section 2.1,
-Correction): ``L`` relaxes to ``L_bar`` at rate ``theta`` with diffusion
-``sigma``, and service time is multiplied by ``L / L_bar``.  Its stationary
-coefficient of variation is ``sigma / (L_bar * sqrt(2 theta))``.
+The fleet's per-replica jitter is the mean-reverting SDE of
+docs/model.md §10 (sde) (the design source's Correction): ``L`` relaxes to
+``L_bar`` at rate ``theta`` with diffusion ``sigma``, and service time is
+multiplied by ``L / L_bar``.  Its stationary coefficient of variation is
+``sigma / (L_bar * sqrt(2 theta))``.
 
 The Splitwise perf model repeats every configuration 5-15 times on one
 machine; the spread of those repetitions is the measured run-to-run
@@ -12,13 +13,13 @@ of variation of every configuration's repetitions and solves for ``sigma``
 so that the jitter's stationary CV equals a chosen quantile of them
 (default: the 90th percentile of prefill CVs, the noisier phase).  ``theta``
 cannot be identified from repetitions (they carry no time order), so it
-stays the seed's 0.03 /s.
+stays the design source's 0.03 /s.
 
 Measured on the packaged file (``python -m sim.calibration``): 152
 configurations with >= 3 repetitions; prefill CV median 1.0 %, p90 5.2 %;
 decode CV median 0.39 %, p90 0.98 %; fitted ``sigma = 1.27`` for
 ``L_bar = 100``, ``theta = 0.03``.  The earlier, assumed ``sigma0 = 8``
-(the seed's "initial jitter" of 8 ms) gave a stationary CV of 33 %, 6x the
+(the design source's "initial jitter" of 8 ms) gave a stationary CV of 33 %, 6x the
 noisiest measured configuration: latency swings in the simulator come from
 queueing and batching, which it models, not from kernel-time noise.
 """

@@ -1,6 +1,6 @@
 """KV-cache memory allocators of one replica: contiguous (fragments) and paged (does not).
 
-Seed-spec 4.2 and issue 6. Engines without paged attention keep each
+docs/model.md §16 (kv) and issue 6. Engines without paged attention keep each
 sequence's KV in **one contiguous region** reserved at admission for
 ``prompt + output`` tokens; regions freed at completion leave holes, and a
 request whose region does not fit in any hole waits although the total free

@@ -3,15 +3,16 @@
 Every scenario keeps the trace's own texture (burstiness, prompt and output
 lengths) and changes only its rate over time (:func:`sim.workloads.warp`) or
 injects faults into the fleet.  ``qps`` is the scenario's base rate.
+``step`` and ``spike`` follow the design source (docs/model.md §19 (sim)).
 
 =============  ==============================================================
 replay         the trace at ``qps`` (its own minute-to-minute swings kept)
-step           the seed's stepped load test: 50 -> 500 QPS in 10 equal steps
+step           the design source's stepped load test: 50 -> 500 QPS in 10 equal steps
                (scaled by qps/50 so a smaller base keeps the 10x shape)
 burst          base rate with three 3x bursts of 60 s
 diurnal        a compressed day: rate follows 0.4 .. 1.6 x qps sinusoidally
-spike          the seed's injected I/O-delay spikes: service time x3 on half
-               of a zone's replicas for 120 s, twice
+spike          the design source's injected I/O-delay spikes: service time x3
+               on half of a zone's replicas for 120 s, twice
 replica-loss   one replica of each zone fails every 300 s
 zone-cut       the second zone is cut off at 40 % of the run for 30 % of it (at
                most 300 s; 240-420 s of a 600 s run): its replicas and

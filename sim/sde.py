@@ -1,14 +1,14 @@
-"""Latency as an Ito SDE (seed spec 2.1): presets, simulation, OU fit, jitter.
+"""Latency as an Ito SDE (docs/model.md §10 (sde)): presets, simulation, OU fit, jitter.
 
 ``dL = mu(L, t) dt + sigma(L, t) dW``. Drift and diffusion are pluggable
 callables ``f(L, t) -> array``; the presets are small frozen dataclasses so
 parameter sets pickle. Two presets:
 
 - :meth:`SdeParams.article`: ``mu = 0.8 max(0, L - 150)``,
-  ``sigma = 12 (1 + 0.02 t)``, ``dt = 0.01 s`` (the article's form; no
+  ``sigma = 12 (1 + 0.02 t)``, ``dt = 0.01 s`` (the design source's form; no
   reversion, so it explodes once past the knee).
 - :meth:`SdeParams.mean_reverting`: ``mu = theta (L_bar - L) + k max(0, L - L_knee)``,
-  constant ``sigma0`` (the spec's correction; stable while ``k < theta``).
+  constant ``sigma0`` (the design source's Correction; stable while ``k < theta``).
 
 :class:`JitterProcess` is the per-replica service-time multiplier the fleet
 uses: ``factor = clip(L / L_bar, 0.5, 3)`` with L advanced lazily by the exact
@@ -40,7 +40,7 @@ class SdeParamError(ValueError):
 
 @dataclass(frozen=True)
 class KneeDrift:
-    """Article drift ``gain * max(0, L - knee)``."""
+    """The design source's drift ``gain * max(0, L - knee)`` (docs/model.md §10 (sde))."""
 
     gain: float = 0.8
     knee: float = 150.0
@@ -64,7 +64,7 @@ class MeanRevertingDrift:
 
 @dataclass(frozen=True)
 class GrowingDiffusion:
-    """Article diffusion ``sigma0 (1 + growth t)``."""
+    """The design source's diffusion ``sigma0 (1 + growth t)`` (docs/model.md §10 (sde))."""
 
     sigma0: float = 12.0
     growth: float = 0.02
@@ -110,7 +110,9 @@ class SdeParams:
 
     @classmethod
     def article(cls) -> SdeParams:
-        """The article's preset: knee drift at 150 ms, diffusion growing with t.
+        """The design source's preset: knee drift at 150 ms, diffusion growing with t.
+
+        See docs/model.md §10 (sde).
 
         Examples
         --------

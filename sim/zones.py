@@ -1,4 +1,4 @@
-"""Simulated multi-zone command timing: RTT, jitter, clock drift, HLC and compensation (seed 4.3).
+"""Simulated multi-zone command timing: RTT, jitter, clock drift, HLC and compensation (docs/model.md §17 (hlc)).
 
 One issuer (the control plane, in the reference zone, whose clock is true
 time) sends a command to every zone's executor. Each zone has a probe RTT
@@ -22,7 +22,7 @@ whose HLC is older than the last applied. Two policies, on the same draws:
   command acknowledgements unless configured.
 
 Measured per pair (reference zone, z) over commands: the effect-time
-difference (``sigma`` = its standard deviation, ``mean_abs``), and the seed's
+difference (``sigma`` = its standard deviation, ``mean_abs``), and the design source's
 model ``eps_sync = dt_net + alpha * df_clock + beta * |C_ref - C_z|`` from its
 measured terms: ``dt_net`` the mean network timing error left (late
 arrivals; the one-way delay difference when uncompensated), ``df_clock`` the
@@ -50,6 +50,8 @@ from controllers.hlc import ClockOffsetEstimator, Hlc, RttEstimator
 
 __all__ = ["DEFAULT_ZONES", "SEED_FIGURES", "ZoneSpec", "run_zones"]
 
+# The design source's reported sync sigma and delay increase per zone pair (docs/model.md §17 (hlc)):
+# printed next to the measured ones by ``governor bench kv``, never used as constants.
 SEED_FIGURES = {
     "az-a<->az-b": {"rtt_ms": 18.7, "sigma_ms": 4.2, "delay_increase_pct": 23.0},
     "az-a<->az-c": {"rtt_ms": 9.3, "sigma_ms": 1.8, "delay_increase_pct": 8.0},
@@ -106,8 +108,9 @@ def run_zones(
 ) -> dict:
     """Run the timing simulation; returns a report dict (see the module docstring).
 
-    ``factors`` configures per-zone factors (e.g. the article's ``{'az-b':
-    1.35, 'az-c': 1.12}``); None learns them from command acknowledgements.
+    ``factors`` configures per-zone factors (e.g. the design source's
+    ``{'az-b': 1.35, 'az-c': 1.12}``, docs/model.md §17 (hlc)); None learns
+    them from command acknowledgements.
     """
     ref, names = zones[0], [z.name for z in zones]
     rng = np.random.default_rng(seed)

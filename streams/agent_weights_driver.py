@@ -1,9 +1,9 @@
 """Mixed agent load on the real path: zone windows -> ``agents`` commands (no I/O).
 
-Request telemetry may carry the 4.1 signals of an agent turn
-(``agent_stability``, ``agent_rag_score``, ``agent_tool_conf``) and the path
-it took (``agent_path``); a zone window reports their means over the
-requests that carried them (``agent_signals_n``, ``agent_*_mean``) and the
+Request telemetry may carry the signals of an agent turn (docs/model.md §15 (agents):
+``agent_stability``, ``agent_rag_score``, ``agent_tool_conf``) and the path it
+took (``agent_path``); a zone window reports their means over the requests
+that carried them (``agent_signals_n``, ``agent_*_mean``) and the
 count per path (``agent_path_counts``, :mod:`controllers.windows`).
 
 :class:`AgentWeightsDriver` keeps, per ``(model, zone)``, an exponentially
@@ -15,9 +15,9 @@ signals::
 ``EWMA_ALPHA = 0.3``: a window's mean counts 30 %, so a step in the signals
 is 90 % through after about 6.5 windows (about a minute at the default 10 s
 window) and one odd window moves the weights by at most 30 % of its
-deviation.  The smoothed signals give the 4.1 weights,
-:func:`controllers.agent_weights.weights` (the seed's coefficients by
-default).  When one of the three weights differs by more than
+deviation.  The smoothed signals give the weights of
+:func:`controllers.agent_weights.weights` (the design source's coefficients
+by default).  When one of the three weights differs by more than
 ``PUBLISH_DELTA = 0.05`` from the last *published* weights of that target
 (or nothing was published yet), it emits one ``agents`` command for that
 zone::
@@ -110,7 +110,7 @@ def parse_window(m: Mapping[str, Any]) -> _Window | None:
 
 
 class AgentWeightsDriver:
-    """EWMA of each zone's agent signals -> 4.1 weights -> ``agents`` commands.
+    """EWMA of each zone's agent signals -> weights (docs/model.md §15 (agents)) -> ``agents`` commands.
 
     Examples
     --------

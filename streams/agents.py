@@ -151,7 +151,7 @@ def build_pipeline(
     scaler = Scaler(settings)
     relocator = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
     breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
-    agent_mix = AgentWeightsDriver(settings)  # 4.1 RAG/tool/LLM weights per model|zone (streams.agent_weights_driver)
+    agent_mix = AgentWeightsDriver(settings)  # RAG/tool/LLM weights per model|zone (docs/model.md §15 (agents))
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)

@@ -2,7 +2,7 @@
 
 :class:`BreakerDriver` keeps one :class:`~controllers.breaker.BreakerState`
 per *target* ``"<model>|<zone>"`` and runs :func:`controllers.breaker.step`
-on every zone-scope window record of that target (seed spec 4.4):
+on every zone-scope window record of that target (docs/model.md §13 (breaker)):
 
 * **requests / errors** -- the window's ``count`` and ``round(error_rate *
   count)``; the controller's count-based sliding window of the most recent
@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window", "window_target"]
 
 SNAPSHOT_VERSION = 1
-HORIZON_S = 300.0  # the seed's "SLO attainment of the last 5 minutes"
+HORIZON_S = 300.0  # the design source's "SLO attainment of the last 5 minutes" (docs/model.md §13 (breaker))
 Target = tuple[str, str]  # (model, zone)
 
 

@@ -64,7 +64,7 @@ class WorkerMetrics:
         )
         self.agent_weight = Gauge(
             "governor_agent_weight",
-            "last published mixed-agent weight (seed 4.1) of a path: rag, tool or llm",
+            "last published mixed-agent weight (docs/model.md §15 (agents)) of a path: rag, tool or llm",
             ("model", "zone", "path"),
             registry=r,
         )

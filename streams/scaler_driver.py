@@ -485,7 +485,7 @@ class Scaler:
         return max(0.0, float(ks.forecaster.forecast(max(1, steps))[-1]))
 
     def sde_estimates(self) -> dict[tuple[str, str], OuEstimate]:
-        """Fitted OU parameters of each key's TTFT P50 (seed 2.1, fitted online)."""
+        """Fitted OU parameters of each key's TTFT P50 (docs/model.md §10 (sde), fitted online)."""
         return {key: est for key, ks in self.states.items() if (est := ks.sde.estimate()) is not None}
 
     def drain_events(self) -> list[dict[str, Any]]:

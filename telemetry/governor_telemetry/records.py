@@ -53,7 +53,7 @@ REQUEST_FIELDS: dict[str, tuple[tuple[type, ...], bool, float | None]] = {
     "kv_hit": ((bool,), False, None),
     "kv_hit_blocks": ((int,), False, 0),
     "status": ((str,), True, None),
-    # Mixed agent load (seed 4.1), optional: the turn's conversation stability, RAG
+    # Mixed agent load (docs/model.md §15 (agents)), optional: the turn's conversation stability, RAG
     # relevance score and tool-call confidence (each in [0, 1], all three or none) and
     # the path the turn took.  controllers.windows aggregates them per window.
     "agent_stability": (_NUM, False, 0),

@@ -1,7 +1,7 @@
-"""Mixed agent load on the real path: request telemetry carrying the 4.1 signals
-(stability 0.9, RAG score 0.9, tool confidence 0.2) in two zones -> the worker (a
-real process) -> one ``agents`` command per zone -> the zone executors ->
-``<prefix>:routing:<zone>`` field ``_agents|<model>`` holds the 4.1 weights of
+"""Mixed agent load (docs/model.md §15 (agents)) on the real path: request telemetry
+carrying the signals (stability 0.9, RAG score 0.9, tool confidence 0.2) in two zones
+-> the worker (a real process) -> one ``agents`` command per zone -> the zone executors ->
+``<prefix>:routing:<zone>`` field ``_agents|<model>`` holds the weights of
 those signals; the driver's state is in the worker's snapshot and the weights
 in its metrics."""
 

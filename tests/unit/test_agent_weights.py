@@ -1,4 +1,4 @@
-"""Mixed agent load weights (seed 4.1): hand-worked values, normalisation, allocation."""
+"""Mixed agent load weights (docs/model.md §15 (agents)): hand-worked values, normalisation, allocation."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The mixed-agent driver (streams.agent_weights_driver): zone windows with agent signals ->
-EWMA -> 4.1 weights -> ``agents`` commands when a weight moves by more than 0.05;
-the ``agents`` command's payload validation; restore-equivalence."""
+EWMA -> weights (docs/model.md §15 (agents)) -> ``agents`` commands when a weight moves by
+more than 0.05; the ``agents`` command's payload validation; restore-equivalence."""
 
 from __future__ import annotations
 

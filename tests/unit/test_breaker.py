@@ -1,4 +1,4 @@
-"""Adaptive circuit breaker (seed 4.4): trip rule, cool-down, probes, backoff, attainment."""
+"""Adaptive circuit breaker (docs/model.md §13 (breaker)): trip rule, cool-down, probes, backoff, attainment."""
 
 from __future__ import annotations
 

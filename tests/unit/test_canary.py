@@ -1,4 +1,4 @@
-"""Canary controller (seed 4.4): stages, holds, rollback rules, abort, exposure."""
+"""Canary controller (docs/model.md §14 (canary)): stages, holds, rollback rules, abort, exposure."""
 
 from __future__ import annotations
 

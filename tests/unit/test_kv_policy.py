@@ -46,7 +46,7 @@ BLOCKED_CASES = [
     ((100, 150, 120, 999), "move", "compact"),  # blocked by fragmentation: compact locally, not move
     ((100, 110, 120, 0), "none", "none"),  # free < waiting: no compaction can admit it
     ((130, 150, 120, 0), "none", "none"),  # it fits now; the 1.8 x headroom is out of reach
-    ((800, 1000, 500, 0), "compact", "compact"),  # the seed's trigger: both
+    ((800, 1000, 500, 0), "compact", "compact"),  # the design source's trigger (docs/model.md §16 (kv)): both
 ]
 
 

@@ -105,7 +105,7 @@ def test_prediction_with_zero_delay_is_the_estimate() -> None:
             0.02,
             (0.2, 1.0, 0.0),
             (0.9, 5.0, 0.1),
-        ),  # 20 ms: the seed's short delay
+        ),  # 20 ms: the design source's short delay (docs/model.md §9 (observer))
         ((30.0, 30.0, 60.0), 45.0, (0.2, 1.0, 0.0), (0.9, 5.0, 0.1)),  # replica start-up delay
         ((1.0, 2.0, 5.0), 10.0, (1.0, 8.0, 0.5), (0.1, 0.0, 0.01)),  # many time constants, decay
     ],

@@ -21,7 +21,7 @@ from sim.sde import (
 
 pytestmark = pytest.mark.timeout(120)
 
-# (L, t, drift, diffusion) of the article preset
+# (L, t, drift, diffusion) of the design source's preset, SdeParams.article (docs/model.md §10 (sde))
 ARTICLE = [
     (100.0, 0.0, 0.0, 12.0),  # below the knee: no drift
     (150.0, 0.0, 0.0, 12.0),  # at the knee
@@ -74,7 +74,7 @@ def test_simulate_seeded_and_vectorised() -> None:
 
 
 def test_simulate_article_diffusion_growth() -> None:
-    # far below the knee the article process is a Brownian motion with sigma 12 (1 + 0.02 t)
+    # far below the knee the design source's process is a Brownian motion with sigma 12 (1 + 0.02 t)
     p = SdeParams.article()
     paths = simulate(p, np.full(4000, -1e6), 10.0, rng=np.random.default_rng(3))
     var = np.var(paths[-1] - paths[0])
@@ -93,7 +93,7 @@ def test_simulate_mean_reverting_stationary_moments() -> None:
 # (theta, mu, sigma, dt_s, duration_s): known parameters the fit must recover
 OU_CASES = [
     (1.0, 50.0, 5.0, 0.05, 4000.0),
-    (0.03, 100.0, 8.0, 1.0, 60000.0),  # the seed's theta and sigma0
+    (0.03, 100.0, 8.0, 1.0, 60000.0),  # the design source's theta and sigma0 (docs/model.md §10 (sde))
     (5.0, 2.0, 1.0, 0.01, 500.0),
 ]
 

@@ -1,4 +1,5 @@
-"""Online OU fit (seed 2.1, fitted not assumed) and the bandwidth power-law fit (3.3)."""
+"""Online OU fit (docs/model.md §10 (sde): fitted, not assumed) and the bandwidth power-law fit
+(docs/model.md §21 (bandwidth))."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sim.sde import fit_ou
 @pytest.mark.parametrize(
     ("theta", "mu", "sigma", "dt"),
     [
-        (0.03, 150.0, 8.0, 1.0),  # the seed's reversion rate and initial jitter
+        (0.03, 150.0, 8.0, 1.0),  # the design source's reversion rate and initial jitter (docs/model.md §10 (sde))
         (0.2, 500.0, 40.0, 10.0),  # fast reversion sampled per 10 s window
     ],
 )
@@ -52,6 +53,6 @@ def test_power_law_fit_recovers_exact_law_and_reads_the_seed_table() -> None:
     b = np.array([0.1, 1.0, 10.0])
     eps0, a, r2 = fit_power_law(b, 0.12 * b**-0.85)
     assert (eps0, a, r2) == pytest.approx((0.12, 0.85, 1.0))
-    # The seed's own table is not its formula (the Correction): a ~ 0.5, eps0 ~ 0.036.
+    # The design source's table is not its formula (docs/model.md §21 (bandwidth)): a ~ 0.5, eps0 ~ 0.036.
     eps0, a, _ = fit_power_law(np.array(list(SEED_TABLE)), np.array(list(SEED_TABLE.values())))
     assert a == pytest.approx(0.504, abs=0.01) and eps0 == pytest.approx(0.036, abs=0.002)

@@ -294,7 +294,7 @@ def test_aggregate_round_trips() -> None:
     assert pickle.loads(pickle.dumps(agg)) == agg
 
 
-# ------------------------------------------------------- agent signals (4.1)
+# ---------------------------------------- agent signals (docs/model.md §15 (agents))
 def agent_cols(signals: list[tuple[float, float, float] | None], paths: list[int | None]) -> dict[str, Any]:
     """Request columns whose rows carry agent signals (None: not carried) and paths."""
     n = len(signals)
