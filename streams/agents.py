@@ -12,7 +12,7 @@ backoff and the offset stays uncommitted.  Duplicates are dropped by the
 executors (deterministic ``command_id``).
 
 The control agent's learned state -- the scaler, the routing driver, the
-circuit breakers, the KV relocator and the agent-mix weights -- is saved to Redis
+circuit breakers, the KV policy and the agent weights -- is saved to Redis
 (``<prefix>:snapshot:<name>``, :class:`SnapshotStore`) at most every 2 s and
 restored when the agent starts.
 """
@@ -149,9 +149,9 @@ def build_pipeline(
     metrics = metrics or WorkerMetrics()
     processor = TelemetryProcessor(settings)
     scaler = Scaler(settings)
-    relocator = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
+    kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
     breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
-    agent_mix = AgentWeightsDriver(settings)  # RAG/tool/LLM weights per model|zone (docs/model.md §15 (agents))
+    agent_weights = AgentWeightsDriver(settings)  # RAG/tool/LLM weights per model|zone (docs/model.md §15 (agents))
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -170,7 +170,7 @@ def build_pipeline(
     snapshots = SnapshotStore(
         redis,
         settings.topic_prefix,
-        {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": relocator, "agents": agent_mix},
+        {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": kv_policy, "agents": agent_weights},
     )
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
@@ -249,8 +249,8 @@ def build_pipeline(
         for bc in cmds:
             await publish(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
 
-    async def drive_agent_mix(m: dict[str, Any]) -> None:
-        for ac in agent_mix.on_window(m, clock.now_ms()):  # malformed windows are skipped (logged) inside
+    async def drive_agent_weights(m: dict[str, Any]) -> None:
+        for ac in agent_weights.on_window(m, clock.now_ms()):  # malformed windows are skipped (logged) inside
             metrics.observe_agent_weights(ac.model, ac.zone, ac.payload["weights"])
             await publish(ac, f"agents {ac.model}")
 
@@ -270,13 +270,13 @@ def build_pipeline(
                     )
                 )
                 continue
-            if m.get("scope") == "node" and (rc := relocator.on_node_window(m, clock.now_ms())) is not None:
+            if m.get("scope") == "node" and (rc := kv_policy.on_node_window(m, clock.now_ms())) is not None:
                 await publish(rc, f"relocate {rc.payload['node']}")
             if m.get("scope") == "zone":
                 await drive_canary(m)
                 await drive_breaker(m)  # before routing: the route sees this window's breaker state
                 await drive_routing(m)
-                await drive_agent_mix(m)
+                await drive_agent_weights(m)
             cmd = scaler.on_window(m, clock.now_ms())
             for ev in scaler.drain_events():
                 metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()

@@ -119,7 +119,7 @@ class KvPolicyDriver:
         """Load a :meth:`snapshot` (replacing the memory); returns the number of nodes."""
         data = orjson.loads(blob)
         if data.get("version") != SNAPSHOT_VERSION:
-            log.warning("ignoring KV relocator snapshot (version %s)", data.get("version"))
+            log.warning("ignoring KV policy snapshot (version %s)", data.get("version"))
             return 0
         states = {(m, z, n): KvPolicyState.from_dict(st) for m, z, n, st in data["states"]}
         largest = {(m, z): {str(n): int(v) for n, v in peers.items()} for m, z, peers in data["largest"]}

@@ -104,7 +104,7 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         await redis.aclose()
 
 
-def test_relocator_command_round_trips_through_the_executor_codec() -> None:
+def test_kv_policy_driver_command_round_trips_through_the_executor_codec() -> None:
     w = {
         "scope": "node",
         "model": M,

@@ -129,7 +129,7 @@ def _stream() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("cut", [1, 7, 12, 20])  # first window, mid-transition, boundaries
-def test_a_restored_agent_mix_driver_decides_like_the_original(cut: int) -> None:
+def test_a_restored_agent_weights_driver_decides_like_the_original(cut: int) -> None:
     from tests.unit.test_breaker_driver import assert_restores_alike
 
     rest = assert_restores_alike(
@@ -138,7 +138,7 @@ def test_a_restored_agent_mix_driver_decides_like_the_original(cut: int) -> None
     assert rest  # every cut has publications ahead
 
 
-def test_agent_mix_snapshot_of_another_version_is_ignored() -> None:
+def test_agent_weights_snapshot_of_another_version_is_ignored() -> None:
     d = AgentWeightsDriver(S)
     d.on_window(_w(10_000, 0.9, 0.9, 0.2), 0)
     assert d.restore(b'{"version": 99, "targets": {}}') == 0

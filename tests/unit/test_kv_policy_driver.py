@@ -88,13 +88,13 @@ def test_node_window_carries_the_latest_samples_kv_fields() -> None:
         add_gpu(initialize(), {**cols, "kv_free_bytes": np.array([-1, 0])}, ["n1", "n1"], ["ready", "ready"])
 
 
-def test_relocator_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
+def test_kv_policy_driver_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
     rel = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB))
     cmd = rel.on_node_window(_window(largest=3 * GIB, waiting=2 * GIB), now_ms=5)  # 3 < 3.6
     assert cmd is not None and cmd.kind == "relocate" and cmd.zone == "az-a" and cmd.basis_ms == 10_000
     assert cmd.payload == {"node": "az-a/m/r0", "max_bytes": GIB, "expected_generation": 7, "action": "compact"}
     assert cmd.expires_at_ms > cmd.issued_at_ms and Command.decode(cmd.encode()) == cmd
-    # same decision on the same window in a fresh relocator (a worker restart): same id
+    # same decision on the same window in a fresh driver (a worker restart): same id
     again = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB)).on_node_window(
         _window(largest=3 * GIB, waiting=2 * GIB), now_ms=999
     )
@@ -116,13 +116,13 @@ def test_relocator_compacts_when_largest_free_is_below_1_8_x_waiting() -> None:
         {"scope": "zone"},
     ],
 )
-def test_relocator_issues_no_command_otherwise(kw: dict[str, Any]) -> None:
+def test_kv_policy_driver_issues_no_command_otherwise(kw: dict[str, Any]) -> None:
     rec = _window(**{k: v for k, v in kw.items() if k in ("largest", "free", "waiting")})
     rec.update({k: v for k, v in kw.items() if k not in ("largest", "free", "waiting")})
     assert KvPolicyDriver().on_node_window(rec, now_ms=0) is None
 
 
-def test_relocator_episode_rounds_then_stops_and_moves_to_a_peer_with_room() -> None:
+def test_kv_policy_driver_episode_rounds_then_stops_and_moves_to_a_peer_with_room() -> None:
     rel = KvPolicyDriver(KvPolicyParams(max_bytes_per_round=GIB, max_rounds=2))
     cmds = [rel.on_node_window(_window(largest=3 * GIB, end_ms=t), now_ms=t) for t in (1000, 2000, 3000)]
     assert [c.detail["round"] if c else None for c in cmds] == [1, 2, None]  # max_rounds then give up
@@ -196,7 +196,7 @@ def test_live_fleet_applies_a_move_decision_with_move_sessions() -> None:
 
 
 @pytest.mark.parametrize("cut", [1, 3, 5])
-def test_a_restored_relocator_decides_like_the_original(cut: int) -> None:
+def test_a_restored_kv_policy_driver_decides_like_the_original(cut: int) -> None:
     from tests.unit.test_breaker_driver import assert_restores_alike
 
     # r0 fragments for several windows (an episode over rounds); r2 moves to r1, a peer with room.
