@@ -249,7 +249,7 @@ def predict_ahead(
     return float(x[0]), float(x[1]), float(x[2])
 
 
-def load_steady_state(load_rps: float, capacity_rps: float, q_max: float = 1e3) -> Steady:
+def load_steady_state(load_rps: float, capacity_rps: float, q_max: float = 1e3) -> tuple[float, float, None]:
     """Steady (u, q, eps) for load/capacity ``rho``: ``(min(rho, 1), M/M/1 queue, None)``.
 
     The queue is ``rho^2 / (1 - rho)`` (M/M/1 mean number waiting), capped at

@@ -83,6 +83,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT
 
 from core import names
 from streams.commands import Command
@@ -162,7 +163,7 @@ class RoutingBackend:
     async def apply(self, cmd: Command) -> dict[str, Any]:
         try:
             if cmd.kind == "route":
-                fields: dict[str, Any] = {"_version": cmd.basis_ms}
+                fields: dict[EncodableT, EncodableT] = {"_version": cmd.basis_ms}
                 for cls, ws in cmd.payload["weights"].items():
                     total = sum(ws.values())
                     if total <= 0:

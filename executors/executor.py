@@ -49,7 +49,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -211,7 +211,11 @@ class ZoneExecutor:
         )
         for entry_id, fields in claimed[1] if claimed else []:
             handled += await self.handle(entry_id, fields)
-        resp = await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=100, block=self.block_ms)
+        # redis-py types the reply for every protocol/decoding mode; ours is RESP2, undecoded
+        resp = cast(
+            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]]]] | None",
+            await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=100, block=self.block_ms),
+        )
         for _stream, entries in resp or []:
             for entry_id, fields in entries:
                 handled += await self.handle(entry_id, fields)

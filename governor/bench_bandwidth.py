@@ -83,10 +83,10 @@ def run_bandwidth(args: Namespace) -> int:
         return 0
     print(f"{args.trace} / {args.scenario}, feedback PID, control period = window")
     print(f"{'window s':>9} {'B (Hz)':>8} {'violations':>11} {'GPU-s':>10} {'actions':>8}")
-    for r in rows:
+    for row in rows:
         print(
-            f"{r['window_s']:>9g} {r['bandwidth_hz']:>8.3f} {r['violation_rate']:>10.2%} "
-            f"{r['gpu_seconds']:>10,.0f} {r['scale_actions']:>8}"
+            f"{row['window_s']:>9g} {row['bandwidth_hz']:>8.3f} {row['violation_rate']:>10.2%} "
+            f"{row['gpu_seconds']:>10,.0f} {row['scale_actions']:>8}"
         )
     print(f"fit: eps = {eps0:.4f} * B^({-a:+.3f})  (R^2 {r2:.2f})")
     # "seed": the design source's formula and its reported SEED_TABLE (docs/model.md §21 (bandwidth))

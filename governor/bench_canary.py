@@ -34,7 +34,7 @@ from governor.traffic_sim import (
 from sim.fleet import Fleet
 
 
-def version_obs(win: list[dict], model: str) -> can.VersionObs:
+def version_obs(win: list[dict[str, Any]], model: str) -> can.VersionObs:
     """One version's window as the stream worker reports it: count, errors, TTFT quantiles."""
     rs = [r for r in win if r["model"] == model]
     ttft = [r["ttft_ms"] for r in rs]
@@ -76,10 +76,10 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
         def __init__(self, params: can.CanaryParams) -> None:
             self.params = params
             self.state = can.CanaryState()
-            self.events: list[dict] = []
+            self.events: list[dict[str, Any]] = []
             self.share = 0.0
 
-        def __call__(self, f: Fleet, t: float, win: list[dict]) -> None:
+        def __call__(self, f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
             cp = self.params
             if self.state.name == "pending" and t >= start_s:
                 self.state = can.start(cp, t)
@@ -95,7 +95,7 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
                 self.share = share
                 f.set_routing(FAMILY, weights(share), t)
 
-    def bigbang(f: Fleet, t: float, win: list[dict]) -> None:
+    def bigbang(f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
         if t == 0.0:
             f.set_routing(FAMILY, weights(0.0), t)
         elif start_s <= t < start_s + args.window_s:

@@ -166,7 +166,7 @@ def _run(args: Namespace, kind: str, relocate: bool) -> dict[str, Any]:
     states: dict[str, KvPolicyState] = {}
     open_ep: dict[str, dict[str, Any]] = {}
     episodes: list[dict[str, Any]] = []
-    recs: list[dict] = []
+    recs: list[dict[str, Any]] = []
     frag_waiting: list[float] = []
     running: list[int] = []
     blocked = samples = moved_bytes = refused = moves = rounds = paused_steps = 0

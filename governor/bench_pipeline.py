@@ -32,7 +32,7 @@ import urllib.request
 import uuid
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -152,7 +152,8 @@ async def _pipeline_rate(
 
 
 async def _has_scale_command(redis: aioredis.Redis, key: str) -> bool:
-    for _, fields in await redis.xrange(key):
+    # redis-py types the reply for every protocol/decoding mode; this client gets RESP2 bytes
+    for _, fields in cast("list[tuple[bytes, dict[bytes, bytes]]]", await redis.xrange(key)):
         if Command.decode(fields[b"cmd"]).kind == "scale":
             return True
     return False

@@ -80,6 +80,7 @@ def kafka_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
             header = s.recv(8)
             if len(header) < 8:
                 return False
+            correlation: int  # struct.unpack types its fields as Any
             _size, correlation = struct.unpack(">ii", header)
             return correlation == 7
     except OSError:

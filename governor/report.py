@@ -32,7 +32,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
 def build_report(
     *,
     finished: Sequence[Mapping[str, Any]],
-    replicas: Sequence[tuple],
+    replicas: Sequence[tuple[float, str, str, int, int, int]],
     results: Sequence[Mapping[str, Any]],
     windows: Sequence[Mapping[str, Any]],
     dead_letters: Sequence[Mapping[str, Any]],
@@ -46,7 +46,7 @@ def build_report(
     outcomes = Counter(r.get("outcome") for r in results)
     latencies = [r["latency_ms"] for r in results if r.get("outcome") == "applied" and "latency_ms" in r]
     zone_windows = [w for w in windows if w.get("scope") == "zone"]
-    replica_series = {}
+    replica_series: dict[str, list[tuple[float, int, int, int]]] = {}
     for t, zone, _model, ready, starting, desired in replicas:
         replica_series.setdefault(zone, []).append((t, ready, starting, desired))
     return {
@@ -137,7 +137,10 @@ def latency_panel(ax: Any, finished: Sequence[Mapping[str, Any]], t0_ms: int, tt
     ax.set_title(title)
 
 
-def replicas_panel(ax: Any, series: Mapping[str, tuple[Sequence[float], Sequence[int], Sequence[int]]]) -> None:
+def replicas_panel(
+    ax: Any,
+    series: Mapping[str, tuple[Sequence[float] | np.ndarray, Sequence[int] | np.ndarray, Sequence[int] | np.ndarray]],
+) -> None:
     """Ready (solid) and desired (dashed) replicas per zone: zone -> (t, ready, desired)."""
     for zone, (ts, ready, desired) in sorted(series.items()):
         ax.step(ts, ready, where="post", label=f"{zone} ready")
@@ -160,7 +163,7 @@ def save(fig: Any, path: Path, dpi: int) -> Path:
 def plot(
     path: Path,
     finished: Sequence[Mapping[str, Any]],
-    replicas: Sequence[tuple],
+    replicas: Sequence[tuple[float, str, str, int, int, int]],
     windows: Sequence[Mapping[str, Any]],
     t0_ms: int,
     ttft_slo_ms: float,

@@ -33,14 +33,14 @@ CLASS_MIX = {"trading": 0.3, "voice": 0.4, "batch": 0.3}
 CLASS_TOKENS = {"trading": (400, 16), "voice": (600, 48), "batch": (1500, 200)}
 ZONES = ("az-a", "az-b")
 
-Policy = Callable[[Fleet, float, list[dict]], None]
+Policy = Callable[[Fleet, float, list[dict[str, Any]]], None]
 
 
 def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def on_time(rec: dict) -> bool:
+def on_time(rec: dict[str, Any]) -> bool:
     """The request met its class's SLO and did not fail."""
     if rec.get("status", "ok") != "ok":
         return False
@@ -85,12 +85,12 @@ def run_arm(
     policy: Policy,
     drain_s: float = 300.0,
     family: str = FAMILY,
-) -> tuple[list[dict], Fleet]:
+) -> tuple[list[dict[str, Any]], Fleet]:
     """Replay ``arrivals`` window by window, calling ``policy`` after each; return all records."""
     fleet = Fleet(cfg, epoch_ms0=0)
     setup(fleet)
     policy(fleet, 0.0, [])
-    recs: list[dict] = []
+    recs: list[dict[str, Any]] = []
     i, t = 0, 0.0
     while t < duration_s:
         end = min(t + window_s, duration_s)
@@ -106,11 +106,11 @@ def run_arm(
     return recs, fleet
 
 
-def summarize(recs: list[dict], gpu_seconds: float, submitted: int) -> dict[str, Any]:
+def summarize(recs: list[dict[str, Any]], gpu_seconds: float, submitted: int) -> dict[str, Any]:
     """Percentiles, on-time delivery overall and per class, errors, GPU-seconds."""
     ttft = [r["ttft_ms"] for r in recs]
     e2e = [r["e2e_ms"] for r in recs]
-    by: dict[str, list[dict]] = defaultdict(list)
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         by[r["request_class"]].append(r)
     ok = sum(on_time(r) for r in recs)
@@ -158,15 +158,15 @@ def _setup_replicas(replicas: dict[str, int]) -> Callable[[Fleet], None]:
 def static_policy(weights: dict[str, float]) -> Policy:
     """Fixed weights for every class."""
 
-    def pol(f: Fleet, t: float, win: list[dict]) -> None:
+    def pol(f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
         if t == 0.0:
             f.set_routing(FAMILY, weights, t)
 
     return pol
 
 
-def _target_windows(win: list[dict]) -> dict[str, list[dict]]:
-    by: dict[str, list[dict]] = defaultdict(list)
+def _target_windows(win: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in win:
         by[f"{r['model']}|{r['zone']}"].append(r)
     return by
@@ -188,10 +188,10 @@ class ControlledRouting:
         self.breaker = breaker
         self.bstate = {t: brk.BreakerState() for t in targets}
         self.attain = brk.AttainmentHistory(window_s=window_s, horizon_s=300.0)
-        self.timeline: list[dict] = []
+        self.timeline: list[dict[str, Any]] = []
         self.fallback_windows: dict[str, int] = defaultdict(int)
 
-    def __call__(self, f: Fleet, t: float, win: list[dict]) -> None:
+    def __call__(self, f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
         if t == 0.0:
             prim = {tg.key: self.caps[tg] for tg in self.targets if tg.variant == self.params.primary}
             f.set_routing(FAMILY, prim, t)
@@ -201,7 +201,7 @@ class ControlledRouting:
         obs = {}
         for tg in self.targets:
             rs = by.get(tg.key, [])
-            state = "closed"
+            state: brk.StateName = "closed"
             if self.breaker is not None:
                 errs = sum(r.get("status") == "error" for r in rs)
                 self.bstate[tg], out = brk.step(
@@ -217,7 +217,7 @@ class ControlledRouting:
                 rate_rps=len(rs) / self.window_s,
                 capacity_rps=self.caps[tg],
                 breaker=state,
-            )  # type: ignore[arg-type]
+            )
         self.state, d = rt.step(self.params, self.state, obs, rt.DEFAULT_CLASSES, self.window_s)
         for c in d.fallback:
             self.fallback_windows[c] += 1

@@ -23,7 +23,7 @@ def run_worker(settings: Settings) -> int:
     pipeline = build_pipeline(app, settings, clock)
     pipeline.metrics.serve(settings.metrics_port)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust's receiver type requires signal=
     async def _assigned(sender, assigned, **kwargs) -> None:  # type: ignore[no-untyped-def]
         log.info("%s: %d partitions assigned", WORKER_READY, len(assigned))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet.advance_to(t_start)
 
     arr, pt, ot, h = tr.arrival_s, tr.prompt_tokens.tolist(), tr.output_tokens.tolist(), tr.hash_ids
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     wall0 = time.perf_counter()
     i, n = 0, len(tr)
     t = 0.0

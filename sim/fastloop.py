@@ -36,7 +36,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -235,6 +235,7 @@ def run(
     fault_queue = sorted(faults, key=lambda f: f.at_s)
     prov_gpu_s = busy_gpu_s = 0.0
     i, t = 0, 0.0
+    n: int | None  # a target replica count; None where a baseline leaves it unchanged
     n_ticks = int(np.ceil(duration / cfg.tick_s))
     for k in range(1, n_ticks + 1):
         t = min(k * cfg.tick_s, duration)
@@ -353,7 +354,8 @@ def run(
     tail = fleet.advance_to(t + 600.0)
     finished.extend(tail)
     return RunResult(
-        strategy=name or (strategy if isinstance(strategy, str) else getattr(scalers[cfg.zones[0]], "name", "?")),
+        strategy=name
+        or (strategy if isinstance(strategy, str) else cast(str, getattr(scalers[cfg.zones[0]], "name", "?"))),
         metrics=summarise(
             finished,
             cfg,
@@ -380,7 +382,7 @@ def summarise(
     cfg: LoopConfig,
     prov_gpu_s: float,
     busy_gpu_s: float,
-    decisions: Sequence[tuple],
+    decisions: Sequence[tuple[float, str, int, str]],
     desired_seq: Mapping[str, Sequence[int]],
     *,
     submitted: int,

@@ -37,6 +37,7 @@ import itertools
 import math
 import operator
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ class Fleet:
 
     def __init__(self, config: FleetConfig, epoch_ms0: int = 0) -> None:
         self.config, self.epoch_ms0, self.now = config, int(epoch_ms0), 0.0
-        self._heap: list[tuple] = []
+        self._heap: list[tuple[Any, ...]] = []
         self._seq = itertools.count()
         self._rng = np.random.default_rng(config.seed)
         self._net: list[float] = []
@@ -78,12 +79,12 @@ class Fleet:
         self._pending: dict[tuple[str, str], tuple[int, int]] = {}  # scheduled set_desired
         self._serial = itertools.count()
         self._names = {k: itertools.count() for k in keys}
-        self._out: list[dict] = []
+        self._out: list[dict[str, Any]] = []
         self._gone = {k: 0 for k in keys}
         self.submitted = self.completed = self._pending_reach = self.failures = 0
         self.router = WeightedRouter(np.random.default_rng([config.seed, 2]))
         self.errors = ErrorInjector(np.random.default_rng([config.seed, 3]))
-        self.routing_log: list[dict] = []
+        self.routing_log: list[dict[str, Any]] = []
         for k in keys:
             for _ in range(config.initial_replicas):
                 self._new_replica(k, 0.0, ready=True)
@@ -250,7 +251,9 @@ class Fleet:
         self._pending_reach += 1
         self._push(req.reach_t, _REACH, req)
 
-    def set_routing(self, family: str, weights: dict, t_s: float, request_class: str | None = None) -> dict[str, float]:
+    def set_routing(
+        self, family: str, weights: Mapping[Any, float], t_s: float, request_class: str | None = None
+    ) -> dict[str, float]:
         """Routing weights of ``family`` over ``(variant, zone)`` / ``'variant|zone'`` targets.
 
         For ``request_class`` (None: every class without its own weights);
@@ -297,7 +300,7 @@ class Fleet:
         key = self._key(zone, model)
         return len(self._zone_q[key]) + sum(len(r.queue) for r in self._reps[key])
 
-    def advance_to(self, t_s: float) -> list[dict]:
+    def advance_to(self, t_s: float) -> list[dict[str, Any]]:
         """Process every event up to ``t_s``; return the request records completed since the last call.
 
         Examples
@@ -310,7 +313,7 @@ class Fleet:
         out, self._out = self._out, []
         return out
 
-    def set_desired(self, zone: str, model: str, n: int, t_s: float) -> dict:
+    def set_desired(self, zone: str, model: str, n: int, t_s: float) -> dict[str, Any]:
         """Scale (zone, model) to ``n`` starting+ready replicas at ``t_s``.
 
         Scale-up starts replicas that are ready at ``t_s + startup_s``;
@@ -331,7 +334,7 @@ class Fleet:
         if n < 0:
             raise FleetConfigError(f"n: must be >= 0, got {n}")
         t = float(t_s)
-        change = {
+        change: dict[str, Any] = {
             "zone": zone,
             "model": model,
             "desired": n,
@@ -354,7 +357,7 @@ class Fleet:
             return change
         return self._apply_desired(key, n, change["t_s"], change)
 
-    def _apply_desired(self, key: tuple[str, str], n: int, t: float, change: dict) -> dict:
+    def _apply_desired(self, key: tuple[str, str], n: int, t: float, change: dict[str, Any]) -> dict[str, Any]:
         active = [r for r in self._reps[key] if r.state in (STARTING, READY)]
         if n > len(active):
             change["started"] = [self._new_replica(key, t, ready=False).node for _ in range(n - len(active))]
@@ -482,7 +485,7 @@ class Fleet:
 
     def relocate(
         self, zone: str, model: str, node: str, max_bytes: int, expected_generation: int | None, t_s: float
-    ) -> dict:
+    ) -> dict[str, Any]:
         """One bounded KV compaction round on ``node`` at the fleet clock (``t_s`` is recorded).
 
         Returns :meth:`sim.replica.Replica.relocate`'s outcome, or
@@ -504,7 +507,9 @@ class Fleet:
             self._push(nxt, _REPLICA, r, r.version)
         return {"zone": zone, "model": model, "t_s": max(float(t_s), self.now), **out}
 
-    def move_sessions(self, zone: str, model: str, node: str, t_s: float, max_requests: int | None = None) -> dict:
+    def move_sessions(
+        self, zone: str, model: str, node: str, t_s: float, max_requests: int | None = None
+    ) -> dict[str, Any]:
         """Move ``node``'s waiting requests to ready peers whose KV can hold them now.
 
         A peer is chosen per request by the most of its prefix blocks already
@@ -542,7 +547,7 @@ class Fleet:
             "kept": len(kept),
         }
 
-    def gpu_snapshot(self, t_s: float) -> list[dict]:
+    def gpu_snapshot(self, t_s: float) -> list[dict[str, Any]]:
         """One GPU record per non-gone replica; ``gpu_util`` is busy time since the last snapshot.
 
         >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=1))
@@ -558,7 +563,7 @@ class Fleet:
                 out.append(rec)
         return out
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Totals; ``in_flight`` is counted from the queues and batches, not derived.
 
         >>> Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()})).stats()["conserved"]

@@ -87,6 +87,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sim.kvcompact import best_plan
 
@@ -155,7 +156,7 @@ class _Base:
         self._refs: dict[str, tuple[int, ...]] = {}  # request -> prefix hash ids it uses
         self._created: dict[str, list[int]] = {}  # request -> prefix hash ids placed in its region
         # hash id -> [block, owner request (None: a pinned island), holders]
-        self._prefix: dict[int, list] = {}
+        self._prefix: dict[int, list[Any]] = {}
 
     def _plan(self, nbytes: int, hash_ids: Sequence[int] | None) -> tuple[int, tuple[int, ...], list[int]]:
         if nbytes < 0:

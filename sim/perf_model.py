@@ -63,6 +63,7 @@ import csv
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def _loglog(x: float | np.ndarray, xk: np.ndarray, yk: np.ndarray) -> np.ndarray
         hi_slope = (lyk[-1] - lyk[-2]) / (lxk[-1] - lxk[-2])
         out = np.where(lx < lxk[0], lyk[0] + lo_slope * (lx - lxk[0]), out)
         out = np.where(lx > lxk[-1], lyk[-1] + hi_slope * (lx - lxk[-1]), out)
-    return np.exp(out)
+    return cast(np.ndarray, np.exp(out))  # numpy types exp() of a dtype[Any] array as Any
 
 
 def _read_rows(path: Path, model: str, hardware: str, tp: int) -> list[dict[str, str]]:
@@ -282,6 +283,10 @@ class PerfModel:
         """KV-cache capacity of the replica in tokens."""
         return self.kv_capacity_bytes // self.kv_bytes_per_token
 
+    @overload
+    def prefill_ms(self, tokens: float) -> float: ...
+    @overload
+    def prefill_ms(self, tokens: np.ndarray) -> np.ndarray: ...
     def prefill_ms(self, tokens: float | np.ndarray) -> float | np.ndarray:
         """Prefill time (ms) of ``tokens`` prompt tokens in one forward pass.
 
@@ -292,7 +297,7 @@ class PerfModel:
         True
         """
         if isinstance(tokens, int | float | np.number):
-            cache = self._pcache  # type: ignore[attr-defined]
+            cache: dict[float, float] = self._pcache  # type: ignore[attr-defined]
             v = cache.get(tokens)
             if v is None:
                 if len(cache) > 100_000:
@@ -312,7 +317,7 @@ class PerfModel:
         """
         if batch_size < 1:
             raise PerfModelError(f"batch_size must be >= 1, got {batch_size}")
-        cache = self._dcache  # type: ignore[attr-defined]
+        cache: dict[int, float] = self._dcache  # type: ignore[attr-defined]
         base = cache.get(batch_size)
         if base is None:
             base = cache[batch_size] = float(_loglog(float(batch_size), *self._dc))  # type: ignore[attr-defined]
@@ -324,7 +329,7 @@ class PerfModel:
 
 def calibration_report(
     model: str = "llama2-70b", hardware: str = "h100-80gb", tensor_parallel: int = 8, path: str | Path | None = None
-) -> dict:
+) -> dict[str, Any]:
     """Fit and leave-one-out errors of the interpolants at every measured median.
 
     Returns ``{'prefill': [...], 'decode': [...], 'summary': {...}}``; each
@@ -340,7 +345,7 @@ def calibration_report(
     rows = _read_rows(Path(path or SPLITWISE_CSV), model, hardware, tensor_parallel)
     px, py, pw = _prefill_points(rows)
     dx, dy = _decode_points(rows)
-    out: dict = {"model": model, "hardware": hardware, "tensor_parallel": tensor_parallel}
+    out: dict[str, Any] = {"model": model, "hardware": hardware, "tensor_parallel": tensor_parallel}
     for name, xs, ys, ws, mono in (("prefill", px, py, pw, True), ("decode", dx, dy, np.ones_like(dy), False)):
         fit = _loglog(xs, xs, _pav(ys, ws) if mono else ys)
         points = []
@@ -368,7 +373,7 @@ def calibration_report(
     return out
 
 
-def _fmt(rep: dict) -> str:  # pragma: no cover - convenience for the docstring numbers
+def _fmt(rep: dict[str, Any]) -> str:  # pragma: no cover - convenience for the docstring numbers
     lines = [f"{k}: {v:.3f}" for k, v in rep["summary"].items()]
     return (
         "\n".join(lines)

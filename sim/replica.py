@@ -406,7 +406,9 @@ class Replica:
         return None
 
     # -- KV relocation -------------------------------------------------------------------
-    def relocate(self, max_bytes: int, expected_generation: int | None, t: float) -> tuple[dict, float | None]:
+    def relocate(
+        self, max_bytes: int, expected_generation: int | None, t: float
+    ) -> tuple[dict[str, Any], float | None]:
         """Compact the KV allocator (one bounded round); returns the outcome and a new event time.
 
         Refused when there is no allocator or its generation is not
@@ -462,7 +464,7 @@ class Replica:
         return self.kv.new_blocks(q.need * bpt, q.hash_ids) * self.kv.block_bytes
 
     # -- telemetry -----------------------------------------------------------------------
-    def snapshot(self, t: float) -> dict:
+    def snapshot(self, t: float) -> dict[str, Any]:
         """GPU record fields of this replica; resets the utilisation window."""
         busy = self.busy_acc
         if self.phase != IDLE:
@@ -504,7 +506,7 @@ class Replica:
         return rec
 
 
-def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict:
+def request_record(q: Request, node: str, t: float, epoch_ms0: int) -> dict[str, Any]:
     """The JSON-safe request record of ``q`` completed on ``node`` at ``t``."""
     queue_ms = (q.prefill_start_t - q.reach_t) * 1000.0
     prefill_ms = (q.first_token_t - q.prefill_start_t) * 1000.0

@@ -21,6 +21,7 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -177,7 +178,7 @@ class Trace:
         return range(int(lo), int(hi))
 
 
-def _open_text(path: Path):
+def _open_text(path: Path) -> TextIO:
     with open(path, "rb") as fh:
         magic = fh.read(2)
     return gzip.open(path, "rt") if magic == b"\x1f\x8b" else open(path, newline="")

@@ -41,8 +41,9 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -105,7 +106,7 @@ def run_zones(
     factors: Mapping[str, float] | None = None,
     seed: int = 0,
     burst_every: int = 4,
-) -> dict:
+) -> dict[str, Any]:
     """Run the timing simulation; returns a report dict (see the module docstring).
 
     ``factors`` configures per-zone factors (e.g. the design source's
@@ -159,7 +160,10 @@ def run_zones(
             rows.append(row)
         # executors apply in arrival order; a command older (HLC) than the last applied is refused
         for z in zones:
-            for r in sorted(rows[-burst:], key=lambda r, n=z.name: r[n]["arrive"]):
+            for r in sorted(
+                rows[-burst:],
+                key=cast("Callable[[dict[str, dict[str, float]]], float]", lambda r, n=z.name: r[n]["arrive"]),
+            ):
                 e, stamp = r[z.name], Hlc.decode(int(r[z.name]["hlc"]))
                 e["applied"] = float(stamp > last_applied[z.name])
                 if e["applied"]:
@@ -184,7 +188,7 @@ def _report(
     refused: int,
     max_hlc_drift: int,
     factors: Mapping[str, float] | None,
-) -> dict:
+) -> dict[str, Any]:
     comp = {
         z.name: np.array([max(r[z.name]["arrive"], r[z.name]["target"]) + z.compute_ms for r in rows]) for z in zones
     }
@@ -202,7 +206,7 @@ def _report(
         off_err = np.array([r[z.name]["off_err"] + r[ref.name]["off_err"] for r in rows])
         dc = abs(ref.compute_ms - z.compute_ms)
         one_way = np.array([r[z.name]["arrive"] - r[ref.name]["arrive"] for r in rows])
-        out = {
+        out: dict[str, Any] = {
             "rtt_ms": z.rtt_ms,
             "base_rtt_ms": rtt_est.base_ms(z.name),
             "factor": rtt_est.factor(z.name),

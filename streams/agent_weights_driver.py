@@ -50,8 +50,9 @@ import orjson
 
 from controllers.agent_weights import AgentSignals, AgentWeightParams, weights
 from core.settings import Settings
+from core.vocab import AGENT_PATHS
 from streams.breaker_driver import Target, fresh_zone_window, window_target
-from streams.commands import AGENT_PATHS, Command
+from streams.commands import Command
 
 log = logging.getLogger(__name__)
 

@@ -133,10 +133,13 @@ def parse_window(m: Mapping[str, Any]) -> _Window:
     return _Window(model, zone, end, count, errors, on_time)
 
 
-class _ZoneWindow(Protocol):
-    model: str
-    zone: str
-    end_ms: int
+class _ZoneWindow(Protocol):  # read-only members: the windows are frozen dataclasses
+    @property
+    def model(self) -> str: ...
+    @property
+    def zone(self) -> str: ...
+    @property
+    def end_ms(self) -> int: ...
 
 
 W = TypeVar("W", bound=_ZoneWindow)

@@ -29,7 +29,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from governor_telemetry.records import (
@@ -161,8 +161,8 @@ class _Pending:
             self.requests = [[] for _ in _REQUEST_COLUMNS]
             self.agent = None
         if self.gpus:
-            cols = np.array(self.gpus, dtype=np.float64).T
-            gpu = {name: cols[i] for i, name in enumerate(_GPU_COLUMNS)}
+            gcols = np.array(self.gpus, dtype=np.float64).T
+            gpu = {name: gcols[i] for i, name in enumerate(_GPU_COLUMNS)}
             gpu["ts_ms"] = np.array([row[0] for row in self.gpus], dtype=np.int64)
             add_gpu(self.agg, gpu, self.nodes, self.states, self.hists)
             self.gpus, self.nodes, self.states, self.hists = [], [], [], []
@@ -242,6 +242,7 @@ class TelemetryProcessor:
             key = (model, rec["zone"], rec["node"])
             buf = pending.get((key, start))
             if buf is None:
+                assert slo is not None  # reason is None: the model has an SLO
                 buf = pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
             get = rec.get
             if rec["kind"] == "request":
@@ -325,7 +326,7 @@ class TelemetryProcessor:
         agent = _agent_columns(cols)
         keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
         if keys.count(keys[0]) == len(keys):  # the usual batch: one node, one window
-            groups = {keys[0]: None}
+            groups: dict[tuple[Any, ...], list[int] | None] = {keys[0]: None}
         else:
             groups = {}
             for i, k in enumerate(keys):
@@ -375,11 +376,12 @@ class TelemetryProcessor:
         zones: dict[tuple[str, str, int], Any] = {}
         nodes_in: dict[tuple[str, str, int], int] = defaultdict(int)
         out: list[dict[str, Any]] = []
-        for key, start, agg in closed:
-            buf = self._pending.pop((key, start), None)  # type: ignore[arg-type]
+        # the tracker is keyed by Hashable; this processor's keys are (model, zone, node)
+        for key, start, agg in cast("list[tuple[tuple[str, str, str], int, WindowAggregate]]", closed):
+            buf = self._pending.pop((key, start), None)
             if buf is not None:
                 buf.flush()
-            model, zone, node = key  # type: ignore[misc]
+            model, zone, node = key
             self.windows_closed += 1
             out.append(self._record("node", model, zone, start, agg, emitted_ms, node=node))
             zkey = (model, zone, start)

@@ -68,14 +68,14 @@ def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParam
     if spec is None:
         raise KeyError(f"no model {model!r} in settings")
     g = dict(settings.pid_gains)
-    common = {
+    common: dict[str, Any] = {
         "eps_ref": settings.eps_ref,
         "min_replicas": spec.min_replicas,
         "max_replicas": spec.max_replicas,
         "hold_while_pending": settings.dead_time_comp,
     }
     if settings.controller == "fpid":
-        extra = {k: g[k] for k in ("alpha", "eta", "gamma", "beta") if k in g}
+        extra: dict[str, Any] = {k: g[k] for k in ("alpha", "eta", "gamma", "beta") if k in g}
         if "memory" in g:
             extra["memory"] = int(g["memory"])
         return fpid.FpidParams(

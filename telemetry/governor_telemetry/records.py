@@ -20,7 +20,7 @@ problem it finds, or ``None``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -311,7 +311,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
     return cols
 
 
-def encode_envelope(records: list[Mapping[str, Any]], source: str, sent_ms: int) -> bytes:
+def encode_envelope(records: Sequence[Mapping[str, Any]], source: str, sent_ms: int) -> bytes:
     return orjson.dumps(
         {"schema_version": SCHEMA_VERSION, "kind": "batch", "source": source, "sent_ms": sent_ms, "records": records}
     )
