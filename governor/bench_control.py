@@ -6,6 +6,7 @@ GPU-seconds, waste (idle share of provisioned GPU time), scale actions and
 reversals (flaps).  Writes a PNG per strategy (latency and replicas over
 time) and, with ``--json``, prints one JSON object per strategy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,12 +32,15 @@ TRACE_SLOS = {"azure-conv": (1000.0, 150.0), "mooncake": (6000.0, 150.0)}
 
 # governor with and without each part (issue: what each part buys).
 GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
-    "governor": {"feedforward": True},                         # everything
-    "governor-kf": {"feedforward": True, "observer": True},    # + Kalman observer over the loop delay
-    "governor-fb": {"feedforward": False},                     # feedback PID only
+    "governor": {"feedforward": True},  # everything
+    "governor-kf": {"feedforward": True, "observer": True},  # + Kalman observer over the loop delay
+    "governor-fb": {"feedforward": False},  # feedback PID only
     "governor-fb-nodc": {"feedforward": False, "dead_time_comp": False},  # ... without delay comp.
-    "governor-fpid": {"feedforward": True, "controller": "fpid",
-                      "pid_gains": {"kp": 0.2, "ki": 0.05, "alpha": 0.8}},  # PID^alpha feedback
+    "governor-fpid": {
+        "feedforward": True,
+        "controller": "fpid",
+        "pid_gains": {"kp": 0.2, "ki": 0.05, "alpha": 0.8},
+    },  # PID^alpha feedback
     # N+1 zones (GOVERNOR_ZONE_REDUNDANCY=1): every zone sized so the others carry a lost one's share
     "governor-n1": {"feedforward": True, "zone_redundancy": 1},
 }
@@ -61,9 +65,13 @@ def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # typ
     from sim.baselines import BASELINES
 
     cls = BASELINES[name]
-    kwargs: dict[str, Any] = {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas,
-                              "slo_ttft_ms": cfg.ttft_slo_ms, "slo_itl_ms": cfg.itl_slo_ms,
-                              "replica_capacity_rps": capacity}
+    kwargs: dict[str, Any] = {
+        "min_replicas": cfg.min_replicas,
+        "max_replicas": cfg.max_replicas,
+        "slo_ttft_ms": cfg.ttft_slo_ms,
+        "slo_itl_ms": cfg.itl_slo_ms,
+        "replica_capacity_rps": capacity,
+    }
     if name == "static":
         from sim.baselines.static import StaticParams
 
@@ -77,15 +85,20 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     n_zones = int(getattr(args, "zones", 2))
     if not 2 <= n_zones <= len(ZONE_NAMES):
         raise SystemExit(f"--zones {n_zones}: choose 2..{len(ZONE_NAMES)}")
-    cfg = LoopConfig(initial_replicas=args.replicas, startup_s=args.startup_s, seed=args.seed,
-                     zones=ZONE_NAMES[:n_zones], balancer=getattr(args, "balancer", "uniform"),
-                     eps_ref=getattr(args, "eps_ref", 0.02),
-                     ttft_slo_ms=args.ttft_slo_ms or slo[0], itl_slo_ms=args.itl_slo_ms or slo[1],
-                     window_s=args.window_s)
+    cfg = LoopConfig(
+        initial_replicas=args.replicas,
+        startup_s=args.startup_s,
+        seed=args.seed,
+        zones=ZONE_NAMES[:n_zones],
+        balancer=getattr(args, "balancer", "uniform"),
+        eps_ref=getattr(args, "eps_ref", 0.02),
+        ttft_slo_ms=args.ttft_slo_ms or slo[0],
+        itl_slo_ms=args.itl_slo_ms or slo[1],
+        window_s=args.window_s,
+    )
     scenario = build(args.scenario, trace, args.qps, args.duration_s, cfg.zones)
     capacity = replica_capacity_rps(trace, cfg)
-    peak = float(np.max(np.histogram(scenario.workload.arrival_s,
-                                     bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
+    peak = float(np.max(np.histogram(scenario.workload.arrival_s, bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
     static_n = args.static_replicas or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
     results = []
     for name in strategy_names(args.strategies):
@@ -99,20 +112,37 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
         else:
             strat = _factory(name, cfg, capacity, static_n)
         results.append(run(strat, scenario.workload, run_cfg, scenario.faults, scenario.duration_s, name=name))
-    meta = {"trace": str(args.trace), "scenario": args.scenario, "qps": args.qps,
-            "duration_s": args.duration_s, "seed": args.seed, "requests": len(scenario.workload),
-            "replica_capacity_rps": round(capacity, 3), "static_replicas_per_zone": static_n,
-            "ttft_slo_ms": cfg.ttft_slo_ms, "itl_slo_ms": cfg.itl_slo_ms,
-            "startup_s": cfg.startup_s, "window_s": cfg.window_s, "eps_ref": cfg.eps_ref,
-            "zones": list(cfg.zones), "balancer": cfg.balancer}
+    meta = {
+        "trace": str(args.trace),
+        "scenario": args.scenario,
+        "qps": args.qps,
+        "duration_s": args.duration_s,
+        "seed": args.seed,
+        "requests": len(scenario.workload),
+        "replica_capacity_rps": round(capacity, 3),
+        "static_replicas_per_zone": static_n,
+        "ttft_slo_ms": cfg.ttft_slo_ms,
+        "itl_slo_ms": cfg.itl_slo_ms,
+        "startup_s": cfg.startup_s,
+        "window_s": cfg.window_s,
+        "eps_ref": cfg.eps_ref,
+        "zones": list(cfg.zones),
+        "balancer": cfg.balancer,
+    }
     return results, meta
 
 
-COLUMNS = (("slo_attainment", "SLO att.", "{:.2%}"), ("e2e_p50_ms", "e2e P50", "{:,.0f}"),
-           ("e2e_p95_ms", "e2e P95", "{:,.0f}"), ("e2e_p99_ms", "e2e P99", "{:,.0f}"),
-           ("ttft_p95_ms", "TTFT P95", "{:,.0f}"), ("gpu_seconds", "GPU-s", "{:,.0f}"),
-           ("waste", "waste", "{:.1%}"), ("scale_actions", "actions", "{}"),
-           ("reversals", "flaps", "{}"))
+COLUMNS = (
+    ("slo_attainment", "SLO att.", "{:.2%}"),
+    ("e2e_p50_ms", "e2e P50", "{:,.0f}"),
+    ("e2e_p95_ms", "e2e P95", "{:,.0f}"),
+    ("e2e_p99_ms", "e2e P99", "{:,.0f}"),
+    ("ttft_p95_ms", "TTFT P95", "{:,.0f}"),
+    ("gpu_seconds", "GPU-s", "{:,.0f}"),
+    ("waste", "waste", "{:.1%}"),
+    ("scale_actions", "actions", "{}"),
+    ("reversals", "flaps", "{}"),
+)
 
 
 def table(results: Sequence[RunResult]) -> str:
@@ -137,12 +167,16 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
     from sim.fastloop import EPOCH_MS0
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
-    latency_panel(ax1, result.finished, EPOCH_MS0, ttft_slo_ms,
-                  f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
-                  f"{result.metrics['gpu_seconds']:,.0f} GPU-s")
+    latency_panel(
+        ax1,
+        result.finished,
+        EPOCH_MS0,
+        ttft_slo_ms,
+        f"{result.strategy}: attainment {result.metrics['slo_attainment']:.2%}, "
+        f"{result.metrics['gpu_seconds']:,.0f} GPU-s",
+    )
     ts = result.timeline["t_s"]
-    replicas_panel(ax2, {z: (ts, result.timeline[f"{z}.ready"], result.timeline[f"{z}.desired"])
-                         for z in zones})
+    replicas_panel(ax2, {z: (ts, result.timeline[f"{z}.ready"], result.timeline[f"{z}.desired"]) for z in zones})
     return save(fig, path, 100)
 
 
@@ -150,21 +184,33 @@ def run_bench(args: Namespace) -> int:
     results, meta = run_all(args)
     out = Path(args.out)
     cfg_zones = tuple(meta["zones"])
-    plots = {r.strategy: str(plot(r, out / f"{args.scenario}-{r.strategy}.png", meta["ttft_slo_ms"], cfg_zones))
-             for r in results}
+    plots = {
+        r.strategy: str(plot(r, out / f"{args.scenario}-{r.strategy}.png", meta["ttft_slo_ms"], cfg_zones))
+        for r in results
+    }
     if args.markdown:
         with open(args.markdown, "a") as fh:
             fh.write(markdown(results, meta, args) + "\n")
     if args.json:
-        print(json.dumps({"meta": meta, "strategies": [{"strategy": r.strategy, **r.metrics,
-                                                        "plot": plots[r.strategy]} for r in results]}))
+        print(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "strategies": [{"strategy": r.strategy, **r.metrics, "plot": plots[r.strategy]} for r in results],
+                }
+            )
+        )
         return 0
-    print(f"trace {meta['trace']}  scenario {meta['scenario']}  base {meta['qps']} QPS  "
-          f"{meta['duration_s']:.0f} s  {meta['requests']:,} requests  seed {meta['seed']}")
-    print(f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
-          f"profiled capacity {meta['replica_capacity_rps']} req/s per replica; "
-          f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
-          f"{len(meta['zones'])} zones, {meta['balancer']} balancer")
+    print(
+        f"trace {meta['trace']}  scenario {meta['scenario']}  base {meta['qps']} QPS  "
+        f"{meta['duration_s']:.0f} s  {meta['requests']:,} requests  seed {meta['seed']}"
+    )
+    print(
+        f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
+        f"profiled capacity {meta['replica_capacity_rps']} req/s per replica; "
+        f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
+        f"{len(meta['zones'])} zones, {meta['balancer']} balancer"
+    )
     print(table(results))
     print(f"plots: {out}/{args.scenario}-<strategy>.png")
     sys.stdout.flush()
@@ -179,40 +225,51 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--duration-s", type=float, default=1800.0)
     bc.add_argument("--strategies", default="all", help="comma-separated, or 'all'")
     bc.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
-    bc.add_argument("--static-replicas", type=int, default=0,
-                    help="replicas per zone of the static baseline (0 = sized for the peak minute)")
+    bc.add_argument(
+        "--static-replicas",
+        type=int,
+        default=0,
+        help="replicas per zone of the static baseline (0 = sized for the peak minute)",
+    )
     bc.add_argument("--zones", type=int, default=2, help="number of zones (2..5)")
-    bc.add_argument("--balancer", default="uniform", choices=("uniform", "health"),
-                    help="global balancer: uniform over reachable zones, or also skip zones with "
-                         "no ready replica (governor steers it by its zone weights either way)")
+    bc.add_argument(
+        "--balancer",
+        default="uniform",
+        choices=("uniform", "health"),
+        help="global balancer: uniform over reachable zones, or also skip zones with "
+        "no ready replica (governor steers it by its zone weights either way)",
+    )
     bc.add_argument("--startup-s", type=float, default=30.0)
     bc.add_argument("--window-s", type=float, default=10.0)
     bc.add_argument("--ttft-slo-ms", type=float, default=0.0, help="0 = the trace's default")
     bc.add_argument("--itl-slo-ms", type=float, default=0.0, help="0 = the trace's default")
     bc.add_argument("--seed", type=int, default=0)
-    bc.add_argument("--eps-ref", type=float, default=0.02,
-                    help="violation-rate reference of governor's PID (seed: 0.02)")
+    bc.add_argument(
+        "--eps-ref", type=float, default=0.02, help="violation-rate reference of governor's PID (seed: 0.02)"
+    )
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
 
 
-def summary_rows(results: Sequence[RunResult]) -> list[Mapping[str, Any]]:
-    return [{"strategy": r.strategy, **r.metrics} for r in results]
-
-
 def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namespace) -> str:
-    cmd = (f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
-           f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}"
-           + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else "")
-           + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
-           + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else ""))
-    lines = [f"### {meta['trace']} / {meta['scenario']}", "",
-             f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
-             f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "
-             f"per replica; static = {meta['static_replicas_per_zone']} per zone.", "",
-             "| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-             "|---|" + "---:|" * len(COLUMNS)]
+    cmd = (
+        f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
+        f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}"
+        + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else "")
+        + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
+        + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else "")
+    )
+    lines = [
+        f"### {meta['trace']} / {meta['scenario']}",
+        "",
+        f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
+        f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "
+        f"per replica; static = {meta['static_replicas_per_zone']} per zone.",
+        "",
+        "| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
     for r in results:
         cells = []
         for key, _, fmt in COLUMNS:

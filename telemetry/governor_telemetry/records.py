@@ -166,6 +166,8 @@ def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
 
 
 def _supported(version: Any) -> bool:
+    if isinstance(version, bool):  # JSON true is not version 1, although True == 1 in Python
+        return False
     try:
         return version in SUPPORTED_VERSIONS
     except TypeError:  # unhashable (a list or an object)
@@ -181,7 +183,7 @@ def validate_record(rec: Any) -> str | None:
     if type(rec) is not dict and not isinstance(rec, Mapping):
         return f"record must be an object, got {type(rec).__name__}"
     version = rec.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION and not _supported(version):
+    if (version != SCHEMA_VERSION or isinstance(version, bool)) and not _supported(version):
         return f"unsupported schema_version {version!r}"
     kind = rec.get("kind")
     if kind != "request" and kind != "gpu":
@@ -215,7 +217,8 @@ def validate_record(rec: Any) -> str | None:
             return f"fragmentation_ratio={rec['fragmentation_ratio']} above 1"
         hist = rec.get("free_block_hist")
         if hist is not None and not (
-            isinstance(hist, list) and all(type(v) is int and 0 <= v <= INT_MAX for v in hist)
+            isinstance(hist, list)
+            and all((type(v) is int or (type(v) is float and v.is_integer())) and 0 <= v <= INT_MAX for v in hist)
         ):
             return "free_block_hist must be a list of non-negative ints"
     return None
@@ -271,8 +274,9 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
         return None
     if [r.get("kind") for r in records].count("request") != n:
         return None
-    if [r.get("schema_version", SCHEMA_VERSION) for r in records].count(SCHEMA_VERSION) != n:
-        return None
+    versions = [r.get("schema_version", SCHEMA_VERSION) for r in records]
+    if versions.count(SCHEMA_VERSION) != n or any(v is True for v in versions):
+        return None  # (JSON true is not version 1, although True == 1 in Python)
     cols: dict[str, list[Any]] = {}
     for name, required, check, minimum in _COMPILED["request"]:
         col = [r.get(name) for r in records]

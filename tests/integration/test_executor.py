@@ -1,8 +1,11 @@
 """Zone executor against the real Redis and Kafka: once-only application."""
+
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
+from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
@@ -22,13 +25,41 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def _cmd(target: int, basis_ms: int, *, ttl_ms: int = 60_000, issued: int | None = None) -> Command:
     issued = issued if issued is not None else int(time.time() * 1000)
-    return Command(kind="scale", zone="az-a", model="m", target_replicas=target, reason="test",
-                   issued_at_ms=issued, expires_at_ms=issued + ttl_ms, basis_ms=basis_ms)
+    return Command(
+        kind="scale",
+        zone="az-a",
+        model="m",
+        target_replicas=target,
+        reason="test",
+        issued_at_ms=issued,
+        expires_at_ms=issued + ttl_ms,
+        basis_ms=basis_ms,
+    )
+
+
+async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Evaluate ``predicate`` (sync or async) until it is true or ``timeout_s`` has
+    passed; returns whether it came true.  For waiting on an event, not a duration."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ok = predicate()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(interval_s)
 
 
 async def _results(settings: Settings, n: int, timeout_s: float = 20) -> list[dict]:
-    consumer = AIOKafkaConsumer(settings.topic("results"), bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    consumer = AIOKafkaConsumer(
+        settings.topic("results"),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     out: list[dict] = []
     try:
@@ -46,9 +77,16 @@ async def _executor(settings: Settings, backend) -> tuple[ZoneExecutor, AIOKafka
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
     await producer.start()
-    ex = ZoneExecutor(zone="az-a", prefix=settings.topic_prefix, redis=redis, backend=backend,
-                      clock=ScaledClock(), results=producer, results_topic=settings.topic("results"),
-                      block_ms=50)
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=settings.topic_prefix,
+        redis=redis,
+        backend=backend,
+        clock=ScaledClock(),
+        results=producer,
+        results_topic=settings.topic("results"),
+        block_ms=50,
+    )
     await ex.ensure_group()
     return ex, producer, redis
 
@@ -91,8 +129,7 @@ async def test_expired_and_stale_commands_are_refused(settings: Settings) -> Non
             await ex.handle(await redis.xadd(key, {"cmd": c.encode()}), {b"cmd": c.encode()})
         assert [c.target_replicas for c in backend.applied] == [6]
         outcomes = {r["command_id"]: r["outcome"] for r in await _results(settings, 3)}
-        assert outcomes == {newer.command_id: "applied", older.command_id: "stale",
-                            expired.command_id: "expired"}
+        assert outcomes == {newer.command_id: "applied", older.command_id: "stale", expired.command_id: "expired"}
     finally:
         await producer.stop()
         await redis.aclose()
@@ -131,10 +168,20 @@ async def test_temporary_backend_failure_is_retried_not_lost(settings: Settings)
     ex.retry_idle_ms = 100
     try:
         cmd = _cmd(4, basis_ms=5_000)
-        await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
+        key = names.command_stream(settings.topic_prefix, "az-a")
+        await redis.xadd(key, {"cmd": cmd.encode()})
         assert await ex.poll_once() == 0  # backend down: left pending, not acknowledged
-        await asyncio.sleep(0.2)
-        assert await ex.poll_once() == 1  # claimed again after retry_idle_ms and applied
+        assert (await redis.xpending(key, "executors"))["pending"] == 1 and backend.failures == 0
+        # The entry was delivered already, so XREADGROUP '>' cannot return it again: only
+        # XAUTOCLAIM can, once it has been idle for retry_idle_ms.  Poll until that happens.
+        handled: list[int] = []
+
+        async def retried() -> bool:
+            handled.append(await ex.poll_once())
+            return handled[-1] == 1
+
+        assert await wait_for(retried, timeout_s=10), handled  # claimed again and applied
+        assert (await redis.xpending(key, "executors"))["pending"] == 0
         assert int(await redis.hget(names.desired_replicas(settings.topic_prefix, "az-a"), "m")) == 4
         (res,) = await _results(settings, 1)
         assert res["outcome"] == "applied"
@@ -157,8 +204,10 @@ async def test_older_hlc_after_newer_is_refused_stale(settings: Settings) -> Non
         older = _cmd(3, basis_ms=10_000).with_hlc(Hlc(now, 0).encode())
         legacy = _cmd(7, basis_ms=10_000)  # unstamped: skips the HLC check
         for c in (newer, older, legacy):
-            await ex.handle(await redis.xadd(key, {"cmd": c.encode(), "bridged_ms": str(now).encode()}),
-                            {b"cmd": c.encode(), b"bridged_ms": str(now).encode()})
+            await ex.handle(
+                await redis.xadd(key, {"cmd": c.encode(), "bridged_ms": str(now).encode()}),
+                {b"cmd": c.encode(), b"bridged_ms": str(now).encode()},
+            )
         assert [c.target_replicas for c in backend.applied] == [6, 7]
         results = {r["command_id"]: r for r in await _results(settings, 3)}
         assert results[older.command_id]["outcome"] == "stale"
@@ -179,9 +228,7 @@ async def test_probe_loop_estimates_rtt_and_clock_offset(settings: Settings) -> 
     ex.probe_interval_s = 0.05
     try:
         task = asyncio.create_task(ex.run())
-        deadline = time.monotonic() + 10
-        while ex.timing.probes < 6 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: ex.timing.probes >= 6, timeout_s=10)
         ex.stop()
         await asyncio.wait_for(task, 10)
         t = ex.timing
@@ -198,8 +245,10 @@ async def test_probe_loop_estimates_rtt_and_clock_offset(settings: Settings) -> 
         timing = [r for r in await _results(settings, 6) if r.get("record") == "timing"]
         assert len(timing) >= 6 and all(r["outcome"] == "timing" and r["zone"] == "az-a" for r in timing)
         assert any(r["kafka_rtt_ms"] for r in timing)
-        print(f"\nembedded redis: base rtt {base:.3f} ms, offset {t.offset_ms():.3f} ms "
-              f"(+/- {t.offset.error_bound_ms():.3f}), kafka rtt {t.kafka_rtt_ms:.3f} ms")
+        print(
+            f"\nembedded redis: base rtt {base:.3f} ms, offset {t.offset_ms():.3f} ms "
+            f"(+/- {t.offset.error_bound_ms():.3f}), kafka rtt {t.kafka_rtt_ms:.3f} ms"
+        )
     finally:
         await producer.stop()
         await redis.aclose()
@@ -211,9 +260,17 @@ async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> No
     try:
         await ex.timing.probe_once()
         now = int(time.time() * 1000)
-        cmd = Command(kind="scale", zone="az-a", model="m", target_replicas=2, reason="t",
-                      issued_at_ms=now, expires_at_ms=now + 60_000, basis_ms=1,
-                      detail={"apply_at_ms": now + 300})
+        cmd = Command(
+            kind="scale",
+            zone="az-a",
+            model="m",
+            target_replicas=2,
+            reason="t",
+            issued_at_ms=now,
+            expires_at_ms=now + 60_000,
+            basis_ms=1,
+            detail={"apply_at_ms": now + 300},
+        )
         key = names.command_stream(settings.topic_prefix, "az-a")
         t0 = time.monotonic()
         await ex.handle(await redis.xadd(key, {"cmd": cmd.encode()}), {b"cmd": cmd.encode()})
@@ -221,9 +278,17 @@ async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> No
         assert [c.target_replicas for c in backend.applied] == [2]
         assert 0.2 < waited < 2.0, waited
         # An apply_at past the expiry waits only until the expiry, then is refused as expired.
-        late = Command(kind="scale", zone="az-a", model="m", target_replicas=3, reason="t",
-                       issued_at_ms=now, expires_at_ms=int(time.time() * 1000) + 200, basis_ms=2,
-                       detail={"apply_at_ms": now + 60_000})
+        late = Command(
+            kind="scale",
+            zone="az-a",
+            model="m",
+            target_replicas=3,
+            reason="t",
+            issued_at_ms=now,
+            expires_at_ms=int(time.time() * 1000) + 200,
+            basis_ms=2,
+            detail={"apply_at_ms": now + 60_000},
+        )
         await ex.handle(await redis.xadd(key, {"cmd": late.encode()}), {b"cmd": late.encode()})
         assert [c.target_replicas for c in backend.applied] == [2]
         outcomes = {r.get("command_id"): r["outcome"] for r in await _results(settings, 3)}

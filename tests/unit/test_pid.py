@@ -27,33 +27,48 @@ def run(params: PidParams, eps_seq: list[float], replicas: int = 10, state: PidS
     return st_, outs
 
 
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
 @pytest.mark.parametrize(
-    ("eps", "reason"),
+    ("eps", "reason", "error_sign", "level_sign", "target"),
     [
-        (0.30, "scale_up"),  # violations above the reference grow the fleet (Correction)
-        (1.00, "scale_up"),  # saturating error still grows
-        (0.00, "scale_down"),  # no violations: reclaim replicas (the level falls at once)
-        (0.02, "hold"),  # exactly at the reference
-        (0.03, "hold"),  # inside the deadband (|e| <= 0.015)
+        # violations above the reference grow the fleet at once (Correction)
+        (0.30, "scale_up", +1, +1, 12),
+        (1.00, "scale_up", +1, +1, 13),  # saturating error: slew-limited to a = 1.3
+        # exactly at the reference, and inside the deadband (|e| <= 0.015): nothing moves
+        (0.02, "hold", 0, 0, 10),
+        (0.03, "hold", 0, 0, 10),
+        # below the reference: the continuous level falls on the first step, but the
+        # integer target only follows once the level has moved half a replica
+        # (test_scale_down_follows_the_falling_level), so the first step still holds
+        (0.00, "hold", -1, -1, 10),
+        (0.004, "hold", -1, -1, 10),  # just outside the deadband on the low side
     ],
 )
-def test_sign_convention(eps: float, reason: str) -> None:
+def test_sign_convention_first_step(eps: float, reason: str, error_sign: int, level_sign: int, target: int) -> None:
     params = PidParams(kp=0.5, ki=0.02, deadband=0.015, max_replicas=100)
     st, out = step(params, PidState(), PidMeasurement(eps, replicas_current=10), DT)
-    if reason == "scale_down":
-        # The continuous level falls on the first step; the integer target follows
-        # once the level has moved half a replica.
-        assert out.multiplier < 1.0 and st.level is not None and st.level < 10
-        _, outs = run(params, [eps] * 5, state=st)
-        assert outs[-1].target_replicas < 10
-        return
     assert out.reason == reason
-    if reason == "scale_up":
-        assert out.multiplier > 1.0 and out.target_replicas > 10 and out.error > 0
-    elif reason == "scale_down":
-        assert out.multiplier < 1.0 and out.target_replicas < 10 and out.error < 0
-    else:
-        assert out.multiplier == 1.0 and out.target_replicas == 10
+    assert _sign(out.error) == error_sign
+    assert st.level is not None and _sign(st.level - 10) == level_sign
+    assert _sign(out.multiplier - 1.0) == level_sign  # level = base * multiplier
+    assert out.target_replicas == target
+
+
+def test_scale_down_follows_the_falling_level() -> None:
+    """No violations: within a few periods the integer target steps below the
+    current count with reason scale_down, and it never moves up meanwhile."""
+    params = PidParams(kp=0.5, ki=0.02, deadband=0.015, max_replicas=100)
+    _, outs = run(params, [0.0] * 5)
+    targets = [o.target_replicas for o in outs]
+    assert targets == sorted(targets, reverse=True) and targets[-1] < 10, targets
+    downs = [o for o in outs if o.reason == "scale_down"]
+    assert downs, [o.reason for o in outs]
+    first = downs[0]
+    assert first.multiplier < 1.0 and first.error < 0 and first.target_replicas < 10
+    assert all(o.reason == "hold" and o.target_replicas == 10 for o in outs[: outs.index(first)])
 
 
 def test_first_step_has_no_proportional_or_derivative_kick() -> None:
@@ -188,9 +203,7 @@ def test_step_response_converges_without_sustained_oscillation(load_step: float)
     assert len({r for r, _ in tail}) == 1, counts
     assert tail[-1][1] <= params.eps_ref + params.deadband
     # and not grossly over-provisioned: one replica fewer would violate the band
-    assert (
-        plant_violation_rate(60.0 * load_step, tail[-1][0] - 1) > params.eps_ref - params.deadband
-    )
+    assert plant_violation_rate(60.0 * load_step, tail[-1][0] - 1) > params.eps_ref - params.deadband
 
 
 @pytest.mark.parametrize(
