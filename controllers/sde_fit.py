@@ -7,7 +7,9 @@ the parameters from observed latency instead of assuming them.  Sampled every
 ``b = exp(-theta dt)``, ``a = L_bar (1 - b)`` and
 ``Var(e) = sigma^2 (1 - b^2) / (2 theta)``; least squares on (L_k, L_{k+1})
 is the maximum-likelihood estimate.  :class:`OnlineOuFit` keeps the five
-running sums that regression needs, so it costs O(1) per sample and pickles.
+running sums that regression needs, so it costs O(1) per sample; its snapshot
+is plain data (:meth:`OnlineOuFit.to_state` / :meth:`OnlineOuFit.from_state`,
+the conventions of :mod:`controllers.state`).
 
 Examples
 --------
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from controllers.errors import ParameterError
+from controllers.state import enc_float, header, open_state, show
 
 __all__ = ["OnlineOuFit", "OuEstimate"]
 
@@ -95,3 +98,42 @@ class OnlineOuFit:
         theta = -math.log(b) / self.dt_s
         sigma = math.sqrt(var_e * 2 * theta / (1 - b * b))
         return OuEstimate(theta=theta, mu=a / (1 - b), sigma=sigma, n=n)
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data (JSON-able, no NaN): ``type``, ``version`` and the fields.
+
+        >>> import json
+        >>> fit = OnlineOuFit().update(400.0, 1.0).update(410.0, 1.0)
+        >>> OnlineOuFit.from_state(json.loads(json.dumps(fit.to_state()))) == fit
+        True
+        >>> OnlineOuFit.from_state({**fit.to_state(), "n": -1})
+        Traceback (most recent call last):
+        ...
+        controllers.errors.ParameterError: state.n=-1: must lie in [0, 9223372036854775808]
+        """
+        return {
+            **header("OnlineOuFit"),
+            "n": self.n,
+            **{k: enc_float(getattr(self, k)) for k in _SUMS},
+            "last": None if self.last is None else enc_float(self.last),
+            "dt_s": None if self.dt_s is None else enc_float(self.dt_s),
+        }
+
+    @classmethod
+    def from_state(cls, data: Any) -> OnlineOuFit:
+        """Inverse of :meth:`to_state`; :class:`ParameterError` names the bad field."""
+        o = open_state(data, "OnlineOuFit", ("n", *_SUMS, "last", "dt_s"))
+        n = o.get_int("n", 0, 2**63)
+        last = None if o.raw("last") is None else o.get_float("last", finite=True)
+        dt_s = None if o.raw("dt_s") is None else o.get_float("dt_s", 0.0, finite=True)
+        if dt_s is not None and dt_s <= 0.0:
+            raise ParameterError(f"state.dt_s={dt_s!r}: must be > 0")
+        if (last is None) != (dt_s is None) or (last is None and n != 0):
+            raise ParameterError(
+                f"state.last={show(o.raw('last'))}: null exactly when no sample was seen (dt_s null, n 0)"
+            )
+        sums = {k: o.get_float(k) for k in _SUMS}
+        return cls(n=n, last=last, dt_s=dt_s, **sums)
+
+
+_SUMS = ("sx", "sy", "sxx", "sxy", "syy")
