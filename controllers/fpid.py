@@ -186,7 +186,7 @@ class FpidParams:
 
 @dataclass(frozen=True)
 class FpidState:
-    """Controller memory (pickles; JSON via to_dict/from_dict).
+    """Controller memory (plain data via to_dict/from_dict).
 
     ``errors`` is the bounded error history, newest first, at most ``memory``
     long (a ring buffer kept as a shifted tuple: O(memory) per step).

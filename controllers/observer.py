@@ -105,7 +105,7 @@ class KalmanParams:
 
 @dataclass(frozen=True)
 class KalmanState:
-    """Estimate ``x`` and covariance ``p`` (3x3, nested tuples); pickles.
+    """Estimate ``x`` and covariance ``p`` (3x3, nested tuples); plain data via to_dict/from_dict.
 
     Examples
     --------

@@ -140,7 +140,7 @@ class PidParams:
 
 @dataclass(frozen=True)
 class PidState:
-    """Controller memory between steps (pickles; JSON via to_dict/from_dict).
+    """Controller memory between steps (plain data via to_dict/from_dict).
 
     Examples
     --------

@@ -86,6 +86,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from core import names
+from streams.command_payloads import BreakerPayload, ScalePayload
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
@@ -122,12 +123,13 @@ class SimFleetBackend:
             return await self._relocate(cmd)
         if cmd.kind != "scale":
             raise BackendRejected(f"sim backend cannot apply {cmd.kind!r} commands")
+        desired = cmd.payload_as(ScalePayload).target_replicas
         try:
             previous = await self.redis.hget(self.key, cmd.model)
-            await self.redis.hset(self.key, cmd.model, cmd.target_replicas)
+            await self.redis.hset(self.key, cmd.model, desired)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
-        return {"previous_desired": int(previous) if previous is not None else None, "desired": cmd.target_replicas}
+        return {"previous_desired": int(previous) if previous is not None else None, "desired": desired}
 
     async def _relocate(self, cmd: Command) -> dict[str, Any]:
         req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}
@@ -146,7 +148,10 @@ class DryRunBackend:
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
         self.applied.append(cmd)
-        log.info("dry-run: would set %s/%s to %d replicas", cmd.zone, cmd.model, cmd.target_replicas)
+        if cmd.kind == "scale":
+            log.info("dry-run: would set %s/%s to %d replicas", cmd.zone, cmd.model, cmd.target_replicas)
+        else:
+            log.info("dry-run: would apply %s to %s in %s: %s", cmd.kind, cmd.target, cmd.zone, cmd.payload)
         return {"dry_run": True}
 
 
@@ -180,7 +185,7 @@ class RoutingBackend:
                 await self.redis.hset(names.routing_hash(self.prefix, cmd.zone), mapping=fields)
                 return {"classes": sorted(cmd.payload["weights"])}
             if cmd.kind == "breaker":
-                target = str(cmd.payload.get("target", cmd.model))
+                target = cmd.payload_as(BreakerPayload).target
                 await self.redis.hset(
                     names.breaker_hash(self.prefix, cmd.zone),
                     target,

@@ -319,7 +319,7 @@ class ZoneExecutor:
                 command_id=cmd.command_id,
                 model=cmd.model,
                 kind=cmd.kind,
-                target_replicas=cmd.target_replicas,
+                target_replicas=cmd.target_replicas,  # None for every kind but scale (schema v2)
                 issued_at_ms=cmd.issued_at_ms,
                 basis_ms=cmd.basis_ms,
                 latency_ms=now - cmd.issued_at_ms,

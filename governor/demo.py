@@ -215,7 +215,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                 "decisions": sorted(
                     ((r["basis_ms"] - t0_ms) / 1000.0, r["zone"], r["target_replicas"])
                     for r in collector.results
-                    if r.get("outcome") == "applied"
+                    if r.get("outcome") == "applied" and r.get("kind") == "scale"
                 ),
                 "plot": str(png),
             },

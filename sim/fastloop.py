@@ -3,9 +3,9 @@ an autoscaler, with no broker, no Redis and no wall clock.
 
 It replays a workload through :class:`sim.fleet.Fleet` in ticks of trace time
 and feeds every finished-request and GPU record through the *same*
-:class:`streams.pipeline.TelemetryProcessor` (windows, DDSketch) the stream
-worker runs.  ``governor`` decides with the same :class:`streams.scaler_driver.Scaler`
-(PID) the worker runs; baselines (:mod:`sim.baselines`) decide from the same
+:class:`streams.control_loop.ControlLoop` the stream worker runs (its
+processor makes the windows, DDSketch and all).  ``governor`` decides with that
+loop's drivers on the typed window records, as the worker does; baselines (:mod:`sim.baselines`) decide from the same
 windows plus instantaneous fleet observations, every ``period_s``.  Decisions
 reach the fleet after ``actuation_delay_s`` (command path + API latency).
 Everything is seeded; the same inputs give the same run.
@@ -24,9 +24,8 @@ holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
 GPU-seconds weight ready replicas by their measured busy fraction; waste is
 ``1 - busy / provisioned``.
 
-Over 400 lines: the fast loop's run() drives the fleet, the strategy and the faults
-through one clock; it is split by phase in the next structural change (a control-loop
-class shared with the worker).
+Over 400 lines: the configuration, the run split by phase (:class:`_FastRun`) and the
+summary share the run's clock and counters; each phase is a method of its own.
 """
 
 from __future__ import annotations
@@ -40,13 +39,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
 from core.vocab import default_pid_gains
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
-from streams.pipeline import TelemetryProcessor
-from streams.scaler_driver import Scaler
+from streams.control_loop import ControlLoop
 
 if TYPE_CHECKING:
     from sim.baselines.base import Autoscaler
@@ -155,21 +154,6 @@ class RunResult:
     events: list[dict[str, Any]] = field(default_factory=list)  # the Scaler's (drift, mode, zone)
 
 
-class _GovernorStrategy:
-    """The pipeline's own controller (streams.scaler_driver.Scaler) on zone windows."""
-
-    name = "governor"
-
-    def __init__(self, settings: Settings) -> None:
-        self.scaler = Scaler(settings)
-        self.events: list[dict[str, Any]] = []
-
-    def on_window(self, m: Mapping[str, Any], now_ms: int) -> tuple[str, int, str] | None:
-        cmd = self.scaler.on_window(m, now_ms)
-        self.events.extend(self.scaler.drain_events())
-        return None if cmd is None else (cmd.zone, cmd.target_replicas, cmd.reason)
-
-
 def _pick_zone(weights: Mapping[str, float], reachable: Sequence[str], u: float) -> str | None:
     """The zone whose cumulative weight (over the reachable zones) passes ``u`` in [0, 1)."""
     w = [max(0.0, weights.get(z, 0.0)) for z in reachable]
@@ -201,71 +185,115 @@ def run(
     name: str | None = None,
 ) -> RunResult:
     """Run one strategy ("governor" or a per-zone baseline factory) on a workload."""
-    wall0 = time.perf_counter()
-    duration = float(duration_s if duration_s is not None else (workload.arrival_s[-1] if len(workload) else 0.0))
-    settings = cfg.settings()
-    perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
-    fleet = Fleet(
-        FleetConfig(
-            models={cfg.model: perf},
-            zones=cfg.zones,
-            startup_s=cfg.startup_s,
-            initial_replicas=cfg.initial_replicas,
-            seed=cfg.seed,
-        ),
-        epoch_ms0=EPOCH_MS0,
-    )
-    processor = TelemetryProcessor(settings)
-    governor = _GovernorStrategy(settings) if strategy == "governor" else None
-    scalers: dict[str, Autoscaler] = {} if governor else {z: strategy(z) for z in cfg.zones}  # type: ignore[operator]
-    next_decide = {z: 0.0 for z in cfg.zones}
-    last_window: dict[str, dict[str, Any]] = {}
-    pending: deque[tuple[float, str, int]] = deque()
-    decisions: list[tuple[float, str, int, str]] = []
-    desired_seq: dict[str, list[int]] = {z: [cfg.initial_replicas] for z in cfg.zones}
-    arrivals_last: dict[str, deque[float]] = defaultdict(deque)
-    rng = np.random.default_rng(cfg.seed)
-    zone_of = rng.integers(0, len(cfg.zones), len(workload))
-    route_u = rng.random(len(workload))  # drawn after zone_of: the default routing is unchanged
-    finished: list[dict[str, Any]] = []
-    windows: list[dict[str, Any]] = []
-    tl: dict[str, list[float]] = defaultdict(list)
-    cut_until: dict[str, float] = {}
-    saved_desired: dict[str, int] = {}
-    fault_queue = sorted(faults, key=lambda f: f.at_s)
-    prov_gpu_s = busy_gpu_s = 0.0
-    i, t = 0, 0.0
-    n: int | None  # a target replica count; None where a baseline leaves it unchanged
-    n_ticks = int(np.ceil(duration / cfg.tick_s))
-    for k in range(1, n_ticks + 1):
-        t = min(k * cfg.tick_s, duration)
-        while fault_queue and fault_queue[0].at_s <= t:
-            f = fault_queue.pop(0)
+    return _FastRun(strategy, workload, cfg, faults, duration_s).run(name)
+
+
+class _FastRun:
+    """One run, split by phase; each tick runs the phases in this order:
+
+    faults -> arrivals (the global balancer) -> actuation (decisions whose delay
+    has passed) -> observe (the fleet advances, its telemetry goes through the
+    worker's :class:`~streams.control_loop.ControlLoop`, governor decides on the
+    closed zone windows) -> account (GPU-seconds, timeline) and the baselines'
+    decisions.
+    """
+
+    def __init__(
+        self,
+        strategy: str | StrategyFactory,
+        workload: Workload,
+        cfg: LoopConfig,
+        faults: Sequence[Fault],
+        duration_s: float | None,
+    ) -> None:
+        self.wall0 = time.perf_counter()
+        self.strategy, self.workload, self.cfg = strategy, workload, cfg
+        self.duration = float(
+            duration_s if duration_s is not None else (workload.arrival_s[-1] if len(workload) else 0.0)
+        )
+        perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
+        self.fleet = Fleet(
+            FleetConfig(
+                models={cfg.model: perf},
+                zones=cfg.zones,
+                startup_s=cfg.startup_s,
+                initial_replicas=cfg.initial_replicas,
+                seed=cfg.seed,
+            ),
+            epoch_ms0=EPOCH_MS0,
+        )
+        # The worker's own loop: its processor makes every strategy's windows, its drivers decide for governor.
+        self.loop = ControlLoop(cfg.settings())
+        self.governor = strategy == "governor"
+        self.scalers: dict[str, Autoscaler] = (
+            {} if self.governor else {z: cast(StrategyFactory, strategy)(z) for z in cfg.zones}
+        )
+        self.next_decide = {z: 0.0 for z in cfg.zones}
+        self.last_window: dict[str, dict[str, Any]] = {}
+        self.pending: deque[tuple[float, str, int]] = deque()
+        self.decisions: list[tuple[float, str, int, str]] = []
+        self.desired_seq: dict[str, list[int]] = {z: [cfg.initial_replicas] for z in cfg.zones}
+        self.arrivals_last: dict[str, deque[float]] = defaultdict(deque)
+        rng = np.random.default_rng(cfg.seed)
+        self.zone_of = rng.integers(0, len(cfg.zones), len(workload))
+        self.route_u = rng.random(len(workload))  # drawn after zone_of: the default routing is unchanged
+        self.finished: list[dict[str, Any]] = []
+        self.windows: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.tl: dict[str, list[float]] = defaultdict(list)
+        self.cut_until: dict[str, float] = {}
+        self.saved_desired: dict[str, int] = {}
+        self.fault_queue = sorted(faults, key=lambda f: f.at_s)
+        self.prov_gpu_s = self.busy_gpu_s = 0.0
+        self.i = 0
+
+    def run(self, name: str | None) -> RunResult:
+        cfg, t = self.cfg, 0.0
+        n_ticks = int(np.ceil(self.duration / cfg.tick_s))
+        for k in range(1, n_ticks + 1):
+            t = min(k * cfg.tick_s, self.duration)
+            self._faults(t)
+            self._arrivals(t)
+            self._actuate(t)
+            snaps = self._observe(k, t)
+            self._account(t, snaps)
+            self.tl["t_s"].append(t)
+        return self._result(t, name)
+
+    # -- phases --------------------------------------------------------------------------
+    def _faults(self, t: float) -> None:
+        cfg, fleet = self.cfg, self.fleet
+        while self.fault_queue and self.fault_queue[0].at_s <= t:
+            f = self.fault_queue.pop(0)
             if f.kind == "spike":
                 fleet.inject_latency_spike(f.zone, cfg.model, f.fraction, f.factor, f.at_s, f.duration_s)
             elif f.kind == "replica_lost":
                 fleet.fail_replica(f.zone, cfg.model, f.at_s)
             elif f.kind == "zone_cut":
-                cut_until[f.zone] = f.at_s + f.duration_s
-                saved_desired[f.zone] = fleet.desired(f.zone, cfg.model)
+                self.cut_until[f.zone] = f.at_s + f.duration_s
+                self.saved_desired[f.zone] = fleet.desired(f.zone, cfg.model)
                 fleet.set_desired(f.zone, cfg.model, 0, f.at_s)
             elif f.kind == "slow_start":  # every replica started from now on loads slower
                 fleet.config = dataclasses.replace(fleet.config, startup_s=cfg.startup_s * f.factor)
-        for zone, until in list(cut_until.items()):
+        for zone, until in list(self.cut_until.items()):
             if t >= until:
-                del cut_until[zone]
-                fleet.set_desired(zone, cfg.model, max(saved_desired.pop(zone, 1), cfg.min_replicas), until)
-        live_zones = [z for z in cfg.zones if z not in cut_until] or list(cfg.zones)
+                del self.cut_until[zone]
+                fleet.set_desired(zone, cfg.model, max(self.saved_desired.pop(zone, 1), cfg.min_replicas), until)
+
+    def _arrivals(self, t: float) -> None:
+        cfg, fleet, workload = self.cfg, self.fleet, self.workload
+        live_zones = [z for z in cfg.zones if z not in self.cut_until] or list(cfg.zones)
         if cfg.balancer == "health":
             live_zones = [z for z in live_zones if fleet.replicas(z, cfg.model)["ready"] > 0] or live_zones
         # The global balancer: uniform over the zones, unless governor's zone-aware capacity
         # has moved routing off a lost or healing zone (Scaler.zone_weights).
-        weights = governor.scaler.zone_weights(cfg.model) if governor is not None else {}
+        weights = self.loop.scaler.zone_weights(cfg.model) if self.governor else {}
         steer = bool(weights) and len(set(weights.values())) > 1
+        i = self.i
         while i < len(workload) and workload.arrival_s[i] <= t:
-            zone = cfg.zones[int(zone_of[i])]
+            zone = cfg.zones[int(self.zone_of[i])]
             if steer:
-                zone = _pick_zone(weights, live_zones, float(route_u[i])) or zone
+                zone = _pick_zone(weights, live_zones, float(self.route_u[i])) or zone
             if zone not in live_zones:  # the global balancer sends a cut zone's traffic elsewhere
                 zone = live_zones[i % len(live_zones)]
             fleet.submit(
@@ -277,104 +305,131 @@ def run(
                 f"r{i}",
                 hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else None,
             )
-            arrivals_last[zone].append(float(workload.arrival_s[i]))
+            self.arrivals_last[zone].append(float(workload.arrival_s[i]))
             i += 1
-        while pending and pending[0][0] <= t:
-            at, zone, n = pending.popleft()
-            if zone not in cut_until:
-                fleet.set_desired(zone, cfg.model, n, at)
-        done = fleet.advance_to(t)
-        finished.extend(done)
-        snaps = fleet.gpu_snapshot(t)
+        self.i = i
+
+    def _actuate(self, t: float) -> None:
+        while self.pending and self.pending[0][0] <= t:
+            at, zone, n = self.pending.popleft()
+            if zone not in self.cut_until:
+                self.fleet.set_desired(zone, self.cfg.model, n, at)
+
+    def _decide(self, t: float, zone: str, n: int, reason: str) -> None:
+        self.pending.append((t + self.cfg.actuation_delay_s, zone, n))
+        self.decisions.append((t, zone, n, reason))
+        self.desired_seq[zone].append(n)
+
+    def _observe(self, k: int, t: float) -> list[dict[str, Any]]:
+        """The fleet advances to ``t``; its records go through the loop; governor decides."""
+        done = self.fleet.advance_to(t)
+        self.finished.extend(done)
+        snaps = self.fleet.gpu_snapshot(t)
         now_ms = EPOCH_MS0 + int(round(t * 1000))
-        processor.process(
-            {"schema_version": 1, "kind": "batch", "records": done + snaps},
-            {"topic": "fastloop", "partition": 0, "offset": k},
-            now_ms,
-        )
-        for m in processor.close_due(now_ms, now_ms):
+        batch = {"schema_version": 1, "kind": "batch", "records": done + snaps}
+        # Windows close by the clock below, once per tick, as the worker's timer closes them.
+        self.loop.ingest(batch, {"topic": "fastloop", "partition": 0, "offset": k}, now_ms, close=False)
+        for m in self.loop.close_due(now_ms):
             if m["scope"] != "zone":
-                continue
-            windows.append(m)
-            last_window[m["zone"]] = m
-            if governor is not None and m["zone"] not in cut_until:
-                decision = governor.on_window(m, now_ms)
-                if decision is not None:
-                    zone, n, reason = decision
-                    pending.append((t + cfg.actuation_delay_s, zone, n))
-                    decisions.append((t, zone, n, reason))
-                    desired_seq[zone].append(n)
+                continue  # node windows: the KV policy is not simulated here (bench kv is)
+            self.windows.append(m)
+            self.last_window[m["zone"]] = m
+            if self.governor and m["zone"] not in self.cut_until:
+                decided = self.loop.decide(decode_window(m), now_ms)
+                self.events.extend(decided.events)
+                for cmd in decided.commands:
+                    if cmd.kind == "scale" and cmd.target_replicas is not None:
+                        self._decide(t, cmd.zone, cmd.target_replicas, cmd.reason)
+        return snaps
+
+    def _account(self, t: float, snaps: list[dict[str, Any]]) -> None:
+        cfg, fleet = self.cfg, self.fleet
         by_zone: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for s in snaps:
             by_zone[s["zone"]].append(s)
         for zone in cfg.zones:
             zs = by_zone.get(zone, [])
             ready = [s for s in zs if s["state"] == "ready"]
-            prov_gpu_s += len(zs) * cfg.gpus_per_replica * cfg.tick_s
-            busy_gpu_s += sum(s["gpu_util"] for s in ready) * cfg.gpus_per_replica * cfg.tick_s
+            self.prov_gpu_s += len(zs) * cfg.gpus_per_replica * cfg.tick_s
+            self.busy_gpu_s += sum(s["gpu_util"] for s in ready) * cfg.gpus_per_replica * cfg.tick_s
             counts = fleet.replicas(zone, cfg.model)
-            tl[f"{zone}.ready"].append(counts.get("ready", 0))
-            tl[f"{zone}.starting"].append(counts.get("starting", 0))
-            tl[f"{zone}.desired"].append(fleet.desired(zone, cfg.model))
-            q = arrivals_last[zone]
+            self.tl[f"{zone}.ready"].append(counts.get("ready", 0))
+            self.tl[f"{zone}.starting"].append(counts.get("starting", 0))
+            self.tl[f"{zone}.desired"].append(fleet.desired(zone, cfg.model))
+            q = self.arrivals_last[zone]
             while q and q[0] <= t - 1.0:
                 q.popleft()
-            if governor is None and t >= next_decide[zone] and zone not in cut_until:
-                scaler = scalers[zone]
-                next_decide[zone] = t + scaler.period_s
-                from sim.baselines.base import Observation
+            if not self.governor and t >= self.next_decide[zone] and zone not in self.cut_until:
+                self._baseline(t, zone, zs, ready, counts, len(q))
 
-                obs = Observation(
-                    t_s=t,
-                    zone=zone,
-                    model=cfg.model,
-                    replicas_ready=counts.get("ready", 0),
-                    replicas_starting=counts.get("starting", 0),
-                    desired=fleet.desired(zone, cfg.model),
-                    ongoing_requests=sum(s["queue_len"] + s["running"] for s in zs),
-                    queue_len=sum(s["queue_len"] for s in zs),
-                    arrival_rate_rps=float(len(q)),
-                    gpu_util=float(np.mean([s["gpu_util"] for s in ready])) if ready else 0.0,
-                    window=last_window.get(zone),
-                )
-                n = scaler.decide(obs)
-                if n is not None:
-                    n = int(min(max(n, cfg.min_replicas), cfg.max_replicas))
-                    if n != obs.desired:
-                        pending.append((t + cfg.actuation_delay_s, zone, n))
-                        decisions.append((t, zone, n, scaler.name))
-                        desired_seq[zone].append(n)
-        tl["t_s"].append(t)
-    sde = (
-        {}
-        if governor is None
-        else {f"{model}|{zone}": est.to_dict() for (model, zone), est in governor.scaler.sde_estimates().items()}
-    )
-    # Drain: let in-flight requests finish (no new arrivals), so nothing is left uncounted.
-    tail = fleet.advance_to(t + 600.0)
-    finished.extend(tail)
-    return RunResult(
-        strategy=name
-        or (strategy if isinstance(strategy, str) else cast(str, getattr(scalers[cfg.zones[0]], "name", "?"))),
-        metrics=summarise(
-            finished,
-            cfg,
-            prov_gpu_s,
-            busy_gpu_s,
-            decisions,
-            desired_seq,
-            submitted=i,
-            wall_s=time.perf_counter() - wall0,
-            duration_s=duration,
-            in_flight=fleet.stats().get("in_flight", 0),
+    def _baseline(
+        self,
+        t: float,
+        zone: str,
+        zs: list[dict[str, Any]],
+        ready: list[dict[str, Any]],
+        counts: Mapping[str, int],
+        arrivals_1s: int,
+    ) -> None:
+        from sim.baselines.base import Observation
+
+        cfg, fleet = self.cfg, self.fleet
+        scaler = self.scalers[zone]
+        self.next_decide[zone] = t + scaler.period_s
+        obs = Observation(
+            t_s=t,
+            zone=zone,
+            model=cfg.model,
+            replicas_ready=counts.get("ready", 0),
+            replicas_starting=counts.get("starting", 0),
+            desired=fleet.desired(zone, cfg.model),
+            ongoing_requests=sum(s["queue_len"] + s["running"] for s in zs),
+            queue_len=sum(s["queue_len"] for s in zs),
+            arrival_rate_rps=float(arrivals_1s),
+            gpu_util=float(np.mean([s["gpu_util"] for s in ready])) if ready else 0.0,
+            window=self.last_window.get(zone),
         )
-        | ({"sde_fit": sde} if sde else {}),
-        timeline={k: np.asarray(v) for k, v in tl.items()},
-        decisions=decisions,
-        finished=finished,
-        windows=windows,
-        events=[] if governor is None else governor.events,
-    )
+        n = scaler.decide(obs)
+        if n is not None:
+            n = int(min(max(n, cfg.min_replicas), cfg.max_replicas))
+            if n != obs.desired:
+                self._decide(t, zone, n, scaler.name)
+
+    def _result(self, t: float, name: str | None) -> RunResult:
+        cfg = self.cfg
+        sde = (
+            {f"{model}|{zone}": est.to_dict() for (model, zone), est in self.loop.scaler.sde_estimates().items()}
+            if self.governor
+            else {}
+        )
+        # Drain: let in-flight requests finish (no new arrivals), so nothing is left uncounted.
+        tail = self.fleet.advance_to(t + 600.0)
+        self.finished.extend(tail)
+        strategy = self.strategy
+        label = name or (
+            strategy if isinstance(strategy, str) else cast(str, getattr(self.scalers[cfg.zones[0]], "name", "?"))
+        )
+        return RunResult(
+            strategy=label,
+            metrics=summarise(
+                self.finished,
+                cfg,
+                self.prov_gpu_s,
+                self.busy_gpu_s,
+                self.decisions,
+                self.desired_seq,
+                submitted=self.i,
+                wall_s=time.perf_counter() - self.wall0,
+                duration_s=self.duration,
+                in_flight=self.fleet.stats().get("in_flight", 0),
+            )
+            | ({"sde_fit": sde} if sde else {}),
+            timeline={k: np.asarray(v) for k, v in self.tl.items()},
+            decisions=self.decisions,
+            finished=self.finished,
+            windows=self.windows,
+            events=self.events,
+        )
 
 
 def summarise(

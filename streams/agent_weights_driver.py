@@ -46,12 +46,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from controllers.agent_weights import AgentSignals, AgentWeightParams, weights
+from controllers.window_record import WindowRecord
 from core.settings import Settings
 from core.vocab import AGENT_PATHS
-from streams.breaker_driver import Target, fresh_zone_window, window_target
+from streams.breaker_driver import Target, fresh_zone_window
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
@@ -75,39 +74,31 @@ class _Window:
     path_shares: dict[str, float]
 
 
-def parse_window(m: Mapping[str, Any]) -> _Window | None:
+def parse_window(w: WindowRecord) -> _Window | None:
     """The agent fields of a zone window (None: no request carried signals).
 
-    ``ValueError`` says what is wrong with a malformed one.
+    ``ValueError`` says what is missing from a window that counts signals but
+    carries no means.
 
-    >>> w = parse_window({"model": "m", "zone": "z", "window_end_ms": 10_000, "agent_signals_n": 4,
-    ...                   "agent_stability_mean": 0.9, "agent_rag_score_mean": 0.9,
-    ...                   "agent_tool_conf_mean": 0.2, "agent_path_counts": {"rag": 3, "llm": 1}})
+    >>> from controllers.window_record import decode_window
+    >>> w = parse_window(decode_window({"scope": "zone", "model": "m", "zone": "z", "window_end_ms": 10_000,
+    ...                                 "agent_signals_n": 4, "agent_stability_mean": 0.9,
+    ...                                 "agent_rag_score_mean": 0.9, "agent_tool_conf_mean": 0.2,
+    ...                                 "agent_path_counts": {"rag": 3, "llm": 1}}))
     >>> w.means, w.path_shares
     ((0.9, 0.9, 0.2), {'rag': 0.75, 'tool': 0.0, 'llm': 0.25})
-    >>> parse_window({"model": "m", "zone": "z", "window_end_ms": 1, "agent_signals_n": 0}) is None
-    True
     """
-    n = m.get("agent_signals_n") or 0
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"agent_signals_n={n!r}: must be an int >= 0")
-    if n == 0:
+    if w.agent_signals_n == 0:
         return None
-    model, zone, end = window_target(m)
-    means = []
-    for name in _MEANS:
-        v = m.get(name)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name}={v!r}: must be a number in [0, 1]")
-        means.append(float(v))
-    counts = m.get("agent_path_counts") or {}
-    if not isinstance(counts, Mapping) or not all(
-        p in AGENT_PATHS and isinstance(c, int) and not isinstance(c, bool) and c >= 0 for p, c in counts.items()
-    ):
-        raise ValueError(f"agent_path_counts={counts!r}: must map {AGENT_PATHS} to ints >= 0")
+    means = (w.agent_stability_mean, w.agent_rag_score_mean, w.agent_tool_conf_mean)
+    for name, v in zip(_MEANS, means, strict=True):
+        if v is None:
+            raise ValueError(f"{name}: missing from a window with {w.agent_signals_n} agent signals")
+    s, r, t = (float(v or 0.0) for v in means)
+    counts = w.agent_path_counts
     total = sum(counts.values())
     shares = {p: round(counts.get(p, 0) / total, 6) for p in AGENT_PATHS} if total else {}
-    return _Window(model, zone, end, n, (means[0], means[1], means[2]), shares)
+    return _Window(w.model, w.zone, w.window_end_ms, w.agent_signals_n, (s, r, t), shares)
 
 
 class AgentWeightsDriver:
@@ -116,11 +107,14 @@ class AgentWeightsDriver:
     Examples
     --------
     >>> d = AgentWeightsDriver(Settings(zones=("az-a",)))
-    >>> w = {"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "agent_signals_n": 5,
-    ...      "agent_stability_mean": 0.0, "agent_rag_score_mean": 0.9, "agent_tool_conf_mean": 0.8}
+    >>> from dataclasses import replace
+    >>> from controllers.window_record import decode_window
+    >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
+    ...                    "agent_signals_n": 5, "agent_stability_mean": 0.0, "agent_rag_score_mean": 0.9,
+    ...                    "agent_tool_conf_mean": 0.8})
     >>> [c.payload["weights"] for c in d.on_window(w, 0)]      # a jumping conversation: tools
     [{'rag': 0.0, 'tool': 0.8, 'llm': 0.2}]
-    >>> d.on_window({**w, "window_end_ms": 20_000}, 0)           # the same signals: nothing new
+    >>> d.on_window(replace(w, window_end_ms=20_000), 0)         # the same signals: nothing new
     []
     """
 
@@ -144,9 +138,9 @@ class AgentWeightsDriver:
         self.published: dict[Target, dict[str, float]] = {}
         self.last_end_ms: dict[Target, int] = {}
 
-    def on_window(self, m: Mapping[str, Any], now_ms: int) -> list[Command]:
-        """Feed one metrics record; returns the ``agents`` command to publish, if any."""
-        w = fresh_zone_window(m, parse_window, self.last_end_ms, "agent weights")
+    def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; returns the ``agents`` command to publish, if any."""
+        w = fresh_zone_window(record, parse_window, self.last_end_ms, "agent weights")
         if w is None:
             return []
         target = (w.model, w.zone)
@@ -178,7 +172,6 @@ class AgentWeightsDriver:
                 kind="agents",
                 zone=w.zone,
                 model=w.model,
-                target_replicas=0,
                 reason=reason,
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + ttl,
@@ -190,8 +183,8 @@ class AgentWeightsDriver:
         ]
 
     # -- snapshots ------------------------------------------------------------
-    def snapshot(self) -> bytes:
-        """Every target's smoothed signals, published weights and last window end, as JSON."""
+    def snapshot(self) -> dict[str, Any]:
+        """Every target's smoothed signals, published weights and last window end (plain data)."""
         targets = {
             f"{t[0]}|{t[1]}": {
                 "signals": list(s),
@@ -200,11 +193,10 @@ class AgentWeightsDriver:
             }
             for t, s in sorted(self.signals.items())
         }
-        return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
+        return {"version": SNAPSHOT_VERSION, "targets": targets}
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, data: Mapping[str, Any]) -> int:
         """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
-        data = orjson.loads(blob)
         if data.get("version") != SNAPSHOT_VERSION:
             log.warning("ignoring agent weights snapshot (version %s)", data.get("version"))
             return 0

@@ -31,19 +31,16 @@ from governor_telemetry.records import partition_key
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from controllers.window_record import WindowRecord
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
-from streams.agent_weights_driver import AgentWeightsDriver
 from streams.app import GovernorApp
-from streams.breaker_driver import BreakerDriver
 from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
-from streams.kv_policy_driver import KvPolicyDriver
+from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
-from streams.pipeline import TelemetryProcessor, dead_letter
-from streams.routing_driver import RoutingDriver
-from streams.scaler_driver import Scaler
+from streams.pipeline import dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +49,18 @@ _REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Snapshotting(Protocol):
-    def snapshot(self) -> bytes: ...
+    def snapshot(self) -> dict[str, Any]: ...
 
-    def restore(self, blob: bytes) -> int: ...
+    def restore(self, data: Mapping[str, Any]) -> int: ...
 
 
 @dataclass
 class SnapshotStore:
     """Saves and restores the control agent's state objects in Redis, one key each.
 
-    ``parts`` maps a name to an object with ``snapshot() -> bytes`` and
-    ``restore(blob) -> int``; its key is ``<prefix>:snapshot:<name>``.  All
+    ``parts`` maps a name to an object with ``snapshot() -> plain data`` and
+    ``restore(data) -> int`` (the driver protocol); its key is
+    ``<prefix>:snapshot:<name>`` and its value the JSON of the data.  All
     parts are written in one ``MSET`` at most every ``every_s`` (loop time);
     Redis trouble is logged and the next window retries.  A part whose
     snapshot is missing or unreadable starts fresh (logged), the others are
@@ -90,7 +88,7 @@ class SnapshotStore:
             if not blob:
                 continue
             try:
-                done[name] = part.restore(blob.encode() if isinstance(blob, str) else blob)
+                done[name] = part.restore(orjson.loads(blob))
             except Exception as exc:  # a corrupt snapshot must not stop the agent
                 log.error("%s snapshot %s unreadable, starting fresh: %r", name, self.key(name), exc)
                 continue
@@ -103,7 +101,7 @@ class SnapshotStore:
             return False
         self._last_s = now_s
         try:
-            await self.redis.mset({self.key(n): p.snapshot() for n, p in self.parts.items()})
+            await self.redis.mset({self.key(n): orjson.dumps(p.snapshot()) for n, p in self.parts.items()})
         except _REDIS_ERRORS as exc:
             log.warning("snapshots not saved (redis: %s); next window retries", exc)
             return False
@@ -113,10 +111,8 @@ class SnapshotStore:
 @dataclass
 class Pipeline:
     app: GovernorApp
-    processor: TelemetryProcessor
-    scaler: Scaler
+    loop: ControlLoop
     metrics: WorkerMetrics
-    breaker: BreakerDriver
     snapshots: SnapshotStore
 
 
@@ -153,12 +149,9 @@ async def xadd_with_retry(
 def build_pipeline(
     app: GovernorApp, settings: Settings, clock: ScaledClock, metrics: WorkerMetrics | None = None
 ) -> Pipeline:
+    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`."""
     metrics = metrics or WorkerMetrics()
-    processor = TelemetryProcessor(settings)
-    scaler = Scaler(settings)
-    kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))  # KV relocation (node windows)
-    breaker = BreakerDriver(settings)  # one circuit breaker per model|zone (streams.breaker_driver)
-    agent_weights = AgentWeightsDriver(settings)  # RAG/tool/LLM weights per model|zone (docs/model.md §15 (agents))
+    loop = ControlLoop(settings, metrics)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -167,40 +160,31 @@ def build_pipeline(
     events = app.topic(settings.topic("events"), partitions=parts)
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
     zones = set(settings.zones)
-    routed_families = {m for pair in settings.fallbacks for m in pair}  # the RoutingDriver's
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
-    # Routing runs on a window before the scaler sees it: the forecast 2 windows past the
-    # scaler's last one is the window the new routes apply to.
-    routing = RoutingDriver(
-        settings, breaker_of=breaker.state_of, forecast_of=lambda m, z: scaler.rate_forecast(m, z, steps=2)
-    )  # GOVERNOR_FALLBACKS families (streams.canary_driver)
-    snapshots = SnapshotStore(
-        redis,
-        settings.topic_prefix,
-        {"scaler": scaler, "routing": routing, "breaker": breaker, "kv": kv_policy, "agents": agent_weights},
-    )
+    snapshots = SnapshotStore(redis, settings.topic_prefix, loop.drivers)
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
-        metrics.observe_dead_letter(dl["reason"])
         await deadletter.send(value=orjson.dumps(dl))
 
     async def publish_windows(closed: list[dict[str, Any]]) -> None:
         for m in closed:
-            metrics.observe_window(m)
             await metrics_topic.send(key=partition_key(m["model"], m["zone"]), value=orjson.dumps(m))
+
+    async def publish(cmd: Command, what: str) -> None:
+        metrics.commands.labels(cmd.kind, cmd.zone).inc()
+        log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason)
+        await commands.send(key=cmd.zone.encode(), value=cmd.encode())
 
     @app.agent(telemetry, name="ingest")
     async def ingest(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
-            now = clock.now_ms()
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            res = processor.process(event.value, source, now)
-            metrics.records.inc(res.valid + len(res.dead_letters))
+            res = loop.ingest(event.value, source, clock.now_ms())
             if res.dead_letters:
-                # One log line per message, not per record: a replay of old data or a
-                # broken producer must not become a flood of log lines (measured: the
-                # per-record line was ~30 % of the worker's time on an all-late stream).
+                # One log line per message, not per record: a replay of old data or a broken
+                # producer must not become a flood of log lines (measured: the per-record line
+                # was ~30 % of the worker's time on an all-late stream).
                 log.info(
                     "%d dead letter(s) from %s[%d]@%d, first: %s",
                     len(res.dead_letters),
@@ -209,103 +193,47 @@ def build_pipeline(
                     msg.offset,
                     res.dead_letters[0]["reason"],
                 )
-                for dl in res.dead_letters:
-                    await send_dead_letter(dl)
-            closed = processor.close_due(None, now)
-            if closed:
-                await publish_windows(closed)
+            for dl in res.dead_letters:
+                await send_dead_letter(dl)
+            await publish_windows(res.windows)
 
     @app.timer(  # type: ignore[untyped-decorator]  # Faust's timer decorator is untyped
         max(0.05, clock.to_wall_s(settings.window_s * 1000) / 10), name="close-windows"
     )
     async def close_windows() -> None:
-        now = clock.now_ms()
-        await publish_windows(processor.close_due(now, now))
+        await publish_windows(loop.close_due(clock.now_ms()))
+        # Saved here too, not only after a metrics record: the last decision before a quiet
+        # spell must reach Redis (a snapshot is at most every_s old, traffic or not).
+        await snapshots.save(asyncio.get_running_loop().time())
 
-    async def publish(cmd: Command, what: str) -> None:
-        metrics.commands.labels(cmd.kind, cmd.zone).inc()
-        log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason)
-        await commands.send(key=cmd.zone.encode(), value=cmd.encode())
-
-    async def drive_canary(m: dict[str, Any]) -> None:
+    async def drive_canary(w: WindowRecord) -> None:
         try:
-            cmds = await canary.on_window(m, clock.now_ms())
+            for cc in await canary.on_window(w, clock.now_ms()):
+                await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
         except _REDIS_ERRORS as exc:
             log.warning("canary step skipped (redis: %s)", exc)
-            return
         except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: operator's to fix
-            log.error("canary step failed for %s: %s", m.get("model"), exc)
-            return
-        for cc in cmds:
-            await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
-
-    async def drive_routing(m: dict[str, Any]) -> None:
-        try:
-            cmds = routing.on_window(m, clock.now_ms())
-        except ValueError as exc:  # a window the router cannot use (ParameterError)
-            log.error("routing step failed for %s/%s: %s", m.get("model"), m.get("zone"), exc)
-            return
-        for rc in cmds:
-            await publish(rc, f"route {rc.model}")
-
-    async def drive_breaker(m: dict[str, Any]) -> None:
-        cmds = breaker.on_window(m, clock.now_ms())  # malformed windows are skipped (logged) inside
-        for t in breaker.drain_transitions():
-            metrics.observe_breaker(t.model, t.zone, t.state, changed=True)
-        target = (str(m.get("model")), str(m.get("zone")))
-        if target in breaker.states:  # a target the breaker judges (not a malformed window)
-            metrics.observe_breaker(*target, breaker.states[target].name, changed=False)
-        for bc in cmds:
-            await publish(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
-
-    async def drive_agent_weights(m: dict[str, Any]) -> None:
-        for ac in agent_weights.on_window(m, clock.now_ms()):  # malformed windows are skipped (logged) inside
-            metrics.observe_agent_weights(ac.model, ac.zone, ac.payload["weights"])
-            await publish(ac, f"agents {ac.model}")
+            log.error("canary step failed for %s: %s", w.model, exc)
 
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
         await snapshots.restore()
         async for event in stream.events():
-            try:
-                m = orjson.loads(event.value)
-            except orjson.JSONDecodeError as exc:
-                await send_dead_letter(
-                    dead_letter(
-                        f"bad metrics record: {exc}",
-                        {"topic": event.message.topic, "offset": event.message.offset},
-                        event.value.decode("utf-8", "replace"),
-                        clock.now_ms(),
-                    )
-                )
+            msg = event.message
+            source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+            w, dl = loop.decode(event.value, source, clock.now_ms())
+            if w is None:
+                assert dl is not None
+                await send_dead_letter(dl)
                 continue
-            if m.get("scope") == "node" and (rc := kv_policy.on_node_window(m, clock.now_ms())) is not None:
-                await publish(rc, f"relocate {rc.payload['node']}")
-            if m.get("scope") == "zone":
-                await drive_canary(m)
-                await drive_breaker(m)  # before routing: the route sees this window's breaker state
-                await drive_routing(m)
-                await drive_agent_weights(m)
-            cmd = scaler.on_window(m, clock.now_ms())
-            for ev in scaler.drain_events():
-                metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()
-                if ev["kind"] == "feedforward_mode":
-                    metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
+            if w.scope == "zone":
+                await drive_canary(w)
+            decided = loop.decide(w, clock.now_ms())
+            for ev in decided.events:
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
-                if ev["kind"] in ("zone_lost", "zone_returned") and ev["model"] not in routed_families:
-                    # Zone-aware routing: gateways stop sending to a lost zone and wait for a
-                    # healed one's capacity.  A fallback family's routes are the RoutingDriver's
-                    # (a lost zone has no windows there, so it gets no weight either).
-                    for rc in scaler.zone_route_commands(ev["model"], int(ev["window_end_ms"]), clock.now_ms()):
-                        await publish(rc, f"route {rc.model} by zone")
+            for cmd, what in zip(decided.commands, decided.described, strict=True):
+                await publish(cmd, what)
             await snapshots.save(asyncio.get_running_loop().time())
-            for (model, zone), est in scaler.sde_estimates().items():
-                for name in ("theta", "mu", "sigma"):
-                    metrics.sde.labels(model, zone, name).set(getattr(est, name))
-            if cmd is None:
-                continue
-            metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas)
-            await publish(cmd, f"{cmd.model} -> {cmd.target_replicas}")
 
     @app.agent(commands, name="bridge")
     async def bridge(stream: Any) -> None:
@@ -341,4 +269,4 @@ def build_pipeline(
             )
             metrics.bridged.labels(cmd.zone).inc()
 
-    return Pipeline(app=app, processor=processor, scaler=scaler, metrics=metrics, breaker=breaker, snapshots=snapshots)
+    return Pipeline(app=app, loop=loop, metrics=metrics, snapshots=snapshots)

@@ -49,12 +49,9 @@ whole memory as JSON, so a restarted worker decides as the stopped one.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
-
-import orjson
 
 from controllers.breaker import (
     AttainmentHistory,
@@ -65,12 +62,13 @@ from controllers.breaker import (
     rolling_attainment,
     step,
 )
+from controllers.window_record import WindowRecord
 from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window", "window_target"]
+__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window"]
 
 SNAPSHOT_VERSION = 1
 HORIZON_S = 300.0  # the design source's "SLO attainment of the last 5 minutes" (docs/model.md §13 (breaker))
@@ -97,40 +95,19 @@ class _Window:
     on_time: int
 
 
-def _rate(m: Mapping[str, Any], name: str) -> float:
-    v = m.get(name)
-    if v is None:
-        return 0.0
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name}={v!r}: must be a number in [0, 1]")
-    return float(v)
+def parse_window(w: WindowRecord) -> _Window:
+    """The counts a breaker needs from a zone window.
 
-
-def window_target(m: Mapping[str, Any]) -> tuple[str, str, int]:
-    """A window record's ``(model, zone, window_end_ms)``; ``ValueError`` says what is wrong."""
-    model, zone, end = m.get("model"), m.get("zone"), m.get("window_end_ms")
-    if not isinstance(model, str) or not model or not isinstance(zone, str) or not zone:
-        raise ValueError(f"model={model!r} zone={zone!r}: must be non-empty strings")
-    if isinstance(end, bool) or not isinstance(end, int | float) or not math.isfinite(end):
-        raise ValueError(f"window_end_ms={end!r}: must be a number")
-    return model, zone, int(end)
-
-
-def parse_window(m: Mapping[str, Any]) -> _Window:
-    """The fields a breaker needs from a zone window; ``ValueError`` says what is wrong.
-
-    >>> w = parse_window({"model": "m", "zone": "z", "window_end_ms": 10_000, "count": 1000,
-    ...                   "error_rate": 0.012, "violation_rate": 0.05})
+    >>> from controllers.window_record import decode_window
+    >>> w = parse_window(decode_window({"scope": "zone", "model": "m", "zone": "z", "window_end_ms": 10_000,
+    ...                                 "count": 1000, "error_rate": 0.012, "violation_rate": 0.05}))
     >>> w.requests, w.errors, w.on_time
     (1000, 12, 950)
     """
-    model, zone, end = window_target(m)
-    count = m.get("count")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count={count!r}: must be an int >= 0")
-    errors = min(count, round(_rate(m, "error_rate") * count))
-    on_time = max(0, min(count, round(count * (1.0 - _rate(m, "violation_rate")))))
-    return _Window(model, zone, end, count, errors, on_time)
+    count = w.count
+    errors = min(count, round(w.error_rate * count))
+    on_time = max(0, min(count, round(count * (1.0 - w.violation_rate))))
+    return _Window(w.model, w.zone, w.window_end_ms, count, errors, on_time)
 
 
 class _ZoneWindow(Protocol):  # read-only members: the windows are frozen dataclasses
@@ -146,25 +123,25 @@ W = TypeVar("W", bound=_ZoneWindow)
 
 
 def fresh_zone_window(
-    m: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], W | None], last_end_ms: dict[Target, int], what: str
+    w: WindowRecord, parse: Callable[[WindowRecord], W | None], last_end_ms: dict[Target, int], what: str
 ) -> W | None:
-    """``parse(m)`` of a zone window newer than its target's last one (recorded), else None.
+    """``parse(w)`` of a zone window newer than its target's last one (recorded), else None.
 
-    Not a zone window, a malformed one (``ValueError``, logged), one ``parse``
-    has nothing in (None) or a redelivered one (its end not newer than
+    Not a zone window, one ``parse`` finds unusable (``ValueError``, logged) or
+    has nothing in (None), or a redelivered one (its end not newer than
     ``last_end_ms[(model, zone)]``) give None.
     """
-    if m.get("scope") != "zone" or m.get("kind", "window") != "window":
+    if w.scope != "zone":
         return None
     try:
-        w = parse(m)
+        parsed = parse(w)
     except ValueError as exc:
         log.warning("%s: window skipped (%s)", what, exc)
         return None
-    if w is None or w.end_ms <= last_end_ms.get((w.model, w.zone), -1):
+    if parsed is None or parsed.end_ms <= last_end_ms.get((parsed.model, parsed.zone), -1):
         return None
-    last_end_ms[(w.model, w.zone)] = w.end_ms
-    return w
+    last_end_ms[(parsed.model, parsed.zone)] = parsed.end_ms
+    return parsed
 
 
 def _key(target: Target) -> str:
@@ -177,8 +154,9 @@ class BreakerDriver:
     Examples
     --------
     >>> d = BreakerDriver(Settings(zones=("az-a", "az-b"), breaker_min_requests=200))
-    >>> w = {"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 300,
-    ...      "error_rate": 0.02, "violation_rate": 0.02}
+    >>> from controllers.window_record import decode_window
+    >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
+    ...                    "count": 300, "error_rate": 0.02, "violation_rate": 0.02})
     >>> [(c.zone, c.payload["state"], c.payload["error_ratio"]) for c in d.on_window(w, 0)]
     [('az-a', 'open', 0.02), ('az-b', 'open', 0.02)]
     >>> d.state_of("m|az-a"), d.on_window(w, 0)          # a redelivered window changes nothing
@@ -208,10 +186,10 @@ class BreakerDriver:
         """The model's SLO attainment over the last 5 minutes, every zone pooled."""
         return rolling_attainment([p for t, h in sorted(self.history.items()) if t[0] == model for p in h.pairs])
 
-    def on_window(self, m: Mapping[str, Any], now_ms: int) -> list[Command]:
-        """Feed one metrics record; returns the ``breaker`` commands to publish."""
+    def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; returns the ``breaker`` commands to publish."""
         # Not newer: redelivered, or gathered while open and already stepped past.
-        w = fresh_zone_window(m, parse_window, self.last_end_ms, "breaker")
+        w = fresh_zone_window(record, parse_window, self.last_end_ms, "breaker")
         if w is None:
             return []
         target = (w.model, w.zone)
@@ -252,7 +230,6 @@ class BreakerDriver:
                 kind="breaker",
                 zone=z,
                 model=key,
-                target_replicas=0,
                 reason=out.reason[:500],
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + ttl,
@@ -264,8 +241,8 @@ class BreakerDriver:
         ]
 
     # -- snapshots ------------------------------------------------------------
-    def snapshot(self) -> bytes:
-        """Every target's breaker state, attainment history and last window end, as JSON."""
+    def snapshot(self) -> dict[str, Any]:
+        """Every target's breaker state, attainment history and last window end (plain data)."""
         targets = {
             _key(t): {
                 "state": s.to_dict(),
@@ -275,11 +252,10 @@ class BreakerDriver:
             for t, s in self.states.items()
             if t in self.history
         }
-        return orjson.dumps({"version": SNAPSHOT_VERSION, "targets": targets})
+        return {"version": SNAPSHOT_VERSION, "targets": targets}
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, data: Mapping[str, Any]) -> int:
         """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
-        data = orjson.loads(blob)
         if data.get("version") != SNAPSHOT_VERSION:
             log.warning("ignoring breaker snapshot (version %s)", data.get("version"))
             return 0

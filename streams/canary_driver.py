@@ -36,6 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from controllers import canary as can
+from controllers.window_record import WindowRecord
 from core import names
 from core.settings import Settings
 from streams.commands import Command
@@ -76,28 +77,25 @@ def new_rollout(model: str, version: str, params: can.CanaryParams, now_s: float
     }
 
 
-def window_obs(m: dict[str, Any] | None) -> can.VersionObs:
+def window_obs(w: WindowRecord | None) -> can.VersionObs:
     """A zone window's requests, errors and TTFT P50/P95/P99 (an absent window is empty).
 
     The quantiles feed the canary's sequential latency tests (requests over
     the P99 limit, and over k x stable's P95) as well as its P99 rule.
     """
-    if m is None:
+    if w is None:
         return can.VersionObs(0, 0, None)
-    n = int(m.get("count") or 0)
-    errors = min(n, round(float(m.get("error_rate") or 0.0) * n))
-
-    def ttft(q: int) -> float | None:
-        v = m.get(f"ttft_p{q}_ms")
-        return float(v) if v is not None and n else None
-
-    return can.VersionObs(n, errors, ttft(99), p50_ms=ttft(50), p95_ms=ttft(95))
+    n = w.count
+    errors = min(n, round(w.error_rate * n))
+    if not n:
+        return can.VersionObs(n, errors, None, p50_ms=None, p95_ms=None)
+    return can.VersionObs(n, errors, w.ttft_p99_ms, p50_ms=w.ttft_p50_ms, p95_ms=w.ttft_p95_ms)
 
 
 @dataclass
 class _Pair:
-    canary: dict[str, Any] | None = None
-    stable: dict[str, Any] | None = None
+    canary: WindowRecord | None = None
+    stable: WindowRecord | None = None
 
 
 @dataclass
@@ -113,11 +111,15 @@ class CanaryDriver:
     def prefix(self) -> str:
         return self.settings.topic_prefix
 
-    async def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
-        """Feed one metrics record; returns the ``canary`` commands to publish."""
-        if m.get("kind") != "window" or m.get("scope") != "zone":
+    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; returns the ``canary`` commands to publish.
+
+        The one driver that does I/O: a rollout lives in Redis, where ``governor
+        canary`` writes it, and each step is an optimistic transaction on it.
+        """
+        if m.scope != "zone":
             return []
-        name, zone, start = str(m["model"]), str(m["zone"]), int(m["window_start_ms"])
+        name, zone, start = m.model, m.zone, m.window_start_ms
         base, _, version = name.partition("@")
         raw = await self.redis.get(names.canary_state(self.prefix, base))
         if raw is None:
@@ -137,9 +139,9 @@ class CanaryDriver:
                 due.append((key, self._pairs.pop(key)))
         cmds: list[Command] = []
         for (_, _, _), p in due:
-            cmds += await self._step(base, p, int(m["window_end_ms"]), now_ms)
+            cmds += await self._step(base, p, m.window_end_ms, now_ms)
         if not due:  # nothing judged, but a start or an abort may need its share published
-            cmds += await self._step(base, None, int(m["window_end_ms"]), now_ms)
+            cmds += await self._step(base, None, m.window_end_ms, now_ms)
         return cmds
 
     async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
@@ -158,7 +160,7 @@ class CanaryDriver:
                     if pair is not None and state.name == "running":
                         ref = pair.stable or pair.canary
                         assert ref is not None
-                        end_ms = int(ref["window_end_ms"])
+                        end_ms = ref.window_end_ms
                         state, out = can.step(
                             params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0
                         )
@@ -195,7 +197,6 @@ class CanaryDriver:
                 kind="canary",
                 zone=z,
                 model=rollout["model"],
-                target_replicas=0,
                 reason=reason,
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + ttl,

@@ -1,18 +1,44 @@
 """Versioned, idempotent commands from the controllers to the executors.
 
-``command_id`` is a hash of what the command *decides* (kind, zone, model,
-the window that caused it, the target): the same decision taken twice --
-say after a worker restart re-reads the same window -- yields the same id,
-and executors drop the duplicate.  ``route``, ``breaker`` and ``canary``
-commands carry what they decide in ``payload`` (weights per class per
-``"variant|zone"`` target; a breaker's state; a canary's share), and a
-canonical JSON of it enters the id (``relocate``: ``{"node", "max_bytes",
-"expected_generation", "action"}``, see :mod:`streams.kv_policy_driver`; ``agents``:
-``{"weights": {"rag", "tool", "llm"}, "signals": {"stability", "rag_score",
-"tool_conf"}, "paths": {path: share}}``, see :mod:`streams.agent_weights_driver`); ``scale`` commands keep an empty payload
-and their old ids.  Commands carry ``issued_at_ms`` and
-``expires_at_ms``; an executor refuses an expired command rather than act on
-a stale view of the fleet.
+Schema version 2 is a tagged union on ``kind``:
+
+* the **target** (field ``model``, :attr:`Command.target`) is a model, a
+  routing family or a ``"model|zone"``, as :data:`TARGET_TYPES` says per kind,
+  and is checked when the command is built (a breaker's is ``"model|zone"``
+  with both parts non-empty and equals its payload's ``target``; a canary's
+  equals its payload's ``model``; a model or family name has no ``|``);
+* the **payload** has one type per kind (:data:`PAYLOAD_TYPES`, in
+  :mod:`streams.command_payloads`), every field checked;
+  :attr:`Command.typed_payload` returns it.  ``scale`` keeps an empty
+  ``payload``: its decision is the top-level ``target_replicas`` (and
+  ``previous_replicas``), which only ``scale`` commands carry -- every other
+  kind has ``target_replicas = previous_replicas = None``.
+
+``command_id`` is a hash of what the command *decides*: the same decision
+taken twice -- say after a worker restart re-reads the same window -- yields
+the same id, and executors drop the duplicate::
+
+    command_id = kind + "-" + sha256("v2|kind|zone|target|basis_ms|" + canonical)[:20 hex digits]
+
+with ``canonical`` the sorted-key JSON (:func:`canonical_payload`) of the
+typed payload's ``id_dict()``: the whole payload, and ``{"target_replicas":
+n}`` for ``scale`` (``previous_replicas`` is context, not decision).
+
+**Version 1** (``target_replicas = 0`` on every non-scale kind, ids from
+:func:`command_id_v1`) is still accepted by :meth:`Command.decode` for one
+release, so that a v1 command in flight during a rolling upgrade is applied
+once: it is converted (``target_replicas`` and ``previous_replicas`` become
+``None`` for non-scale kinds) and keeps its v1 ``command_id``, so its
+redelivered duplicate is still recognised.  Any other version (0, 3,
+missing) is a :class:`CommandError`.  Upgrade the executors before the
+workers (a v1 executor rejects v2 records).  v1 support (``_upgrade_v1``,
+:func:`command_id_v1`, ``ACCEPTED_SCHEMA_VERSIONS``) can be dropped in the
+release after the one that introduced v2: by then no worker publishes v1,
+and a v1 entry left in a stream has long expired (commands live
+``GOVERNOR_COMMAND_TTL_S``).
+
+Commands carry ``issued_at_ms`` and ``expires_at_ms``; an executor refuses an
+expired command rather than act on a stale view of the fleet.
 
 ``hlc`` is a hybrid-logical-clock timestamp (``Hlc.encode()`` of
 :mod:`controllers.hlc`, ``l << 16 | c``) stamped by the bridge agent when it
@@ -25,134 +51,220 @@ executors then skip the HLC order check (:func:`hlc_stale`).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar
 
 import orjson
 
 from core import vocab
-from core.vocab import AGENT_PATHS
+from streams.command_payloads import (
+    AGENT_SIGNALS,
+    AgentsPayload,
+    BreakerPayload,
+    CanaryPayload,
+    CommandError,
+    Payload,
+    PayloadBase,
+    RelocatePayload,
+    RoutePayload,
+    ScalePayload,
+    split_pair,
+)
 
-COMMAND_SCHEMA_VERSION = 1
+__all__ = [
+    "AGENT_SIGNALS",
+    "COMMAND_KINDS",
+    "COMMAND_SCHEMA_VERSION",
+    "PAYLOAD_TYPES",
+    "TARGET_TYPES",
+    "Command",
+    "CommandError",
+    "canonical_payload",
+    "command_id",
+    "command_id_v1",
+    "hlc_stale",
+]
+
+COMMAND_SCHEMA_VERSION = 2
+ACCEPTED_SCHEMA_VERSIONS = (1, 2)  # 1: converted by Command.decode (drop in the next release)
 COMMAND_KINDS = frozenset(vocab.COMMAND_KINDS)
-AGENT_SIGNALS = ("stability", "rag_score", "tool_conf")
+
+#: What a command's ``model`` field holds, per kind (what each driver puts there).
+TARGET_TYPES: dict[str, str] = {
+    "scale": "model",  # Scaler: the model whose replicas it sets
+    "route": "family",  # RoutingDriver: the family (its primary variant); Scaler.zone_route_commands: the model
+    "breaker": "model|zone",  # BreakerDriver: the breaker's target, = payload["target"]
+    "canary": "model",  # CanaryDriver: the stable model, = payload["model"]
+    "relocate": "model",  # KvPolicyDriver: the model; the node is payload["node"]
+    "agents": "model",  # AgentWeightsDriver: the model the orchestrator serves
+}
+
+#: The payload type of each kind.
+PAYLOAD_TYPES: dict[str, type[Payload]] = {
+    "scale": ScalePayload,
+    "route": RoutePayload,
+    "breaker": BreakerPayload,
+    "canary": CanaryPayload,
+    "relocate": RelocatePayload,
+    "agents": AgentsPayload,
+}
+
+P = TypeVar("P", bound=PayloadBase)
 
 
-class CommandError(ValueError):
-    """A command record is malformed; the message says which field."""
-
-
-def canonical_payload(payload: dict[str, Any]) -> str:
+def canonical_payload(payload: Mapping[str, Any]) -> str:
     """Sorted-key JSON of a payload (the part of the id hash that encodes it)."""
-    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as exc:
+        raise CommandError(f"payload is not JSON-encodable: {exc}") from exc
 
 
-def command_id(
-    kind: str, zone: str, model: str, basis_ms: int, target: Any, payload: dict[str, Any] | None = None
-) -> str:
-    """Deterministic id of a decision.
+def command_id(kind: str, zone: str, target: str, basis_ms: int, id_payload: Mapping[str, Any]) -> str:
+    """Deterministic id of a decision (schema v2): ``id_payload`` is the typed payload's ``id_dict()``.
 
-    >>> command_id("scale", "az-a", "m", 10_000, 4) == command_id("scale", "az-a", "m", 10_000, 4)
+    >>> command_id("scale", "az-a", "m", 10_000, {"target_replicas": 4})
+    'scale-29bcebb0d7037a889f9f'
+    >>> a = command_id("route", "az-a", "m", 1, {"weights": {"*": {"m|a": 0.5, "m|b": 0.5}}})
+    >>> a == command_id("route", "az-a", "m", 1, {"weights": {"*": {"m|b": 0.5, "m|a": 0.5}}})
     True
-    >>> a = command_id("route", "az-a", "m", 1, 0, {"w": {"x": 0.5, "y": 0.5}})
-    >>> a == command_id("route", "az-a", "m", 1, 0, {"w": {"y": 0.5, "x": 0.5}})
-    True
-    >>> a == command_id("route", "az-a", "m", 1, 0, {"w": {"x": 0.6, "y": 0.4}})
+    >>> a == command_id("route", "az-a", "m", 1, {"weights": {"*": {"m|a": 0.6, "m|b": 0.4}}})
     False
+    """
+    basis = f"v2|{kind}|{zone}|{target}|{basis_ms}|{canonical_payload(id_payload)}"
+    return f"{kind}-{hashlib.sha256(basis.encode()).hexdigest()[:20]}"
+
+
+def command_id_v1(
+    kind: str, zone: str, model: str, basis_ms: int, target: Any, payload: Mapping[str, Any] | None = None
+) -> str:
+    """The schema-v1 id (``target`` = ``target_replicas``, 0 for non-scale kinds); for v1 records without one.
+
+    >>> command_id_v1("scale", "az-a", "m", 10_000, 4)
+    'scale-f44155bf14c288e04555'
     """
     basis = f"{kind}|{zone}|{model}|{basis_ms}|{target}"
     if payload:
         basis += "|" + canonical_payload(payload)
-    digest = hashlib.sha256(basis.encode()).hexdigest()
-    return f"{kind}-{digest[:20]}"
+    return f"{kind}-{hashlib.sha256(basis.encode()).hexdigest()[:20]}"
 
 
-@dataclass(frozen=True)
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Command:
     kind: str
     zone: str
-    model: str
-    target_replicas: int
+    model: str  # the target: a model, a family or "model|zone" (TARGET_TYPES[kind]); see Command.target
+    target_replicas: int | None = None  # scale only: absolute target, int >= 0; None for every other kind
     reason: str
     issued_at_ms: int
     expires_at_ms: int
     basis_ms: int  # end of the window the decision was taken on
-    previous_replicas: int | None = None
+    previous_replicas: int | None = None  # scale only
     controller: str = "pid"
     detail: dict[str, Any] = field(default_factory=dict)
-    payload: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)  # empty for scale (see typed_payload)
     schema_version: int = COMMAND_SCHEMA_VERSION
     command_id: str = ""
     hlc: int = 0  # Hlc.encode() stamped by the bridge; 0 = unstamped; not part of command_id
 
     def __post_init__(self) -> None:
-        if self.kind not in COMMAND_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in COMMAND_KINDS:
             raise CommandError(f"kind {self.kind!r} not in {sorted(COMMAND_KINDS)}")
-        if not self.zone or not self.model:
-            raise CommandError("zone and model must be non-empty")
-        if not isinstance(self.target_replicas, int) or self.target_replicas < 0:
-            raise CommandError(f"target_replicas must be a non-negative int, got {self.target_replicas!r}")
+        if not isinstance(self.zone, str) or not self.zone:
+            raise CommandError(f"zone must be a non-empty string, got {self.zone!r}")
+        for name in ("reason", "controller", "command_id"):
+            if not isinstance(getattr(self, name), str):
+                raise CommandError(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("issued_at_ms", "expires_at_ms", "basis_ms"):
+            if not _is_int(getattr(self, name)):
+                raise CommandError(f"{name} must be an int, got {getattr(self, name)!r}")
         if self.expires_at_ms <= self.issued_at_ms:
             raise CommandError("expires_at_ms must be after issued_at_ms")
-        if self.schema_version != COMMAND_SCHEMA_VERSION:
-            raise CommandError(f"unsupported command schema_version {self.schema_version}")
-        if not self.command_id:
-            object.__setattr__(
-                self,
-                "command_id",
-                command_id(self.kind, self.zone, self.model, self.basis_ms, self.target_replicas, self.payload),
-            )
-        if isinstance(self.hlc, bool) or not isinstance(self.hlc, int) or self.hlc < 0:
+        if not _is_int(self.schema_version) or self.schema_version != COMMAND_SCHEMA_VERSION:
+            raise CommandError(f"unsupported command schema_version {self.schema_version!r}")
+        if not _is_int(self.hlc) or self.hlc < 0:
             raise CommandError(f"hlc must be a non-negative int, got {self.hlc!r}")
+        if not isinstance(self.detail, dict):
+            raise CommandError("detail must be a JSON object")
         if not isinstance(self.payload, dict):
             raise CommandError("payload must be a JSON object")
-        if self.kind == "route":
-            weights = self.payload.get("weights")
-            if not isinstance(weights, dict) or not all(
-                isinstance(ws, dict) and all(isinstance(w, int | float) and w >= 0 for w in ws.values())
-                for ws in weights.values()
-            ):
-                raise CommandError("route payload needs weights: {class: {'variant|zone': weight >= 0}}")
-        if self.kind == "relocate":
-            p = self.payload
-            if (
-                not isinstance(p.get("node"), str)
-                or not p["node"]
-                or p.get("action") not in ("compact", "move")
-                or not all(
-                    isinstance(p.get(k), int) and not isinstance(p.get(k), bool) and p[k] >= 0
-                    for k in ("max_bytes", "expected_generation")
-                )
-            ):
-                raise CommandError(
-                    "relocate payload needs node, action in (compact, move), "
-                    "max_bytes >= 0 and expected_generation >= 0 (ints)"
-                )
-        if self.kind == "agents":
-            p = self.payload
-            if not (
-                _shares(p.get("weights"), AGENT_PATHS)
-                and _shares(p.get("signals"), AGENT_SIGNALS)
-                and _shares(p.get("paths"), None)
-            ):
-                raise CommandError(
-                    "agents payload needs weights {rag, tool, llm}, signals {stability, "
-                    "rag_score, tool_conf} and paths {path: share}, numbers in [0, 1]"
-                )
+        if self.kind == "scale":
+            if self.payload:
+                raise CommandError("payload must be empty for scale (its decision is target_replicas)")
+        else:
+            for name in ("target_replicas", "previous_replicas"):
+                if getattr(self, name) is not None:
+                    raise CommandError(f"{name} must be None for {self.kind} (only scale commands carry it)")
+        typed = self.typed_payload  # checks every payload field
+        self._check_target(typed)
+        if not self.command_id:
+            ident = command_id(self.kind, self.zone, self.model, self.basis_ms, typed.id_dict())
+            object.__setattr__(self, "command_id", ident)
+
+    def _check_target(self, typed: Payload) -> None:
+        kind, m, want = self.kind, self.model, TARGET_TYPES[self.kind]
+        if want == "model|zone":
+            if split_pair(m) is None:
+                raise CommandError(f"model (the target) of a {kind} command must be 'model|zone', got {m!r}")
+        elif not isinstance(m, str) or not m or "|" in m:
+            raise CommandError(f"model (the target) of a {kind} command must be a {want} name (no '|'), got {m!r}")
+        if isinstance(typed, BreakerPayload) and typed.target != m:
+            raise CommandError(f"breaker payload field 'target': {typed.target!r} differs from model {m!r}")
+        if isinstance(typed, CanaryPayload) and typed.model != m:
+            raise CommandError(f"canary payload field 'model': {typed.model!r} differs from model {m!r}")
+
+    @cached_property
+    def typed_payload(self) -> Payload:
+        """The payload as its kind's type (:data:`PAYLOAD_TYPES`); raises :class:`CommandError` naming a bad field."""
+        if self.kind == "scale":
+            if self.target_replicas is None:
+                raise CommandError("scale payload field 'target_replicas': missing (an int >= 0)")
+            return ScalePayload(self.target_replicas, self.previous_replicas)
+        return PAYLOAD_TYPES[self.kind].from_dict(self.payload)
+
+    def payload_as(self, cls: type[P]) -> P:
+        """:attr:`typed_payload`, which must be a ``cls`` (else :class:`CommandError`)."""
+        p = self.typed_payload
+        if not isinstance(p, cls):
+            raise CommandError(f"a {self.kind} command has no {cls.__name__}")
+        return p
+
+    @property
+    def target(self) -> str:
+        """What the command acts on: a model, a family or ``"model|zone"`` (``TARGET_TYPES[kind]``)."""
+        return self.model
+
+    @property
+    def target_type(self) -> str:
+        return TARGET_TYPES[self.kind]
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
 
     @classmethod
     def decode(cls, raw: bytes | str | dict[str, Any]) -> Command:
+        """A command from its JSON (v2, or v1 converted keeping its id); :class:`CommandError` if malformed."""
         try:
             obj = orjson.loads(raw) if isinstance(raw, bytes | str) else dict(raw)
         except orjson.JSONDecodeError as exc:
             raise CommandError(f"not JSON: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"command must be a JSON object: {exc}") from exc
         if not isinstance(obj, dict):
             raise CommandError("command must be a JSON object")
+        if "schema_version" not in obj:
+            raise CommandError("schema_version missing")
+        version = obj["schema_version"]
+        if not _is_int(version) or version not in ACCEPTED_SCHEMA_VERSIONS:
+            raise CommandError(f"unsupported command schema_version {version!r} (accepted: 1, 2)")
         try:
-            return cls(**obj)
+            return _upgrade_v1(obj) if version == 1 else cls(**obj)
         except TypeError as exc:
             raise CommandError(str(exc)) from exc
 
@@ -168,20 +280,28 @@ class Command:
         """The ``kind:model`` key under which executors keep the last applied HLC
         (``relocate:model:node`` for relocations: nodes are independent)."""
         if self.kind == "relocate":
-            return f"{self.kind}:{self.model}:{self.payload.get('node', '')}"
+            return f"{self.kind}:{self.model}:{self.payload_as(RelocatePayload).node}"
         return f"{self.kind}:{self.model}"
 
 
-def _shares(d: Any, keys: tuple[str, ...] | None) -> bool:
-    """``d`` maps exactly ``keys`` (any str keys when None) to numbers in [0, 1]."""
-    return (
-        isinstance(d, dict)
-        and (keys is None or sorted(d) == sorted(keys))
-        and all(
-            isinstance(k, str) and not isinstance(v, bool) and isinstance(v, int | float) and 0.0 <= v <= 1.0
-            for k, v in d.items()
-        )
-    )
+def _upgrade_v1(obj: dict[str, Any]) -> Command:
+    """A schema-v1 record as a v2 :class:`Command` keeping its v1 ``command_id`` (drop with v1 support).
+
+    v1 had ``target_replicas`` (an int >= 0) on every kind, 0 where it meant nothing.
+    """
+    v1 = dict(obj)
+    target = v1.get("target_replicas")
+    if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+        raise CommandError(f"target_replicas must be a non-negative int in schema v1, got {target!r}")
+    if v1.get("kind") != "scale":
+        v1["target_replicas"] = v1["previous_replicas"] = None
+    v1["schema_version"] = COMMAND_SCHEMA_VERSION
+    given = v1.get("command_id", "")
+    cmd = Command(**v1)
+    if given:
+        return cmd
+    ident = command_id_v1(cmd.kind, cmd.zone, cmd.model, cmd.basis_ms, target, cmd.payload)
+    return replace(cmd, command_id=ident)
 
 
 def hlc_stale(cmd_hlc: int, last_applied_hlc: int | None) -> bool:

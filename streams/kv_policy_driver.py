@@ -30,12 +30,12 @@ as JSON, so a restarted worker continues an episode where it stopped.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
-
-import orjson
 
 from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
+from controllers.window_record import WindowRecord
 from streams.commands import Command
 
 __all__ = ["KvPolicyDriver"]
@@ -44,11 +44,9 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
 
-_NEEDED = ("largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes", "fragmentation_ratio", "kv_generation")
-
 
 class KvPolicyDriver:
-    """Per-node KV policy state; :meth:`on_node_window` -> a ``relocate`` command or None."""
+    """Per-node KV policy state; :meth:`on_window` of a node window -> a ``relocate`` command."""
 
     def __init__(self, params: KvPolicyParams | None = None, ttl_ms: int = 60_000) -> None:
         self.params = params or KvPolicyParams()
@@ -58,66 +56,63 @@ class KvPolicyDriver:
         self._largest: dict[tuple[str, str], dict[str, int]] = {}
         self.decisions = 0
 
-    def on_node_window(self, record: dict[str, Any], now_ms: int) -> Command | None:
+    def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]:
         """Run the policy on one node window; a command when it compacts or moves."""
-        if record.get("scope") != "node" or not record.get("node"):
-            return None
-        model, zone, node = str(record["model"]), str(record["zone"]), str(record["node"])
-        if any(record.get(k) is None for k in _NEEDED) or record.get("replicas_ready", 1) == 0:
-            return None  # no allocator telemetry (or the node is not serving)
+        if record.scope != "node" or record.node is None:
+            return []
+        model, zone, node = record.model, record.zone, record.node
+        largest, free, waiting = record.largest_free_block_bytes, record.kv_free_bytes, record.kv_waiting_bytes
+        frag, generation = record.fragmentation_ratio, record.kv_generation
+        if largest is None or free is None or waiting is None or frag is None or generation is None:
+            return []  # no allocator telemetry
+        if record.replicas_ready == 0:
+            return []  # the node is not serving
         peers = self._largest.setdefault((model, zone), {})
-        peers[node] = int(record["largest_free_block_bytes"])
+        peers[node] = largest
         try:
             obs = KvObs(
-                int(record["largest_free_block_bytes"]),
-                int(record["kv_free_bytes"]),
-                int(record["kv_waiting_bytes"]),
-                float(record["fragmentation_ratio"]),
-                int(record["kv_generation"]),
-                max((v for n, v in peers.items() if n != node), default=0),
+                largest, free, waiting, frag, generation, max((v for n, v in peers.items() if n != node), default=0)
             )
         except ParameterError:
-            return None  # inconsistent sample (e.g. largest free > free): skip this window
+            return []  # inconsistent sample (e.g. largest free > free): skip this window
         key = (model, zone, node)
         state, decision = step(self.params, self.states.get(key, KvPolicyState()), obs)
         self.states[key] = state
         if decision.action not in ("compact", "move"):
-            return None
+            return []
         self.decisions += 1
-        basis = int(record.get("window_end_ms", now_ms))
-        return Command(
-            kind="relocate",
-            zone=zone,
-            model=model,
-            target_replicas=0,
-            reason=decision.reason,
-            issued_at_ms=now_ms,
-            expires_at_ms=now_ms + self.ttl_ms,
-            basis_ms=basis,
-            controller="kv_policy",
-            detail={"round": decision.round, "target_fragmentation": decision.target_fragmentation},
-            payload={
-                "node": node,
-                "max_bytes": decision.bytes_budget,
-                "expected_generation": decision.expected_generation,
-                "action": decision.action,
-            },
-        )
+        basis = record.window_end_ms
+        return [
+            Command(
+                kind="relocate",
+                zone=zone,
+                model=model,
+                reason=decision.reason,
+                issued_at_ms=now_ms,
+                expires_at_ms=now_ms + self.ttl_ms,
+                basis_ms=basis,
+                controller="kv_policy",
+                detail={"round": decision.round, "target_fragmentation": decision.target_fragmentation},
+                payload={
+                    "node": node,
+                    "max_bytes": decision.bytes_budget,
+                    "expected_generation": decision.expected_generation,
+                    "action": decision.action,
+                },
+            )
+        ]
 
-    def snapshot(self) -> bytes:
-        """Per-node policy states, peers' largest free blocks and the decision count, as JSON."""
-        return orjson.dumps(
-            {
-                "version": SNAPSHOT_VERSION,
-                "decisions": self.decisions,
-                "states": [[*key, st.to_dict()] for key, st in self.states.items()],
-                "largest": [[model, zone, peers] for (model, zone), peers in self._largest.items()],
-            }
-        )
+    def snapshot(self) -> dict[str, Any]:
+        """Per-node policy states, peers' largest free blocks and the decision count (plain data)."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "decisions": self.decisions,
+            "states": [[*key, st.to_dict()] for key, st in self.states.items()],
+            "largest": [[model, zone, dict(peers)] for (model, zone), peers in self._largest.items()],
+        }
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, data: Mapping[str, Any]) -> int:
         """Load a :meth:`snapshot` (replacing the memory); returns the number of nodes."""
-        data = orjson.loads(blob)
         if data.get("version") != SNAPSHOT_VERSION:
             log.warning("ignoring KV policy snapshot (version %s)", data.get("version"))
             return 0

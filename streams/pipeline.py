@@ -40,6 +40,7 @@ from governor_telemetry.records import (
 )
 
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
+from controllers.window_record import METRICS_SCHEMA_VERSION
 from controllers.window_result import node_result, result
 from controllers.window_tracker import WindowTracker
 from controllers.windows import (
@@ -53,8 +54,6 @@ from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-METRICS_SCHEMA_VERSION = 1
-
 
 @dataclass
 class ProcessResult:
@@ -64,6 +63,11 @@ class ProcessResult:
 
 def dead_letter(reason: str, source: Mapping[str, Any], record: Any, now_ms: int) -> dict[str, Any]:
     return {"schema_version": 1, "reason": reason, "source": dict(source), "record": record, "dead_lettered_ms": now_ms}
+
+
+def _hist(hist: list[Any] | None) -> list[int] | None:
+    """A validated free-block histogram as ints (producers may write 2.0 for 2)."""
+    return None if hist is None else [int(v) for v in hist]
 
 
 def _or(col: list[Any], default: Any) -> list[Any]:
@@ -279,7 +283,7 @@ class TelemetryProcessor:
                 )
                 buf.nodes.append(rec["node"])
                 buf.states.append(rec["state"])
-                buf.hists.append(get("free_block_hist"))
+                buf.hists.append(_hist(get("free_block_hist")))
                 if len(buf.gpus) >= FLUSH_ROWS:
                     buf.flush()
             if max_ts is None or ts > max_ts:

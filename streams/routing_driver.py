@@ -7,13 +7,12 @@ see :class:`RoutingDriver`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import orjson
-
 from controllers import routing as rt
+from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings
 from streams.commands import Command
 
@@ -60,39 +59,38 @@ class RoutingDriver:
     _params: dict[str, rt.RoutingParams] = field(default_factory=dict)
     _state: dict[str, rt.RoutingState] = field(default_factory=dict)
     _published: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    _pending: dict[tuple[str, int], dict[rt.Target, dict[str, Any]]] = field(default_factory=dict)
+    _pending: dict[tuple[str, int], dict[rt.Target, WindowRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for primary, fallback in self.settings.fallbacks:
             self._params[primary] = rt.RoutingParams(primary=primary, fallback=fallback)
             self._family[primary] = self._family[fallback] = primary
 
-    def obs(self, m: dict[str, Any]) -> rt.TargetObs:
+    def obs(self, w: WindowRecord) -> rt.TargetObs:
         """A target's :class:`TargetObs` from its zone window."""
-        ready = int(m.get("replicas_ready") or 0)
-        spec = self.settings.model(str(m["model"]))
+        ready = w.replicas_ready
+        spec = self.settings.model(w.model)
         cap = spec.replica_capacity_rps * ready if spec is not None and spec.replica_capacity_rps else None
-        p95, e2e = m.get("ttft_p95_ms"), m.get("e2e_p95_ms")
-        breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{m['model']}|{m['zone']}")
+        breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{w.model}|{w.zone}")
         return rt.TargetObs(
-            ttft_p95_ms=None if p95 is None else float(p95),
-            e2e_p95_ms=None if e2e is None else float(e2e),
-            queue_len=float(m.get("queue_len_mean") or 0.0) * max(ready, 1),
-            rate_rps=float(m.get("rate_rps") or 0.0),
+            ttft_p95_ms=w.ttft_p95_ms,
+            e2e_p95_ms=w.e2e_p95_ms,
+            queue_len=(w.queue_len_mean or 0.0) * max(ready, 1),
+            rate_rps=w.rate_rps,
             capacity_rps=cap,
             breaker=cast(rt.BreakerName, breaker),
-            forecast_rps=None if self.forecast_of is None else self.forecast_of(str(m["model"]), str(m["zone"])),
+            forecast_rps=None if self.forecast_of is None else self.forecast_of(w.model, w.zone),
         )
 
-    def on_window(self, m: dict[str, Any], now_ms: int) -> list[Command]:
-        """Feed one metrics record; returns the ``route`` commands to publish."""
-        if m.get("kind") != "window" or m.get("scope") != "zone":
+    def on_window(self, w: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; returns the ``route`` commands to publish."""
+        if w.scope != "zone":
             return []
-        family = self._family.get(str(m["model"]))
+        family = self._family.get(w.model)
         if family is None:
             return []
-        start = int(m["window_start_ms"])
-        self._pending.setdefault((family, start), {})[rt.Target(str(m["model"]), str(m["zone"]))] = m
+        start = w.window_start_ms
+        self._pending.setdefault((family, start), {})[rt.Target(w.model, w.zone)] = w
         want = 2 * len(self.settings.zones)
         cmds: list[Command] = []
         for key in sorted(k for k in self._pending if k[0] == family):
@@ -100,7 +98,7 @@ class RoutingDriver:
                 cmds = self._step(family, self._pending.pop(key), now_ms) or cmds
         return cmds
 
-    def _step(self, family: str, windows: dict[rt.Target, dict[str, Any]], now_ms: int) -> list[Command]:
+    def _step(self, family: str, windows: dict[rt.Target, WindowRecord], now_ms: int) -> list[Command]:
         params = self._params[family]
         state, d = rt.step(
             params,
@@ -126,7 +124,7 @@ class RoutingDriver:
         if not (moved or d.changed):
             return []
         self._published[family] = weights
-        basis_ms = max(int(w["window_end_ms"]) for w in windows.values())
+        basis_ms = max(w.window_end_ms for w in windows.values())
         ttl = int(self.settings.command_ttl_s * 1000)
         reason = "; ".join(f"{c}: {r}" for c, r in sorted(d.reasons.items()))
         return [
@@ -134,7 +132,6 @@ class RoutingDriver:
                 kind="route",
                 zone=z,
                 model=family,
-                target_replicas=0,
                 reason=reason[:500],
                 issued_at_ms=now_ms,
                 expires_at_ms=now_ms + ttl,
@@ -145,24 +142,21 @@ class RoutingDriver:
             for z in self.settings.zones
         ]
 
-    def snapshot(self) -> bytes:
-        """Router state, last published weights and the gathering windows per family, as JSON."""
+    def snapshot(self) -> dict[str, Any]:
+        """Router state, last published weights and the gathering windows per family (plain data)."""
         pending = [
-            [family, start, [[t.variant, t.zone, w] for t, w in ws.items()]]
+            [family, start, [[t.variant, t.zone, w.to_dict()] for t, w in ws.items()]]
             for (family, start), ws in self._pending.items()
         ]
-        return orjson.dumps(
-            {
-                "version": ROUTING_SNAPSHOT_VERSION,
-                "state": {f: s.to_dict() for f, s in self._state.items()},
-                "published": self._published,
-                "pending": pending,
-            }
-        )
+        return {
+            "version": ROUTING_SNAPSHOT_VERSION,
+            "state": {f: s.to_dict() for f, s in self._state.items()},
+            "published": {f: {c: dict(ws) for c, ws in w.items()} for f, w in self._published.items()},
+            "pending": pending,
+        }
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, data: Mapping[str, Any]) -> int:
         """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families."""
-        data = orjson.loads(blob)
         if data.get("version") != ROUTING_SNAPSHOT_VERSION:
             log.warning("ignoring routing snapshot (version %s)", data.get("version"))
             return 0
@@ -170,7 +164,9 @@ class RoutingDriver:
         state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
         published = {f: w for f, w in data["published"].items() if f in known}
         pending = {
-            (f, int(start)): {rt.Target(v, z): w for v, z, w in ws} for f, start, ws in data["pending"] if f in known
+            (f, int(start)): {rt.Target(v, z): decode_window(w) for v, z, w in ws}
+            for f, start, ws in data["pending"]
+            if f in known
         }
         self._state, self._published, self._pending = state, published, pending  # all or nothing
         return len(state)

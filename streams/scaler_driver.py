@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from controllers import feedforward as ff
@@ -55,12 +54,13 @@ from controllers.drift import DriftDetector
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
+from controllers.window_record import WindowRecord
 from core.settings import Settings
 from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: plain data (1 was a pickle, never read again)
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
@@ -143,6 +143,48 @@ class KeyState:
     # commands on their way: [basis_s, issued_s, target, applied_s | None]
     inflight: list[list[Any]] = field(default_factory=list)
 
+    def to_state(self) -> dict[str, Any]:
+        """Plain data (JSON-able): every part's own state, no pickle."""
+        return {
+            "ctrl": {"kind": "fpid" if isinstance(self.ctrl, fpid.FpidState) else "pid", **self.ctrl.to_dict()},
+            "ff": self.ff.to_dict(),
+            "forecaster": None if self.forecaster is None else self.forecaster.to_state(),
+            "latency_drift": None if self.latency_drift is None else self.latency_drift.to_state(),
+            "rate_drift": None if self.rate_drift is None else self.rate_drift.to_state(),
+            "ff_mode": self.ff_mode,
+            "mismatched_windows": self.mismatched_windows,
+            "last_basis_ms": self.last_basis_ms,
+            "queued": self.queued,
+            "sde": self.sde.to_state(),
+            "kalman": None if self.kalman is None else self.kalman.to_dict(),
+            "delay": asdict(self.delay),
+            "inflight": [list(c) for c in self.inflight],
+        }
+
+    @classmethod
+    def from_state(cls, data: Mapping[str, Any]) -> KeyState:
+        """Inverse of :meth:`to_state`; ``KeyError``, ``TypeError`` or ``ValueError`` on a malformed one."""
+        ctrl_data = dict(data["ctrl"])
+        kind = ctrl_data.pop("kind")
+        ctrl: PidState | fpid.FpidState = (
+            fpid.FpidState.from_dict(ctrl_data) if kind == "fpid" else PidState.from_dict(ctrl_data)
+        )
+        return cls(
+            ctrl=ctrl,
+            ff=ff.FeedforwardState.from_dict(dict(data["ff"])),
+            forecaster=None if data["forecaster"] is None else LoadForecaster.from_state(data["forecaster"]),
+            latency_drift=None if data["latency_drift"] is None else DriftDetector.from_state(data["latency_drift"]),
+            rate_drift=None if data["rate_drift"] is None else DriftDetector.from_state(data["rate_drift"]),
+            ff_mode=bool(data["ff_mode"]),
+            mismatched_windows=int(data["mismatched_windows"]),
+            last_basis_ms=int(data["last_basis_ms"]),
+            queued=None if data["queued"] is None else float(data["queued"]),
+            sde=OnlineOuFit.from_state(data["sde"]),
+            kalman=None if data["kalman"] is None else obs.KalmanState.from_dict(dict(data["kalman"])),
+            delay=obs.LoopDelay(**data["delay"]),
+            inflight=[list(c) for c in data["inflight"]],
+        )
+
 
 class Scaler:
     def __init__(self, settings: Settings, reconcile_after: int = 3) -> None:
@@ -168,67 +210,63 @@ class Scaler:
             rate_drift=DriftDetector("page_hinkley", signal="arrival_rps") if self.settings.drift else None,
         )
 
-    def snapshot(self) -> bytes:
-        """Learned state of every key (controller, forecaster, detectors) as bytes."""
-        return pickle.dumps(
-            {
-                "version": SNAPSHOT_VERSION,
-                "controller": self.settings.controller,
-                "states": self.states,
-                "decisions": self.decisions,
-                "zones": {m: st.to_dict() for m, st in self.zones.items()},
-            }
-        )
+    def snapshot(self) -> dict[str, Any]:
+        """Learned state of every key (controller, forecaster, detectors, zones) as plain data."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "controller": self.settings.controller,
+            "states": [[model, zone, ks.to_state()] for (model, zone), ks in self.states.items()],
+            "decisions": self.decisions,
+            "zones": {m: st.to_dict() for m, st in self.zones.items()},
+        }
 
-    def restore(self, blob: bytes) -> int:
-        """Load a :meth:`snapshot`; returns the number of keys restored."""
-        data = pickle.loads(blob)  # noqa: S301 - our own snapshot from our own Redis
+    def restore(self, data: Mapping[str, Any]) -> int:
+        """Load a :meth:`snapshot` (all or nothing); returns the number of keys restored."""
         if data.get("version") != SNAPSHOT_VERSION or data.get("controller") != self.settings.controller:
             log.warning(
                 "ignoring scaler snapshot (version %s, controller %s)", data.get("version"), data.get("controller")
             )
             return 0
-        self.states = data["states"]
-        self.decisions = data.get("decisions", 0)
-        # Older snapshots have no zone state: every zone starts as up.
-        self.zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
+        states = {(str(m), str(z)): KeyState.from_state(ks) for m, z, ks in data["states"]}
+        zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
+        self.states, self.zones = states, zones
+        self.decisions = int(data.get("decisions", 0))
         return len(self.states)
 
     # -- decisions ------------------------------------------------------------
-    def on_window(self, m: Mapping[str, Any], now_ms: int) -> Command | None:
-        """Feed one zone-scope window record; maybe return a command."""
-        if m.get("scope") != "zone":
-            return None
-        model, zone = m["model"], m["zone"]
+    def on_window(self, w: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; the ``scale`` command it calls for, if any (zone windows only)."""
+        if w.scope != "zone":
+            return []
+        model, zone = w.model, w.zone
         params = self.params.get(model)
         if params is None:
-            return None
+            return []
         ks = self.states.get((model, zone)) or self.states.setdefault((model, zone), self._new_key())
-        basis = int(m["window_end_ms"])
+        basis = w.window_end_ms
         if basis <= ks.last_basis_ms:
-            return None  # a window we already decided on (redelivery): same decision, no new command
+            return []  # a window we already decided on (redelivery): same decision, no new command
         ks.last_basis_ms = basis
-        window_s = float(m["window_s"])
-        ready = int(m.get("replicas_ready") or 0)
-        starting = int(m.get("replicas_starting") or 0)
-        queued = float(m.get("queue_len_mean") or 0.0) * max(ready, 1)
-        rate = float(m.get("rate_rps") or 0.0)
+        window_s = w.window_s or self.settings.window_s
+        ready, starting = w.replicas_ready, w.replicas_starting
+        queued = (w.queue_len_mean or 0.0) * max(ready, 1)
+        rate = w.rate_rps
         eps = ff.leading_violation_rate(
-            int(m.get("count") or 0),
-            float(m.get("violation_rate") or 0.0),
+            w.count,
+            w.violation_rate,
             queued,
             rate,
-            float(m.get("ttft_slo_ms") or self._slo(model)),
+            w.ttft_slo_ms or self._slo(model),
         )
         arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
         floor = self._zones(model, zone, basis, arrival, ready, starting)
         if self.settings.observer:
-            eps = self._observe(ks, model, m, basis, window_s, ready, starting, queued, rate, arrival, eps)
+            eps = self._observe(ks, model, w, basis, window_s, ready, starting, queued, rate, arrival, eps)
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting, replicas_pending=starting)
         ks.queued = queued
-        if m.get("ttft_p50_ms") is not None:
-            ks.sde = ks.sde.update(float(m["ttft_p50_ms"]), window_s)
-        self._drift(ks, model, zone, m, arrival, basis)
+        if w.ttft_p50_ms is not None:
+            ks.sde = ks.sde.update(w.ttft_p50_ms, window_s)
+        self._drift(ks, model, zone, w, arrival, basis)
         limits = params.limits if isinstance(params, fpid.FpidParams) else params
         ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits, floor)
         if ks.forecaster is not None:
@@ -247,7 +285,7 @@ class Scaler:
         if target == (previous if previous is not None else provisioned):
             ks.mismatched_windows = ks.mismatched_windows + 1 if provisioned != target else 0
             if ks.mismatched_windows < self.reconcile_after:
-                return None
+                return []
             ks.mismatched_windows = 0
             reason = f"reconcile: fleet has {provisioned}, target {target}"
         else:
@@ -255,35 +293,37 @@ class Scaler:
         issued = max(now_ms, basis)
         # Newer decisions supersede older ones still on their way.
         ks.inflight = [[basis / 1000.0, issued / 1000.0, target, None]]
-        return Command(
-            kind="scale",
-            zone=zone,
-            model=model,
-            target_replicas=target,
-            previous_replicas=previous if previous is not None else provisioned,
-            reason=reason,
-            issued_at_ms=issued,
-            expires_at_ms=issued + self.ttl_ms,
-            basis_ms=basis,
-            controller=self.settings.controller,
-            detail={
-                "violation_rate": meas.violation_rate,
-                "multiplier": out.multiplier,
-                "feedforward": None if ff_out is None else ff_out.to_dict(),
-                "zone_floor_rps": floor,
-                "ff_mode": ks.ff_mode,
-                "error": out.error,
-                "held_pending": out.held_pending,
-                "e2e_p95_ms": m.get("e2e_p95_ms"),
-                "ttft_p95_ms": m.get("ttft_p95_ms"),
-            },
-        )
+        return [
+            Command(
+                kind="scale",
+                zone=zone,
+                model=model,
+                target_replicas=target,
+                previous_replicas=previous if previous is not None else provisioned,
+                reason=reason,
+                issued_at_ms=issued,
+                expires_at_ms=issued + self.ttl_ms,
+                basis_ms=basis,
+                controller=self.settings.controller,
+                detail={
+                    "violation_rate": meas.violation_rate,
+                    "multiplier": out.multiplier,
+                    "feedforward": None if ff_out is None else ff_out.to_dict(),
+                    "zone_floor_rps": floor,
+                    "ff_mode": ks.ff_mode,
+                    "error": out.error,
+                    "held_pending": out.held_pending,
+                    "e2e_p95_ms": w.e2e_p95_ms,
+                    "ttft_p95_ms": w.ttft_p95_ms,
+                },
+            )
+        ]
 
     def _observe(
         self,
         ks: KeyState,
         model: str,
-        m: Mapping[str, Any],
+        w: WindowRecord,
         basis: int,
         window_s: float,
         ready: int,
@@ -308,7 +348,7 @@ class Scaler:
             elif now_s - b > 600.0:
                 ks.inflight.remove(cmd)  # never took effect (replaced, refused): stop waiting
         per_replica_q = queued / max(ready, 1)
-        z = (float(m.get("gpu_util_mean") or 0.0), per_replica_q, eps)
+        z = (w.gpu_util_mean or 0.0, per_replica_q, eps)
         if ks.kalman is None:
             ks.kalman = obs.KalmanState.initial(z)
         kp = obs.KalmanParams()
@@ -322,11 +362,11 @@ class Scaler:
         _u, q_pred, eps_pred = obs.predict_ahead(kp, ks.kalman, tau, steady)
         # Where the loop will be when a command lands: the predicted queue's doomed share.
         lead = ff.leading_violation_rate(
-            int(m.get("count") or 0),
-            float(m.get("violation_rate") or 0.0),
+            w.count,
+            w.violation_rate,
             max(0.0, q_pred) * max(ready, 1),
             rate,
-            float(m.get("ttft_slo_ms") or self._slo(model)),
+            w.ttft_slo_ms or self._slo(model),
         )
         return min(1.0, max(0.0, eps_pred, lead))
 
@@ -334,8 +374,8 @@ class Scaler:
         spec = self.settings.model(model)
         return spec.ttft_slo_ms if spec else 1000.0
 
-    def _drift(self, ks: KeyState, model: str, zone: str, m: Mapping[str, Any], arrival: float, basis: int) -> None:
-        checks = ((ks.latency_drift, m.get("ttft_p95_ms")), (ks.rate_drift, arrival))
+    def _drift(self, ks: KeyState, model: str, zone: str, w: WindowRecord, arrival: float, basis: int) -> None:
+        checks = ((ks.latency_drift, w.ttft_p95_ms), (ks.rate_drift, arrival))
         for detector, value in checks:
             if detector is None or value is None:
                 continue
@@ -396,7 +436,6 @@ class Scaler:
                 kind="route",
                 zone=z,
                 model=model,
-                target_replicas=0,
                 reason=reason,
                 issued_at_ms=issued,
                 expires_at_ms=issued + self.ttl_ms,

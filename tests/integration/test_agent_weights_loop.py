@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 from governor_telemetry.producer import TelemetryProducer
 
@@ -75,7 +76,7 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
         restored = AgentWeightsDriver(settings)
         for _ in range(50):
             blob = await redis.get(f"{settings.topic_prefix}:snapshot:agents")
-            if blob and restored.restore(blob) == 2:
+            if blob and restored.restore(orjson.loads(blob)) == 2:  # stored as the JSON of the data
                 break
             await asyncio.sleep(0.1)
         assert restored.published[(MODEL, "az-b")] == pytest.approx(want, abs=1e-5)

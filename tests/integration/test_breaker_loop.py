@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 from governor_telemetry.producer import TelemetryProducer
 
@@ -75,7 +76,7 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         restored = BreakerDriver(settings)
         for _ in range(50):
             blob = await redis.get(f"{settings.topic_prefix}:snapshot:breaker")
-            if blob and restored.restore(blob) and restored.state_of(TARGET) == "open":
+            if blob and restored.restore(orjson.loads(blob)) and restored.state_of(TARGET) == "open":
                 break
             await asyncio.sleep(0.1)
         assert restored.state_of(TARGET) == "open"

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controllers.canary import CanaryParams
+from controllers.window_record import WindowRecord, decode_window
 from core import names
 from core.settings import Settings
 from executors.backends import RoutingBackend
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 MODEL = "llama2-70b"
 
 
-def _window(model: str, zone: str, start_ms: int, count: int, error_rate: float, p99: float | None = 200.0) -> dict:
+def _raw(model: str, zone: str, start_ms: int, count: int, error_rate: float, p99: float | None = 200.0) -> dict:
     return {
         "kind": "window",
         "scope": "zone",
@@ -33,6 +34,12 @@ def _window(model: str, zone: str, start_ms: int, count: int, error_rate: float,
         "error_rate": error_rate,
         "ttft_p99_ms": p99,
     }
+
+
+def _window(
+    model: str, zone: str, start_ms: int, count: int, error_rate: float, p99: float | None = 200.0
+) -> WindowRecord:
+    return decode_window(_raw(model, zone, start_ms, count, error_rate, p99))
 
 
 def test_start_status_abort_round_trip(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +88,8 @@ async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings:
         assert cmds[0].payload == {"model": MODEL, "version": "v2", "share": 0.01}
         assert await driver.on_window(_window(f"{MODEL}@v2", "az-a", 0, 10, 0.0), now) == []
         # A node window and an unrelated model are ignored.
-        assert await driver.on_window({**_window(MODEL, "az-a", 10_000, 1, 0.0), "scope": "node"}, now) == []
+        node = decode_window({**_raw(MODEL, "az-a", 10_000, 1, 0.0), "scope": "node", "node": "az-a/n1"})
+        assert await driver.on_window(node, now) == []
         assert await driver.on_window(_window("bloom-176b", "az-a", 10_000, 5, 0.0), now) == []
         # Bad canary: 5 % errors on 100 requests -> rolled back, share 0 published.
         assert await driver.on_window(_window(f"{MODEL}@v2", "az-a", 10_000, 100, 0.05), now) == []

@@ -41,13 +41,15 @@ class _NoProducer:
         pass
 
 
+BRK = {"target": f"{M}|az-a", "state": "half_open", "threshold": 0.005, "error_ratio": 0.0}
+
+
 def _cmd(kind: str, zone: str, payload: dict[str, Any], basis_ms: int = 10_000) -> Command:
     now = int(time.time() * 1000)
     return Command(
         kind=kind,
         zone=zone,
-        model=M,
-        target_replicas=0,
+        model=payload["target"] if kind == "breaker" else M,  # a breaker's target is its model|zone
         reason="test",
         issued_at_ms=now,
         expires_at_ms=now + 60_000,
@@ -132,14 +134,10 @@ async def test_open_breaker_sends_nothing_to_its_target(settings: Settings, redi
 async def test_half_open_breaker_gets_at_most_its_probe_budget(settings: Settings, redis: aioredis.Redis) -> None:
     backend = SimFleetBackend(redis, settings.topic_prefix, "az-a")
     await backend.apply(_cmd("route", "az-a", {"weights": {"*": {f"{M}|az-a": 0.5, f"{M}|az-b": 0.5}}}))
-    await backend.apply(
-        _cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open", "probe_budget": 10**6}, basis_ms=11_000)
-    )
+    await backend.apply(_cmd("breaker", "az-a", {**BRK, "probe_budget": 10**6}, basis_ms=11_000))
     live = await _run_live(settings, redis)  # a budget that never runs out: 5 % of its half
     assert _binomial_ok(live.stats.routed.get(f"{M}|az-a", 0), N, 0.5 * HALF_OPEN_SHARE), live.stats.routed
-    await backend.apply(
-        _cmd("breaker", "az-a", {"target": f"{M}|az-a", "state": "half_open", "probe_budget": 5}, basis_ms=12_000)
-    )
+    await backend.apply(_cmd("breaker", "az-a", {**BRK, "probe_budget": 5}, basis_ms=12_000))
     live = await _run_live(settings, redis)
     assert live.stats.routed.get(f"{M}|az-a", 0) == 5  # ~50 drawn, capped at the budget
     assert live.fleet.router.weights(M) == {f"{M}|az-b": 1.0}  # spent: treated as open

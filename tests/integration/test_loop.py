@@ -129,14 +129,16 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
                 await asyncio.sleep(0.2)
 
     def done(seen: dict[str, list]) -> bool:
-        return any(r["outcome"] == "applied" and r["target_replicas"] > 2 for r in seen["results"])
+        return any(
+            r["outcome"] == "applied" and r["kind"] == "scale" and r["target_replicas"] > 2 for r in seen["results"]
+        )
 
     seen = await _consume(settings, ["metrics", "commands", "results"], done, 60)
     zone = [w for w in seen["metrics"] if w["scope"] == "zone"]
     rates = [w["violation_rate"] for w in zone]
     assert rates and min(rates) < 0.02 and max(rates) > 0.9, rates  # the step shows in the windows
     assert all(w["replicas_ready"] == 2 for w in zone if w["count"])
-    ups = [c for c in seen["commands"] if c["target_replicas"] > 2]
+    ups = [c for c in seen["commands"] if c["kind"] == "scale" and c["target_replicas"] > 2]
     assert ups, seen["commands"]
     assert ups[0]["reason"] == "scale_up"
     # The fake fleet never grows, so after a few windows the target is re-issued.
@@ -146,7 +148,7 @@ async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Se
     assert len(ids) == len(set(ids)), "a command was applied twice"
     assert ups[0]["command_id"] in ids
     desired = int(await redis.hget(names.desired_replicas(settings.topic_prefix, "az-a"), MODEL))
-    assert desired == applied[-1]["target_replicas"] > 2
+    assert desired == [r for r in applied if r["kind"] == "scale"][-1]["target_replicas"] > 2
     # Every request that was sent is counted in exactly one zone window: nothing dropped.
     seen_all = await _consume(
         settings, ["metrics"], lambda s: sum(w["count"] for w in s["metrics"] if w["scope"] == "zone") >= i, 15
@@ -211,7 +213,7 @@ async def test_worker_snapshots_the_controllers_learned_state_to_redis(loop: Set
         await redis.aclose()
     assert blob, "no snapshot saved"
     restored = Scaler(loop)
-    assert restored.restore(blob) >= 1
+    assert restored.restore(orjson.loads(blob)) >= 1  # stored as the JSON of the data
     assert (MODEL, "az-a") in restored.states
     assert restored.states[(MODEL, "az-a")].ctrl.last_target is not None
 

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError
 from governor_telemetry.producer import TelemetryProducer
 
+from controllers.window_record import decode_window
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
@@ -43,7 +44,6 @@ def _relocate(node: str, gen: int, basis_ms: int = 5_000) -> Command:
         kind="relocate",
         zone="az-a",
         model=M,
-        target_replicas=0,
         reason="test",
         issued_at_ms=now,
         expires_at_ms=now + 60_000,
@@ -111,14 +111,15 @@ def test_kv_policy_driver_command_round_trips_through_the_executor_codec() -> No
         "zone": "az-a",
         "node": "az-a/n0",
         "window_end_ms": 1_000,
+        "replicas_ready": 1,  # absent decodes as 0: a node not serving, which never relocates
         "largest_free_block_bytes": 1,
         "kv_free_bytes": 100,
         "kv_waiting_bytes": 10,
         "fragmentation_ratio": 0.99,
         "kv_generation": 3,
     }
-    cmd = KvPolicyDriver().on_node_window(w, 0)
-    assert cmd is not None and Command.decode(cmd.with_hlc(5 << 16).encode()).command_id == cmd.command_id
+    (cmd,) = KvPolicyDriver().on_window(decode_window(w), 0)
+    assert Command.decode(cmd.with_hlc(5 << 16).encode()).command_id == cmd.command_id
 
 
 class _Results:

@@ -35,7 +35,6 @@ def _route(weights: dict, basis_ms: int = 1_000) -> Command:
         kind="route",
         zone="az-a",
         model="chat",
-        target_replicas=0,
         reason="test",
         issued_at_ms=now,
         expires_at_ms=now + 60_000,
@@ -45,7 +44,7 @@ def _route(weights: dict, basis_ms: int = 1_000) -> Command:
     )
 
 
-def test_route_command_ids_encode_weights_and_scale_ids_are_unchanged() -> None:
+def test_route_command_ids_encode_weights_and_scale_ids_hash_the_target() -> None:
     a, b = _route(W), _route({"batch": W["batch"], "trading": dict(reversed(W["trading"].items()))})
     assert a.command_id == b.command_id
     assert _route({**W, "batch": {"bloom-176b|az-a": 2.0}}).command_id != a.command_id
@@ -55,7 +54,7 @@ def test_route_command_ids_encode_weights_and_scale_ids_are_unchanged() -> None:
     )
     from streams.commands import command_id
 
-    assert scale.command_id == command_id("scale", "z", "m", 5, 3)
+    assert scale.command_id == command_id("scale", "z", "m", 5, {"target_replicas": 3})
     with pytest.raises(CommandError):
         _route({"trading": {"x|y": -1}})
 
@@ -73,13 +72,18 @@ async def test_routing_backend_writes_the_gateway_hash(settings: Settings) -> No
         brk = Command(
             kind="breaker",
             zone="az-a",
-            model="chat",
-            target_replicas=0,
+            model="bloom-176b|az-a",
             reason="trip",
             issued_at_ms=now,
             expires_at_ms=now + 1000,
             basis_ms=2_000,
-            payload={"target": "bloom-176b|az-a", "state": "open"},
+            payload={
+                "target": "bloom-176b|az-a",
+                "state": "open",
+                "probe_budget": 0,
+                "threshold": 0.005,
+                "error_ratio": 0.5,
+            },
         )
         await SimFleetBackend(redis, settings.topic_prefix, "az-a").apply(brk)
         raw = await redis.hget(names.breaker_hash(settings.topic_prefix, "az-a"), "bloom-176b|az-a")
@@ -175,7 +179,6 @@ def _agents(weights: dict[str, float], basis_ms: int) -> Command:
         kind="agents",
         zone="az-a",
         model="llama2-70b",
-        target_replicas=0,
         reason="test",
         issued_at_ms=now,
         expires_at_ms=now + 60_000,

@@ -9,20 +9,22 @@ from typing import Any
 import pytest
 
 from controllers.agent_weights import AgentSignals, weights
+from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
 from streams.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
 from streams.commands import Command, CommandError
 from streams.metrics_export import WorkerMetrics
+from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 S = Settings(zones=("az-a", "az-b"), command_ttl_s=30.0)
 M = "llama2-70b"
 
 
-def _w(
+def _raw(
     end_ms: int,
-    s: float,
-    r: float,
-    t: float,
+    s: float | None,
+    r: float | None,
+    t: float | None,
     *,
     zone: str = "az-a",
     n: int = 10,
@@ -44,6 +46,10 @@ def _w(
     }
 
 
+def _w(*args: Any, **kw: Any) -> WindowRecord:
+    return decode_window(_raw(*args, **kw))
+
+
 def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     d = AgentWeightsDriver(S)
     (cmd,) = d.on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}), 5_000)
@@ -63,22 +69,41 @@ def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     )
 
 
+_AGENT_FIELDS = ("agent_signals_n", "agent_stability_mean", "agent_rag_score_mean", "agent_tool_conf_mean")
+
+
 @pytest.mark.parametrize(
     ("window", "why"),
     [
         (_w(10_000, 0.9, 0.9, 0.2, n=0), "no request carried signals"),
-        ({**_w(10_000, 0.9, 0.9, 0.2), "agent_signals_n": None}, "an older window without the fields"),
+        (
+            decode_window({k: v for k, v in _raw(10_000, 0.9, 0.9, 0.2).items() if k not in _AGENT_FIELDS}),
+            "an older window without the fields",
+        ),
         (_w(10_000, 0.9, 0.9, 0.2, scope="node", node="n1"), "a node window"),
-        (_w(10_000, 1.2, 0.9, 0.2), "a mean outside [0, 1]"),
         (_w(10_000, 0.9, None, 0.2), "a missing mean"),
-        (_w(10_000, 0.9, 0.9, 0.2, paths={"browse": 1}), "an unknown path"),
-        (_w(10_000, 0.9, 0.9, 0.2, model=""), "no model"),
     ],
 )
-def test_windows_without_usable_signals_publish_nothing(window: dict[str, Any], why: str) -> None:
+def test_windows_without_usable_signals_publish_nothing(window: WindowRecord, why: str) -> None:
     d = AgentWeightsDriver(S)
     assert d.on_window(window, 0) == [], why
     assert not d.signals
+
+
+@pytest.mark.parametrize(
+    ("window", "field"),
+    [
+        (_raw(10_000, 1.2, 0.9, 0.2), "agent_stability_mean"),  # a mean outside [0, 1]
+        (_raw(10_000, 0.9, 0.9, 0.2, paths={"browse": 1}), "agent_path_counts"),  # an unknown path
+        (_raw(10_000, 0.9, 0.9, 0.2, model=""), "model"),  # no model
+        ({**_raw(10_000, 0.9, 0.9, 0.2), "agent_signals_n": None}, "agent_signals_n"),  # a null count
+        ({**_raw(10_000, 0.9, 0.9, 0.2), "agent_signals_n": True}, "agent_signals_n"),  # not a count
+    ],
+)
+def test_malformed_agent_fields_never_reach_the_driver(window: dict[str, Any], field: str) -> None:
+    """The loop dead-letters them (tests/unit/test_window_record.py): decoding names the field."""
+    with pytest.raises(WindowRecordError, match=f"^{field}:"):
+        decode_window(window)
 
 
 def test_no_command_while_the_weights_move_less_than_the_threshold() -> None:
@@ -117,7 +142,7 @@ def test_bad_driver_parameters_are_refused() -> None:
         AgentWeightsDriver(S, min_delta=1.0)
 
 
-def _stream() -> list[dict[str, Any]]:
+def _stream() -> list[WindowRecord]:
     """Two zones: converged, then jumping, then converged again (publishes along the way)."""
     out = []
     for i, (s, r, t) in enumerate([(0.9, 0.9, 0.2)] * 4 + [(0.1, 0.4, 0.9)] * 6 + [(0.8, 0.7, 0.3)] * 6):
@@ -130,10 +155,8 @@ def _stream() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("cut", [1, 7, 12, 20])  # first window, mid-transition, boundaries
 def test_a_restored_agent_weights_driver_decides_like_the_original(cut: int) -> None:
-    from tests.unit.test_breaker_driver import assert_restores_alike
-
     rest = assert_restores_alike(
-        lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"]), _stream(), cut
+        lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w.window_end_ms), _stream(), cut
     )
     assert rest  # every cut has publications ahead
 
@@ -141,9 +164,9 @@ def test_a_restored_agent_weights_driver_decides_like_the_original(cut: int) -> 
 def test_agent_weights_snapshot_of_another_version_is_ignored() -> None:
     d = AgentWeightsDriver(S)
     d.on_window(_w(10_000, 0.9, 0.9, 0.2), 0)
-    assert d.restore(b'{"version": 99, "targets": {}}') == 0
+    assert d.restore({"version": 99, "targets": {}}) == 0
     assert (M, "az-a") in d.signals
-    assert AgentWeightsDriver(S).restore(d.snapshot()) == 1
+    assert AgentWeightsDriver(S).restore(plain(d.snapshot())) == 1
 
 
 P = {
@@ -158,7 +181,6 @@ def _agents(payload: dict[str, Any]) -> Command:
         kind="agents",
         zone="az-a",
         model=M,
-        target_replicas=0,
         reason="",
         issued_at_ms=0,
         expires_at_ms=1,

@@ -4,17 +4,21 @@ worker's SnapshotStore; the breaker metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
 from streams.agents import SnapshotStore
 from streams.breaker_driver import BreakerDriver, parse_window
 from streams.commands import Command
+from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,7 +28,7 @@ ZONES = ("az-a", "az-b", "az-c")
 S = Settings(zones=ZONES, breaker_min_requests=200)
 
 
-def _w(
+def _raw(
     end_s: float,
     count: int,
     error_rate: float = 0.0,
@@ -33,6 +37,7 @@ def _w(
     model: str = M,
     **kw: Any,
 ) -> dict[str, Any]:
+    """The metrics record as the ingest publishes it."""
     end = int(end_s * 1000)
     return {
         "kind": "window",
@@ -46,6 +51,11 @@ def _w(
         "violation_rate": error_rate if violation_rate is None else violation_rate,
         **kw,
     }
+
+
+def _w(*args: Any, **kw: Any) -> WindowRecord:
+    """The typed record the drivers read (:func:`_raw`, decoded)."""
+    return decode_window(_raw(*args, **kw))
 
 
 def _tripped(d: BreakerDriver) -> list[Command]:
@@ -160,23 +170,29 @@ def test_attainment_is_the_models_over_every_zone_for_five_minutes() -> None:
         {"zone": ""},  # empty zone
     ],
 )
-def test_malformed_windows_are_skipped_not_fatal(bad: dict[str, Any]) -> None:
-    d = BreakerDriver(S)
-    assert d.on_window({**_w(10, 150, 0.02), **bad}, 1) == []
-    assert d.on_window(_w(20, 150, 0.02), 2) == []  # the bad window did not count
-    assert d.on_window(_w(30, 100, 0.02), 3)[0].payload["state"] == "open"
+def test_malformed_windows_are_dead_lettered_not_fed_to_the_breaker(bad: dict[str, Any]) -> None:
+    (field,) = bad
+    with pytest.raises(WindowRecordError, match=f"^{field}:"):
+        decode_window({**_raw(10, 150, 0.02), **bad})
+    loop = ControlLoop(S)
+    rec, dl = loop.decode({**_raw(10, 150, 0.02), **bad}, {"topic": "metrics"}, 1)
+    assert rec is None and dl is not None and dl["reason"].startswith(f"bad metrics record: {field}:")
+    assert loop.breaker.on_window(_w(20, 150, 0.02), 2) == []  # the bad window did not count
+    assert loop.breaker.on_window(_w(30, 100, 0.02), 3)[0].payload["state"] == "open"
 
 
 def test_node_windows_and_other_records_are_ignored() -> None:
     d = BreakerDriver(S)
-    assert d.on_window({**_w(10, 5000, 0.5), "scope": "node"}, 1) == []
-    assert d.on_window({**_w(10, 5000, 0.5), "kind": "event"}, 1) == []
+    assert d.on_window(decode_window({**_raw(10, 5000, 0.5), "scope": "node", "node": "az-a/n1"}), 1) == []
     assert d.states == {}
-    with pytest.raises(ValueError, match="count"):
-        parse_window({"model": "m", "zone": "z", "window_end_ms": 1})
+    with pytest.raises(WindowRecordError, match="^kind:"):  # not a window: dead-lettered by the loop
+        decode_window({**_raw(10, 5000, 0.5), "kind": "event"})
+    # A window without a count is an empty one (decode's default), not an error.
+    w = parse_window(decode_window({"scope": "zone", "model": "m", "zone": "z", "window_end_ms": 1}))
+    assert (w.requests, w.errors, w.on_time, w.end_ms) == (0, 0, 0, 1)
 
 
-def _stream() -> list[dict[str, Any]]:
+def _stream() -> list[WindowRecord]:
     """Two zones over 4 minutes: az-a trips, its probes fail, then it recovers; az-b stays closed."""
     out = []
     for i in range(1, 25):
@@ -185,30 +201,43 @@ def _stream() -> list[dict[str, Any]]:
     return out
 
 
+def plain(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """``snapshot`` as it comes back from Redis: JSON text and back.  Fails on anything
+    that is not plain JSON data (NaN, non-string keys, objects), which the worker's
+    ``orjson.dumps`` would refuse or silently turn into something else."""
+    out = json.loads(json.dumps(snapshot, allow_nan=False))
+    assert orjson.loads(orjson.dumps(snapshot)) == out
+    return out
+
+
 def assert_restores_alike(
     make: Callable[[], Any],
-    feed: Callable[[Any, dict[str, Any]], list[Command]],
-    records: list[dict[str, Any]],
+    feed: Callable[[Any, WindowRecord], list[Command]],
+    records: list[WindowRecord],
     cut: int,
 ) -> list[bytes]:
-    """Feed ``records[:cut]``, snapshot, restore into a fresh object, feed the rest to
-    both: the same commands (byte for byte) and the same final snapshot.  Returns them."""
+    """Feed ``records[:cut]``, snapshot (through JSON), restore into a fresh object, feed
+    the rest to both: the same commands (byte for byte) and the same final snapshot.
+    Returns them."""
     a = make()
     for r in records[:cut]:
         feed(a, r)
+    taken = a.snapshot()
+    at_cut = plain(taken)
     b = make()
-    b.restore(a.snapshot())
+    b.restore(at_cut)
     rest_a = [c.encode() for r in records[cut:] for c in feed(a, r)]
     rest_b = [c.encode() for r in records[cut:] for c in feed(b, r)]
     assert rest_a == rest_b
-    assert b.snapshot() == a.snapshot()
+    assert plain(b.snapshot()) == plain(a.snapshot())
+    assert plain(taken) == at_cut  # a snapshot is a value: deciding on does not change it
     return rest_a
 
 
 @pytest.mark.parametrize("cut", [3, 9, 14, 20])
 def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
     rest = assert_restores_alike(
-        lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w["window_end_ms"] + 5), _stream(), cut
+        lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w.window_end_ms + 5), _stream(), cut
     )
     assert rest  # every cut has transitions ahead (trip at 2, probes at 8-10, recovery at 22-24)
 
@@ -216,9 +245,11 @@ def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
 def test_breaker_snapshot_of_another_version_is_ignored() -> None:
     d = BreakerDriver(S)
     _tripped(d)
-    assert d.restore(b'{"version": 99, "targets": {}}') == 0
+    assert d.restore({"version": 99, "targets": {}}) == 0
     assert d.state_of(f"{M}|az-a") == "open"
-    bad = d.snapshot().replace(b'"name":"open"', b'"name":"ajar"')
+    bad = plain(d.snapshot())
+    assert bad["targets"][f"{M}|az-a"]["state"]["name"] == "open"
+    bad["targets"][f"{M}|az-a"]["state"]["name"] = "ajar"
     with pytest.raises(ValueError):  # the worker's SnapshotStore logs it and starts fresh
         BreakerDriver(S).restore(bad)
     with pytest.raises(ValueError):
@@ -246,38 +277,38 @@ class FakeRedis:
 
 
 class Part:
-    def __init__(self, blob: bytes = b"x", fail: bool = False) -> None:
-        self.blob, self.fail, self.restored = blob, fail, b""
+    def __init__(self, data: dict[str, Any] | None = None, fail: bool = False) -> None:
+        self.data, self.fail, self.restored = data or {}, fail, None
 
-    def snapshot(self) -> bytes:
-        return self.blob
+    def snapshot(self) -> dict[str, Any]:
+        return self.data
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, data: Mapping[str, Any]) -> int:
         if self.fail:
             raise ValueError("corrupt")
-        self.restored = blob
-        return len(blob)
+        self.restored = data
+        return len(data["keys"])
 
 
 def test_snapshot_store_saves_every_part_at_most_every_2_s_and_restores_them() -> None:
     redis = FakeRedis()
-    parts = {"scaler": Part(b"s"), "routing": Part(b"rr"), "breaker": Part(b"bbb"), "kv": Part(b"kkkk")}
+    data = {n: {"version": 1, "keys": list(range(k))} for k, n in enumerate(("scaler", "routing", "breaker", "kv"), 1)}
+    parts = {n: Part(d) for n, d in data.items()}
     store = SnapshotStore(redis, "p", parts)  # type: ignore[arg-type]
 
     async def run() -> None:
         assert await store.save(100.0) and not await store.save(101.9) and await store.save(102.0)
         assert redis.msets == 2
-        assert redis.data == {
-            "p:snapshot:scaler": b"s",
-            "p:snapshot:routing": b"rr",
-            "p:snapshot:breaker": b"bbb",
-            "p:snapshot:kv": b"kkkk",
-        }
+        assert redis.data == {f"p:snapshot:{n}": orjson.dumps(d) for n, d in data.items()}  # the JSON of the data
         fresh = {n: Part(fail=(n == "routing")) for n in parts}
         redis.data.pop("p:snapshot:kv")
         got = await SnapshotStore(redis, "p", fresh).restore()  # type: ignore[arg-type]
         assert got == {"scaler": 1, "breaker": 3}  # routing corrupt, kv missing: both start fresh
-        assert fresh["breaker"].restored == b"bbb"
+        assert fresh["breaker"].restored == data["breaker"]  # the data itself, not bytes
+        redis.data["p:snapshot:scaler"] = b'{"version": 1, "keys": [0'  # cut short: not JSON
+        again = {n: Part() for n in parts}
+        assert await SnapshotStore(redis, "p", again).restore() == {"routing": 2, "breaker": 3}  # type: ignore[arg-type]
+        assert again["scaler"].restored is None
         redis.down = True
         assert not await store.save(200.0)  # logged, not raised; the next window retries
         assert await store.restore() == {}

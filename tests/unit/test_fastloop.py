@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from controllers.window_record import decode_window
 from sim.baselines import BASELINES
 from sim.fastloop import EPOCH_MS0, Fault, LoopConfig, LoopConfigError, run
 from sim.scenarios import SCENARIOS, ScenarioError, build
@@ -44,6 +45,7 @@ def test_governor_scales_up_on_a_load_step_through_the_pipeline_code() -> None:
     assert any(reason == "scale_up" for *_, reason in r.decisions)
     assert max(r.timeline["az-a.desired"]) > CFG.initial_replicas
     assert r.windows and all(w["scope"] == "zone" for w in r.windows)
+    assert all(decode_window(w).scope == "zone" for w in r.windows)  # the typed records governor decided on
     # windows are the pipeline's: every finished request before the last close is in one
     assert sum(w["count"] for w in r.windows) <= r.metrics["requests"]
 

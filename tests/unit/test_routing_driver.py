@@ -2,30 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings, SettingsError
 from streams.canary_driver import window_obs
 from streams.commands import Command
 from streams.routing_driver import RoutingDriver
+from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 P, F = "llama2-70b", "llama2-13b"
 
 
-def _w(model: str, zone: str, start: int, p95: float, scope: str = "zone") -> dict:
-    return {
-        "kind": "window",
-        "scope": scope,
-        "model": model,
-        "zone": zone,
-        "window_start_ms": start,
-        "window_end_ms": start + 10_000,
-        "ttft_p95_ms": p95,
-        "e2e_p95_ms": None,
-        "queue_len_mean": 0.0,
-        "rate_rps": 5.0,
-        "replicas_ready": 2,
-    }
+def _w(model: str, zone: str, start: int, p95: float, scope: str = "zone") -> WindowRecord:
+    node = {"node": f"{zone}/n1"} if scope == "node" else {}
+    return decode_window(
+        {
+            "kind": "window",
+            "scope": scope,
+            "model": model,
+            "zone": zone,
+            "window_start_ms": start,
+            "window_end_ms": start + 10_000,
+            "ttft_p95_ms": p95,
+            "e2e_p95_ms": None,
+            "queue_len_mean": 0.0,
+            "rate_rps": 5.0,
+            "replicas_ready": 2,
+            **node,
+        }
+    )
 
 
 def _feed(d: RoutingDriver, start: int, p95_primary: float, p95_fallback: float = 100.0) -> list[Command]:
@@ -75,7 +83,7 @@ def test_a_missing_zone_window_is_judged_when_a_later_window_arrives() -> None:
 
 def test_window_obs_of_an_absent_window_is_empty() -> None:
     assert window_obs(None).requests == 0
-    o = window_obs({"count": 200, "error_rate": 0.015, "ttft_p99_ms": 900.0})
+    o = window_obs(dataclasses.replace(_w(P, "az-a", 0, 100.0), count=200, error_rate=0.015, ttft_p99_ms=900.0))
     assert (o.requests, o.errors, o.p99_ms) == (200, 3, 900.0)
 
 
@@ -97,13 +105,13 @@ def test_the_breaker_drivers_state_feeds_the_router() -> None:
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),), breaker_min_requests=200)
     brk = BreakerDriver(s)
     d = RoutingDriver(s, breaker_of=brk.state_of)
-    trip = {**_w(P, "az-a", 0, 100.0), "count": 500, "error_rate": 0.1, "violation_rate": 0.1}
+    trip = dataclasses.replace(_w(P, "az-a", 0, 100.0), count=500, error_rate=0.1, violation_rate=0.1)
     assert brk.on_window(trip, 1)[0].payload["state"] == "open"
     weights = _feed(d, 0, 100.0)[0].payload["weights"]
     assert all(ws.get(f"{P}|az-a", 0.0) == 0.0 for ws in weights.values())
 
 
-def _routing_stream() -> list[dict]:
+def _routing_stream() -> list[WindowRecord]:
     """Primary slow, then fast again, then slow: fallback entered, left and entered."""
     out = []
     for i, p95 in enumerate([2000.0] * 3 + [100.0] * 6 + [2000.0] * 3):
@@ -114,11 +122,9 @@ def _routing_stream() -> list[dict]:
 
 @pytest.mark.parametrize("cut", [2, 13, 22, 30])  # mid-gathering and at window boundaries
 def test_a_restored_routing_driver_decides_like_the_original(cut: int) -> None:
-    from tests.unit.test_breaker_driver import assert_restores_alike
-
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))
     rest = assert_restores_alike(
-        lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w["window_end_ms"]), _routing_stream(), cut
+        lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w.window_end_ms), _routing_stream(), cut
     )
     assert rest
 
@@ -126,10 +132,10 @@ def test_a_restored_routing_driver_decides_like_the_original(cut: int) -> None:
 def test_routing_snapshot_drops_families_no_longer_routed() -> None:
     d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
     _feed(d, 0, 2000.0)
-    blob = d.snapshot()
-    assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(blob) == 1
-    assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(blob) == 0
-    assert d.restore(b'{"version": 0}') == 0
+    data = plain(d.snapshot())
+    assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(data) == 1
+    assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(data) == 0
+    assert d.restore({"version": 0}) == 0
 
 
 def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() -> None:

@@ -1,0 +1,256 @@
+"""The control loop in memory: telemetry -> windows -> typed records -> drivers -> commands.
+
+:class:`ControlLoop` holds everything the stream worker decides with -- the
+ingest processor and one driver per controller -- and exposes one method per
+event, so the loop can be driven, and tested, without a broker:
+
+- :meth:`ControlLoop.ingest` a telemetry message (dead letters, windows closed);
+- :meth:`ControlLoop.close_due` the windows whose lateness has passed;
+- :meth:`ControlLoop.decode` a metrics message into a :class:`WindowRecord`
+  (or the dead letter that says why it is not one);
+- :meth:`ControlLoop.decide` a window record: the commands and events of every
+  in-memory driver, in a fixed order;
+- :meth:`ControlLoop.snapshot` / :meth:`ControlLoop.restore` the drivers' state
+  as plain data.
+
+The Faust agents in :mod:`streams.agents` only move bytes to and from these
+methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
+simulator and the worker cannot drift apart.  The canary driver is the one
+driver outside: its rollouts live in Redis (the operator's ``governor canary``
+writes them), so the control agent awaits it before :meth:`decide`.
+
+Every driver follows one protocol (:class:`Driver`): ``on_window(record,
+now_ms) -> list[Command]``, ``snapshot() -> plain data`` and ``restore(data)
+-> int``.
+
+Examples
+--------
+>>> from core.settings import ModelSpec, Settings
+>>> loop = ControlLoop(Settings(models=(ModelSpec("m"),), zones=("az-a",)))
+>>> loop.decode(b"{not json", {"topic": "metrics"}, 0)[1]["reason"]
+'bad metrics record: not JSON'
+>>> rec, _ = loop.decode({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
+...                       "window_s": 10.0, "count": 100, "violation_rate": 0.5, "replicas_ready": 2}, {}, 0)
+>>> [(c.kind, c.target_replicas) for c in loop.decide(rec, 10_000).commands]
+[('scale', 3)]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from controllers.window_record import WindowRecord, WindowRecordError, decode_window
+from core.settings import Settings
+from streams.agent_weights_driver import AgentWeightsDriver
+from streams.breaker_driver import BreakerDriver
+from streams.commands import Command
+from streams.kv_policy_driver import KvPolicyDriver
+from streams.metrics_export import WorkerMetrics
+from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
+from streams.routing_driver import RoutingDriver
+from streams.scaler_driver import Scaler
+
+__all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
+
+log = logging.getLogger(__name__)
+
+
+class Driver(Protocol):
+    """What every in-memory driver offers the loop."""
+
+    def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, data: Mapping[str, Any]) -> int: ...
+
+
+@dataclass
+class Ingested:
+    """What one telemetry message produced."""
+
+    valid: int = 0
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Decisions:
+    """What one window record produced: commands (with a log line each) and events."""
+
+    commands: list[Command] = field(default_factory=list)
+    described: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, cmd: Command, what: str) -> None:
+        self.commands.append(cmd)
+        self.described.append(what)
+
+
+class ControlLoop:
+    """The worker's processor and drivers, one method per event (see the module docstring).
+
+    ``metrics`` (optional) is updated as the events pass; the fast simulator
+    runs without it.
+    """
+
+    def __init__(self, settings: Settings, metrics: WorkerMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.processor = TelemetryProcessor(settings)
+        self.scaler = Scaler(settings)
+        self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
+        self.breaker = BreakerDriver(settings)
+        self.agent_weights = AgentWeightsDriver(settings)
+        # Routing runs on a window before the scaler sees it: the forecast 2 windows past
+        # the scaler's last one is the window the new routes apply to.
+        self.routing = RoutingDriver(
+            settings,
+            breaker_of=self.breaker.state_of,
+            forecast_of=lambda m, z: self.scaler.rate_forecast(m, z, steps=2),
+        )
+        self.routed_families = {m for pair in settings.fallbacks for m in pair}
+
+    @property
+    def drivers(self) -> dict[str, Driver]:
+        """The drivers by snapshot name, in the order :meth:`decide` runs them on a zone window."""
+        return {
+            "kv": self.kv_policy,
+            "breaker": self.breaker,
+            "routing": self.routing,
+            "agents": self.agent_weights,
+            "scaler": self.scaler,
+        }
+
+    # -- telemetry -----------------------------------------------------------------------
+    def ingest(self, raw: Any, source: Mapping[str, Any], now_ms: int, *, close: bool = True) -> Ingested:
+        """One telemetry message: its dead letters and the windows it closed.
+
+        ``close`` closes the windows the message's event time completes (the
+        worker); a caller that closes by its own clock right after (the fast
+        simulator, every tick) passes False and calls :meth:`close_due`.
+        """
+        res: ProcessResult = self.processor.process(raw, source, now_ms)
+        out = Ingested(res.valid, res.dead_letters, self.processor.close_due(None, now_ms) if close else [])
+        if self.metrics is not None:
+            self.metrics.records.inc(res.valid + len(res.dead_letters))
+            for dl in res.dead_letters:
+                self.metrics.observe_dead_letter(dl["reason"])
+            for m in out.windows:
+                self.metrics.observe_window(m)
+        return out
+
+    def close_due(self, now_ms: int) -> list[dict[str, Any]]:
+        """The windows whose end plus lateness has passed at ``now_ms``."""
+        closed = self.processor.close_due(now_ms, now_ms)
+        if self.metrics is not None:
+            for m in closed:
+                self.metrics.observe_window(m)
+        return closed
+
+    # -- metrics records -----------------------------------------------------------------
+    def decode(
+        self, raw: bytes | Mapping[str, Any], source: Mapping[str, Any], now_ms: int
+    ) -> tuple[WindowRecord | None, dict[str, Any] | None]:
+        """A metrics message as a record, or ``(None, dead letter)`` saying why it is not one."""
+        obj: Any = raw
+        if isinstance(raw, bytes | bytearray | memoryview | str):
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                shown = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")
+                return None, self._dead_letter("bad metrics record: not JSON", source, shown[:4096], now_ms)
+        try:
+            return decode_window(obj), None
+        except WindowRecordError as exc:
+            return None, self._dead_letter(f"bad metrics record: {exc}", source, obj, now_ms)
+
+    def _dead_letter(self, reason: str, source: Mapping[str, Any], record: Any, now_ms: int) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.metrics.observe_dead_letter(reason)
+        return dead_letter(reason, source, record, now_ms)
+
+    def decide(self, w: WindowRecord, now_ms: int) -> Decisions:
+        """Every in-memory driver on one window record, in a fixed order.
+
+        A node window goes to the KV policy; a zone window to the breaker (first:
+        routing sees this window's breaker state), the router and the agent
+        weights; every window to the scaler, whose events may add zone-aware
+        route commands.
+        """
+        out = Decisions()
+        if w.scope == "node":
+            for rc in self.kv_policy.on_window(w, now_ms):
+                out.add(rc, f"relocate {rc.payload['node']}")
+        else:
+            self._zone_drivers(w, now_ms, out)
+        for cmd in self.scaler.on_window(w, now_ms):
+            out.add(cmd, f"{cmd.model} -> {cmd.target_replicas}")
+            if self.metrics is not None:
+                self.metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas or 0)
+        for ev in self.scaler.drain_events():
+            out.events.append(ev)
+            if ev["kind"] in ("zone_lost", "zone_returned") and ev["model"] not in self.routed_families:
+                # Zone-aware routing: gateways stop sending to a lost zone and wait for a healed
+                # one's capacity.  A fallback family's routes are the RoutingDriver's (a lost
+                # zone has no windows there, so it gets no weight either).
+                for rc in self.scaler.zone_route_commands(ev["model"], int(ev["window_end_ms"]), now_ms):
+                    out.add(rc, f"route {rc.model} by zone")
+        if self.metrics is not None:
+            self._observe(out)
+        return out
+
+    def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
+        for bc in self.breaker.on_window(w, now_ms):
+            out.add(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
+        transitions = self.breaker.drain_transitions()
+        try:
+            routes = self.routing.on_window(w, now_ms)
+        except ValueError as exc:  # a window the router cannot use (ParameterError)
+            log.error("routing step failed for %s/%s: %s", w.model, w.zone, exc)
+            routes = []
+        for rc in routes:
+            out.add(rc, f"route {rc.model}")
+        for ac in self.agent_weights.on_window(w, now_ms):
+            out.add(ac, f"agents {ac.model}")
+        if self.metrics is not None:
+            for t in transitions:
+                self.metrics.observe_breaker(t.model, t.zone, t.state, changed=True)
+            if w.key in self.breaker.states:  # a target the breaker judges
+                self.metrics.observe_breaker(w.model, w.zone, self.breaker.states[w.key].name, changed=False)
+
+    def _observe(self, out: Decisions) -> None:
+        assert self.metrics is not None
+        for cmd in out.commands:
+            if cmd.kind == "agents":
+                self.metrics.observe_agent_weights(cmd.model, cmd.zone, cmd.payload["weights"])
+        for ev in out.events:
+            self.metrics.events.labels(ev["kind"], ev.get("signal", "")).inc()
+            if ev["kind"] == "feedforward_mode":
+                self.metrics.ff_mode.labels(ev["model"], ev["zone"]).set(1.0 if ev["on"] else 0.0)
+        for (model, zone), est in self.scaler.sde_estimates().items():
+            for name in ("theta", "mu", "sigma"):
+                self.metrics.sde.labels(model, zone, name).set(getattr(est, name))
+
+    # -- state ---------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every driver's state as plain data, by snapshot name."""
+        return {name: d.snapshot() for name, d in self.drivers.items()}
+
+    def restore(self, parts: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+        """Restore each driver that has a part; a part that does not load leaves its driver fresh."""
+        done: dict[str, int] = {}
+        for name, driver in self.drivers.items():
+            data = parts.get(name)
+            if data is None:
+                continue
+            try:
+                done[name] = driver.restore(data)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.error("%s snapshot unreadable, starting fresh: %r", name, exc)
+        return done
