@@ -1,0 +1,208 @@
+"""The control loop in memory: every per-event method, no broker, no Redis.
+
+The Faust agents only move bytes around these calls, so what the worker decides
+is what these tests see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from controllers.window_record import WindowRecord, decode_window
+from core.settings import ModelSpec, Settings
+from streams.control_loop import ControlLoop
+from streams.metrics_export import WorkerMetrics
+
+T0 = 1_700_000_000_000
+MODEL = "m"
+GIB = 1 << 30
+
+
+def _settings(**kw: Any) -> Settings:
+    return Settings(
+        models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=1.0, lateness_s=0.2, **kw
+    )
+
+
+def _req(i: int, ts: int, zone: str = "az-a", ttft: float = 100.0) -> dict[str, Any]:
+    return {
+        "kind": "request",
+        "request_id": f"r{i}",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}-n1",
+        "ttft_ms": ttft,
+        "e2e_ms": ttft + 900.0,
+        "status": "ok",
+    }
+
+
+def _gpu(ts: int, zone: str = "az-a") -> dict[str, Any]:
+    return {
+        "kind": "gpu",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}-n1",
+        "state": "ready",
+        "gpu_util": 0.9,
+        "mem_used_bytes": 10,
+        "mem_total_bytes": 20,
+        "queue_len": 2,
+        "running": 4,
+        "largest_free_block_bytes": GIB,
+        "kv_free_bytes": 4 * GIB,
+        "kv_waiting_bytes": 2 * GIB,
+        "fragmentation_ratio": 0.75,
+        "kv_generation": 1,
+    }
+
+
+def _batch(records: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"schema_version": 1, "kind": "batch", "source": "t", "sent_ms": T0, "records": records})
+
+
+SRC = {"topic": "telemetry", "partition": 0, "offset": 1}
+
+
+def _zone(**kw: Any) -> WindowRecord:
+    base = {"scope": "zone", "model": MODEL, "zone": "az-a", "window_end_ms": T0 + 10_000, "window_s": 10.0}
+    return decode_window({**base, **kw})
+
+
+def test_ingest_dead_letters_bad_records_and_closes_windows_by_event_time() -> None:
+    loop = ControlLoop(_settings())
+    first = loop.ingest(_batch([_req(0, T0), {"kind": "request"}, _gpu(T0)]), SRC, T0)
+    assert first.valid == 2
+    assert [dl["reason"] for dl in first.dead_letters] == ["missing field 'request_id'"]
+    assert first.windows == []  # nothing is due yet
+    later = loop.ingest(_batch([_req(1, T0 + 2_000)]), SRC, T0 + 2_000)
+    scopes = sorted(w["scope"] for w in later.windows)
+    assert scopes == ["node", "zone"]  # the first second's windows, closed by the watermark
+    assert all(decode_window(w).window_end_ms == T0 + 1_000 for w in later.windows)
+
+
+def test_close_due_closes_by_the_clock_when_traffic_stops() -> None:
+    loop = ControlLoop(_settings())
+    loop.ingest(_batch([_req(0, T0)]), SRC, T0)
+    assert loop.close_due(T0 + 500) == []
+    closed = loop.close_due(T0 + 60_000)  # long idle: the clock closes what is open
+    assert {w["scope"] for w in closed} == {"node", "zone"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "bad metrics record: not JSON"),
+        (b"[1, 2]", "bad metrics record: record: must be a JSON object, got list"),
+        (orjson.dumps({"scope": "zone", "model": MODEL, "zone": "az-a"}), "bad metrics record: window_end_ms: missing"),
+        (
+            orjson.dumps({"scope": "zone", "model": MODEL, "zone": "az-a", "window_end_ms": 1, "violation_rate": 3}),
+            "bad metrics record: violation_rate: must lie in [0, 1], got 3",
+        ),
+    ],
+)
+def test_decode_dead_letters_what_is_not_a_window_record(raw: bytes, reason: str) -> None:
+    metrics = WorkerMetrics()
+    rec, dl = ControlLoop(_settings(), metrics).decode(raw, {"topic": "metrics", "offset": 7}, T0)
+    assert rec is None and dl is not None
+    assert dl["reason"] == reason and dl["source"] == {"topic": "metrics", "offset": 7}
+    # the counter's label is the reason's kind (bounded cardinality); the record keeps the detail
+    assert metrics.registry.get_sample_value("governor_deadletter_total", {"reason": "bad metrics record"}) == 1.0
+
+
+def test_decide_scales_a_zone_on_violations_and_ignores_a_redelivery() -> None:
+    loop = ControlLoop(_settings())
+    w = _zone(count=100, violation_rate=0.5, replicas_ready=2)
+    first = loop.decide(w, T0 + 10_000)
+    assert [(c.kind, c.zone, c.target_replicas) for c in first.commands] == [("scale", "az-a", 3)]
+    assert first.described == ["m -> 3"]
+    assert loop.decide(w, T0 + 10_000).commands == []  # the same window again: no new decision
+
+
+def test_decide_runs_the_kv_policy_on_node_windows() -> None:
+    loop = ControlLoop(_settings())
+    node = decode_window(
+        {
+            "scope": "node",
+            "model": MODEL,
+            "zone": "az-a",
+            "node": "n1",
+            "window_end_ms": T0 + 10_000,
+            "replicas_ready": 1,
+            "largest_free_block_bytes": GIB,
+            "kv_free_bytes": 4 * GIB,
+            "kv_waiting_bytes": 2 * GIB,
+            "fragmentation_ratio": 0.75,
+            "kv_generation": 1,
+        }
+    )
+    out = loop.decide(node, T0 + 10_000)
+    assert [c.kind for c in out.commands] == ["relocate"]
+    assert out.described == ["relocate n1"]
+
+
+def test_decide_trips_the_breaker_and_publishes_to_every_zone() -> None:
+    loop = ControlLoop(_settings(breaker_min_requests=100))
+    out = loop.decide(_zone(count=500, error_rate=0.05, replicas_ready=4), T0 + 10_000)
+    breakers = [c for c in out.commands if c.kind == "breaker"]
+    assert sorted(c.zone for c in breakers) == ["az-a", "az-b"]
+    assert {c.payload["state"] for c in breakers} == {"open"}
+
+
+def test_a_lost_zone_turns_into_zone_aware_route_commands() -> None:
+    loop = ControlLoop(_settings())
+    routes: list[Any] = []
+    for k in range(20):
+        for zone in ("az-a", "az-b") if k < 5 else ("az-a",):  # az-b goes dark after 5 windows
+            w = _zone(zone=zone, window_end_ms=T0 + (k + 1) * 10_000, count=80, rate_rps=8.0, replicas_ready=4)
+            out = loop.decide(w, T0 + (k + 1) * 10_000)
+            routes += [c for c in out.commands if c.kind == "route"]
+            assert all(ev["model"] == MODEL for ev in out.events)
+    assert routes, "zone loss published no route command"
+    weights = routes[0].payload["weights"]["*"]
+    assert weights[f"{MODEL}|az-b"] == 0.0 and weights[f"{MODEL}|az-a"] == 1.0
+    assert {c.zone for c in routes} == {"az-a", "az-b"}
+
+
+def test_snapshot_and_restore_carry_every_driver_and_decide_alike() -> None:
+    windows = [
+        _zone(window_end_ms=T0 + (k + 1) * 10_000, count=100, violation_rate=0.3 if k < 4 else 0.0, replicas_ready=2)
+        for k in range(12)
+    ]
+    original = ControlLoop(_settings())
+    for w in windows[:6]:
+        original.decide(w, w.window_end_ms)
+    data = orjson.loads(orjson.dumps(original.snapshot()))
+    assert set(data) == {"kv", "breaker", "routing", "agents", "scaler"}
+    restored = ControlLoop(_settings())
+    assert restored.restore(data)["scaler"] == 1
+    for w in windows[6:]:
+        assert restored.decide(w, w.window_end_ms).commands == original.decide(w, w.window_end_ms).commands
+
+
+def test_a_part_that_does_not_load_leaves_only_that_driver_fresh() -> None:
+    loop = ControlLoop(_settings())
+    loop.decide(_zone(count=100, violation_rate=0.5, replicas_ready=2), T0 + 10_000)
+    data = orjson.loads(orjson.dumps(loop.snapshot()))
+    data["scaler"]["states"] = [["m", "az-a", {"ctrl": "not a state"}]]
+    fresh = ControlLoop(_settings())
+    done = fresh.restore(data)
+    assert "scaler" not in done and fresh.scaler.states == {}
+    assert done["breaker"] == 1 and fresh.breaker.states == loop.breaker.states
+
+
+def test_metrics_follow_the_events() -> None:
+    metrics = WorkerMetrics()
+    loop = ControlLoop(_settings(), metrics)
+    loop.ingest(_batch([_req(0, T0), _gpu(T0)]), SRC, T0)
+    loop.ingest(_batch([_req(1, T0 + 2_000)]), SRC, T0 + 2_000)
+    loop.decide(_zone(count=100, violation_rate=0.5, replicas_ready=2), T0 + 10_000)
+    value = metrics.registry.get_sample_value
+    assert value("governor_records_total") == 3.0
+    assert value("governor_windows_closed_total", {"scope": "zone"}) == 1.0
+    assert value("governor_replicas_target", {"model": MODEL, "zone": "az-a"}) == 3.0
