@@ -11,6 +11,7 @@
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
+    governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_bandwidth import add_parser as add_bw_parser
 
     add_bw_parser(bsub)
+    from governor.bench_tables import add_parser as add_tables_parser
+
+    add_tables_parser(bsub)
     return p
 
 
@@ -182,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_kv import run_kv_bench
 
         return run_kv_bench(args)
+    if args.command == "bench" and args.bench in ("tables", "compare"):
+        from governor.bench_tables import run_compare, run_tables
+
+        return run_tables(args) if args.bench == "tables" else run_compare(args)
     if args.command == "bench" and args.bench == "control":
         from governor.bench_control import run_bench as run_control
 
