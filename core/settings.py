@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.names import topics
+from core.signing import Keyring
 from core.vocab import default_pid_gains
 
 __all__ = [
@@ -290,6 +291,32 @@ class Settings:
         "float",
         gt=0,
     )
+    command_keys: Secret = _setting(
+        Secret(""),
+        "GOVERNOR_COMMAND_KEYS",
+        "command signing keys, comma-separated kid:hexkey (each >= 32 bytes; the first signs, "
+        "all verify); worker and executor refuse to start without one",
+        "secret",
+    )
+    command_keys_file: str = _setting(
+        "",
+        "GOVERNOR_COMMAND_KEYS_FILE",
+        "file of command signing keys, one kid:hexkey per line (a mounted secret; wins over GOVERNOR_COMMAND_KEYS)",
+        "str",
+    )
+    max_clock_skew_s: float = _setting(
+        30.0,
+        "GOVERNOR_MAX_CLOCK_SKEW_S",
+        "executors refuse a command whose basis_ms, hlc or apply_at_ms is this far ahead of their clock",
+        "float",
+        ge=0,
+    )
+    accept_unsigned_v1: bool = _setting(
+        False,
+        "GOVERNOR_ACCEPT_UNSIGNED_V1",
+        "1/0: executors accept unsigned schema-v1 commands (rolling upgrade only)",
+        "bool",
+    )
     clock_speed: float = _setting(
         1.0,
         "GOVERNOR_CLOCK_SPEED",
@@ -416,6 +443,15 @@ class Settings:
                 f"GOVERNOR_ZONE_REDUNDANCY={self.zone_redundancy}: must be below "
                 f"the number of zones ({len(self.zones)})"
             )
+        if self.command_keys:
+            try:
+                Keyring.parse(self.command_keys)
+            except ValueError as exc:
+                raise SettingsError(f"GOVERNOR_COMMAND_KEYS=(secret): {exc}") from None
+
+    def keyring(self) -> Keyring | None:
+        """The command signing keys (:mod:`core.signing`), or None when none is configured."""
+        return Keyring.parse(self.command_keys) if self.command_keys else None
 
     # -- names ---------------------------------------------------------
     def topic(self, name: str) -> str:
@@ -450,6 +486,8 @@ class Settings:
                 raise SettingsError(f"{name}={raw!r}: {exc}") from exc
         if values.get("gains_file"):
             values["pid_gains"] = _load_gains_file(values["gains_file"])
+        if values.get("command_keys_file"):
+            values["command_keys"] = _load_keys_file(values["command_keys_file"])
         return cls(**values)
 
     def to_env(self) -> dict[str, str]:
@@ -489,6 +527,17 @@ def _load_gains_file(path: str) -> dict[str, float]:
         return {k: float(v) for k, v in loaded.get("gains", loaded).items()}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise SettingsError(f"GOVERNOR_GAINS_FILE={path!r}: {exc}") from exc
+
+
+def _load_keys_file(path: str) -> Secret:
+    """The keys of a ``GOVERNOR_COMMAND_KEYS_FILE`` (one ``kid:hexkey`` a line), as a GOVERNOR_COMMAND_KEYS value."""
+    try:
+        with open(path) as fh:
+            ring = Keyring.parse(fh.read(), sep="\n")
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise SettingsError(f"GOVERNOR_COMMAND_KEYS_FILE={path!r}: {reason}") from None
+    return Secret(",".join(f"{kid}:{key.hex()}" for kid, key in ring.keys.items()))
 
 
 #: environment variable -> help, in field order (the CLI's --help lists them).

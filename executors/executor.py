@@ -13,6 +13,13 @@ pending commands are claimed by the others) and, for each command:
   than last applied``; unstamped commands (``hlc == 0``) skip this check;
 * ``applied`` / ``failed`` -- what the backend did.
 
+Before all of these, :class:`executors.guard.CommandGuard` checks the
+command: ``rejected`` -- unsigned, unknown key id, bad signature, a
+``command_id`` that does not match its content, an unknown target, a scale
+target outside the model's replica bounds, a lifetime above the command TTL,
+or a ``basis_ms`` / ``hlc`` / ``apply_at_ms`` too far ahead of this
+executor's clock.  A refused command changes nothing but the results topic.
+
 Every outcome is acknowledged (XACK) and reported to the results topic.  A
 temporary backend failure leaves the entry pending; it is retried after
 ``retry_idle_ms``.  While the topic is unavailable, reporting retries with
@@ -62,6 +69,7 @@ from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
 from executors.backends import Backend, BackendRejected, BackendUnavailable
+from executors.guard import CommandGuard
 from executors.outcomes import OutcomeRelay
 from executors.timing import ZoneTiming
 from streams.commands import Command, CommandError, hlc_stale
@@ -94,6 +102,7 @@ class ZoneExecutor:
         prefix: str,
         redis: aioredis.Redis,
         backend: Backend,
+        guard: CommandGuard,
         clock: ScaledClock,
         results: AIOKafkaProducer | None,
         results_topic: str,
@@ -110,6 +119,7 @@ class ZoneExecutor:
         self.prefix = prefix
         self.redis = redis
         self.backend = backend
+        self.guard = guard
         self.clock = clock
         self.results = results
         self.results_topic = results_topic
@@ -227,13 +237,23 @@ class ZoneExecutor:
         try:
             if raw is None:
                 raise CommandError("stream entry has no 'cmd' field")
-            cmd = Command.decode(raw)
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise CommandError(f"not JSON: {exc}") from exc
+            cmd = Command.decode(obj if isinstance(obj, dict) else raw)
             if cmd.zone != self.zone:
                 raise CommandError(f"command for zone {cmd.zone!r} on {self.zone!r}'s stream")
         except CommandError as exc:
             await self._finish(
-                entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")}
+                entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")[:2000]}
             )
+            return 1
+        # Authenticity, target, bounds and clock sanity before anything else: a refused
+        # command changes no state (not the HLC, last_basis or last_hlc).
+        refused = self.guard.check(cmd, obj["schema_version"], now)
+        if refused is not None:
+            await self._finish(entry_id, cmd, "rejected", refused, now)
             return 1
         if await self.redis.exists(names.applied_marker(self.prefix, self.zone, cmd.command_id)):
             await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)

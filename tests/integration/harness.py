@@ -13,11 +13,37 @@ import orjson
 import redis.asyncio as aioredis
 
 from core.clock import ScaledClock
-from core.settings import Settings
+from core.settings import ModelSpec, Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
+from executors.guard import CommandGuard
 from governor.processes import WORKER_READY, start_worker
 from governor.topics import ensure_topics
+from streams.commands import Command
+
+
+def with_models(settings: Settings, *models: str | ModelSpec) -> Settings:
+    """``settings`` whose GOVERNOR_MODELS also has ``models`` (names get default specs)."""
+    specs = [m if isinstance(m, ModelSpec) else ModelSpec(m) for m in models]
+    names = {s.name for s in specs}
+    return settings.replace(models=(*(m for m in settings.models if m.name not in names), *specs))
+
+
+def guard(settings: Settings, *models: str | ModelSpec) -> CommandGuard:
+    """The executor's guard for ``settings`` (the suite's signing key), ``models`` added to GOVERNOR_MODELS."""
+    return CommandGuard.from_settings(with_models(settings, *models))
+
+
+def sign(settings: Settings, cmd: Command) -> Command:
+    """``cmd`` signed with the suite's key, as the bridge signs it (after any HLC stamp)."""
+    ring = settings.keyring()
+    assert ring is not None, "the test servers fixture sets GOVERNOR_COMMAND_KEYS"
+    return cmd.signed(ring)
+
+
+def signed(settings: Settings, cmd: Command) -> bytes:
+    """The stream-entry bytes of ``cmd`` signed with the suite's key."""
+    return sign(settings, cmd).encode()
 
 
 @asynccontextmanager
@@ -34,6 +60,7 @@ async def worker_and_executors(
             prefix=settings.topic_prefix,
             redis=redis,
             backend=SimFleetBackend(redis, settings.topic_prefix, z),
+            guard=CommandGuard.from_settings(settings),
             clock=ScaledClock(),
             results=None,
             results_topic="x",

@@ -17,6 +17,7 @@ from core.settings import Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
 from streams.commands import Command
+from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -69,6 +70,7 @@ async def test_a_v1_command_applies_once_and_v2_commands_follow(settings: Settin
         prefix=prefix,
         redis=redis,
         backend=SimFleetBackend(redis, prefix, ZONE),
+        guard=guard(settings.replace(accept_unsigned_v1=True), "m"),  # the rolling upgrade's setting
         clock=ScaledClock(),
         results=None,
         results_topic="x",
@@ -100,7 +102,7 @@ async def test_a_v1_command_applies_once_and_v2_commands_follow(settings: Settin
             basis_ms=6_000,
         )
         assert orjson.loads(v2.encode())["schema_version"] == 2 and v2.command_id != v1_id
-        await _handle(ex, redis, v2.encode())
+        await _handle(ex, redis, signed(settings, v2))
         assert ex.stats.outcomes == {"applied": 2, "duplicate": 1}
         assert int(await redis.hget(desired, "m")) == 6
 
@@ -114,9 +116,33 @@ async def test_a_v1_command_applies_once_and_v2_commands_follow(settings: Settin
         assert field["state"] == "open" and field["basis_ms"] == 6_000
 
         # Another version is refused (and acknowledged), not applied.
-        v3 = orjson.loads(v2.encode()) | {"schema_version": 3, "basis_ms": 7_000, "command_id": ""}
+        v3 = orjson.loads(signed(settings, v2)) | {"schema_version": 3, "basis_ms": 7_000, "command_id": ""}
         await _handle(ex, redis, orjson.dumps(v3))
         assert ex.stats.outcomes == {"applied": 3, "duplicate": 2, "rejected": 1}
         assert int(await redis.hget(desired, "m")) == 6
+    finally:
+        await redis.aclose()
+
+
+async def test_an_unsigned_v1_command_is_refused_unless_the_upgrade_setting_is_on(settings: Settings) -> None:
+    prefix = settings.topic_prefix
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    ex = ZoneExecutor(
+        zone=ZONE,
+        prefix=prefix,
+        redis=redis,
+        backend=SimFleetBackend(redis, prefix, ZONE),
+        guard=guard(settings, "m"),  # GOVERNOR_ACCEPT_UNSIGNED_V1 off (the default)
+        clock=ScaledClock(),
+        results=None,
+        results_topic="x",
+        block_ms=50,
+        probe_interval_s=0,
+    )
+    try:
+        await ex.ensure_group()
+        await _handle(ex, redis, _v1_record("scale", "m", 4, 5_000, {}))
+        assert ex.stats.outcomes == {"rejected": 1}
+        assert await redis.hget(names.desired_replicas(prefix, ZONE), "m") is None
     finally:
         await redis.aclose()

@@ -19,6 +19,7 @@ from executors.backends import BackendUnavailable, DryRunBackend, SimFleetBacken
 from executors.executor import ZoneExecutor
 from governor.topics import ensure_topics
 from streams.commands import Command
+from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -82,6 +83,7 @@ async def _executor(settings: Settings, backend) -> tuple[ZoneExecutor, AIOKafka
         prefix=settings.topic_prefix,
         redis=redis,
         backend=backend,
+        guard=guard(settings, "m"),
         clock=ScaledClock(),
         results=producer,
         results_topic=settings.topic("results"),
@@ -98,8 +100,8 @@ async def test_same_command_delivered_twice_is_applied_once(settings: Settings) 
         cmd = _cmd(5, basis_ms=1_000)
         key = names.command_stream(settings.topic_prefix, "az-a")
         # At-least-once upstream: the bridge may write the same command twice.
-        await redis.xadd(key, {"cmd": cmd.encode()})
-        await redis.xadd(key, {"cmd": cmd.encode()})
+        await redis.xadd(key, {"cmd": signed(settings, cmd)})
+        await redis.xadd(key, {"cmd": signed(settings, cmd)})
         handled = 0
         for _ in range(10):
             handled += await ex.poll_once()
@@ -126,7 +128,7 @@ async def test_expired_and_stale_commands_are_refused(settings: Settings) -> Non
         newer, older = _cmd(6, basis_ms=20_000), _cmd(3, basis_ms=10_000)
         expired = _cmd(9, basis_ms=30_000, issued=now - 120_000, ttl_ms=60_000)
         for c in (newer, older, expired):
-            await ex.handle(await redis.xadd(key, {"cmd": c.encode()}), {b"cmd": c.encode()})
+            await ex.handle(await redis.xadd(key, {"cmd": signed(settings, c)}), {b"cmd": signed(settings, c)})
         assert [c.target_replicas for c in backend.applied] == [6]
         outcomes = {r["command_id"]: r["outcome"] for r in await _results(settings, 3)}
         assert outcomes == {newer.command_id: "applied", older.command_id: "stale", expired.command_id: "expired"}
@@ -169,7 +171,7 @@ async def test_temporary_backend_failure_is_retried_not_lost(settings: Settings)
     try:
         cmd = _cmd(4, basis_ms=5_000)
         key = names.command_stream(settings.topic_prefix, "az-a")
-        await redis.xadd(key, {"cmd": cmd.encode()})
+        await redis.xadd(key, {"cmd": signed(settings, cmd)})
         assert await ex.poll_once() == 0  # backend down: left pending, not acknowledged
         assert (await redis.xpending(key, "executors"))["pending"] == 1 and backend.failures == 0
         # The entry was delivered already, so XREADGROUP '>' cannot return it again: only
@@ -205,8 +207,8 @@ async def test_older_hlc_after_newer_is_refused_stale(settings: Settings) -> Non
         legacy = _cmd(7, basis_ms=10_000)  # unstamped: skips the HLC check
         for c in (newer, older, legacy):
             await ex.handle(
-                await redis.xadd(key, {"cmd": c.encode(), "bridged_ms": str(now).encode()}),
-                {b"cmd": c.encode(), b"bridged_ms": str(now).encode()},
+                await redis.xadd(key, {"cmd": signed(settings, c), "bridged_ms": str(now).encode()}),
+                {b"cmd": signed(settings, c), b"bridged_ms": str(now).encode()},
             )
         assert [c.target_replicas for c in backend.applied] == [6, 7]
         results = {r["command_id"]: r for r in await _results(settings, 3)}
@@ -273,7 +275,7 @@ async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> No
         )
         key = names.command_stream(settings.topic_prefix, "az-a")
         t0 = time.monotonic()
-        await ex.handle(await redis.xadd(key, {"cmd": cmd.encode()}), {b"cmd": cmd.encode()})
+        await ex.handle(await redis.xadd(key, {"cmd": signed(settings, cmd)}), {b"cmd": signed(settings, cmd)})
         waited = time.monotonic() - t0
         assert [c.target_replicas for c in backend.applied] == [2]
         assert 0.2 < waited < 2.0, waited
@@ -287,9 +289,9 @@ async def test_apply_at_waits_for_the_compensated_time(settings: Settings) -> No
             issued_at_ms=now,
             expires_at_ms=int(time.time() * 1000) + 200,
             basis_ms=2,
-            detail={"apply_at_ms": now + 60_000},
+            detail={"apply_at_ms": now + 5_000},  # within GOVERNOR_MAX_CLOCK_SKEW_S, past the expiry
         )
-        await ex.handle(await redis.xadd(key, {"cmd": late.encode()}), {b"cmd": late.encode()})
+        await ex.handle(await redis.xadd(key, {"cmd": signed(settings, late)}), {b"cmd": signed(settings, late)})
         assert [c.target_replicas for c in backend.applied] == [2]
         outcomes = {r.get("command_id"): r["outcome"] for r in await _results(settings, 3)}
         assert outcomes[cmd.command_id] == "applied" and outcomes[late.command_id] == "expired"

@@ -33,6 +33,7 @@ from sim.live import LiveFleet
 from sim.workloads import Workload
 from streams.commands import Command
 from streams.kv_policy_driver import KvPolicyDriver
+from tests.integration.harness import guard, signed
 from tests.unit.test_fleet import BLOCK_B, PM, M, fragmented
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -61,6 +62,7 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         prefix=prefix,
         redis=redis,
         backend=SimFleetBackend(redis, prefix, "az-a"),
+        guard=guard(settings, M),
         clock=ScaledClock(),
         results=None,
         results_topic="x",
@@ -73,7 +75,7 @@ async def test_relocate_command_reaches_the_fleet_through_redis(settings: Settin
         cmd = _relocate(g["node"], g["kv_generation"])
         other = _relocate("az-a/x/r9", 0, basis_ms=4_000)  # another node, older window: not stale
         for c in (cmd, cmd, other):
-            await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": c.encode()})
+            await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": signed(settings, c)})
         assert await ex.poll_once() == 3
         assert ex.stats.outcomes == {"applied": 2, "duplicate": 1}
         queued = [orjson.loads(x) for x in await redis.lrange(names.relocate_queue(prefix, "az-a"), 0, -1)]
@@ -141,7 +143,7 @@ class _Results:
         self.sent.append(orjson.loads(value))
 
 
-async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list[Command], dict]:
+async def _fleet_with_outcomes(settings: Settings, redis: aioredis.Redis, prefix: str) -> tuple[list[Command], dict]:
     """Two relocate commands applied by an executor and the live fleet: one compacts, one is refused."""
     fleet, g = fragmented(kv_copy_bandwidth_bytes_s=1e8)
     ex = ZoneExecutor(
@@ -149,6 +151,7 @@ async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list
         prefix=prefix,
         redis=redis,
         backend=SimFleetBackend(redis, prefix, "az-a"),
+        guard=guard(settings, M),
         clock=ScaledClock(),
         results=None,
         results_topic="x",
@@ -158,7 +161,7 @@ async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list
     await ex.ensure_group()
     cmds = [_relocate(g["node"], g["kv_generation"]), _relocate("az-a/x/r9", 0, basis_ms=4_000)]
     for c in cmds:
-        await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": c.encode()})
+        await redis.xadd(names.command_stream(prefix, "az-a"), {"cmd": signed(settings, c)})
     assert await ex.poll_once() == 2
     live = LiveFleet(
         fleet,
@@ -175,12 +178,13 @@ async def _fleet_with_outcomes(redis: aioredis.Redis, prefix: str) -> tuple[list
     return cmds, g
 
 
-def _relaying_executor(redis: aioredis.Redis, prefix: str, results: _Results) -> ZoneExecutor:
+def _relaying_executor(settings: Settings, redis: aioredis.Redis, prefix: str, results: _Results) -> ZoneExecutor:
     return ZoneExecutor(
         zone="az-a",
         prefix=prefix,
         redis=redis,
         backend=SimFleetBackend(redis, prefix, "az-a"),
+        guard=guard(settings, M),
         clock=ScaledClock(),
         results=results,
         results_topic="r",  # type: ignore[arg-type]
@@ -203,9 +207,9 @@ async def test_outcomes_reach_the_results_topic_through_a_broker_outage(
 
     monkeypatch.setattr("executors.executor.asyncio.sleep", fake_sleep)
     try:
-        (cmd, other), g = await _fleet_with_outcomes(redis, prefix)
+        (cmd, other), g = await _fleet_with_outcomes(settings, redis, prefix)
         results = _Results(fail=3)
-        ex = _relaying_executor(redis, prefix, results)
+        ex = _relaying_executor(settings, redis, prefix, results)
         assert ex.relay is not None and await ex.relay.pump() == 2
         assert waits == [0.1, 0.2, 0.4] and results.attempts == 5  # backed off, nothing dropped
         done, refused = results.sent
@@ -234,20 +238,20 @@ async def test_an_outcome_in_flight_when_the_executor_dies_is_published_by_the_n
     prefix = settings.topic_prefix
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
-        (cmd, other), _ = await _fleet_with_outcomes(redis, prefix)
-        dying = _relaying_executor(redis, prefix, _Results(die=True))
+        (cmd, other), _ = await _fleet_with_outcomes(settings, redis, prefix)
+        dying = _relaying_executor(settings, redis, prefix, _Results(die=True))
         assert dying.relay is not None
         with pytest.raises(asyncio.CancelledError):
             await dying.relay.pump()
         assert await redis.llen(names.relocation_inflight(prefix, "az-a")) == 1  # moved, never acknowledged
         assert await redis.llen(names.relocated_outcomes(prefix, "az-a")) == 1
         results = _Results()
-        nxt = _relaying_executor(redis, prefix, results)
+        nxt = _relaying_executor(settings, redis, prefix, results)
         assert nxt.relay is not None and await nxt.relay.pump() == 2
         assert [r["command_id"] for r in results.sent] == [cmd.command_id, other.command_id]
         assert await redis.llen(names.relocation_inflight(prefix, "az-a")) == 0
         # An executor without a results producer (a test, a dry run) leaves the list alone.
-        assert _relaying_executor(redis, prefix, None).relay is None  # type: ignore[arg-type]
+        assert _relaying_executor(settings, redis, prefix, None).relay is None  # type: ignore[arg-type]
     finally:
         await redis.aclose()
 

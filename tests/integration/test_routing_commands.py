@@ -23,6 +23,7 @@ from executors.backends import (
 )
 from executors.executor import ZoneExecutor
 from streams.commands import Command, CommandError
+from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -99,6 +100,7 @@ async def test_executor_applies_a_route_command_once(settings: Settings) -> None
         prefix=settings.topic_prefix,
         redis=redis,
         backend=RoutingBackend(redis, settings.topic_prefix),
+        guard=guard(settings, "chat"),
         clock=ScaledClock(),
         results=None,
         results_topic="x",
@@ -108,9 +110,9 @@ async def test_executor_applies_a_route_command_once(settings: Settings) -> None
         await ex.ensure_group()
         cmd = _route(W, basis_ms=5_000)
         for _ in range(2):
-            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": cmd.encode()})
+            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": signed(settings, cmd)})
         older = _route({"batch": {"bloom-176b|az-a": 1.0}}, basis_ms=4_000)
-        await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": older.encode()})
+        await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": signed(settings, older)})
         while sum(ex.stats.outcomes.values()) < 3:
             await ex.poll_once()
         assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}
@@ -201,6 +203,7 @@ async def test_agents_commands_write_the_routing_hash_field_once_and_in_order(se
         prefix=settings.topic_prefix,
         redis=redis,
         backend=SimFleetBackend(redis, settings.topic_prefix, "az-a"),
+        guard=guard(settings),
         clock=ScaledClock(),
         results=None,
         results_topic="x",
@@ -212,7 +215,7 @@ async def test_agents_commands_write_the_routing_hash_field_once_and_in_order(se
         cmd = _agents({"rag": 0.6, "tool": 0.1, "llm": 0.3}, basis_ms=5_000)
         older = _agents({"rag": 0.1, "tool": 0.6, "llm": 0.3}, basis_ms=4_000)
         for c in (cmd, cmd, older):
-            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": c.encode()})
+            await redis.xadd(names.command_stream(settings.topic_prefix, "az-a"), {"cmd": signed(settings, c)})
         while sum(ex.stats.outcomes.values()) < 3:
             await ex.poll_once()
         assert ex.stats.outcomes == {"applied": 1, "duplicate": 1, "stale": 1}

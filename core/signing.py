@@ -1,0 +1,147 @@
+"""HMAC-SHA256 signatures of commands, with a keyring (standard library only).
+
+A command is signed over its *canonical bytes*: the command as a JSON object
+with sorted keys and no whitespace, **without** the signature fields
+(:data:`SIGNATURE_FIELDS`: ``key_id`` and ``signature``) and **with**
+everything else -- ``command_id``, ``hlc``, ``detail`` (``apply_at_ms``
+included), the payload, the times.  Changing any of them breaks the
+signature.
+
+A :class:`Keyring` holds several keys, by key id: the first one is *active*
+(it signs), every one verifies.  Rotation without downtime: add the new key
+behind the old one everywhere, then move it to the front, then drop the old
+one once no command signed with it can still be in flight (commands live
+``GOVERNOR_COMMAND_TTL_S``).
+
+Keys are written ``kid:hexkey`` (comma-separated in ``GOVERNOR_COMMAND_KEYS``,
+one per line in ``GOVERNOR_COMMAND_KEYS_FILE``), each key at least
+:data:`MIN_KEY_BYTES` bytes.  Key material never appears in a repr or an
+error message.
+
+>>> ring = Keyring.parse("new:" + "22" * 32 + ",old:" + "11" * 32)
+>>> ring
+Keyring(active='new', key_ids=('new', 'old'))
+>>> cmd = ring.sign({"kind": "scale", "target_replicas": 4, "hlc": 7})
+>>> cmd["key_id"], len(cmd["signature"])
+('new', 64)
+>>> ring.verify(cmd) is None
+True
+>>> ring.verify({**cmd, "target_replicas": 400})
+'bad signature (key id new)'
+>>> Keyring.parse("old:" + "11" * 32).verify(Keyring.parse("old:" + "11" * 32).sign({"a": 1})) is None
+True
+>>> Keyring.parse("k:abcd")
+Traceback (most recent call last):
+...
+ValueError: key 'k': must be at least 32 bytes (got 2)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MIN_KEY_BYTES",
+    "NO_KEYS",
+    "SIGNATURE_FIELDS",
+    "Keyring",
+    "MissingKeysError",
+    "canonical_bytes",
+    "generate_keys",
+]
+
+SIGNATURE_FIELDS = ("key_id", "signature")
+MIN_KEY_BYTES = 32
+NO_KEYS = (
+    "no command signing key: set GOVERNOR_COMMAND_KEYS (kid:hexkey, >= 32 bytes) "
+    "or GOVERNOR_COMMAND_KEYS_FILE; the worker and every executor must share it"
+)
+
+
+class MissingKeysError(RuntimeError):
+    """A worker or executor was started without any command signing key."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_KEYS)
+
+
+def canonical_bytes(obj: Mapping[str, Any]) -> bytes:
+    """The signed bytes of a command object: sorted-key compact JSON without the signature fields.
+
+    >>> canonical_bytes({"b": 1, "a": {"y": 2, "x": 1}, "signature": "ff", "key_id": "k"})
+    b'{"a":{"x":1,"y":2},"b":1}'
+    """
+    body = {k: v for k, v in obj.items() if k not in SIGNATURE_FIELDS}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def generate_keys() -> str:
+    """A fresh random keyring value (one key, ``kid:hexkey``) for runs that configure none."""
+    return f"gen-{secrets.token_hex(4)}:{secrets.token_hex(MIN_KEY_BYTES)}"
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """Keys by key id; ``active`` signs, every key verifies."""
+
+    active: str
+    keys: Mapping[str, bytes] = field(repr=False)
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(self.keys)
+
+    def __repr__(self) -> str:
+        return f"Keyring(active={self.active!r}, key_ids={self.key_ids!r})"
+
+    @classmethod
+    def parse(cls, raw: str, sep: str = ",") -> Keyring:
+        """Keys from ``kid:hexkey`` items separated by ``sep`` (the first is active); ValueError if bad.
+
+        The error names the key id, never the key.
+        """
+        keys: dict[str, bytes] = {}
+        for item in (i.strip() for i in raw.split(sep)):
+            if not item or item.startswith("#"):
+                continue
+            kid, colon, hexkey = (x.strip() for x in item.partition(":"))
+            if not colon or not kid or not hexkey:
+                raise ValueError("each key must be written kid:hexkey")
+            if any(c in kid for c in ",:\n") or not kid.isprintable():
+                raise ValueError(f"key id {kid!r}: must not contain ',', ':' or control characters")
+            if kid in keys:
+                raise ValueError(f"key id {kid!r} appears twice")
+            try:
+                key = bytes.fromhex(hexkey)
+            except ValueError:
+                raise ValueError(f"key {kid!r}: not hexadecimal") from None
+            if len(key) < MIN_KEY_BYTES:
+                raise ValueError(f"key {kid!r}: must be at least {MIN_KEY_BYTES} bytes (got {len(key)})")
+            keys[kid] = key
+        if not keys:
+            raise ValueError("no key given (kid:hexkey)")
+        return cls(active=next(iter(keys)), keys=keys)
+
+    def _mac(self, kid: str, obj: Mapping[str, Any]) -> str:
+        return hmac.new(self.keys[kid], canonical_bytes(obj), hashlib.sha256).hexdigest()
+
+    def sign(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """``obj`` with ``key_id`` (the active key) and ``signature`` (hex HMAC-SHA256) set."""
+        return {**obj, "key_id": self.active, "signature": self._mac(self.active, obj)}
+
+    def verify(self, obj: Mapping[str, Any]) -> str | None:
+        """None if ``obj`` carries a valid signature by one of the keys; else why not."""
+        kid, sig = obj.get("key_id"), obj.get("signature")
+        if not kid or not sig:
+            return "unsigned command"
+        if not isinstance(kid, str) or kid not in self.keys:
+            return f"unknown key id {str(kid)[:40]!r}"
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, self._mac(kid, obj)):
+            return f"bad signature (key id {kid})"
+        return None
