@@ -27,6 +27,14 @@ adds what the model misses, and when nothing violates the level decays
 towards the requirement (``decay_per_step``) instead of waiting for
 violations to appear.
 
+The lift is capped per window like the PID's own step limit: one window
+may raise the level to at most ``max_ff_step`` times itself (a level below
+one replica counts as one), so a corrupted rate or a wild forecast cannot
+jump the fleet to ``max_replicas`` in one window; a real ramp is met over
+a few windows (:func:`capped_lift`).  The default (x8) is a guard, not a
+tuning: it never binds on the benchmark scenarios (their largest lift is
+about x4, Mooncake's step) nor on a 4 -> 31 replica jump.
+
 Examples
 --------
 >>> p = FeedforwardParams(capacity_rps=2.0, target_util=0.8, horizon_s=40.0)
@@ -44,7 +52,14 @@ from typing import Any
 
 from controllers.errors import ParameterError, check_number
 
-__all__ = ["FeedforwardMeasurement", "FeedforwardOutput", "FeedforwardParams", "FeedforwardState", "step"]
+__all__ = [
+    "FeedforwardMeasurement",
+    "FeedforwardOutput",
+    "FeedforwardParams",
+    "FeedforwardState",
+    "capped_lift",
+    "step",
+]
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class FeedforwardParams:
     decay_per_step: float = 0.1  # share of (level - requirement) removed per quiet step
     error_margin: float = 1.5  # headroom = error_margin x forecast MAE (about one sigma and a half)
     tolerance: float = 0.1  # lift only when the requirement exceeds the level by this share
+    max_ff_step: float = 8.0  # a lift raises the level to at most this multiple of itself per window
 
     def __post_init__(self) -> None:
         check_number("capacity_rps", self.capacity_rps, 0.0, strict=True)
@@ -74,6 +90,8 @@ class FeedforwardParams:
         if not 0.0 <= self.decay_per_step <= 1.0:
             raise ParameterError(f"decay_per_step={self.decay_per_step}: must lie in [0, 1]")
         check_number("burst_ratio", self.burst_ratio, 0.0, strict=True)
+        if check_number("max_ff_step", self.max_ff_step) < 1.0:
+            raise ParameterError(f"max_ff_step={self.max_ff_step}: must be >= 1 (a multiple of the level)")
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,16 @@ def step(
             replicas=replicas, arrival_rps=y, forecast_rps=ahead, demand_rps=demand, backlog_rps=backlog, burst=burst
         ),
     )
+
+
+def capped_lift(params: FeedforwardParams, level: float, need: float) -> float:
+    """The level a feedforward lift sets: ``need``, at most ``max_ff_step`` x ``level`` (level >= 1).
+
+    >>> p = FeedforwardParams(capacity_rps=2.0, max_ff_step=2.0)
+    >>> capped_lift(p, 4.0, 6.0), capped_lift(p, 4.0, 64.0), capped_lift(p, 0.0, 5.0)
+    (6.0, 8.0, 2.0)
+    """
+    return min(need, max(level, 1.0) * params.max_ff_step)
 
 
 def leading_violation_rate(

@@ -21,6 +21,7 @@ __all__ = [
     "desired_replicas",
     "executor_last_basis",
     "executor_last_hlc",
+    "paused",
     "relocate_queue",
     "relocated_outcomes",
     "relocation_inflight",
@@ -63,6 +64,12 @@ def executor_last_basis(prefix: str, zone: str) -> str:
 def executor_last_hlc(prefix: str, zone: str) -> str:
     """Hash ``(kind|)model -> HLC`` of the last applied command (staleness)."""
     return f"{prefix}:executor:{zone}:last_hlc"
+
+
+def paused(prefix: str) -> str:
+    """Set by ``governor pause`` (JSON ``{"reason", "paused_at_ms"}``): every executor holds
+    its commands (outcome ``advisory``) until ``governor resume`` deletes it."""
+    return f"{prefix}:paused"
 
 
 def relocation_inflight(prefix: str, zone: str) -> str:

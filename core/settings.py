@@ -85,6 +85,8 @@ class ModelSpec:
     # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
     # Set = the feedforward path sizes the fleet from demand; None = feedback only.
     replica_capacity_rps: float | None = None
+    # Replicas of this model summed over every zone (a fleet budget); None = no budget.
+    max_replicas_total: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -93,6 +95,12 @@ class ModelSpec:
             raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
         if not (self.ttft_slo_ms > 0 and self.itl_slo_ms > 0):
             raise SettingsError(f"model {self.name}: SLOs must be positive")
+        if self.max_replicas_total is not None and (
+            isinstance(self.max_replicas_total, bool)
+            or not isinstance(self.max_replicas_total, int)
+            or self.max_replicas_total < 0
+        ):
+            raise SettingsError(f"model {self.name}: max_replicas_total must be an int >= 0 or null")
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise SettingsError(
                 f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
@@ -161,6 +169,7 @@ _MODEL_SCHEMA = {
         "min_replicas": {"type": "integer", "minimum": 0},
         "max_replicas": {"type": "integer", "minimum": 0},
         "replica_capacity_rps": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "max_replicas_total": {"type": ["integer", "null"], "minimum": 0},
     },
 }
 
@@ -251,7 +260,7 @@ class Settings:
         DEFAULT_MODELS,
         "GOVERNOR_MODELS",
         "JSON list of model specs (name, ttft_slo_ms, itl_slo_ms, min/max_replicas, "
-        "replica_capacity_rps: set = feedforward on)",
+        "replica_capacity_rps: set = feedforward on, max_replicas_total: the model's budget over every zone)",
         "models",
         min_items=1,
     )
@@ -429,6 +438,15 @@ class Settings:
         0,
         "GOVERNOR_ZONE_REDUNDANCY",
         "zone losses the fleet is sized to survive without a scale-up (0 = none, 1 = N+1 zones)",
+        "int",
+        ge=0,
+    )
+
+    max_replicas_total: int = _setting(
+        0,
+        "GOVERNOR_MAX_REPLICAS_TOTAL",
+        "fleet budget: replicas over every model and zone (0 = none); the scaler clamps its targets "
+        "and the sim backend refuses a write above it",
         "int",
         ge=0,
     )

@@ -19,6 +19,17 @@ command they can never apply (acknowledged and reported as failed).
   ``<prefix>:fleet:<zone>:relocated`` (:attr:`SimFleetBackend.outcomes_key`),
   which the executor relays to the results topic
   (:mod:`executors.outcomes`).
+  *Fleet budget* (:class:`FleetBudget`: ``GOVERNOR_MAX_REPLICAS_TOTAL`` over
+  every model and zone, a model's ``max_replicas_total`` over its zones):
+  a scale write is one Lua script (:data:`BUDGET_LUA`, one ``EVAL`` over
+  the desired hash of every zone of ``GOVERNOR_ZONES``) that sums the
+  desired replicas with the new value in place of this zone's current one
+  and refuses an *increase* that would end above a budget
+  (:class:`BudgetExceeded`, reported as ``rejected``, reason ``budget:
+  ...``); a decrease is always written, so a fleet above a lowered budget
+  can come down.  Read, check and write are atomic, so executors of
+  different zones racing for the last replicas cannot overshoot together.
+  All zones' hashes must live on one Redis (no cluster slots).
 * :class:`DryRunBackend` only records what it would do (for rehearsals).
 * :class:`RoutingBackend` applies ``route`` commands where a gateway reads
   them: the Redis hash ``<prefix>:routing:<zone>``, one field per request
@@ -77,6 +88,8 @@ import asyncio
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -86,6 +99,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from core import names
+from core.settings import Settings
 from streams.command_payloads import BreakerPayload, ScalePayload
 from streams.commands import Command
 
@@ -100,6 +114,55 @@ class BackendRejected(RuntimeError):
     """Permanent: this backend cannot apply this command."""
 
 
+class BudgetExceeded(BackendRejected):
+    """Permanent: the write would take the fleet above a replica budget (outcome ``rejected``)."""
+
+
+#: KEYS = every zone's desired hash, this zone's first; ARGV = model, desired,
+#: model budget, total budget (-1 = none).  Returns {1, previous} when written,
+#: {0, "model"|"total", sum, budget} when refused.
+BUDGET_LUA = """
+local model, desired = ARGV[1], tonumber(ARGV[2])
+local model_budget, total_budget = tonumber(ARGV[3]), tonumber(ARGV[4])
+local previous = redis.call('HGET', KEYS[1], model)
+local model_sum, total_sum = desired, desired
+for i, key in ipairs(KEYS) do
+  local flat = redis.call('HGETALL', key)
+  for j = 1, #flat, 2 do
+    if not (i == 1 and flat[j] == model) then
+      local n = tonumber(flat[j + 1]) or 0
+      total_sum = total_sum + n
+      if flat[j] == model then model_sum = model_sum + n end
+    end
+  end
+end
+if desired > (tonumber(previous) or 0) then
+  if model_budget >= 0 and model_sum > model_budget then return {0, 'model', model_sum, model_budget} end
+  if total_budget >= 0 and total_sum > total_budget then return {0, 'total', total_sum, total_budget} end
+end
+redis.call('HSET', KEYS[1], model, ARGV[2])
+return {1, previous or ''}
+"""
+
+
+@dataclass(frozen=True)
+class FleetBudget:
+    """Replica budgets the sim backend enforces across ``zones`` (see the module docstring)."""
+
+    zones: Sequence[str]
+    total: int | None = None  # every model, every zone; None = no budget
+    per_model: Mapping[str, int] = field(default_factory=dict)  # model -> replicas over its zones
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FleetBudget | None:
+        """The deployment's budgets, or None when it has none."""
+        per_model = {m.name: m.max_replicas_total for m in settings.models if m.max_replicas_total is not None}
+        total = settings.max_replicas_total or None
+        if total is None and not per_model:
+            return None
+        return cls(tuple(settings.zones), total, per_model)
+
+
 class Backend(Protocol):
     name: str
 
@@ -109,11 +172,12 @@ class Backend(Protocol):
 class SimFleetBackend:
     name = "sim"
 
-    def __init__(self, redis: aioredis.Redis, prefix: str, zone: str) -> None:
+    def __init__(self, redis: aioredis.Redis, prefix: str, zone: str, budget: FleetBudget | None = None) -> None:
         self.redis = redis
         self.key = names.desired_replicas(prefix, zone)
         self.zone = zone
         self.prefix = prefix
+        self.budget = budget
         self.outcomes_key = names.relocated_outcomes(prefix, zone)  # the fleet's relocation outcomes (relayed)
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
@@ -125,11 +189,36 @@ class SimFleetBackend:
             raise BackendRejected(f"sim backend cannot apply {cmd.kind!r} commands")
         desired = cmd.payload_as(ScalePayload).target_replicas
         try:
-            previous = await self.redis.hget(self.key, cmd.model)
-            await self.redis.hset(self.key, cmd.model, desired)
+            if self.budget is None:
+                previous = await self.redis.hget(self.key, cmd.model)
+                await self.redis.hset(self.key, cmd.model, desired)
+            else:
+                previous = await self._budgeted(cmd.model, desired, self.budget)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
         return {"previous_desired": int(previous) if previous is not None else None, "desired": desired}
+
+    async def _budgeted(self, model: str, desired: int, budget: FleetBudget) -> bytes | None:
+        """Write ``desired`` through :data:`BUDGET_LUA`; the previous value, or :class:`BudgetExceeded`."""
+        keys = [self.key, *(names.desired_replicas(self.prefix, z) for z in budget.zones if z != self.zone)]
+        model_budget = budget.per_model.get(model)
+        total = budget.total
+        reply = await self.redis.eval(
+            BUDGET_LUA,
+            len(keys),
+            *keys,
+            model,
+            desired,
+            -1 if model_budget is None else model_budget,
+            -1 if total is None else total,
+        )
+        if int(reply[0]) == 1:
+            return reply[1] or None
+        scope = "model" if reply[1] in (b"model", "model") else "total"
+        what = f"{model}'s max_replicas_total" if scope == "model" else "GOVERNOR_MAX_REPLICAS_TOTAL"
+        raise BudgetExceeded(
+            f"budget: {desired} replicas of {model} in {self.zone} would make {int(reply[2])}, above {what}={int(reply[3])}"
+        )
 
     async def _relocate(self, cmd: Command) -> dict[str, Any]:
         req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}

@@ -11,6 +11,12 @@ pending commands are claimed by the others) and, for each command:
   applied HLC of its (zone, ``kind:model``) (hash
   ``<prefix>:executor:<zone>:last_hlc``) is refused with reason ``hlc older
   than last applied``; unstamped commands (``hlc == 0``) skip this check;
+* ``advisory`` -- ``governor pause`` set ``<prefix>:paused`` (read before
+  each command reaches the backend, so it acts on the next one, no
+  restart): acknowledged, not applied, no marker, ``last_basis`` or
+  ``last_hlc``; after ``governor resume`` the scaler's reconcile re-issues
+  a target the fleet does not show.  Gauge ``governor_executor_paused``;
+* ``rejected`` ``budget: ...`` -- above a replica budget (:class:`executors.backends.BudgetExceeded`);
 * ``applied`` / ``failed`` -- what the backend did.
 
 Before all of these, :class:`executors.guard.CommandGuard` checks the
@@ -55,6 +61,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -68,7 +75,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
-from executors.backends import Backend, BackendRejected, BackendUnavailable
+from executors.backends import Backend, BackendRejected, BackendUnavailable, BudgetExceeded
 from executors.guard import CommandGuard
 from executors.outcomes import OutcomeRelay
 from executors.timing import ZoneTiming
@@ -132,6 +139,7 @@ class ZoneExecutor:
         self.stats = ExecutorStats()
         self._stopping = asyncio.Event()
         self.hlc = Hlc()
+        self._pause_checked = -1e9  # monotonic seconds of the last gauge refresh
         self.probe_interval_s = probe_interval_s
         self.timing = timing or ZoneTiming(
             zone,
@@ -213,9 +221,24 @@ class ZoneExecutor:
         while (gap := target - self.corrected_now_ms()) > 0 and not self._stopping.is_set():
             await asyncio.sleep(min(self.clock.to_wall_s(gap), 1.0))
 
+    async def paused(self) -> dict[str, Any] | None:
+        """The pause set by ``governor pause`` (``{"reason", "paused_at_ms"}``), or None; sets the gauge."""
+        raw = await self.redis.get(names.paused(self.prefix))
+        self._pause_checked = time.monotonic()
+        self.metrics.paused.labels(self.zone).set(0.0 if raw is None else 1.0)
+        if raw is None:
+            return None
+        try:
+            info = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            info = None
+        return info if isinstance(info, dict) else {"reason": "(unreadable pause record)"}
+
     async def poll_once(self) -> int:
         """Handle what is pending for too long (ours or a dead peer's), then new entries."""
         handled = 0
+        if time.monotonic() - self._pause_checked >= 1.0:
+            await self.paused()  # the gauge, at most once a second
         claimed = await self.redis.xautoclaim(
             self.stream, GROUP, self.consumer, min_idle_time=self.retry_idle_ms, start_id="0-0", count=100
         )
@@ -292,11 +315,21 @@ class ZoneExecutor:
                 now,
             )
             return 1
+        pause = await self.paused()
+        if pause is not None:
+            # Kill switch: acknowledged and reported, nothing applied or remembered.
+            await self._finish(
+                entry_id, cmd, "advisory", f"paused: {pause.get('reason', '')}", self.clock.now_ms(), {"paused": pause}
+            )
+            return 1
         try:
             detail = await self.backend.apply(cmd)
         except BackendUnavailable as exc:
             log.warning("executor %s: backend unavailable for %s (%s); will retry", self.zone, cmd.command_id, exc)
             return 0  # stays pending; xautoclaim retries it after retry_idle_ms
+        except BudgetExceeded as exc:
+            await self._finish(entry_id, cmd, "rejected", str(exc), now)
+            return 1
         except BackendRejected as exc:
             await self._finish(entry_id, cmd, "failed", str(exc), now)
             return 1

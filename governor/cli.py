@@ -13,6 +13,7 @@
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
+    governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.canary_cli import add_parser as add_canary_parser
 
     add_canary_parser(sub)
+    from governor.pause_cli import add_parser as add_pause_parser
+
+    add_pause_parser(sub)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -166,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.canary_cli import run_canary
 
         return run_canary(settings, args)
+    if args.command in ("pause", "resume"):
+        from governor.pause_cli import run_pause
+
+        return run_pause(settings, args)
     if args.command == "tune":
         from governor.tune import run_tune
 

@@ -14,6 +14,7 @@ from core.settings import Settings
 from executors.backends import (
     Backend,
     DryRunBackend,
+    FleetBudget,
     RoutingBackend,
     SimFleetBackend,
     WebhookBackend,
@@ -30,10 +31,17 @@ log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 5.0
 
 
-def make_backend(name: str, redis: aioredis.Redis, prefix: str, zone: str, webhook_url: str = "") -> Backend:
+def make_backend(
+    name: str,
+    redis: aioredis.Redis,
+    prefix: str,
+    zone: str,
+    webhook_url: str = "",
+    budget: FleetBudget | None = None,
+) -> Backend:
     """The backend ``--backend name`` selects (see executors/backends.py for each contract)."""
     if name == "sim":
-        return SimFleetBackend(redis, prefix, zone)
+        return SimFleetBackend(redis, prefix, zone, budget)
     if name == "dry-run":
         return DryRunBackend()
     if name == "routing":
@@ -45,7 +53,9 @@ def make_backend(name: str, redis: aioredis.Redis, prefix: str, zone: str, webho
 
 async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
     redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0)
-    backend = make_backend(backend_name, redis, settings.topic_prefix, zone, webhook_url)
+    backend = make_backend(
+        backend_name, redis, settings.topic_prefix, zone, webhook_url, FleetBudget.from_settings(settings)
+    )
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5)
     await producer.start()
     metrics = ExecutorMetrics()

@@ -120,6 +120,9 @@ class ExecutorMetrics:
         self.latency = Gauge(
             "governor_command_latency_ms", "issue -> apply latency of the last command", ("zone",), registry=r
         )
+        self.paused = Gauge(
+            "governor_executor_paused", "1 while governor pause holds this zone's commands", ("zone",), registry=r
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         if port > 0:

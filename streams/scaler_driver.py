@@ -13,8 +13,9 @@ per-key learned state and wires them together for each closed zone window:
    rate (completions + queue growth), learned online, error tracked.
 4. *Feedforward* (:mod:`controllers.feedforward`), when the model has a
    profiled ``replica_capacity_rps``: the replicas the demand forecast at
-   start-up + one period needs lift the feedback level (bumpless); when quiet
-   the level decays towards the requirement.
+   start-up + one period needs lift the feedback level (bumpless, at most
+   ``max_ff_step`` x the level per window); when quiet the level decays
+   towards the requirement.
 5. *Feedback*: the velocity PID (:mod:`controllers.pid`) or the fractional
    PID^alpha (:mod:`controllers.fpid`), ``Settings.controller``.
 
@@ -26,6 +27,11 @@ reports again and has its share ready (``zone_lost`` / ``zone_healed`` /
 ``zone_returned`` events; :meth:`Scaler.zone_weights`).  With
 ``Settings.zone_redundancy = k`` every zone's floor covers its part of any
 ``k`` lost zones' demand.
+
+*Fleet budget*: a target is clamped to the model's ``max_replicas_total``
+and ``GOVERNOR_MAX_REPLICAS_TOTAL`` minus the other keys' latest targets,
+never below ``min_replicas`` (:meth:`Scaler._budget_cap`); the level is
+clamped with it (anti-windup).
 
 A decision that changes the replica count becomes a
 :class:`~streams.commands.Command`; when the fleet's provisioned count
@@ -281,6 +287,13 @@ class Scaler:
         self.decisions += 1
         target = out.target_replicas
         reason = out.reason
+        budget_cap = self._budget_cap(model, zone)
+        if budget_cap is not None and target > budget_cap:
+            reason = f"{reason}; budget: {target} clamped to {budget_cap}"
+            target = budget_cap
+            level = ks.ctrl.level
+            # Anti-windup: the integrator (the level) stays within what the budget allows.
+            ks.ctrl = replace(ks.ctrl, last_target=target, level=None if level is None else min(level, float(target)))
         provisioned = ready + starting
         if target == (previous if previous is not None else provisioned):
             ks.mismatched_windows = ks.mismatched_windows + 1 if provisioned != target else 0
@@ -318,6 +331,29 @@ class Scaler:
                 },
             )
         ]
+
+    def _budget_cap(self, model: str, zone: str) -> int | None:
+        """The most replicas ``(model, zone)`` may target under the fleet budgets, or None without one.
+
+        A budget (the model's ``max_replicas_total`` over its zones,
+        ``GOVERNOR_MAX_REPLICAS_TOTAL`` over every model and zone) minus the
+        latest targets of the other keys it covers (a key without a decision
+        yet counts 0), never below the model's ``min_replicas``: the zone
+        that asks first gets the budget, the others are clamped to what is
+        left.  The executors enforce the same budgets atomically on the
+        desired state (:class:`executors.backends.FleetBudget`).
+        """
+        spec = self.settings.model(model)
+        total = self.settings.max_replicas_total
+        if spec is None or (spec.max_replicas_total is None and not total):
+            return None
+        caps: list[int] = []
+        others = [(key, ks.ctrl.last_target or 0) for key, ks in self.states.items() if key != (model, zone)]
+        if spec.max_replicas_total is not None:
+            caps.append(spec.max_replicas_total - sum(n for (m, _z), n in others if m == model))
+        if total:
+            caps.append(total - sum(n for _key, n in others))
+        return max(min(caps), spec.min_replicas)
 
     def _observe(
         self,
@@ -486,7 +522,11 @@ class Scaler:
         )
         lift = need > level * (1.0 + ffp.tolerance)
         if lift:
-            ks.ctrl = replace(ks.ctrl, level=need)  # bumpless: the integrator starts at the demand
+            # Bumpless: the integrator starts at the demand, at most max_ff_step x the level per window.
+            lifted = ff.capped_lift(ffp, level, need)
+            if lifted < need:
+                log.info("%s/%s feedforward lift capped at %.1f replicas (need %.1f)", zone, model, lifted, need)
+            ks.ctrl = replace(ks.ctrl, level=lifted)
         elif meas.violation_rate <= params.eps_ref and ks.forecaster is not None and ks.forecaster.ready:
             # Reclaim towards the requirement only once the forecast is warm: a cold
             # model's first windows understate a ramp the trace is about to show.

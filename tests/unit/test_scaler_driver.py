@@ -242,3 +242,54 @@ def test_rate_forecast_is_none_until_the_forecaster_is_warm_then_follows_the_rat
     f = s.rate_forecast(MODEL, "az-a", steps=2)
     assert f is not None and f == pytest.approx(8.0, rel=0.25)
     assert s.rate_forecast(MODEL, "az-b") is None
+
+
+# -- guardrails: the feedforward step cap and the fleet budget ------------------------------
+
+
+def test_the_feedforward_lift_is_capped_per_window() -> None:
+    """The same 4 -> 31 demand jump as above, with max_ff_step = 2: the level may only double."""
+    s = Scaler(_settings(capacity=2.0))
+    ffp = s.ff_params[MODEL]
+    assert ffp is not None and ffp.max_ff_step == 8.0  # the default never binds on this jump
+    s.ff_params[MODEL] = dataclasses.replace(ffp, max_ff_step=2.0)
+    _run(s, [_window(0, rate=10.0, queue=0.0)])
+    level_before = s.states[(MODEL, "az-a")].ctrl.level or 4.0
+    (cmd,) = s.on_window(_window(1, rate=10.0, queue=100.0), 20_000)
+    assert cmd.detail["feedforward"]["replicas"] > 30  # the need is still reported
+    # Lifted to 2 x the level, then one PID step (multiplier within a_prev + slew = 1.3).
+    assert cmd.target_replicas <= round(2 * level_before * 1.3)
+    assert cmd.target_replicas < 20
+
+
+def _budget_scaler(total: int = 0, model_total: int | None = None) -> Scaler:
+    spec = ModelSpec(MODEL, min_replicas=2, max_replicas=100, max_replicas_total=model_total)
+    other = ModelSpec("o", min_replicas=1, max_replicas=100)
+    return Scaler(Settings(models=(spec, other), window_s=10.0, zones=("az-a", "az-b"), max_replicas_total=total))
+
+
+@pytest.mark.parametrize(("total", "model_total"), [(0, 12), (12, None)])
+def test_the_scaler_keeps_a_models_zones_within_the_budget(total: int, model_total: int | None) -> None:
+    s = _budget_scaler(total, model_total)
+    targets: dict[str, int] = {}
+    reasons: list[str] = []
+    for k in range(4):
+        for zone in ("az-a", "az-b"):
+            w = _zw(zone, k, eps=0.9, ready=targets.get(zone, 4))
+            for cmd in s.on_window(w, w.window_end_ms):
+                targets[zone] = cmd.target_replicas
+                reasons.append(cmd.reason)
+                assert sum(targets.values()) <= 12, targets
+    assert targets["az-a"] > 4 and sum(targets.values()) == 12
+    assert any("budget:" in r for r in reasons)
+    # The other model is not in m's budget, but the global one counts it too.
+    (o,) = s.on_window(dataclasses.replace(_zw("az-a", 0, eps=0.9), model="o"), 10_000)
+    assert o.target_replicas == (1 if total else 5)
+
+
+def test_a_budget_never_clamps_below_min_replicas() -> None:
+    s = _budget_scaler(model_total=3)
+    (a,) = s.on_window(_zw("az-a", 0, eps=0.9, ready=4), 10_000)
+    assert a.target_replicas == 3  # the budget, minus nothing yet
+    (b,) = s.on_window(_zw("az-b", 0, eps=0.9, ready=4), 10_000)
+    assert b.target_replicas == 2 and "budget: " in b.reason  # min_replicas wins over the budget
