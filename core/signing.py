@@ -13,6 +13,11 @@ behind the old one everywhere, then move it to the front, then drop the old
 one once no command signed with it can still be in flight (commands live
 ``GOVERNOR_COMMAND_TTL_S``).
 
+Raw bytes -- a window record on the metrics topic -- are MACed with the same
+keys by :meth:`Keyring.sign_bytes` / :meth:`Keyring.verify_bytes`, over
+:data:`WINDOW_DOMAIN` followed by the exact bytes: the domain prefix keeps a
+command signature from ever passing as a window MAC (and the reverse).
+
 Keys are written ``kid:hexkey`` (comma-separated in ``GOVERNOR_COMMAND_KEYS``,
 one per line in ``GOVERNOR_COMMAND_KEYS_FILE``), each key at least
 :data:`MIN_KEY_BYTES` bytes.  Key material never appears in a repr or an
@@ -30,6 +35,11 @@ True
 'bad signature (key id new)'
 >>> Keyring.parse("old:" + "11" * 32).verify(Keyring.parse("old:" + "11" * 32).sign({"a": 1})) is None
 True
+>>> kid, sig = ring.sign_bytes(b'{"window":1}')
+>>> ring.verify_bytes(b'{"window":1}', kid, sig) is None
+True
+>>> ring.verify_bytes(b'{"window":2}', kid, sig)
+'bad MAC (key id new)'
 >>> Keyring.parse("k:abcd")
 Traceback (most recent call last):
 ...
@@ -50,6 +60,7 @@ __all__ = [
     "MIN_KEY_BYTES",
     "NO_KEYS",
     "SIGNATURE_FIELDS",
+    "WINDOW_DOMAIN",
     "Keyring",
     "MissingKeysError",
     "canonical_bytes",
@@ -58,6 +69,7 @@ __all__ = [
 
 SIGNATURE_FIELDS = ("key_id", "signature")
 MIN_KEY_BYTES = 32
+WINDOW_DOMAIN = b"governor-window\0"
 NO_KEYS = (
     "no command signing key: set GOVERNOR_COMMAND_KEYS (kid:hexkey, >= 32 bytes) "
     "or GOVERNOR_COMMAND_KEYS_FILE; the worker and every executor must share it"
@@ -144,4 +156,21 @@ class Keyring:
             return f"unknown key id {str(kid)[:40]!r}"
         if not isinstance(sig, str) or not hmac.compare_digest(sig, self._mac(kid, obj)):
             return f"bad signature (key id {kid})"
+        return None
+
+    def _mac_bytes(self, kid: str, data: bytes) -> str:
+        return hmac.new(self.keys[kid], WINDOW_DOMAIN + data, hashlib.sha256).hexdigest()
+
+    def sign_bytes(self, data: bytes) -> tuple[str, str]:
+        """``(key id, hex HMAC-SHA256)`` of :data:`WINDOW_DOMAIN` + ``data`` with the active key."""
+        return self.active, self._mac_bytes(self.active, data)
+
+    def verify_bytes(self, data: bytes, kid: str | None, sig: str | None) -> str | None:
+        """None if ``sig`` is the MAC of ``data`` by key ``kid`` (see :meth:`sign_bytes`); else why not."""
+        if not kid or not sig:
+            return "no MAC"
+        if kid not in self.keys:
+            return f"unknown key id {kid[:40]!r}"
+        if not hmac.compare_digest(sig.encode("utf-8", "replace"), self._mac_bytes(kid, data).encode()):
+            return f"bad MAC (key id {kid})"
         return None

@@ -12,6 +12,9 @@ backoff and the offset stays uncommitted.  Duplicates are dropped by the
 executors (deterministic ``command_id``).  The bridge signs each command
 (``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) after stamping its HLC: it
 is the last writer before Redis, and executors refuse what is not signed.
+Window records on the metrics topic carry a MAC header with the same keys
+(:meth:`ControlLoop.sign_window`); the control agent dead-letters the ones
+whose MAC does not hold, so a forged window cannot drive the controllers.
 
 The control agent's learned state -- the scaler, the routing driver, the
 circuit breakers, the KV policy and the agent weights -- is saved to Redis
@@ -149,6 +152,15 @@ async def xadd_with_retry(
             delay = min(cap_s, delay * 2)
 
 
+def _headers(raw: Any) -> dict[str, Any]:
+    """A Kafka message's headers (Faust: a list of ``(str, bytes)`` pairs, or a mapping) as a dict."""
+    if not raw:
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    return {k: v for k, v in raw}
+
+
 def build_pipeline(
     app: GovernorApp, settings: Settings, clock: ScaledClock, metrics: WorkerMetrics | None = None
 ) -> Pipeline:
@@ -157,7 +169,7 @@ def build_pipeline(
     keyring = settings.keyring()
     if keyring is None:
         raise MissingKeysError
-    loop = ControlLoop(settings, metrics)
+    loop = ControlLoop(settings, metrics, keyring)  # window records carry a MAC header
     parts = settings.partitions
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
@@ -174,7 +186,8 @@ def build_pipeline(
 
     async def publish_windows(closed: list[dict[str, Any]]) -> None:
         for m in closed:
-            await metrics_topic.send(key=partition_key(m["model"], m["zone"]), value=orjson.dumps(m))
+            value, headers = loop.sign_window(m)
+            await metrics_topic.send(key=partition_key(m["model"], m["zone"]), value=value, headers=headers)
 
     async def publish(cmd: Command, what: str) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()
@@ -227,7 +240,7 @@ def build_pipeline(
         async for event in stream.events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            w, dl = loop.decode(event.value, source, clock.now_ms())
+            w, dl = loop.decode(event.value, source, clock.now_ms(), _headers(msg.headers))
             if w is None:
                 assert dl is not None
                 await send_dead_letter(dl)

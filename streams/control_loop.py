@@ -23,6 +23,15 @@ Every driver follows one protocol (:class:`Driver`): ``on_window(record,
 now_ms) -> list[Command]``, ``snapshot() -> plain data`` and ``restore(data)
 -> int``.
 
+Window records are authenticated when the loop has a keyring (the worker:
+``settings.keyring()``): :meth:`ControlLoop.sign_window` gives the bytes and
+the Kafka headers (``governor-kid``, ``governor-sig``: HMAC-SHA256 over the
+exact value bytes, :meth:`core.signing.Keyring.sign_bytes`), and
+:meth:`ControlLoop.decode` dead-letters a record whose MAC is missing or wrong
+(``unauthenticated window record: ...``) -- whoever can write to the metrics
+topic cannot make the loop scale.  Without a keyring (the fast simulator,
+whose windows never cross a topic) nothing is signed or verified.
+
 Examples
 --------
 >>> from core.settings import ModelSpec, Settings
@@ -46,6 +55,7 @@ import orjson
 
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
+from core.signing import Keyring
 from streams.agent_weights_driver import AgentWeightsDriver
 from streams.breaker_driver import BreakerDriver
 from streams.commands import Command
@@ -58,6 +68,18 @@ from streams.scaler_driver import Scaler
 __all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
 
 log = logging.getLogger(__name__)
+
+
+KID_HEADER = "governor-kid"
+SIG_HEADER = "governor-sig"
+
+
+def _header_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
 
 
 class Driver(Protocol):
@@ -96,12 +118,16 @@ class ControlLoop:
     """The worker's processor and drivers, one method per event (see the module docstring).
 
     ``metrics`` (optional) is updated as the events pass; the fast simulator
-    runs without it.
+    runs without it.  ``keyring`` (optional) signs and verifies window records
+    (see the module docstring); without it nothing is verified.
     """
 
-    def __init__(self, settings: Settings, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, metrics: WorkerMetrics | None = None, keyring: Keyring | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.keyring = keyring
         self.processor = TelemetryProcessor(settings)
         self.scaler = Scaler(settings)
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
@@ -154,10 +180,43 @@ class ControlLoop:
         return closed
 
     # -- metrics records -----------------------------------------------------------------
+    def sign_window(self, m: Mapping[str, Any]) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """A window record's message value (JSON bytes) and its Kafka headers (the MAC, if keyed)."""
+        value = orjson.dumps(m)
+        if self.keyring is None:
+            return value, []
+        kid, sig = self.keyring.sign_bytes(value)
+        return value, [(KID_HEADER, kid.encode()), (SIG_HEADER, sig.encode())]
+
+    def _unauthenticated(self, raw: Any, headers: Mapping[str, Any] | None) -> str | None:
+        """Why a metrics message's MAC does not hold, or None (it holds, or the loop has no keyring)."""
+        if self.keyring is None:
+            return None
+        if not isinstance(raw, bytes | bytearray | memoryview):
+            return "not raw bytes"
+        hs = headers or {}
+        kid, sig = (_header_str(hs.get(h)) for h in (KID_HEADER, SIG_HEADER))
+        return self.keyring.verify_bytes(bytes(raw), kid, sig)
+
     def decode(
-        self, raw: bytes | Mapping[str, Any], source: Mapping[str, Any], now_ms: int
+        self,
+        raw: bytes | Mapping[str, Any],
+        source: Mapping[str, Any],
+        now_ms: int,
+        headers: Mapping[str, Any] | None = None,
     ) -> tuple[WindowRecord | None, dict[str, Any] | None]:
-        """A metrics message as a record, or ``(None, dead letter)`` saying why it is not one."""
+        """A metrics message as a record, or ``(None, dead letter)`` saying why it is not one.
+
+        With a keyring, ``headers`` (name -> bytes) must carry a valid MAC of
+        ``raw`` (:meth:`sign_window`); otherwise the dead letter's reason is
+        ``unauthenticated window record: <why>``.
+        """
+        why = self._unauthenticated(raw, headers)
+        if why is not None:
+            shown = (
+                bytes(raw).decode("utf-8", "replace")[:4096] if isinstance(raw, bytes | bytearray | memoryview) else raw
+            )
+            return None, self._dead_letter(f"unauthenticated window record: {why}", source, shown, now_ms)
         obj: Any = raw
         if isinstance(raw, bytes | bytearray | memoryview | str):
             try:

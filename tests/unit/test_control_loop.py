@@ -13,6 +13,7 @@ import pytest
 
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
+from core.signing import Keyring
 from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
@@ -206,3 +207,77 @@ def test_metrics_follow_the_events() -> None:
     assert value("governor_records_total") == 3.0
     assert value("governor_windows_closed_total", {"scope": "zone"}) == 1.0
     assert value("governor_replicas_target", {"model": MODEL, "zone": "az-a"}) == 3.0
+
+
+# -- authenticated window records ---------------------------------------------------------
+KEYS = "k1:" + "11" * 32
+WINDOW = {
+    "scope": "zone",
+    "model": MODEL,
+    "zone": "az-a",
+    "window_end_ms": T0 + 10_000,
+    "window_s": 10.0,
+    "count": 100,
+    "violation_rate": 1.0,
+    "replicas_ready": 2,
+}
+
+
+def _keyed(keys: str = KEYS, metrics: WorkerMetrics | None = None) -> ControlLoop:
+    return ControlLoop(_settings(), metrics, Keyring.parse(keys))
+
+
+def test_a_signed_window_record_decodes() -> None:
+    value, headers = _keyed().sign_window(WINDOW)
+    assert [h for h, _ in headers] == ["governor-kid", "governor-sig"]
+    rec, dl = _keyed().decode(value, SRC, T0, dict(headers))
+    assert dl is None and rec is not None and rec.violation_rate == 1.0
+
+
+def _command_signature_headers(value: bytes) -> dict[str, bytes]:
+    """A command's valid signature over the same object, replayed as a window MAC."""
+    cmd = Keyring.parse(KEYS).sign(orjson.loads(value))
+    return {"governor-kid": cmd["key_id"].encode(), "governor-sig": cmd["signature"].encode()}
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("unsigned", "no MAC"),
+        ("wrong key", "bad MAC (key id k1)"),
+        ("unknown key id", "unknown key id 'k9'"),
+        ("tampered value", "bad MAC (key id k1)"),
+        ("command signature", "bad MAC (key id k1)"),
+    ],
+)
+def test_an_unauthenticated_window_record_is_a_dead_letter(case: str, why: str) -> None:
+    value, headers = _keyed().sign_window(WINDOW)
+    h: dict[str, bytes] | None = dict(headers)
+    if case == "unsigned":
+        h = None
+    elif case == "wrong key":
+        value, headers = _keyed("k1:" + "22" * 32).sign_window(WINDOW)
+        h = dict(headers)
+    elif case == "unknown key id":
+        value, headers = _keyed("k9:" + "11" * 32).sign_window(WINDOW)
+        h = dict(headers)
+    elif case == "tampered value":
+        value = value.replace(b'"replicas_ready":2', b'"replicas_ready":1')
+        assert b'"replicas_ready":1' in value
+    elif case == "command signature":
+        h = _command_signature_headers(value)
+    metrics = WorkerMetrics()
+    loop = _keyed(metrics=metrics)
+    rec, dl = loop.decode(value, SRC, T0, h)
+    assert rec is None and dl is not None
+    assert dl["reason"] == f"unauthenticated window record: {why}"
+    labels = {"reason": "unauthenticated window record"}
+    assert metrics.registry.get_sample_value("governor_deadletter_total", labels) == 1.0
+    assert loop.scaler.states == {}  # nothing reached a driver
+
+
+def test_without_a_keyring_nothing_is_signed_or_verified() -> None:
+    loop = ControlLoop(_settings())
+    value, headers = loop.sign_window(WINDOW)
+    assert headers == [] and orjson.loads(value) == WINDOW
+    assert loop.decode(value, SRC, T0)[0] is not None
