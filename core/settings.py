@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.names import topics
+from core import names
 from core.signing import Keyring
 from core.vocab import default_pid_gains
 
@@ -473,11 +473,11 @@ class Settings:
 
     # -- names ---------------------------------------------------------
     def topic(self, name: str) -> str:
-        return f"{self.topic_prefix}.{name}"
+        return names.topic(self.topic_prefix, name)
 
     @property
     def topics(self) -> dict[str, str]:
-        return topics(self.topic_prefix)
+        return names.topics(self.topic_prefix)
 
     def model(self, name: str) -> ModelSpec | None:
         for spec in self.models:

@@ -20,7 +20,7 @@ as ``rejected``, acknowledges the entry and touches nothing else):
 * **bounds** -- a scale target within the model's [min_replicas, max_replicas];
 * **time** -- a lifetime (``expires_at_ms - issued_at_ms``) no longer than
   ``GOVERNOR_COMMAND_TTL_S``; ``basis_ms``, the HLC's physical part
-  (``hlc >> 16``) and ``detail.apply_at_ms`` at most
+  (``Hlc.decode(hlc).l``) and ``detail.apply_at_ms`` at most
   ``GOVERNOR_MAX_CLOCK_SKEW_S`` (wall seconds, times the clock speed) ahead
   of the executor's clock.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from controllers.hlc import Hlc
 from core.settings import Settings
 from core.signing import Keyring, MissingKeysError
 from streams.command_payloads import CanaryPayload, split_pair
@@ -111,7 +112,7 @@ class CommandGuard:
             return f"lifetime {life} ms above the command TTL ({ttl_ms} ms, GOVERNOR_COMMAND_TTL_S)"
         limit = now_ms + self.settings.max_clock_skew_s * 1000 * self.clock_speed
         apply_at = cmd.detail.get("apply_at_ms")
-        stamps: list[tuple[str, float]] = [("basis_ms", cmd.basis_ms), ("hlc", cmd.hlc >> 16)]
+        stamps: list[tuple[str, float]] = [("basis_ms", cmd.basis_ms), ("hlc", Hlc.decode(cmd.hlc).l)]
         if isinstance(apply_at, int | float) and not isinstance(apply_at, bool):
             stamps.append(("detail.apply_at_ms", apply_at))
         for name, value in stamps:
