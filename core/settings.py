@@ -39,6 +39,7 @@ from typing import Any
 
 from core import names
 from core.signing import Keyring
+from core.transport import transport_reason
 from core.vocab import default_pid_gains
 
 __all__ = [
@@ -251,6 +252,38 @@ class Settings:
         "redis:// URL; unset = start the embedded redis-server",
         "secret",
     )
+    kafka_security_protocol: str = _setting(
+        "PLAINTEXT",
+        "KAFKA_SECURITY_PROTOCOL",
+        "how every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+        "str",
+        choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    )
+    kafka_sasl_mechanism: str = _setting(
+        "PLAIN",
+        "KAFKA_SASL_MECHANISM",
+        "SASL mechanism when KAFKA_SECURITY_PROTOCOL is SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+        "str",
+        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+    )
+    kafka_sasl_username: str = _setting("", "KAFKA_SASL_USERNAME", "SASL user name (SASL_* protocols)", "str")
+    kafka_sasl_password: Secret = _setting(
+        Secret(""), "KAFKA_SASL_PASSWORD", "SASL password (SASL_* protocols)", "secret"
+    )
+    kafka_ssl_cafile: str = _setting(
+        "", "KAFKA_SSL_CAFILE", "CA bundle that signs the brokers' certificates (SSL, SASL_SSL)", "str"
+    )
+    kafka_ssl_certfile: str = _setting(
+        "", "KAFKA_SSL_CERTFILE", "client certificate for mutual TLS with the brokers (optional)", "str"
+    )
+    kafka_ssl_keyfile: str = _setting("", "KAFKA_SSL_KEYFILE", "private key of KAFKA_SSL_CERTFILE", "str")
+    redis_tls_ca_file: str = _setting(
+        "", "REDIS_TLS_CA_FILE", "CA bundle that signs Redis's certificate (a rediss:// REDIS_URL)", "str"
+    )
+    redis_tls_cert_file: str = _setting(
+        "", "REDIS_TLS_CERT_FILE", "client certificate for mutual TLS with Redis (optional)", "str"
+    )
+    redis_tls_key_file: str = _setting("", "REDIS_TLS_KEY_FILE", "private key of REDIS_TLS_CERT_FILE", "str")
     topic_prefix: str = _setting(
         "governor", "GOVERNOR_TOPIC_PREFIX", "prefix of every Kafka topic and Redis key", "str"
     )
@@ -319,6 +352,13 @@ class Settings:
         "executors refuse a command whose basis_ms, hlc or apply_at_ms is this far ahead of their clock",
         "float",
         ge=0,
+    )
+    snapshot_max_age_s: float = _setting(
+        3600.0,
+        "GOVERNOR_SNAPSHOT_MAX_AGE_S",
+        "a learned-state snapshot older than this is ignored at start (the loop starts fresh)",
+        "float",
+        gt=0,
     )
     accept_unsigned_v1: bool = _setting(
         False,
@@ -466,6 +506,10 @@ class Settings:
                 Keyring.parse(self.command_keys)
             except ValueError as exc:
                 raise SettingsError(f"GOVERNOR_COMMAND_KEYS=(secret): {exc}") from None
+
+        transport_problem = transport_reason(self)
+        if transport_problem:
+            raise SettingsError(transport_problem)
 
     def keyring(self) -> Keyring | None:
         """The command signing keys (:mod:`core.signing`), or None when none is configured."""

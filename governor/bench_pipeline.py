@@ -42,6 +42,7 @@ from governor_telemetry.records import encode_envelope, partition_key
 
 from core import names
 from core.settings import Settings
+from core.transport import kafka_options, redis_options
 from governor.embedded import EmbeddedServers, free_port
 from governor.processes import WORKER_READY, start_worker
 from governor.topics import ensure_topics
@@ -72,7 +73,11 @@ async def _produce(
     settings: Settings, n: int, batch: int, zone: str, t0_ms: int, topic: str | None = None, span_ms: int = 60_000
 ) -> int:
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, linger_ms=5, max_batch_size=1 << 20, max_request_size=8 << 20
+        bootstrap_servers=settings.kafka_bootstrap,
+        linger_ms=5,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+        **kafka_options(settings),
     )
     await producer.start()
     messages = 0
@@ -101,6 +106,7 @@ async def _raw_consume(settings: Settings, topic: str, n_records: int, n_message
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.kafka_bootstrap,
+        **kafka_options(settings),
         group_id=None,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=50,
@@ -160,9 +166,9 @@ async def _has_scale_command(redis: aioredis.Redis, key: str) -> bool:
 
 
 async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[float], list[float]]:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=0, **kafka_options(settings))
     await producer.start()
-    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
     size_ms, late_ms = int(settings.window_s * 1000), int(settings.lateness_s * 1000)
     total, after_close = [], []
     try:

@@ -29,6 +29,7 @@ from controllers.errors import ParameterError
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
+from core.transport import redis_options
 from streams.canary_driver import new_rollout, params_from_dict
 
 
@@ -66,7 +67,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _client(settings: Settings) -> redis.Redis:
-    r = redis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
+    r = redis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
     try:
         r.ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

@@ -30,6 +30,7 @@ from governor_telemetry.producer import TelemetryProducer
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
+from core.transport import kafka_options, redis_options
 from governor.embedded import EmbeddedServers
 from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
 from governor.report import build_report, plot, render_text
@@ -61,6 +62,7 @@ class Collector:
             t["deadletter"],
             t["metrics"],
             bootstrap_servers=self.settings.kafka_bootstrap,
+            **kafka_options(self.settings),
             group_id=None,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=50,
@@ -126,7 +128,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
     model = model_spec.name
     created = await ensure_topics(settings)
     log.info("topics ready (%d created)", len(created))
-    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
     for zone in settings.zones:
         await redis.hset(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)
 

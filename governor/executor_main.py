@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 
 from core.clock import ScaledClock
 from core.settings import Settings
+from core.transport import kafka_options, redis_options
 from executors.backends import (
     Backend,
     DryRunBackend,
@@ -52,11 +53,15 @@ def make_backend(
 
 
 async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
-    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0)
+    redis = aioredis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
     backend = make_backend(
         backend_name, redis, settings.topic_prefix, zone, webhook_url, FleetBudget.from_settings(settings)
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5, **kafka_options(settings)
+    )
     await producer.start()
     metrics = ExecutorMetrics()
     metrics.serve(settings.metrics_port)

@@ -13,6 +13,7 @@ from governor_telemetry.producer import TelemetryProducer
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
+from core.transport import redis_options
 from governor.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
@@ -27,7 +28,7 @@ async def run_fleet(settings: Settings, args: Namespace) -> int:
     clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
     model = settings.models[0].name
     await ensure_topics(settings)
-    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
     try:
         for zone in settings.zones:
             await redis.hsetnx(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)

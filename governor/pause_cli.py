@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core import names
 from core.settings import Settings
+from core.transport import redis_options
 
 __all__ = ["add_parser", "run_pause"]
 
@@ -35,7 +36,9 @@ def add_parser(sub: Any) -> None:
 
 def run_pause(settings: Settings, args: argparse.Namespace) -> int:
     key = names.paused(settings.topic_prefix)
-    client = redis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
+    client = redis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
     try:
         if args.command == "pause":
             record = {"reason": args.reason, "paused_at_ms": int(time.time() * 1000)}

@@ -9,6 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from core.settings import Settings
+from core.transport import kafka_options
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ async def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str
     ]
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **kafka_options(settings))
         try:
             await admin.start()
             existing = set(await admin.list_topics())

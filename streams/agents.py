@@ -41,6 +41,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.signing import MissingKeysError
+from core.transport import redis_options
 from streams.app import GovernorApp
 from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
@@ -176,7 +177,9 @@ def build_pipeline(
     commands = app.topic(settings.topic("commands"), partitions=parts)
     deadletter = app.topic(settings.topic("deadletter"), partitions=1)
     events = app.topic(settings.topic("events"), partitions=parts)
-    redis = aioredis.Redis.from_url(str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
+    redis = aioredis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
     zones = set(settings.zones)
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
     snapshots = SnapshotStore(redis, settings.topic_prefix, loop.drivers)

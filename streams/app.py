@@ -19,6 +19,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from core.settings import Settings
+from core.transport import kafka_options
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,22 @@ class GovernorApp(faust.App):
         return _Transport(self.conf.broker_consumer, self)
 
 
+def broker_credentials(settings: Settings) -> faust.auth.Credentials | None:
+    """The Faust form of the Kafka transport settings (``core.transport`` gives aiokafka's)."""
+    opts = kafka_options(settings)
+    proto, ctx = opts["security_protocol"], opts.get("ssl_context")
+    if proto.startswith("SASL_"):
+        return faust.SASLCredentials(
+            username=opts["sasl_plain_username"],
+            password=opts["sasl_plain_password"],
+            ssl_context=ctx,
+            mechanism=opts["sasl_mechanism"],
+        )
+    if proto == "SSL":
+        return faust.SSLCredentials(ctx)
+    return None
+
+
 def create_app(settings: Settings, app_id: str = "governor") -> GovernorApp:
     """Build the Faust app from the settings (never from the environment)."""
     app = GovernorApp(
@@ -77,6 +94,7 @@ def create_app(settings: Settings, app_id: str = "governor") -> GovernorApp:
         web_bind="127.0.0.1",
         datadir=settings.data_dir,
         table_standby_replicas=0,
+        broker_credentials=broker_credentials(settings),
     )
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms
     return app

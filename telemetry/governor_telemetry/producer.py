@@ -13,6 +13,10 @@ Example::
     async with TelemetryProducer("127.0.0.1:9092", "governor.telemetry",
                                  source="node-17") as producer:
         await producer.send({"kind": "request", ...})
+
+SASL and TLS come from the ``KAFKA_SECURITY_PROTOCOL`` / ``KAFKA_SASL_*`` /
+``KAFKA_SSL_*`` variables (:mod:`governor_telemetry.security`), or from
+``kafka_options=`` (aiokafka keyword arguments) when given.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from governor_telemetry.records import encode_envelope, partition_key
+from governor_telemetry.security import kafka_options_from_env
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class TelemetryProducer:
         max_batch: int = 500,
         max_pending: int = 50_000,
         clock_ms: Any = None,
+        kafka_options: Mapping[str, Any] | None = None,
     ) -> None:
         if linger_ms <= 0 or max_batch <= 0 or max_pending < max_batch:
             raise ValueError("need linger_ms > 0, max_batch > 0 and max_pending >= max_batch")
@@ -55,6 +61,8 @@ class TelemetryProducer:
         self.linger_ms = linger_ms
         self.max_batch = max_batch
         self.max_pending = max_pending
+        # SASL/TLS (governor_telemetry.security); None = from the KAFKA_* environment variables
+        self.kafka_options = dict(kafka_options_from_env() if kafka_options is None else kafka_options)
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._buffers: dict[bytes, list[Mapping[str, Any]]] = {}
         self._first_ms: dict[bytes, float] = {}
@@ -71,6 +79,7 @@ class TelemetryProducer:
             linger_ms=5,
             acks=1,
             max_request_size=8 * 1024 * 1024,
+            **self.kafka_options,
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._flush_loop(), name="telemetry-flush")
