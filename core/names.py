@@ -13,6 +13,7 @@ names here, so a key read by one process is the key written by the other.
 from __future__ import annotations
 
 __all__ = [
+    "LEGACY_SNAPSHOT_PARTS",
     "TOPICS",
     "applied_marker",
     "breaker_hash",
@@ -110,6 +111,16 @@ def canary_state(prefix: str, model: str) -> str:
     return f"{prefix}:canary:{model}"
 
 
-def snapshot(prefix: str, part: str) -> str:
-    """A driver's learned state (``scaler``, ``routing``, ``breaker``, ``kv``, ``agents``)."""
-    return f"{prefix}:snapshot:{part}"
+def snapshot(prefix: str, scope: str) -> str:
+    """The learned state of one scope: ``model:<name>`` (scaler, breaker, KV policy, agent
+    weights of that model) or ``family:<primary>`` (its routing), see :mod:`streams.snapshots`.
+
+    >>> snapshot("governor", "model:llama2-70b")
+    'governor:snapshot:model:llama2-70b'
+    """
+    return f"{prefix}:snapshot:{scope}"
+
+
+#: The keys of the per-driver snapshots of earlier versions (one key per driver, every model in it):
+#: never read again, only reported as an older version when found.
+LEGACY_SNAPSHOT_PARTS = ("scaler", "routing", "breaker", "kv", "agents")

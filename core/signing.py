@@ -17,6 +17,8 @@ Raw bytes -- a window record on the metrics topic -- are MACed with the same
 keys by :meth:`Keyring.sign_bytes` / :meth:`Keyring.verify_bytes`, over
 :data:`WINDOW_DOMAIN` followed by the exact bytes: the domain prefix keeps a
 command signature from ever passing as a window MAC (and the reverse).
+Learned-state snapshots in Redis use :data:`SNAPSHOT_DOMAIN` the same way
+(:mod:`streams.snapshots`).
 
 Keys are written ``kid:hexkey`` (comma-separated in ``GOVERNOR_COMMAND_KEYS``,
 one per line in ``GOVERNOR_COMMAND_KEYS_FILE``), each key at least
@@ -60,6 +62,7 @@ __all__ = [
     "MIN_KEY_BYTES",
     "NO_KEYS",
     "SIGNATURE_FIELDS",
+    "SNAPSHOT_DOMAIN",
     "WINDOW_DOMAIN",
     "Keyring",
     "MissingKeysError",
@@ -70,6 +73,7 @@ __all__ = [
 SIGNATURE_FIELDS = ("key_id", "signature")
 MIN_KEY_BYTES = 32
 WINDOW_DOMAIN = b"governor-window\0"
+SNAPSHOT_DOMAIN = b"governor-snapshot\0"
 NO_KEYS = (
     "no command signing key: set GOVERNOR_COMMAND_KEYS (kid:hexkey, >= 32 bytes) "
     "or GOVERNOR_COMMAND_KEYS_FILE; the worker and every executor must share it"
@@ -158,19 +162,19 @@ class Keyring:
             return f"bad signature (key id {kid})"
         return None
 
-    def _mac_bytes(self, kid: str, data: bytes) -> str:
-        return hmac.new(self.keys[kid], WINDOW_DOMAIN + data, hashlib.sha256).hexdigest()
+    def _mac_bytes(self, kid: str, data: bytes, domain: bytes) -> str:
+        return hmac.new(self.keys[kid], domain + data, hashlib.sha256).hexdigest()
 
-    def sign_bytes(self, data: bytes) -> tuple[str, str]:
-        """``(key id, hex HMAC-SHA256)`` of :data:`WINDOW_DOMAIN` + ``data`` with the active key."""
-        return self.active, self._mac_bytes(self.active, data)
+    def sign_bytes(self, data: bytes, domain: bytes = WINDOW_DOMAIN) -> tuple[str, str]:
+        """``(key id, hex HMAC-SHA256)`` of ``domain`` + ``data`` with the active key."""
+        return self.active, self._mac_bytes(self.active, data, domain)
 
-    def verify_bytes(self, data: bytes, kid: str | None, sig: str | None) -> str | None:
-        """None if ``sig`` is the MAC of ``data`` by key ``kid`` (see :meth:`sign_bytes`); else why not."""
+    def verify_bytes(self, data: bytes, kid: str | None, sig: str | None, domain: bytes = WINDOW_DOMAIN) -> str | None:
+        """None if ``sig`` is the MAC of ``domain`` + ``data`` by key ``kid`` (see :meth:`sign_bytes`); else why not."""
         if not kid or not sig:
             return "no MAC"
         if kid not in self.keys:
             return f"unknown key id {kid[:40]!r}"
-        if not hmac.compare_digest(sig.encode("utf-8", "replace"), self._mac_bytes(kid, data).encode()):
+        if not hmac.compare_digest(sig.encode("utf-8", "replace"), self._mac_bytes(kid, data, domain).encode()):
             return f"bad MAC (key id {kid})"
         return None

@@ -52,6 +52,7 @@ from core.settings import Settings
 from core.vocab import AGENT_PATHS
 from streams.breaker_driver import Target, fresh_zone_window
 from streams.commands import Command
+from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,11 @@ class AgentWeightsDriver:
         ]
 
     # -- snapshots ------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        """Every target's smoothed signals, published weights and last window end (plain data)."""
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        """Every target's smoothed signals, published weights and last window end (plain data).
+
+        ``only`` keeps one model's targets (the worker stores one snapshot per model).
+        """
         targets = {
             f"{t[0]}|{t[1]}": {
                 "signals": list(s),
@@ -192,14 +196,16 @@ class AgentWeightsDriver:
                 "last_end_ms": self.last_end_ms.get(t, -1),
             }
             for t, s in sorted(self.signals.items())
+            if only in (None, t[0])
         }
         return {"version": SNAPSHOT_VERSION, "targets": targets}
 
     def restore(self, data: Mapping[str, Any]) -> int:
-        """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
+        """Load a :meth:`snapshot` (all or nothing, merged into memory); returns the number of targets."""
         if data.get("version") != SNAPSHOT_VERSION:
-            log.warning("ignoring agent weights snapshot (version %s)", data.get("version"))
-            return 0
+            raise SnapshotVersionError(
+                f"agent weights snapshot version {data.get('version')!r} (this worker: {SNAPSHOT_VERSION})"
+            )
         signals: dict[Target, tuple[float, float, float]] = {}
         published: dict[Target, dict[str, float]] = {}
         last: dict[Target, int] = {}
@@ -210,5 +216,7 @@ class AgentWeightsDriver:
             if d["published"] is not None:
                 published[(model, zone)] = {k: float(d["published"][k]) for k in AGENT_PATHS}
             last[(model, zone)] = int(d["last_end_ms"])
-        self.signals, self.published, self.last_end_ms = signals, published, last  # all or nothing
+        self.signals.update(signals)  # all or nothing: built first, then merged
+        self.published.update(published)
+        self.last_end_ms.update(last)
         return len(signals)

@@ -17,9 +17,10 @@ Window records on the metrics topic carry a MAC header with the same keys
 whose MAC does not hold, so a forged window cannot drive the controllers.
 
 The control agent's learned state -- the scaler, the routing driver, the
-circuit breakers, the KV policy and the agent weights -- is saved to Redis
-(``<prefix>:snapshot:<name>``, :class:`SnapshotStore`) at most every 2 s and
-restored when the agent starts.
+circuit breakers, the KV policy and the agent weights -- is saved to Redis at
+most every 2 s, sealed with the same keys, one key per model and per routed
+family (:class:`streams.snapshots.SnapshotStore`), and restored when the agent
+starts; a snapshot that is not governor's own is refused and counted.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -48,71 +49,12 @@ from streams.commands import Command, CommandError
 from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import dead_letter
+from streams.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 100_000
 _REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-class Snapshotting(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
-
-    def restore(self, data: Mapping[str, Any]) -> int: ...
-
-
-@dataclass
-class SnapshotStore:
-    """Saves and restores the control agent's state objects in Redis, one key each.
-
-    ``parts`` maps a name to an object with ``snapshot() -> plain data`` and
-    ``restore(data) -> int`` (the driver protocol); its key is
-    ``<prefix>:snapshot:<name>`` and its value the JSON of the data.  All
-    parts are written in one ``MSET`` at most every ``every_s`` (loop time);
-    Redis trouble is logged and the next window retries.  A part whose
-    snapshot is missing or unreadable starts fresh (logged), the others are
-    still restored.
-    """
-
-    redis: aioredis.Redis
-    prefix: str
-    parts: Mapping[str, Snapshotting]
-    every_s: float = 2.0
-    _last_s: float = field(default=-float("inf"), init=False)
-
-    def key(self, name: str) -> str:
-        return names.snapshot(self.prefix, name)
-
-    async def restore(self) -> dict[str, int]:
-        """Restore every part that has a snapshot; returns what each restored."""
-        done: dict[str, int] = {}
-        for name, part in self.parts.items():
-            try:
-                blob = await self.redis.get(self.key(name))
-            except _REDIS_ERRORS as exc:
-                log.warning("no %s snapshot restored (redis: %s)", name, exc)
-                continue
-            if not blob:
-                continue
-            try:
-                done[name] = part.restore(orjson.loads(blob))
-            except Exception as exc:  # a corrupt snapshot must not stop the agent
-                log.error("%s snapshot %s unreadable, starting fresh: %r", name, self.key(name), exc)
-                continue
-            log.info("%s state restored from %s: %d keys", name, self.key(name), done[name])
-        return done
-
-    async def save(self, now_s: float) -> bool:
-        """Write every part's snapshot unless the last write is under ``every_s`` old."""
-        if now_s - self._last_s < self.every_s:
-            return False
-        self._last_s = now_s
-        try:
-            await self.redis.mset({self.key(n): orjson.dumps(p.snapshot()) for n, p in self.parts.items()})
-        except _REDIS_ERRORS as exc:
-            log.warning("snapshots not saved (redis: %s); next window retries", exc)
-            return False
-        return True
 
 
 @dataclass
@@ -182,7 +124,15 @@ def build_pipeline(
     )
     zones = set(settings.zones)
     canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
-    snapshots = SnapshotStore(redis, settings.topic_prefix, loop.drivers)
+    snapshots = SnapshotStore(  # sealed, one key per model and routed family (streams.snapshots)
+        redis,
+        settings.topic_prefix,
+        loop,
+        keyring,
+        clock.now_ms,
+        max_age_s=settings.snapshot_max_age_s,
+        metrics=metrics,
+    )
 
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         await deadletter.send(value=orjson.dumps(dl))

@@ -65,6 +65,7 @@ from controllers.breaker import (
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from streams.commands import Command
+from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +242,11 @@ class BreakerDriver:
         ]
 
     # -- snapshots ------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        """Every target's breaker state, attainment history and last window end (plain data)."""
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        """Every target's breaker state, attainment history and last window end (plain data).
+
+        ``only`` keeps one model's targets (the worker stores one snapshot per model).
+        """
         targets = {
             _key(t): {
                 "state": s.to_dict(),
@@ -250,15 +254,16 @@ class BreakerDriver:
                 "last_end_ms": self.last_end_ms.get(t, -1),
             }
             for t, s in self.states.items()
-            if t in self.history
+            if t in self.history and only in (None, t[0])
         }
         return {"version": SNAPSHOT_VERSION, "targets": targets}
 
     def restore(self, data: Mapping[str, Any]) -> int:
-        """Load a :meth:`snapshot` (replacing the memory); returns the number of targets."""
+        """Load a :meth:`snapshot` (all or nothing, merged into memory); returns the number of targets."""
         if data.get("version") != SNAPSHOT_VERSION:
-            log.warning("ignoring breaker snapshot (version %s)", data.get("version"))
-            return 0
+            raise SnapshotVersionError(
+                f"breaker snapshot version {data.get('version')!r} (this worker: {SNAPSHOT_VERSION})"
+            )
         states: dict[Target, BreakerState] = {}
         history: dict[Target, AttainmentHistory] = {}
         last: dict[Target, int] = {}
@@ -267,5 +272,7 @@ class BreakerDriver:
             states[(model, zone)] = BreakerState.from_dict(d["state"])
             history[(model, zone)] = AttainmentHistory.from_dict(d["history"])
             last[(model, zone)] = int(d["last_end_ms"])
-        self.states, self.history, self.last_end_ms = states, history, last  # all or nothing
+        self.states.update(states)  # all or nothing: built first, then merged
+        self.history.update(history)
+        self.last_end_ms.update(last)
         return len(states)

@@ -10,8 +10,9 @@ event, so the loop can be driven, and tested, without a broker:
   (or the dead letter that says why it is not one);
 - :meth:`ControlLoop.decide` a window record: the commands and events of every
   in-memory driver, in a fixed order;
-- :meth:`ControlLoop.snapshot` / :meth:`ControlLoop.restore` the drivers' state
-  as plain data.
+- :meth:`ControlLoop.snapshot_scopes` / :meth:`ControlLoop.restore_scope` the
+  drivers' state as plain data, one scope per model and per routed family
+  (sealed and stored by :mod:`streams.snapshots`).
 
 The Faust agents in :mod:`streams.agents` only move bytes to and from these
 methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
@@ -20,8 +21,9 @@ driver outside: its rollouts live in Redis (the operator's ``governor canary``
 writes them), so the control agent awaits it before :meth:`decide`.
 
 Every driver follows one protocol (:class:`Driver`): ``on_window(record,
-now_ms) -> list[Command]``, ``snapshot() -> plain data`` and ``restore(data)
--> int``.
+now_ms) -> list[Command]``, ``snapshot(only=None) -> plain data`` (``only``: one
+model's or family's part) and ``restore(data) -> int`` (merged into memory; a
+version it does not read raises :class:`~streams.snapshots.SnapshotVersionError`).
 
 Window records are authenticated when the loop has a keyring (the worker:
 ``settings.keyring()``): :meth:`ControlLoop.sign_window` gives the bytes and
@@ -64,6 +66,7 @@ from streams.metrics_export import WorkerMetrics
 from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
 from streams.routing_driver import RoutingDriver
 from streams.scaler_driver import Scaler
+from streams.snapshots import SnapshotVersionError
 
 __all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
 
@@ -87,7 +90,7 @@ class Driver(Protocol):
 
     def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]: ...
 
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self, only: str | None = None) -> dict[str, Any]: ...
 
     def restore(self, data: Mapping[str, Any]) -> int: ...
 
@@ -141,6 +144,12 @@ class ControlLoop:
             forecast_of=lambda m, z: self.scaler.rate_forecast(m, z, steps=2),
         )
         self.routed_families = {m for pair in settings.fallbacks for m in pair}
+        self._families_of: dict[str, set[str]] = {}  # model -> the routed families it is a variant of
+        for primary, fallback in settings.fallbacks:
+            for m in (primary, fallback):
+                self._families_of.setdefault(m, set()).add(primary)
+        self._configured = {spec.name for spec in settings.models}
+        self.owned: set[str] = set()  # the snapshot scopes this loop has decided on or restored
 
     @property
     def drivers(self) -> dict[str, Driver]:
@@ -243,6 +252,9 @@ class ControlLoop:
         route commands.
         """
         out = Decisions()
+        if w.model in self._configured:
+            self.owned.add(f"model:{w.model}")
+        self.owned.update(f"family:{f}" for f in self._families_of.get(w.model, ()))
         if w.scope == "node":
             for rc in self.kv_policy.on_window(w, now_ms):
                 out.add(rc, f"relocate {rc.payload['node']}")
@@ -297,19 +309,40 @@ class ControlLoop:
                 self.metrics.sde.labels(model, zone, name).set(getattr(est, name))
 
     # -- state ---------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Every driver's state as plain data, by snapshot name."""
-        return {name: d.snapshot() for name, d in self.drivers.items()}
+    def scopes(self) -> list[str]:
+        """Every snapshot scope of the configuration: ``model:<name>`` per model, ``family:<primary>`` per family."""
+        return [f"model:{spec.name}" for spec in self.settings.models] + [f"family:{f}" for f in self.routing.families]
 
-    def restore(self, parts: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-        """Restore each driver that has a part; a part that does not load leaves its driver fresh."""
+    def snapshot_scopes(self) -> dict[str, dict[str, Any]]:
+        """The state of every scope this loop owns, as plain data by driver name (see :mod:`streams.snapshots`)."""
+        out: dict[str, dict[str, Any]] = {}
+        for scope in sorted(self.owned):
+            kind, _, name = scope.partition(":")
+            if kind == "family":
+                out[scope] = {"routing": self.routing.snapshot(only=name)}
+            else:
+                out[scope] = {part: d.snapshot(only=name) for part, d in self.drivers.items() if part != "routing"}
+        return out
+
+    def restore_scope(self, scope: str, parts: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, str]]:
+        """Restore one scope's parts: (what each part restored, why each failing part did not load).
+
+        A part that does not load leaves its driver's state for that scope fresh; the others load.
+        """
+        kind, _, name = scope.partition(":")
+        allowed = {"routing"} if kind == "family" else set(self.drivers) - {"routing"}
         done: dict[str, int] = {}
-        for name, driver in self.drivers.items():
-            data = parts.get(name)
-            if data is None:
+        failed: dict[str, str] = {}
+        for part, data in parts.items():
+            if part not in allowed or not isinstance(data, Mapping):
+                failed[part] = f"unexpected part {part[:40]!r} in scope {scope}"
                 continue
             try:
-                done[name] = driver.restore(data)
+                done[part] = self.drivers[part].restore(data)
+            except SnapshotVersionError as exc:
+                failed[part] = f"version: {exc}"
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                log.error("%s snapshot unreadable, starting fresh: %r", name, exc)
-        return done
+                failed[part] = f"{type(exc).__name__}: {exc}"
+        if done:
+            self.owned.add(scope)
+        return done, failed

@@ -37,6 +37,7 @@ from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
 from controllers.window_record import WindowRecord
 from streams.commands import Command
+from streams.snapshots import SnapshotVersionError
 
 __all__ = ["KvPolicyDriver"]
 
@@ -102,22 +103,30 @@ class KvPolicyDriver:
             )
         ]
 
-    def snapshot(self) -> dict[str, Any]:
-        """Per-node policy states, peers' largest free blocks and the decision count (plain data)."""
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        """Per-node policy states, peers' largest free blocks and the decision count (plain data).
+
+        ``only`` keeps one model's nodes (the worker stores one snapshot per model).
+        """
         return {
             "version": SNAPSHOT_VERSION,
             "decisions": self.decisions,
-            "states": [[*key, st.to_dict()] for key, st in self.states.items()],
-            "largest": [[model, zone, dict(peers)] for (model, zone), peers in self._largest.items()],
+            "states": [[*key, st.to_dict()] for key, st in self.states.items() if only in (None, key[0])],
+            "largest": [
+                [model, zone, dict(peers)] for (model, zone), peers in self._largest.items() if only in (None, model)
+            ],
         }
 
     def restore(self, data: Mapping[str, Any]) -> int:
-        """Load a :meth:`snapshot` (replacing the memory); returns the number of nodes."""
+        """Load a :meth:`snapshot` (all or nothing, merged into memory); returns the number of nodes."""
         if data.get("version") != SNAPSHOT_VERSION:
-            log.warning("ignoring KV policy snapshot (version %s)", data.get("version"))
-            return 0
+            raise SnapshotVersionError(
+                f"KV policy snapshot version {data.get('version')!r} (this worker: {SNAPSHOT_VERSION})"
+            )
         states = {(m, z, n): KvPolicyState.from_dict(st) for m, z, n, st in data["states"]}
         largest = {(m, z): {str(n): int(v) for n, v in peers.items()} for m, z, peers in data["largest"]}
-        self.states, self._largest = states, largest  # all or nothing
-        self.decisions = int(data.get("decisions", 0))
+        decisions = int(data.get("decisions", 0))
+        self.states.update(states)  # all or nothing: built first, then merged
+        self._largest.update(largest)
+        self.decisions = max(self.decisions, decisions)
         return len(states)

@@ -50,6 +50,15 @@ class WorkerMetrics:
             registry=r,
         )
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
+        self.snapshots_ignored = Counter(
+            "governor_snapshots_ignored_total",
+            "learned-state snapshots refused at start (unauthenticated, unreadable, version, scope, stale)",
+            ("reason",),
+            registry=r,
+        )
+        self.snapshots_restored = Counter(
+            "governor_snapshots_restored_total", "learned-state snapshots restored at start", registry=r
+        )
         self.breaker_state = Gauge(
             "governor_breaker_state",
             "circuit breaker of a model|zone target: 0 closed, 1 half_open, 2 open",

@@ -15,6 +15,7 @@ from controllers import routing as rt
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings
 from streams.commands import Command
+from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -142,24 +143,36 @@ class RoutingDriver:
             for z in self.settings.zones
         ]
 
-    def snapshot(self) -> dict[str, Any]:
-        """Router state, last published weights and the gathering windows per family (plain data)."""
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The routed families (their primaries), the unit of the worker's routing snapshots."""
+        return tuple(self._params)
+
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        """Router state, last published weights and the gathering windows per family (plain data).
+
+        ``only`` keeps one family (the worker stores one snapshot per family).
+        """
         pending = [
             [family, start, [[t.variant, t.zone, w.to_dict()] for t, w in ws.items()]]
             for (family, start), ws in self._pending.items()
+            if only in (None, family)
         ]
         return {
             "version": ROUTING_SNAPSHOT_VERSION,
-            "state": {f: s.to_dict() for f, s in self._state.items()},
-            "published": {f: {c: dict(ws) for c, ws in w.items()} for f, w in self._published.items()},
+            "state": {f: s.to_dict() for f, s in self._state.items() if only in (None, f)},
+            "published": {
+                f: {c: dict(ws) for c, ws in w.items()} for f, w in self._published.items() if only in (None, f)
+            },
             "pending": pending,
         }
 
     def restore(self, data: Mapping[str, Any]) -> int:
-        """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families."""
+        """Load a :meth:`snapshot` (families no longer configured are dropped); returns the families restored."""
         if data.get("version") != ROUTING_SNAPSHOT_VERSION:
-            log.warning("ignoring routing snapshot (version %s)", data.get("version"))
-            return 0
+            raise SnapshotVersionError(
+                f"routing snapshot version {data.get('version')!r} (this worker: {ROUTING_SNAPSHOT_VERSION})"
+            )
         known = set(self._params)
         state = {f: rt.RoutingState.from_dict(s) for f, s in data["state"].items() if f in known}
         published = {f: w for f, w in data["published"].items() if f in known}
@@ -168,5 +181,7 @@ class RoutingDriver:
             for f, start, ws in data["pending"]
             if f in known
         }
-        self._state, self._published, self._pending = state, published, pending  # all or nothing
+        self._state.update(state)  # all or nothing: built first, then merged
+        self._published.update(published)
+        self._pending.update(pending)
         return len(state)

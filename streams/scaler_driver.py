@@ -63,6 +63,7 @@ from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from streams.commands import Command
+from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -216,28 +217,39 @@ class Scaler:
             rate_drift=DriftDetector("page_hinkley", signal="arrival_rps") if self.settings.drift else None,
         )
 
-    def snapshot(self) -> dict[str, Any]:
-        """Learned state of every key (controller, forecaster, detectors, zones) as plain data."""
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        """Learned state of every key (controller, forecaster, detectors, zones) as plain data.
+
+        ``only`` keeps one model's keys (the worker stores one snapshot per model).
+        """
         return {
             "version": SNAPSHOT_VERSION,
             "controller": self.settings.controller,
-            "states": [[model, zone, ks.to_state()] for (model, zone), ks in self.states.items()],
+            "states": [
+                [model, zone, ks.to_state()] for (model, zone), ks in self.states.items() if only in (None, model)
+            ],
             "decisions": self.decisions,
-            "zones": {m: st.to_dict() for m, st in self.zones.items()},
+            "zones": {m: st.to_dict() for m, st in self.zones.items() if only in (None, m)},
         }
 
     def restore(self, data: Mapping[str, Any]) -> int:
-        """Load a :meth:`snapshot` (all or nothing); returns the number of keys restored."""
+        """Load a :meth:`snapshot` (all or nothing; keys it holds replace those in memory).
+
+        Returns the number of keys it restored; a snapshot of another version or
+        controller raises :class:`~streams.snapshots.SnapshotVersionError`.
+        """
         if data.get("version") != SNAPSHOT_VERSION or data.get("controller") != self.settings.controller:
-            log.warning(
-                "ignoring scaler snapshot (version %s, controller %s)", data.get("version"), data.get("controller")
+            raise SnapshotVersionError(
+                f"scaler snapshot version {data.get('version')!r} / controller {data.get('controller')!r} "
+                f"(this worker: version {SNAPSHOT_VERSION}, controller {self.settings.controller})"
             )
-            return 0
         states = {(str(m), str(z)): KeyState.from_state(ks) for m, z, ks in data["states"]}
         zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
-        self.states, self.zones = states, zones
-        self.decisions = int(data.get("decisions", 0))
-        return len(self.states)
+        decisions = int(data.get("decisions", 0))
+        self.states.update(states)
+        self.zones.update(zones)
+        self.decisions = max(self.decisions, decisions)
+        return len(states)
 
     # -- decisions ------------------------------------------------------------
     def on_window(self, w: WindowRecord, now_ms: int) -> list[Command]:

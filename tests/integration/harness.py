@@ -46,6 +46,24 @@ def signed(settings: Settings, cmd: Command) -> bytes:
     return sign(settings, cmd).encode()
 
 
+async def read_snapshot(redis: aioredis.Redis, settings: Settings, model: str) -> dict[str, Any] | None:
+    """The parts of the worker's sealed snapshot of ``model`` (None while there is none), opened as the worker does."""
+    from core import names
+    from streams.snapshots import open_snapshot
+
+    ring = settings.keyring()
+    assert ring is not None, "the test servers fixture sets GOVERNOR_COMMAND_KEYS"
+    key, scope = names.snapshot(settings.topic_prefix, f"model:{model}"), f"model:{model}"
+    blob = await redis.get(key)
+    if not isinstance(blob, bytes) or not blob:
+        return None
+    opened = open_snapshot(
+        ring, key, scope, blob, ScaledClock(settings.clock_speed, settings.clock_origin_s).now_ms(), 3_600_000
+    )
+    assert opened.parts is not None, (opened.reason, opened.detail)
+    return opened.parts
+
+
 @asynccontextmanager
 async def worker_and_executors(
     settings: Settings, tmp_path: Path

@@ -12,7 +12,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import orjson
 import pytest
 from governor_telemetry.producer import TelemetryProducer
 
@@ -21,7 +20,7 @@ from core import names
 from core.settings import Settings
 from governor.embedded import free_port
 from streams.agent_weights_driver import AgentWeightsDriver
-from tests.integration.harness import field_in_every_zone, worker_and_executors
+from tests.integration.harness import field_in_every_zone, read_snapshot, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -75,8 +74,8 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
         assert worker.log_text().count(f"agents {MODEL}") == 2, worker.tail()
         restored = AgentWeightsDriver(settings)
         for _ in range(50):
-            blob = await redis.get(f"{settings.topic_prefix}:snapshot:agents")
-            if blob and restored.restore(orjson.loads(blob)) == 2:  # stored as the JSON of the data
+            parts = await read_snapshot(redis, settings, MODEL)
+            if parts and restored.restore(parts["agents"]) == 2:
                 break
             await asyncio.sleep(0.1)
         assert restored.published[(MODEL, "az-b")] == pytest.approx(want, abs=1e-5)

@@ -10,7 +10,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import orjson
 import pytest
 from governor_telemetry.producer import TelemetryProducer
 
@@ -18,7 +17,7 @@ from core import names
 from core.settings import Settings
 from governor.embedded import free_port
 from streams.breaker_driver import BreakerDriver
-from tests.integration.harness import field_in_every_zone, worker_and_executors
+from tests.integration.harness import field_in_every_zone, read_snapshot, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -75,13 +74,12 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         # The control agent saved the breaker with the other snapshots (every >= 2 s).
         restored = BreakerDriver(settings)
         for _ in range(50):
-            blob = await redis.get(f"{settings.topic_prefix}:snapshot:breaker")
-            if blob and restored.restore(orjson.loads(blob)) and restored.state_of(TARGET) == "open":
+            parts = await read_snapshot(redis, settings, MODEL)
+            if parts and restored.restore(parts["breaker"]) and restored.state_of(TARGET) == "open":
                 break
             await asyncio.sleep(0.1)
         assert restored.state_of(TARGET) == "open"
-        for name in ("scaler", "routing", "kv"):
-            assert await redis.exists(f"{settings.topic_prefix}:snapshot:{name}")
+        assert parts is not None and set(parts) == {"scaler", "breaker", "kv", "agents"}  # the model's one key
         url = f"http://127.0.0.1:{settings.metrics_port}/metrics"
         text = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
         assert f'governor_breaker_state{{model="{MODEL}",zone="az-a"}} 2.0' in text

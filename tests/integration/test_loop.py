@@ -20,6 +20,7 @@ from core import names
 from core.settings import Settings
 from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
 from governor.topics import ensure_topics
+from tests.integration.harness import read_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -208,12 +209,12 @@ async def test_worker_snapshots_the_controllers_learned_state_to_redis(loop: Set
 
     redis = aioredis.Redis.from_url(str(loop.redis_url))
     try:
-        blob = await redis.get(f"{loop.topic_prefix}:snapshot:scaler")
+        parts = await read_snapshot(redis, loop, MODEL)  # sealed with the command keys, one key per model
     finally:
         await redis.aclose()
-    assert blob, "no snapshot saved"
+    assert parts, "no snapshot saved"
     restored = Scaler(loop)
-    assert restored.restore(orjson.loads(blob)) >= 1  # stored as the JSON of the data
+    assert restored.restore(parts["scaler"]) >= 1
     assert (MODEL, "az-a") in restored.states
     assert restored.states[(MODEL, "az-a")].ctrl.last_target is not None
 

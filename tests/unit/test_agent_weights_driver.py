@@ -14,6 +14,7 @@ from core.settings import Settings
 from streams.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
 from streams.commands import Command, CommandError
 from streams.metrics_export import WorkerMetrics
+from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 S = Settings(zones=("az-a", "az-b"), command_ttl_s=30.0)
@@ -164,7 +165,8 @@ def test_a_restored_agent_weights_driver_decides_like_the_original(cut: int) -> 
 def test_agent_weights_snapshot_of_another_version_is_ignored() -> None:
     d = AgentWeightsDriver(S)
     d.on_window(_w(10_000, 0.9, 0.9, 0.2), 0)
-    assert d.restore({"version": 99, "targets": {}}) == 0
+    with pytest.raises(SnapshotVersionError):
+        d.restore({"version": 99, "targets": {}})
     assert (M, "az-a") in d.signals
     assert AgentWeightsDriver(S).restore(plain(d.snapshot())) == 1
 

@@ -3,7 +3,6 @@ worker's SnapshotStore; the breaker metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -11,15 +10,14 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
-from streams.agents import SnapshotStore
 from streams.breaker_driver import BreakerDriver, parse_window
 from streams.commands import Command
 from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
+from streams.snapshots import SnapshotVersionError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -245,7 +243,8 @@ def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
 def test_breaker_snapshot_of_another_version_is_ignored() -> None:
     d = BreakerDriver(S)
     _tripped(d)
-    assert d.restore({"version": 99, "targets": {}}) == 0
+    with pytest.raises(SnapshotVersionError):
+        d.restore({"version": 99, "targets": {}})
     assert d.state_of(f"{M}|az-a") == "open"
     bad = plain(d.snapshot())
     assert bad["targets"][f"{M}|az-a"]["state"]["name"] == "open"
@@ -255,67 +254,6 @@ def test_breaker_snapshot_of_another_version_is_ignored() -> None:
     with pytest.raises(ValueError):
         d.restore(bad)
     assert d.state_of(f"{M}|az-a") == "open"  # a failed restore changes nothing
-
-
-class FakeRedis:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.down = False
-        self.msets = 0
-
-    async def get(self, key: str) -> bytes | None:
-        if self.down:
-            raise RedisConnectionError("down")
-        return self.data.get(key)
-
-    async def mset(self, mapping: dict[str, bytes]) -> bool:
-        if self.down:
-            raise RedisConnectionError("down")
-        self.msets += 1
-        self.data.update(mapping)
-        return True
-
-
-class Part:
-    def __init__(self, data: dict[str, Any] | None = None, fail: bool = False) -> None:
-        self.data, self.fail, self.restored = data or {}, fail, None
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.data
-
-    def restore(self, data: Mapping[str, Any]) -> int:
-        if self.fail:
-            raise ValueError("corrupt")
-        self.restored = data
-        return len(data["keys"])
-
-
-def test_snapshot_store_saves_every_part_at_most_every_2_s_and_restores_them() -> None:
-    redis = FakeRedis()
-    data = {n: {"version": 1, "keys": list(range(k))} for k, n in enumerate(("scaler", "routing", "breaker", "kv"), 1)}
-    parts = {n: Part(d) for n, d in data.items()}
-    store = SnapshotStore(redis, "p", parts)  # type: ignore[arg-type]
-
-    async def run() -> None:
-        assert await store.save(100.0) and not await store.save(101.9) and await store.save(102.0)
-        assert redis.msets == 2
-        assert redis.data == {f"p:snapshot:{n}": orjson.dumps(d) for n, d in data.items()}  # the JSON of the data
-        fresh = {n: Part(fail=(n == "routing")) for n in parts}
-        redis.data.pop("p:snapshot:kv")
-        got = await SnapshotStore(redis, "p", fresh).restore()  # type: ignore[arg-type]
-        assert got == {"scaler": 1, "breaker": 3}  # routing corrupt, kv missing: both start fresh
-        assert fresh["breaker"].restored == data["breaker"]  # the data itself, not bytes
-        redis.data["p:snapshot:scaler"] = b'{"version": 1, "keys": [0'  # cut short: not JSON
-        again = {n: Part() for n in parts}
-        assert await SnapshotStore(redis, "p", again).restore() == {"routing": 2, "breaker": 3}  # type: ignore[arg-type]
-        assert again["scaler"].restored is None
-        redis.down = True
-        assert not await store.save(200.0)  # logged, not raised; the next window retries
-        assert await store.restore() == {}
-        redis.down = False
-        assert not await store.save(201.0) and await store.save(202.0)
-
-    asyncio.run(run())
 
 
 def test_breaker_metrics() -> None:

@@ -176,24 +176,51 @@ def test_snapshot_and_restore_carry_every_driver_and_decide_alike() -> None:
         for k in range(12)
     ]
     original = ControlLoop(_settings())
+    assert original.snapshot_scopes() == {}  # owns nothing before its first window: writes nothing
     for w in windows[:6]:
         original.decide(w, w.window_end_ms)
-    data = orjson.loads(orjson.dumps(original.snapshot()))
-    assert set(data) == {"kv", "breaker", "routing", "agents", "scaler"}
+    data = orjson.loads(orjson.dumps(original.snapshot_scopes()))
+    assert set(data) == {f"model:{MODEL}"}  # one scope per model (no routed family configured)
+    assert set(data[f"model:{MODEL}"]) == {"kv", "breaker", "agents", "scaler"}
     restored = ControlLoop(_settings())
-    assert restored.restore(data)["scaler"] == 1
+    done, failed = restored.restore_scope(f"model:{MODEL}", data[f"model:{MODEL}"])
+    assert done["scaler"] == 1 and failed == {}
+    assert restored.owned == {f"model:{MODEL}"}  # a restored scope is saved again
     for w in windows[6:]:
         assert restored.decide(w, w.window_end_ms).commands == original.decide(w, w.window_end_ms).commands
+
+
+def test_each_model_and_family_is_its_own_scope() -> None:
+    s = Settings(
+        models=(ModelSpec("big"), ModelSpec("small"), ModelSpec("other")),
+        zones=("az-a", "az-b"),
+        fallbacks=(("big", "small"),),
+    )
+    loop = ControlLoop(s)
+    assert loop.scopes() == ["model:big", "model:small", "model:other", "family:big"]
+    w = decode_window({**_zone().to_dict(), "model": "small", "violation_rate": 0.5, "replicas_ready": 2})
+    loop.decide(w, T0 + 10_000)
+    scopes = loop.snapshot_scopes()
+    assert set(scopes) == {"model:small", "family:big"}  # "big" and "other" belong to whoever decides them
+    assert set(scopes["family:big"]) == {"routing"}
+    assert all(k[0] == "small" for k in loop.scaler.states)
+    # a part in the wrong scope is refused, the rest loads
+    done, failed = ControlLoop(s).restore_scope(
+        "family:big", {"routing": scopes["family:big"]["routing"], "scaler": {}}
+    )
+    assert "routing" in done and "scaler" in failed
 
 
 def test_a_part_that_does_not_load_leaves_only_that_driver_fresh() -> None:
     loop = ControlLoop(_settings())
     loop.decide(_zone(count=100, violation_rate=0.5, replicas_ready=2), T0 + 10_000)
-    data = orjson.loads(orjson.dumps(loop.snapshot()))
+    data = orjson.loads(orjson.dumps(loop.snapshot_scopes()))[f"model:{MODEL}"]
     data["scaler"]["states"] = [["m", "az-a", {"ctrl": "not a state"}]]
+    data["kv"]["version"] = 99
     fresh = ControlLoop(_settings())
-    done = fresh.restore(data)
+    done, failed = fresh.restore_scope(f"model:{MODEL}", data)
     assert "scaler" not in done and fresh.scaler.states == {}
+    assert failed["kv"].startswith("version") and not failed["scaler"].startswith("version")
     assert done["breaker"] == 1 and fresh.breaker.states == loop.breaker.states
 
 

@@ -25,6 +25,7 @@ from sim.live import apply_relocation
 from streams.commands import Command, CommandError
 from streams.kv_policy_driver import KvPolicyDriver
 from streams.pipeline import TelemetryProcessor
+from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 from tests.unit.test_fleet import BLOCK_B, M, fragmented
 
@@ -221,4 +222,6 @@ def test_a_restored_kv_policy_driver_decides_like_the_original(cut: int) -> None
     rel = KvPolicyDriver()
     feed(rel, recs[0])
     assert KvPolicyDriver().restore(plain(rel.snapshot())) == 1
-    assert rel.restore({"version": 2}) == 0 and len(rel.states) == 1
+    with pytest.raises(SnapshotVersionError):
+        rel.restore({"version": 2})
+    assert len(rel.states) == 1

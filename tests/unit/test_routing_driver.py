@@ -11,6 +11,7 @@ from core.settings import Settings, SettingsError
 from streams.canary_driver import window_obs
 from streams.commands import Command
 from streams.routing_driver import RoutingDriver
+from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 P, F = "llama2-70b", "llama2-13b"
@@ -135,7 +136,8 @@ def test_routing_snapshot_drops_families_no_longer_routed() -> None:
     data = plain(d.snapshot())
     assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(data) == 1
     assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(data) == 0
-    assert d.restore({"version": 0}) == 0
+    with pytest.raises(SnapshotVersionError):
+        d.restore({"version": 0})
 
 
 def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() -> None:

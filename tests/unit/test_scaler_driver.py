@@ -10,6 +10,7 @@ from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from streams.commands import Command
 from streams.scaler_driver import Scaler
+from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import plain
 
 MODEL = "m"
@@ -119,7 +120,9 @@ def test_snapshot_of_another_controller_is_ignored() -> None:
     pid = Scaler(_settings())
     _run(pid, [_window(0, eps=0.5)])
     other = Scaler(_settings(controller="fpid", pid_gains={"kp": 0.2, "ki": 0.05}))
-    assert other.restore(plain(pid.snapshot())) == 0 and other.states == {}
+    with pytest.raises(SnapshotVersionError, match="controller 'pid'"):
+        other.restore(plain(pid.snapshot()))
+    assert other.states == {}
 
 
 def test_observer_measures_the_loop_delay_from_the_commands_life() -> None:
