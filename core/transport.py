@@ -82,7 +82,7 @@ def transport_reason(s: Any) -> str | None:
 
 def kafka_options(s: Any) -> dict[str, Any]:
     """Keyword arguments that make an aiokafka client connect as the settings say."""
-    return kafka_security_options(
+    opts: dict[str, Any] = kafka_security_options(
         protocol=s.kafka_security_protocol,
         mechanism=s.kafka_sasl_mechanism,
         username=s.kafka_sasl_username,
@@ -91,6 +91,7 @@ def kafka_options(s: Any) -> dict[str, Any]:
         certfile=s.kafka_ssl_certfile,
         keyfile=s.kafka_ssl_keyfile,
     )
+    return opts
 
 
 def redis_options(s: Any) -> dict[str, Any]:

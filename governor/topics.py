@@ -7,6 +7,7 @@ import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from governor_telemetry.security import login_refused
 
 from core.settings import Settings
 from core.transport import kafka_options
@@ -21,10 +22,17 @@ async def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str
         for key, t in names.items()
     ]
     deadline = asyncio.get_running_loop().time() + timeout_s
+    options = kafka_options(settings)
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **kafka_options(settings))
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **options)
         try:
-            await admin.start()
+            try:
+                await admin.start()
+            except (KafkaError, KeyError) as exc:
+                refused = login_refused(exc, options)
+                if refused is not None:  # wrong credentials: retrying cannot help
+                    raise refused from exc
+                raise
             existing = set(await admin.list_topics())
             missing = [t for t in wanted if t.name not in existing]
             if missing:

@@ -31,7 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from governor_telemetry.records import encode_envelope, partition_key
-from governor_telemetry.security import kafka_options_from_env
+from governor_telemetry.security import kafka_options_from_env, login_refused
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,15 @@ class TelemetryProducer:
             max_request_size=8 * 1024 * 1024,
             **self.kafka_options,
         )
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except Exception as exc:
+            await self._producer.stop()
+            self._producer = None
+            refused = login_refused(exc, self.kafka_options)
+            if refused is not None:
+                raise refused from exc
+            raise
         self._task = asyncio.create_task(self._flush_loop(), name="telemetry-flush")
 
     async def stop(self) -> None:

@@ -28,7 +28,15 @@ import ssl
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MECHANISMS", "PROTOCOLS", "TLS_PROTOCOLS", "kafka_options_from_env", "kafka_security_options"]
+__all__ = [
+    "MECHANISMS",
+    "PROTOCOLS",
+    "TLS_PROTOCOLS",
+    "KafkaLoginRefused",
+    "kafka_options_from_env",
+    "kafka_security_options",
+    "login_refused",
+]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -73,4 +81,27 @@ def kafka_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, An
         cafile=env.get("KAFKA_SSL_CAFILE", ""),
         certfile=env.get("KAFKA_SSL_CERTFILE", ""),
         keyfile=env.get("KAFKA_SSL_KEYFILE", ""),
+    )
+
+
+class KafkaLoginRefused(ConnectionError):
+    """The brokers refused the SASL login: retrying with the same credentials cannot help."""
+
+
+def login_refused(exc: BaseException, options: Mapping[str, Any]) -> KafkaLoginRefused | None:
+    """A :class:`KafkaLoginRefused` if ``exc``, raised while a client started, is a refused SASL login.
+
+    aiokafka raises ``SaslAuthenticationFailed`` or ``UnsupportedSaslMechanismError``; against a
+    broker whose SCRAM error message it cannot parse (Tansu 0.6) it raises a bare ``KeyError``.
+    """
+    if not str(options.get("security_protocol", "")).startswith("SASL_"):
+        return None
+    name = type(exc).__name__
+    if name not in ("SaslAuthenticationFailed", "UnsupportedSaslMechanismError", "KeyError"):
+        return None
+    user, mech = options.get("sasl_plain_username", ""), options.get("sasl_mechanism", "")
+    return KafkaLoginRefused(
+        f"the Kafka brokers refused the SASL login of KAFKA_SASL_USERNAME={user} with "
+        f"KAFKA_SASL_MECHANISM={mech} ({name}: {exc}); check the user, its password and that the "
+        "brokers offer this mechanism"
     )
