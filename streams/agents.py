@@ -9,9 +9,13 @@ Delivery is at-least-once end to end.  The bridge writes a command to Redis
 before it takes the next event, so Faust commits the command's offset only
 after Redis has it; while Redis is down it retries with capped exponential
 backoff and the offset stays uncommitted.  Duplicates are dropped by the
-executors (deterministic ``command_id``).  The bridge signs each command
-(``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) after stamping its HLC: it
-is the last writer before Redis, and executors refuse what is not signed.
+executors (deterministic ``command_id``).  Commands are signed
+(``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) twice: by the control agent
+when it publishes to the commands topic, and by the bridge after stamping the
+HLC (it is the last writer before Redis; executors refuse what is not
+signed).  The bridge dead-letters a command on the topic whose signature does
+not hold (``unauthenticated command: ...``), so writing to the commands topic
+does not get a command signed.
 Window records on the metrics topic carry a MAC header with the same keys
 (:meth:`ControlLoop.sign_window`); the control agent dead-letters the ones
 whose MAC does not hold, so a forged window cannot drive the controllers.
@@ -28,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
@@ -145,7 +149,9 @@ def build_pipeline(
     async def publish(cmd: Command, what: str) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()
         log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason)
-        await commands.send(key=cmd.zone.encode(), value=cmd.encode())
+        # Signed here too: the bridge re-signs only what the control agent signed, so whoever can
+        # write to the commands topic cannot have the bridge sign a command of their own.
+        await commands.send(key=cmd.zone.encode(), value=cmd.signed(keyring).encode())
 
     @app.agent(telemetry, name="ingest")
     async def ingest(stream: Any) -> None:
@@ -222,10 +228,15 @@ def build_pipeline(
                 cmd = Command.decode(event.value)
                 if cmd.zone not in zones:
                     raise CommandError(f"unknown zone {cmd.zone!r} (GOVERNOR_ZONES={sorted(zones)})")
+                why = keyring.verify(asdict(cmd))
+                if why is not None:
+                    raise CommandError(f"unauthenticated command: {why}")
             except CommandError as exc:
+                reason = str(exc) if str(exc).startswith("unauthenticated") else f"bad command: {exc}"
+                metrics.observe_dead_letter(reason)
                 await send_dead_letter(
                     dead_letter(
-                        f"bad command: {exc}",
+                        reason,
                         {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
                         bytes(event.value).decode("utf-8", "replace"),
                         clock.now_ms(),

@@ -1,10 +1,13 @@
-"""Authenticated window records on the real broker: whoever can write to the
-metrics topic cannot make the worker scale.
+"""Authenticated window records and commands on the real broker: whoever can
+write to the metrics or the commands topic cannot make the worker scale.
 
 Forged zone windows (every request violating) are produced straight onto the
 metrics topic, one without the MAC headers and one with a wrong MAC; the
 worker dead-letters both as ``unauthenticated window record: ...`` and no
-command for the model reaches Redis.
+command for the model reaches Redis.  Forged commands produced straight onto
+the commands topic (unsigned, signed by another key, and a signed one changed
+after signing) are dead-lettered by the bridge as ``unauthenticated command:
+...``: the bridge signs only what the control agent signed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -21,8 +25,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from core import names
 from core.settings import Settings
+from core.signing import Keyring, generate_keys
 from governor.processes import WORKER_READY, start_worker
 from governor.topics import ensure_topics
+from streams.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -121,3 +127,44 @@ async def test_forged_window_records_are_dead_lettered_and_command_nothing(worke
         await redis.aclose()
     cmds = [orjson.loads(fields[b"cmd"]) for _, fields in entries]
     assert [c for c in cmds if c.get("model") == MODEL] == []
+
+
+async def test_forged_commands_on_the_topic_are_dead_lettered_never_signed_by_the_bridge(worker: Settings) -> None:
+    settings = worker
+    model = "forged-model"
+    now = int(time.time() * 1000)
+    forged = Command(
+        kind="scale",
+        zone=ZONE,
+        model=model,
+        target_replicas=100,
+        reason="forged",
+        issued_at_ms=now,
+        expires_at_ms=now + 30_000,
+        basis_ms=now,
+    )
+    other = Keyring.parse(generate_keys())
+    ring = settings.keyring()
+    assert ring is not None
+    changed = replace(forged.signed(ring), target_replicas=64)  # signed, then altered
+    values = [forged.encode(), forged.signed(other).encode(), changed.encode()]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        for v in values:
+            await producer.send_and_wait(settings.topic("commands"), v, key=ZONE.encode())
+    finally:
+        await producer.stop()
+    dls = [d for d in await _dead_letters(settings, 9, 30) if d["source"]["topic"] == settings.topic("commands")]
+    reasons = sorted(d["reason"] for d in dls)
+    assert reasons == [
+        "unauthenticated command: bad signature (key id " + ring.active + ")",
+        "unauthenticated command: unknown key id " + repr(other.active),
+        "unauthenticated command: unsigned command",
+    ], reasons
+    redis = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        entries = await redis.xrange(names.command_stream(settings.topic_prefix, ZONE))
+    finally:
+        await redis.aclose()
+    assert [f for _, f in entries if orjson.loads(f[b"cmd"]).get("model") == model] == []
