@@ -262,7 +262,8 @@ class Settings:
     kafka_sasl_mechanism: str = _setting(
         "PLAIN",
         "KAFKA_SASL_MECHANISM",
-        "SASL mechanism when KAFKA_SECURITY_PROTOCOL is SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+        "SASL mechanism when KAFKA_SECURITY_PROTOCOL is SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 "
+        "(Tansu offers SCRAM only)",
         "str",
         choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
     )
