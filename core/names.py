@@ -20,6 +20,7 @@ __all__ = [
     "canary_state",
     "command_stream",
     "desired_replicas",
+    "executor_heartbeat",
     "executor_last_basis",
     "executor_last_hlc",
     "paused",
@@ -65,6 +66,13 @@ def executor_last_basis(prefix: str, zone: str) -> str:
 def executor_last_hlc(prefix: str, zone: str) -> str:
     """Hash ``(kind|)model -> HLC`` of the last applied command (staleness)."""
     return f"{prefix}:executor:{zone}:last_hlc"
+
+
+def executor_heartbeat(prefix: str, zone: str) -> str:
+    """Set by a zone's executor every few seconds with a TTL (JSON ``{"ts_ms", "executor", "backend"}``):
+    while it exists the zone's executor is alive, and the worker does not call the zone lost on one
+    silent telemetry stream."""
+    return f"{prefix}:executor:{zone}:heartbeat"
 
 
 def paused(prefix: str) -> str:
