@@ -17,7 +17,9 @@ Detection (timeout in windows, ``loss_timeout_windows``, default 2)
     A zone that had demand (its arrival EWMA >= ``min_demand_rps``) is *lost*
     when either its windows stop arriving -- another zone has reported a
     window ending ``(loss_timeout_windows + 1)`` windows after the zone's last
-    one, i.e. it missed ``loss_timeout_windows`` windows in a row -- or its
+    one, i.e. it missed ``loss_timeout_windows`` windows in a row, and its
+    executor's heartbeat is gone too (``alive``; telemetry that stops while the
+    zone's executor still runs is missing data, held, never a loss) -- or its
     windows show nothing provisioned (``ready + starting == 0``) for
     ``loss_timeout_windows`` windows in a row.  With 10 s windows a cut is
     declared 20-30 s after the zone's last window.
@@ -79,7 +81,7 @@ plus az-b's 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -256,13 +258,20 @@ def _need_replicas(params: ZoneCapacityParams, rps: float) -> float | None:
 
 
 def observe(
-    params: ZoneCapacityParams, state: ZoneCapacityState, zone: str, win: ZoneWindow
+    params: ZoneCapacityParams,
+    state: ZoneCapacityState,
+    zone: str,
+    win: ZoneWindow,
+    alive: Collection[str] | None = None,
 ) -> tuple[ZoneCapacityState, list[ZoneEvent]]:
     """Fold one closed window of ``zone`` in; check every other zone's silence.
 
     Returns the new state and the events it caused, in order.  A window no
     newer than the zone's last one (a redelivery) changes nothing.  Zones
-    not in ``params.zones`` are ignored.
+    not in ``params.zones`` are ignored.  ``alive``: the zones whose
+    executor heartbeat is present; a silent zone in it is not lost (its
+    telemetry is missing, not its capacity).  None: no heartbeat view, silence
+    alone decides.
     """
     if zone not in params.zones:
         return state, []
@@ -344,7 +353,7 @@ def observe(
         if o == zone or st is None or st.status == LOST or st.last_basis_ms == _NEVER:
             continue
         missed = (b - st.last_basis_ms) // params.window_ms - 1
-        if missed >= params.loss_timeout_windows and _had_demand(params, st):
+        if missed >= params.loss_timeout_windows and _had_demand(params, st) and (alive is None or o not in alive):
             events.append(_lose(params, zones, o, b, f"no window for {missed} windows"))
     return ZoneCapacityState(zones), events
 

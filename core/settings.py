@@ -483,6 +483,14 @@ class Settings:
         ge=0,
     )
 
+    stale_windows: int = _setting(
+        3,
+        "GOVERNOR_STALE_WINDOWS",
+        "windows with missing telemetry (no request records while the GPUs work, no GPU samples, "
+        "or no window at all) before a (model, zone) is reported stale; the loop holds from the first",
+        "int",
+        ge=1,
+    )
     max_replicas_total: int = _setting(
         0,
         "GOVERNOR_MAX_REPLICAS_TOTAL",

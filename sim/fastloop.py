@@ -62,7 +62,10 @@ class Fault:
     """``spike``: service time x ``factor`` on ``fraction`` of a zone's replicas;
     ``replica_lost``: one replica fails (replaced); ``zone_cut``: the zone
     loses all replicas and ingress for ``duration_s``; ``slow_start``: replica
-    start-up takes ``factor`` x longer from ``at_s`` on (not undone)."""
+    start-up takes ``factor`` x longer from ``at_s`` on (not undone);
+    ``requests_silent`` / ``gpu_silent``: the zone keeps serving but its request
+    records / GPU samples stop reaching governor for ``duration_s`` (a broken
+    telemetry stream: the loop must hold, never read it as idle or as a lost zone)."""
 
     kind: str
     zone: str
@@ -72,7 +75,7 @@ class Fault:
     factor: float = 3.0
 
     def __post_init__(self) -> None:
-        if self.kind not in {"spike", "replica_lost", "zone_cut", "slow_start"}:
+        if self.kind not in {"spike", "replica_lost", "zone_cut", "slow_start", "requests_silent", "gpu_silent"}:
             raise LoopConfigError(f"fault kind {self.kind!r} unknown")
 
 
@@ -242,6 +245,7 @@ class _FastRun:
         self.events: list[dict[str, Any]] = []
         self.tl: dict[str, list[float]] = defaultdict(list)
         self.cut_until: dict[str, float] = {}
+        self.silent_until: dict[tuple[str, str], float] = {}  # (zone, "request" | "gpu") -> until
         self.saved_desired: dict[str, int] = {}
         self.fault_queue = sorted(faults, key=lambda f: f.at_s)
         self.prov_gpu_s = self.busy_gpu_s = 0.0
@@ -275,6 +279,11 @@ class _FastRun:
                 fleet.set_desired(f.zone, cfg.model, 0, f.at_s)
             elif f.kind == "slow_start":  # every replica started from now on loads slower
                 fleet.config = dataclasses.replace(fleet.config, startup_s=cfg.startup_s * f.factor)
+            elif f.kind in ("requests_silent", "gpu_silent"):
+                self.silent_until[(f.zone, "request" if f.kind == "requests_silent" else "gpu")] = f.at_s + f.duration_s
+        for key, until in list(self.silent_until.items()):
+            if t >= until:
+                del self.silent_until[key]
         for zone, until in list(self.cut_until.items()):
             if t >= until:
                 del self.cut_until[zone]
@@ -326,7 +335,10 @@ class _FastRun:
         self.finished.extend(done)
         snaps = self.fleet.gpu_snapshot(t)
         now_ms = EPOCH_MS0 + int(round(t * 1000))
-        batch = {"schema_version": 1, "kind": "batch", "records": done + snaps}
+        records = done + snaps
+        if self.silent_until:  # a broken telemetry stream: those records never reach governor
+            records = [r for r in records if (r.get("zone"), r.get("kind")) not in self.silent_until]
+        batch = {"schema_version": 1, "kind": "batch", "records": records}
         # Windows close by the clock below, once per tick, as the worker's timer closes them.
         self.loop.ingest(batch, {"topic": "fastloop", "partition": 0, "offset": k}, now_ms, close=False)
         for m in self.loop.close_due(now_ms):
@@ -335,6 +347,8 @@ class _FastRun:
             self.windows.append(m)
             self.last_window[m["zone"]] = m
             if self.governor and m["zone"] not in self.cut_until:
+                # Executor heartbeats: a cut zone's executor cannot reach Redis, every other one can.
+                self.loop.set_heartbeats([z for z in self.cfg.zones if z not in self.cut_until])
                 decided = self.loop.decide(decode_window(m), now_ms)
                 self.events.extend(decided.events)
                 for cmd in decided.commands:

@@ -180,9 +180,28 @@ def build_pipeline(
     )
     async def close_windows() -> None:
         await publish_windows(loop.close_due(clock.now_ms()))
+        await watch_liveness()
         # Saved here too, not only after a metrics record: the last decision before a quiet
         # spell must reach Redis (a snapshot is at most every_s old, traffic or not).
         await snapshots.save(asyncio.get_running_loop().time())
+
+    heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
+    next_heartbeat_read = [0.0]
+
+    async def watch_liveness() -> None:
+        """Executor heartbeats (zone loss needs its executor gone) and silent (model, zone)s, every >= 1 s."""
+        now_s = asyncio.get_running_loop().time()
+        if now_s < next_heartbeat_read[0]:
+            return
+        next_heartbeat_read[0] = now_s + 1.0
+        try:
+            beats = await redis.mget(heartbeat_keys)
+            loop.set_heartbeats([z for z, b in zip(settings.zones, beats, strict=True) if b])
+        except _REDIS_ERRORS as exc:
+            loop.set_heartbeats(None)  # no view: silence alone decides, as before heartbeats
+            log.warning("executor heartbeats unreadable (redis: %s)", exc)
+        for ev in loop.check_silence(clock.now_ms()):
+            await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
 
     async def drive_canary(w: WindowRecord) -> None:
         try:

@@ -49,7 +49,7 @@ Examples
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
 from streams.routing_driver import RoutingDriver
 from streams.scaler_driver import Scaler
 from streams.snapshots import SnapshotVersionError
+from streams.telemetry_watch import TelemetryWatch
 
 __all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
 
@@ -150,6 +151,8 @@ class ControlLoop:
                 self._families_of.setdefault(m, set()).add(primary)
         self._configured = {spec.name for spec in settings.models}
         self.owned: set[str] = set()  # the snapshot scopes this loop has decided on or restored
+        # Missing telemetry (controllers.staleness): per configured (model, zone), bounded.
+        self.watch = TelemetryWatch(settings, metrics)
 
     @property
     def drivers(self) -> dict[str, Driver]:
@@ -252,6 +255,8 @@ class ControlLoop:
         route commands.
         """
         out = Decisions()
+        if w.scope == "zone" and self.watch.held(w, out.events):
+            return out
         if w.model in self._configured:
             self.owned.add(f"model:{w.model}")
         self.owned.update(f"family:{f}" for f in self._families_of.get(w.model, ()))
@@ -275,6 +280,15 @@ class ControlLoop:
         if self.metrics is not None:
             self._observe(out)
         return out
+
+    # -- missing telemetry -----------------------------------------------------------------
+    def set_heartbeats(self, alive: Collection[str] | None) -> None:
+        """The zones whose executor heartbeat is present (None: unknown); zone loss needs it gone."""
+        self.scaler.alive = None if alive is None else frozenset(alive)
+
+    def check_silence(self, now_ms: int) -> list[dict[str, Any]]:
+        """Mark stale every (model, zone) whose windows stopped (:class:`TelemetryWatch`); its events."""
+        return self.watch.check_silence(now_ms)
 
     def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
         for bc in self.breaker.on_window(w, now_ms):

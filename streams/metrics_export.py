@@ -43,6 +43,12 @@ class WorkerMetrics:
             "governor_control_events_total", "drift detections and mode switches", ("kind", "signal"), registry=r
         )
         self.ff_mode = Gauge("governor_feedforward_mode", "1 while feedforward drives the level", _LABELS, registry=r)
+        self.stale = Gauge(
+            "governor_telemetry_stale",
+            "1 while a (model, zone)'s telemetry is missing (requests, GPU samples or every window): the loop holds",
+            _LABELS,
+            registry=r,
+        )
         self.sde = Gauge(
             "governor_latency_sde",
             "online OU fit of TTFT P50 (theta 1/s, mu ms, sigma)",

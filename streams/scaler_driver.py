@@ -206,6 +206,8 @@ class Scaler:
         self.zones: dict[str, zc.ZoneCapacityState] = {}  # per model: status, demand, floors
         self.events: list[dict[str, Any]] = []  # drift and mode events for the caller to publish
         self.decisions = 0
+        # Zones whose executor heartbeat is present (ControlLoop.set_heartbeats); None: no view.
+        self.alive: frozenset[str] | None = None
 
     # -- state ----------------------------------------------------------------
     def _new_key(self) -> KeyState:
@@ -449,7 +451,11 @@ class Scaler:
         """Fold the window into the model's zone view; publish its events; this zone's demand floor."""
         zp = self.zone_params[model]
         state, events = zc.observe(
-            zp, self.zones.get(model, zc.ZoneCapacityState()), zone, zc.ZoneWindow(basis, arrival, ready, starting)
+            zp,
+            self.zones.get(model, zc.ZoneCapacityState()),
+            zone,
+            zc.ZoneWindow(basis, arrival, ready, starting),
+            self.alive,
         )
         self.zones[model] = state
         for ev in events:

@@ -96,3 +96,35 @@ async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Set
         lost = [e for e in events if e.get("kind") == "zone_lost"]
         assert lost and lost[0]["zone"] == "az-b" and lost[0]["model"] == MODEL, events
         assert "Traceback" not in worker.log_text()
+
+
+async def test_a_silent_zone_whose_executor_still_beats_is_held_not_lost(settings: Settings, tmp_path: Path) -> None:
+    """az-b's telemetry stops but its executor's heartbeat stays: no zone_lost, a telemetry_stale
+    event instead; once the heartbeat goes too, az-b is lost."""
+    settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0)
+    beat = names.executor_heartbeat(settings.topic_prefix, "az-b")
+    async with worker_and_executors(settings, tmp_path) as (worker, redis, _executors):
+        await redis.set(beat, orjson.dumps({"ts_ms": int(time.time() * 1000), "executor": "test"}), ex=30)
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        ) as producer:
+            for step in range(60):  # 5 s in both zones, then az-b silent for 7 s (7 windows of 1 s)
+                now = int(time.time() * 1000)
+                for zone in ("az-a", "az-b") if step < 25 else ("az-a",):
+                    for rec in _records(step, now, zone):
+                        await producer.send(rec)
+                await asyncio.sleep(0.2)
+            events = await _zone_events(settings, 3)
+            assert not [e for e in events if e.get("kind") == "zone_lost"], events
+            stale = [e for e in events if e.get("kind") == "telemetry_stale"]
+            assert stale and stale[0]["zone"] == "az-b" and stale[0]["reason"] == "no_window", events
+            await redis.delete(beat)  # the executor is gone as well: now the zone is lost
+            for step in range(60, 90):
+                now = int(time.time() * 1000)
+                for rec in _records(step, now, "az-a"):
+                    await producer.send(rec)
+                await asyncio.sleep(0.2)
+        events = await _zone_events(settings, 20)
+        lost = [e for e in events if e.get("kind") == "zone_lost"]
+        assert lost and lost[0]["zone"] == "az-b", events
+        assert "Traceback" not in worker.log_text()

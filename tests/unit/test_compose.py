@@ -67,6 +67,7 @@ CONTRACT_METRICS = {
     "governor_replicas_ready",
     "governor_breaker_state",
     "governor_agent_weight",
+    "governor_telemetry_stale",
 }
 METRIC_RE = re.compile(r"\bgovernor_[a-z0-9_]+\b")
 
