@@ -13,9 +13,18 @@ on it:
 
 ``ok``
     both streams agree (requests finished, or the GPUs show no work: idle).
+``saturated``
+    no request record while requests queue on the GPUs (``queue_len_mean >=
+    saturated_queue`` per replica, default 0.5): nothing finished because the
+    zone is overloaded and every request is long (measured on the Mooncake
+    step: 20 s without a completion at 24-30 running and 1.5-2.2 queued per
+    replica).  Acted on like ``ok``: the leading violation signal sees the
+    queue and scales up; a broken request stream during real queueing errs
+    towards capacity, never towards idle.
 ``no_requests``
-    no request record while the GPU samples show work (``running + queued >
-    0``): the request stream is missing, or requests run longer than a window.
+    no request record while the GPU samples show work (``running`` > 0) but
+    no queue: the request stream is missing, or requests run longer than a
+    window.
 ``no_gpu``
     request records but no GPU sample: the replica counts are unknown.
 
@@ -36,8 +45,10 @@ Pure: no I/O, no clock.
 'ok'
 >>> classify(count=0, running_mean=0.0, queue_len_mean=0.0)  # idle: both streams agree
 'ok'
->>> classify(count=0, running_mean=4.0, queue_len_mean=1.0)
+>>> classify(count=0, running_mean=4.0, queue_len_mean=0.1)
 'no_requests'
+>>> classify(count=0, running_mean=28.0, queue_len_mean=2.0)  # overloaded, long requests: act
+'saturated'
 >>> classify(count=80, running_mean=None, queue_len_mean=None)
 'no_gpu'
 >>> s = StaleState()
@@ -58,9 +69,10 @@ from dataclasses import dataclass
 
 from controllers.errors import ParameterError
 
-__all__ = ["HOLD_KINDS", "StaleParams", "StaleState", "classify", "silent", "step"]
+__all__ = ["HOLD_KINDS", "SATURATED_QUEUE", "StaleParams", "StaleState", "classify", "silent", "step"]
 
 HOLD_KINDS = ("no_requests", "no_gpu")
+SATURATED_QUEUE = 0.5  # requests queued per replica: no completion then means overload, not missing data
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,14 @@ class StaleState:
     reason: str = ""  # the kind of the last held window ("no_requests", "no_gpu") or a silence
 
 
-def classify(count: int, running_mean: float | None, queue_len_mean: float | None, replicas: int = 0) -> str:
-    """``ok``, ``no_requests`` or ``no_gpu`` for one zone window (see the module docstring).
+def classify(
+    count: int,
+    running_mean: float | None,
+    queue_len_mean: float | None,
+    replicas: int = 0,
+    saturated_queue: float = SATURATED_QUEUE,
+) -> str:
+    """``ok``, ``saturated``, ``no_requests`` or ``no_gpu`` for one zone window (see the module docstring).
 
     ``replicas`` (ready + starting) counts only from GPU samples, so replicas > 0 means
     samples were there even when the means are absent.
@@ -91,12 +109,14 @@ def classify(count: int, running_mean: float | None, queue_len_mean: float | Non
     if count > 0:
         return "ok" if gpu_seen else "no_gpu"
     work = (running_mean or 0.0) + (queue_len_mean or 0.0)
-    return "no_requests" if gpu_seen and math.isfinite(work) and work > 0 else "ok"
+    if not (gpu_seen and math.isfinite(work) and work > 0):
+        return "ok"
+    return "saturated" if (queue_len_mean or 0.0) >= saturated_queue else "no_requests"
 
 
 def step(params: StaleParams, state: StaleState, kind: str) -> StaleState:
     """The state after one window of ``kind`` (from :func:`classify`)."""
-    if kind == "ok":
+    if kind not in HOLD_KINDS:
         return StaleState()
     held = state.held_windows + 1
     return StaleState(held_windows=held, stale=held >= params.stale_windows, reason=kind)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from controllers.staleness import StaleParams, StaleState, classify, silent, step
+from controllers.staleness import HOLD_KINDS, StaleParams, StaleState, classify, silent, step
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from streams.metrics_export import WorkerMetrics
@@ -58,7 +58,7 @@ class TelemetryWatch:
         kind = classify(w.count, w.running_mean, w.queue_len_mean, w.replicas_ready + w.replicas_starting)
         before = self.stale.get(key, StaleState())
         self._set(key, before, step(self.params, before, kind), w.window_end_ms, events)
-        return kind != "ok"
+        return kind in HOLD_KINDS
 
     def check_silence(self, now_ms: int) -> list[dict[str, Any]]:
         """Mark stale every (model, zone) with no window for ``stale_windows`` window lengths; the events."""

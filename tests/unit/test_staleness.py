@@ -39,7 +39,8 @@ def _zone(k: int, zone: str = "az-a", **kw: Any) -> WindowRecord:
         (0, 0.0, 0.0, 2, "ok"),  # idle: both streams agree
         (0, None, None, 0, "ok"),  # nothing reported at all
         (0, 3.0, 0.0, 2, "no_requests"),
-        (0, 0.0, 1.5, 2, "no_requests"),
+        (0, 0.0, 0.3, 2, "no_requests"),
+        (0, 24.4, 1.5, 6, "saturated"),  # the Mooncake step: overloaded, long requests, nothing finished
         (50, None, None, 0, "no_gpu"),
         (50, None, None, 3, "ok"),  # replica counts come only from GPU samples
         (0, float("nan"), None, 1, "ok"),
@@ -51,7 +52,7 @@ def test_classify(count: int, running: float | None, queued: float | None, repli
 
 def test_stale_after_n_held_windows_and_fresh_on_the_first_good_one() -> None:
     p, s = StaleParams(stale_windows=3), StaleState()
-    kinds = ["no_requests", "no_gpu", "no_requests", "no_requests", "ok"]
+    kinds = ["no_requests", "no_gpu", "no_requests", "no_requests", "saturated"]
     seen = []
     for kind in kinds:
         s = step(p, s, kind)
@@ -72,7 +73,7 @@ def test_request_records_missing_for_30_minutes_move_nothing() -> None:
     level = loop.scaler.states[(MODEL, "az-a")].ctrl.level
     events = []
     for k in range(3, 183):
-        out = loop.decide(_zone(k, count=0, replicas_ready=8, running_mean=4.0, queue_len_mean=2.0), 0)
+        out = loop.decide(_zone(k, count=0, replicas_ready=8, running_mean=4.0, queue_len_mean=0.2), 0)
         assert out.commands == [], k
         events += out.events
     assert loop.scaler.states[(MODEL, "az-a")].ctrl.level == level
