@@ -367,6 +367,21 @@ class Settings:
         "1/0: executors accept unsigned schema-v1 commands (rolling upgrade only)",
         "bool",
     )
+    max_deliveries: int = _setting(
+        5,
+        "GOVERNOR_MAX_DELIVERIES",
+        "deliveries of one command stream entry (XPENDING counter) before the executor ends it as "
+        "failed, reason 'delivery limit', and acknowledges it",
+        "int",
+        ge=1,
+    )
+    heartbeat_s: float = _setting(
+        5.0,
+        "GOVERNOR_HEARTBEAT_S",
+        "seconds between an executor's writes of its heartbeat key <prefix>:executor:<zone>:heartbeat (TTL 3x this)",
+        "float",
+        gt=0,
+    )
     clock_speed: float = _setting(
         1.0,
         "GOVERNOR_CLOCK_SPEED",
@@ -388,6 +403,29 @@ class Settings:
         "int",
         ge=0,
         lt=65536,
+    )
+    metrics_addr: str = _setting(
+        "0.0.0.0",
+        "GOVERNOR_METRICS_ADDR",
+        "address the Prometheus exporters (worker, executors) bind; 0.0.0.0 lets a scraper in another "
+        "container reach them, 127.0.0.1 keeps them on the host",
+        "str",
+    )
+    max_future_s: float = _setting(
+        60.0,
+        "GOVERNOR_MAX_FUTURE_S",
+        "telemetry records stamped further ahead of the worker's clock are dead-lettered (kind future); "
+        "records ahead of it never move the watermark past the clock",
+        "float",
+        gt=0,
+    )
+    max_nodes_per_window: int = _setting(
+        1024,
+        "GOVERNOR_MAX_NODES_PER_WINDOW",
+        "distinct nodes one (model, zone) window holds; records of further nodes are dead-lettered "
+        "(kind too many nodes)",
+        "int",
+        ge=1,
     )
     web_port: int = _setting(
         0,

@@ -31,11 +31,20 @@ temporary backend failure leaves the entry pending; it is retried after
 ``retry_idle_ms``.  While the topic is unavailable, reporting retries with
 capped backoff (0.1 s doubling to 5 s) and holds the poll loop.
 
-Outcomes that come after the command: a backend with an ``outcomes_key``
-(the sim backend: ``<prefix>:fleet:<zone>:relocated``, where the fleet
-reports each relocation it applied or refused) has them relayed to the
-results topic as ``record: "relocation_outcome"`` records between two polls,
-at least once (:mod:`executors.outcomes`).  The applied marker is written after the backend applied
+Nothing stops the loop.  Any entry, however malformed, ends as a result and
+an XACK (:mod:`executors.entry`: decoding errors are ``rejected``, an
+unexpected error while handling one is ``failed``, reason ``internal
+error: ...``; :meth:`ZoneExecutor.handle` never raises); an entry delivered
+more than ``max_deliveries`` times (``GOVERNOR_MAX_DELIVERIES``, XPENDING's
+counter) ends as ``failed``, reason ``delivery limit``; echoed entries and
+results are capped, a result refused as too large is dropped and counted
+(:mod:`executors.results`); ``last_basis`` / ``last_hlc`` only get
+validated ints, and a stored non-int counts as absent (logged); Redis loss,
+restarts and ``NOGROUP`` are retried (:mod:`executors.loop`); a heartbeat
+key shows the executor alive (:mod:`executors.heartbeat`).
+
+Outcomes that come after the command (relocations) are relayed to the
+results topic between two polls (:mod:`executors.outcomes`).  The applied marker is written after the backend applied
 the command; commands are absolute targets, so the one re-apply a crash in
 between can cause is harmless.
 
@@ -46,13 +55,7 @@ command's ``hlc`` and the executor's ``executor_hlc`` after the merge.  A
 estimates the zone's RTT and the clock offset against Redis ``TIME``.
 
 Apply at a compensated time: a command whose ``detail`` has ``apply_at_ms``
-(on the shared run clock, i.e. the reference clock) is held until this
-executor's clock *corrected by the estimated offset* (``now + offset``; the
-offset is Redis minus local, scaled by the clock speed) reaches it, but never
-past ``expires_at_ms`` -- if the wait reaches the expiry the command is
-refused as ``expired``.  The wait holds this executor's poll loop (commands
-of one zone apply in order).  Commands without ``apply_at_ms`` (the default)
-apply at once.
+is held (:func:`executors.timing.hold_until`, see there) holding the poll loop.
 """
 
 from __future__ import annotations
@@ -62,43 +65,31 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+import uuid
 from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
 from executors.backends import Backend, BackendRejected, BackendUnavailable, BudgetExceeded
+from executors.entry import apply_at, decode_entry, echo, stored_int, valid_int
 from executors.guard import CommandGuard
+from executors.heartbeat import Heartbeat
+from executors.loop import TRANSPORT, is_nogroup, retry_until_ok, run_until_stopped
 from executors.outcomes import OutcomeRelay
-from executors.timing import ZoneTiming
+from executors.results import ExecutorStats, ResultPublisher, result_record
+from executors.timing import ZoneTiming, hold_until
 from streams.commands import Command, CommandError, hlc_stale
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
 
 GROUP = "executors"
-
-
-def _apply_at(cmd: Command) -> float | None:
-    """``detail.apply_at_ms`` of a command, if it carries a numeric one."""
-    v = cmd.detail.get("apply_at_ms") if isinstance(cmd.detail, dict) else None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-@dataclass
-class ExecutorStats:
-    outcomes: dict[str, int] = field(default_factory=dict)
-
-    def count(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
 class ZoneExecutor:
@@ -121,6 +112,8 @@ class ZoneExecutor:
         timing: ZoneTiming | None = None,
         probe_interval_s: float = 5.0,
         rtt_factor: float | None = None,
+        max_deliveries: int = 5,
+        heartbeat_s: float = 5.0,
     ) -> None:
         self.zone = zone
         self.prefix = prefix
@@ -132,46 +125,33 @@ class ZoneExecutor:
         self.results_topic = results_topic
         self.metrics = metrics or ExecutorMetrics()
         self.stream = names.command_stream(prefix, zone)
+        self._basis_key, self._hlc_key = names.executor_last_basis(prefix, zone), names.executor_last_hlc(prefix, zone)
         self.consumer = consumer or f"{zone}-{socket.gethostname()}-{os.getpid()}"
+        self.executor_id = f"{self.consumer}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.retry_idle_ms = retry_idle_ms
         self.marker_ttl_s = marker_ttl_s
+        self.max_deliveries = max_deliveries
         self.stats = ExecutorStats()
         self._stopping = asyncio.Event()
+        self._transport_error: BaseException | None = None  # met inside handle(); poll_once re-raises it
         self.hlc = Hlc()
         self._pause_checked = -1e9  # monotonic seconds of the last gauge refresh
         self.probe_interval_s = probe_interval_s
+        reg = self.metrics.registry
+        self.publisher = ResultPublisher(results, results_topic, zone, reg)
         self.timing = timing or ZoneTiming(
-            zone,
-            redis,
-            producer=results,
-            results_topic=results_topic,
-            registry=self.metrics.registry,
-            factor=rtt_factor,
+            zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor
         )
+        self.heartbeat = Heartbeat(redis, prefix, zone, self.executor_id, backend.name, heartbeat_s, clock.now_ms, reg)
         # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
         source = getattr(backend, "outcomes_key", None)
-        self.relay = (
-            OutcomeRelay(
-                redis,
-                source,
-                names.relocation_inflight(prefix, zone),
-                zone=zone,
-                backend=backend.name,
-                publish=self._report,
-                now_ms=clock.now_ms,
+        inflight = names.relocation_inflight(prefix, zone)
+        self.relay = None
+        if source and results is not None:
+            self.relay = OutcomeRelay(
+                redis, source, inflight, zone=zone, backend=backend.name, publish=self._report, now_ms=clock.now_ms
             )
-            if source and results is not None
-            else None
-        )
-
-    @property
-    def _basis_key(self) -> str:
-        return names.executor_last_basis(self.prefix, self.zone)
-
-    @property
-    def _hlc_key(self) -> str:
-        return names.executor_last_hlc(self.prefix, self.zone)
 
     async def ensure_group(self) -> None:
         try:
@@ -183,43 +163,45 @@ class ZoneExecutor:
     def stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self._stopping
+
+    async def _step(self) -> None:
+        await self.poll_once()
+        if self.relay is not None:
+            await self.relay.pump()
+
     async def run(self) -> None:
-        await self.ensure_group()
-        log.info("executor %s reading %s as %s", self.zone, self.stream, self.consumer)
-        probes = (
-            asyncio.create_task(self.timing.run(self.probe_interval_s, self._stopping))
-            if self.probe_interval_s > 0
-            else None
-        )
-        delay = 0.1
+        """Poll until stopped; survives Redis loss, restarts and NOGROUP (:mod:`executors.loop`)."""
+        tasks = [asyncio.create_task(self.heartbeat.run(self._stopping))]
+        if self.probe_interval_s > 0:
+            tasks.append(asyncio.create_task(self.timing.run(self.probe_interval_s, self._stopping)))
+        what = f"executor {self.zone}"
         try:
-            while not self._stopping.is_set():
-                try:
-                    await self.poll_once()
-                    if self.relay is not None:
-                        await self.relay.pump()
-                    delay = 0.1
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                    log.warning("executor %s: redis unavailable (%s); retry in %.1f s", self.zone, exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(5.0, delay * 2)
+            if await retry_until_ok(self.ensure_group, f"{what}: group on {self.stream}", self._stopping):
+                log.info("executor %s reading %s as %s", self.zone, self.stream, self.consumer)
+                await run_until_stopped(self._step, what, self._stopping, self.ensure_group)
         finally:
-            if probes is not None:
-                self._stopping.set()
-                await probes
+            self._stopping.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def corrected_now_ms(self) -> float:
         """This executor's clock corrected to the reference (Redis) clock: ``now + offset``."""
         return self.clock.now_ms() + self.timing.offset_ms() * self.clock.speed
 
     async def wait_apply_at(self, cmd: Command) -> None:
-        """Hold a command with ``detail.apply_at_ms`` until the corrected clock reaches it (or expiry)."""
-        apply_at = _apply_at(cmd)
-        if apply_at is None:
+        """Hold a command with ``detail.apply_at_ms`` until the corrected clock reaches it, but never
+        past its expiry nor longer than ``GOVERNOR_MAX_CLOCK_SKEW_S`` of wall time (or stop)."""
+        at, now = apply_at(cmd), self.clock.now_ms()
+        if at is None:
             return
-        target = min(float(apply_at), float(cmd.expires_at_ms))
-        while (gap := target - self.corrected_now_ms()) > 0 and not self._stopping.is_set():
-            await asyncio.sleep(min(self.clock.to_wall_s(gap), 1.0))
+        room_ms = min(self.guard.settings.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
+        target = min(at, float(cmd.expires_at_ms))
+        if not await hold_until(
+            target, self.corrected_now_ms, self.clock.to_wall_s, self.clock.to_wall_s(room_ms), self._stopping
+        ):
+            log.info("executor %s: %s held %.0f ms, apply_at_ms %s not reached", self.zone, cmd.command_id, room_ms, at)
 
     async def paused(self) -> dict[str, Any] | None:
         """The pause set by ``governor pause`` (``{"reason", "paused_at_ms"}``), or None; sets the gauge."""
@@ -234,6 +216,17 @@ class ZoneExecutor:
             info = None
         return info if isinstance(info, dict) else {"reason": "(unreadable pause record)"}
 
+    def _check_transport(self) -> None:
+        exc, self._transport_error = self._transport_error, None
+        if exc is not None:
+            raise exc
+
+    async def _deliveries(self, entry_id: bytes) -> int:
+        """How many times ``entry_id`` was delivered (XPENDING; 1 when it is not pending)."""
+        info = await self.redis.xpending_range(self.stream, GROUP, min=entry_id, max=entry_id, count=1)
+        n = info[0].get("times_delivered") if info else None
+        return n if isinstance(n, int) else 1
+
     async def poll_once(self) -> int:
         """Handle what is pending for too long (ours or a dead peer's), then new entries."""
         handled = 0
@@ -243,7 +236,8 @@ class ZoneExecutor:
             self.stream, GROUP, self.consumer, min_idle_time=self.retry_idle_ms, start_id="0-0", count=100
         )
         for entry_id, fields in claimed[1] if claimed else []:
-            handled += await self.handle(entry_id, fields)
+            handled += await self.handle(entry_id, fields, await self._deliveries(entry_id))
+            self._check_transport()
         # redis-py types the reply for every protocol/decoding mode; ours is RESP2, undecoded
         resp = cast(
             "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]]]] | None",
@@ -252,25 +246,51 @@ class ZoneExecutor:
         for _stream, entries in resp or []:
             for entry_id, fields in entries:
                 handled += await self.handle(entry_id, fields)
+                self._check_transport()
         return handled
 
-    async def handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> int:
-        raw = (fields or {}).get(b"cmd")
-        now = self.clock.now_ms()
+    async def handle(self, entry_id: bytes | str, fields: Any, deliveries: int = 1) -> int:
+        """Handle one stream entry; 1 when it was acknowledged, 0 when it stays pending.  Never raises:
+        Redis transport errors leave the entry pending (and make :meth:`poll_once` back off)."""
         try:
-            if raw is None:
-                raise CommandError("stream entry has no 'cmd' field")
+            return await self._handle(entry_id, fields, deliveries)
+        except TRANSPORT as exc:
+            self._transport_error = exc
+            return 0
+        except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the executor
+            log.exception("executor %s: entry %r failed unexpectedly", self.zone, entry_id)
+            raw = fields.get(b"cmd") if isinstance(fields, dict) else fields
+            why = f"internal error: {type(exc).__name__}: {echo(str(exc), 500)}"
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise CommandError(f"not JSON: {exc}") from exc
-            cmd = Command.decode(obj if isinstance(obj, dict) else raw)
+                await self._finish(entry_id, None, "failed", why, self.clock.now_ms(), {"raw": echo(raw or b"")})
+            except TRANSPORT as again:
+                self._transport_error = again
+                return 0
+            except Exception:  # noqa: BLE001 - the delivery limit ends it later
+                log.exception("executor %s: entry %r could not be ended", self.zone, entry_id)
+                return 0
+            return 1
+
+    async def _stored(self, key: str, name: str) -> int | None:
+        raw = await self.redis.hget(key, name)
+        value = stored_int(raw)
+        if raw is not None and value is None:
+            log.warning("executor %s: %s[%s] holds %s, not an int; ignored", self.zone, key, name, echo(raw, 80))
+        return value
+
+    async def _handle(self, entry_id: bytes | str, fields: Any, deliveries: int) -> int:
+        raw = fields.get(b"cmd") if isinstance(fields, dict) else None
+        now = self.clock.now_ms()
+        if deliveries > self.max_deliveries:
+            detail = {"deliveries": deliveries, "max_deliveries": self.max_deliveries, "raw": echo(raw or b"")}
+            await self._finish(entry_id, None, "failed", "delivery limit", now, detail)
+            return 1
+        try:
+            obj, cmd = decode_entry(fields)
             if cmd.zone != self.zone:
                 raise CommandError(f"command for zone {cmd.zone!r} on {self.zone!r}'s stream")
         except CommandError as exc:
-            await self._finish(
-                entry_id, None, "rejected", str(exc), now, {"raw": (raw or b"").decode("utf-8", "replace")[:2000]}
-            )
+            await self._finish(entry_id, None, "rejected", echo(str(exc), 2000), now, {"raw": echo(raw or b"")})
             return 1
         # Authenticity, target, bounds and clock sanity before anything else: a refused
         # command changes no state (not the HLC, last_basis or last_hlc).
@@ -283,50 +303,39 @@ class ZoneExecutor:
             return 1
         if cmd.hlc:
             self.hlc = self.hlc.receive(Hlc.decode(cmd.hlc), now)  # HLC receive rule
-            bridged = (fields or {}).get(b"bridged_ms")
-            if bridged is not None:
-                self.timing.observe_delivery(now - int(bridged))
+            bridged = stored_int(fields.get(b"bridged_ms"))
+            if bridged is not None and 0 < now - bridged < 3_600_000:  # unsigned: only a plausible delay
+                self.timing.observe_delivery(now - bridged)
         if cmd.expired(now):
             self.metrics.expired.labels(self.zone).inc()
             await self._finish(entry_id, cmd, "expired", f"now {now} >= expires_at_ms {cmd.expires_at_ms}", now)
             return 1
-        last_hlc = await self.redis.hget(self._hlc_key, cmd.order_field)
-        if hlc_stale(cmd.hlc, None if last_hlc is None else int(last_hlc)):
-            await self._finish(
-                entry_id, cmd, "stale", "hlc older than last applied", now, {"last_hlc": int(last_hlc or 0)}
-            )
+        last_hlc = await self._stored(self._hlc_key, cmd.order_field)
+        if hlc_stale(cmd.hlc, last_hlc):
+            await self._finish(entry_id, cmd, "stale", "hlc older than last applied", now, {"last_hlc": last_hlc})
             return 1
         basis_field = cmd.model if cmd.kind == "scale" else cmd.order_field
-        last_basis = await self.redis.hget(self._basis_key, basis_field)
-        if last_basis is not None and cmd.basis_ms < int(last_basis):
-            await self._finish(
-                entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {int(last_basis)}", now
-            )
+        last_basis = await self._stored(self._basis_key, basis_field)
+        if last_basis is not None and cmd.basis_ms < last_basis:
+            await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {last_basis}", now)
             return 1
         await self.wait_apply_at(cmd)
-        if _apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
-            now = self.clock.now_ms()
+        if apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
             self.metrics.expired.labels(self.zone).inc()
-            await self._finish(
-                entry_id,
-                cmd,
-                "expired",
-                f"apply_at_ms {_apply_at(cmd)} not reached before expires_at_ms {cmd.expires_at_ms}",
-                now,
-            )
+            why = f"apply_at_ms {apply_at(cmd)} not reached before expires_at_ms {cmd.expires_at_ms}"
+            await self._finish(entry_id, cmd, "expired", why, self.clock.now_ms())
             return 1
         pause = await self.paused()
         if pause is not None:
             # Kill switch: acknowledged and reported, nothing applied or remembered.
-            await self._finish(
-                entry_id, cmd, "advisory", f"paused: {pause.get('reason', '')}", self.clock.now_ms(), {"paused": pause}
-            )
+            why = f"paused: {echo(pause.get('reason', ''), 500)}"
+            await self._finish(entry_id, cmd, "advisory", why, self.clock.now_ms(), {"paused": pause})
             return 1
         try:
             detail = await self.backend.apply(cmd)
         except BackendUnavailable as exc:
             log.warning("executor %s: backend unavailable for %s (%s); will retry", self.zone, cmd.command_id, exc)
-            return 0  # stays pending; xautoclaim retries it after retry_idle_ms
+            return 0  # stays pending; xautoclaim retries it after retry_idle_ms, up to max_deliveries
         except BudgetExceeded as exc:
             await self._finish(entry_id, cmd, "rejected", str(exc), now)
             return 1
@@ -336,8 +345,9 @@ class ZoneExecutor:
         applied_at = self.clock.now_ms()
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(names.applied_marker(self.prefix, self.zone, cmd.command_id), applied_at, ex=self.marker_ttl_s)
-            pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
-            if cmd.hlc:
+            if valid_int(cmd.basis_ms):
+                pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
+            if cmd.hlc and valid_int(cmd.hlc):
                 pipe.hset(self._hlc_key, cmd.order_field, cmd.hlc)
             await pipe.execute()
         self.metrics.latency.labels(self.zone).set(applied_at - cmd.issued_at_ms)
@@ -346,7 +356,7 @@ class ZoneExecutor:
 
     async def _finish(
         self,
-        entry_id: bytes,
+        entry_id: bytes | str,
         cmd: Command | None,
         outcome: str,
         reason: str,
@@ -356,41 +366,28 @@ class ZoneExecutor:
         self.stats.count(outcome)
         self.metrics.outcomes.labels(self.zone, outcome).inc()
         if outcome != "applied":
-            log.info("executor %s: %s %s (%s)", self.zone, outcome, cmd.command_id if cmd else entry_id, reason)
-        result = {
-            "schema_version": 1,
-            "zone": self.zone,
-            "outcome": outcome,
-            "reason": reason,
-            "at_ms": now,
-            "backend": self.backend.name,
-            "detail": detail or {},
-            "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id),
-        }
-        if cmd is not None:
-            result.update(
-                command_id=cmd.command_id,
-                model=cmd.model,
-                kind=cmd.kind,
-                target_replicas=cmd.target_replicas,  # None for every kind but scale (schema v2)
-                issued_at_ms=cmd.issued_at_ms,
-                basis_ms=cmd.basis_ms,
-                latency_ms=now - cmd.issued_at_ms,
-                hlc=cmd.hlc,
-                executor_hlc=self.hlc.encode(),
+            log.info(
+                "executor %s: %s %s (%s)", self.zone, outcome, cmd.command_id if cmd else entry_id, echo(reason, 500)
             )
+        result = result_record(
+            zone=self.zone,
+            backend=self.backend.name,
+            entry_id=entry_id,
+            cmd=cmd,
+            outcome=outcome,
+            reason=reason,
+            now=now,
+            detail=detail,
+            executor_hlc=self.hlc.encode(),
+        )
         if self.results is not None:
             await self._report(result)
-        await self.redis.xack(self.stream, GROUP, entry_id)
+        try:
+            await self.redis.xack(self.stream, GROUP, entry_id)
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            log.warning("executor %s: entry %r not acked, its group is gone (%s)", self.zone, entry_id, exc)
 
     async def _report(self, result: dict[str, Any]) -> None:
-        assert self.results is not None
-        delay = 0.1
-        while True:
-            try:
-                await self.results.send_and_wait(self.results_topic, orjson.dumps(result), key=self.zone.encode())
-                return
-            except Exception as exc:  # noqa: BLE001 - Kafka trouble is temporary: back off
-                log.warning("executor %s: results topic unavailable (%s); retry in %.1f s", self.zone, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(5.0, delay * 2)
+        await self.publisher.publish(result)

@@ -19,6 +19,17 @@ Each probe is published to the results topic as a ``timing`` record
 ``governor_zone_rtt_ms{zone, path}`` (``path`` = ``redis``, ``kafka``,
 ``base``, ``compensation``) and ``governor_zone_clock_offset_ms{zone}`` on
 the executor's registry.
+
+Apply at a compensated time: a command whose ``detail`` has ``apply_at_ms``
+(on the shared run clock, i.e. the reference clock) is held until this
+executor's clock *corrected by the estimated offset* (``now + offset``; the
+offset is Redis minus local, scaled by the clock speed) reaches it, but never
+past ``expires_at_ms`` -- if the wait reaches the expiry the command is
+refused as ``expired`` -- and never longer than ``GOVERNOR_MAX_CLOCK_SKEW_S``
+(wall time; the guard refuses an ``apply_at_ms`` further ahead anyway).
+The wait (:func:`hold_until`) holds the zone executor's poll loop (commands
+of one zone apply in order).  Commands without ``apply_at_ms`` (the default)
+apply at once.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -142,3 +154,26 @@ class ZoneTiming:
                 await asyncio.wait_for(stopping.wait(), timeout=interval_s)
             except TimeoutError:
                 pass
+
+
+async def hold_until(
+    target_ms: float,
+    now_ms: Callable[[], float],
+    to_wall_s: Callable[[float], float],
+    max_wall_s: float,
+    stopping: asyncio.Event,
+) -> bool:
+    """Wait until ``now_ms()`` reaches ``target_ms``, at most ``max_wall_s`` wall seconds (or until
+    ``stopping``); whether the target was reached.  Sleeps in steps of at most 1 s, so a clock
+    correction meanwhile is seen.
+
+    >>> asyncio.run(hold_until(1e18, lambda: 0.0, lambda ms: ms / 1000, 0.01, asyncio.Event()))
+    False
+    """
+    deadline = time.monotonic() + max(0.0, max_wall_s)
+    while (gap := target_ms - now_ms()) > 0:
+        left = deadline - time.monotonic()
+        if left <= 0 or stopping.is_set():
+            return False
+        await asyncio.sleep(max(0.001, min(to_wall_s(gap), 1.0, left)))
+    return True

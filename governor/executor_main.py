@@ -1,4 +1,11 @@
-"""``governor executor --zone Z``: one zone's executor process."""
+"""``governor executor --zone Z``: one zone's executor process.
+
+It never exits for Redis trouble (down at start, lost, restarted with or
+without its data): :mod:`executors.loop` retries with capped backoff.  It
+writes its heartbeat key every ``GOVERNOR_HEARTBEAT_S`` and ends a command
+entry delivered more than ``GOVERNOR_MAX_DELIVERIES`` times as failed
+(:mod:`executors.executor`).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from executors.backends import (
 )
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
+from executors.loop import retry_until_ok
 from governor.processes import EXECUTOR_READY
 from streams.metrics_export import ExecutorMetrics
 
@@ -64,7 +72,7 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
     )
     await producer.start()
     metrics = ExecutorMetrics()
-    metrics.serve(settings.metrics_port)
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
     executor = ZoneExecutor(
         zone=zone,
         prefix=settings.topic_prefix,
@@ -76,14 +84,17 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         results_topic=settings.topic("results"),
         metrics=metrics,
         probe_interval_s=PROBE_INTERVAL_S,
+        max_deliveries=settings.max_deliveries,
+        heartbeat_s=settings.heartbeat_s,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, executor.stop)
     try:
-        await executor.ensure_group()
-        log.info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
-        await executor.run()
+        # Redis down at start is waited for (capped backoff), never a reason to exit.
+        if await retry_until_ok(executor.ensure_group, f"executor {zone}: group", executor.stopping):
+            log.info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
+            await executor.run()
     finally:
         await producer.stop()
         await redis.aclose()

@@ -35,7 +35,11 @@ characters in names are escaped):
   ``MULTI``/``EXEC``).
 * ``P:executor:Z:last_basis``, ``P:executor:Z:last_hlc`` -- staleness
   (``HGET``, ``HSET``); ``P:executor:Z:relocated:inflight`` -- relocation
-  outcomes being relayed (``LMOVE``, ``LRANGE``, ``LREM``).
+  outcomes being relayed (``LMOVE``, ``LRANGE``, ``LREM``);
+  ``P:executor:Z:heartbeat`` -- its liveness key (``SET ... PX``; on a
+  clean stop one ``EVAL`` of ``GET`` + ``SET ... PX 1``, no ``DEL``).
+* ``XPENDING`` on its stream: the delivery counter of a claimed entry
+  (``GOVERNOR_MAX_DELIVERIES``).
 * ``P:fleet:Z:desired`` (``HGET``, ``HSET``), ``P:fleet:Z:relocate``
   (``RPUSH``), ``P:fleet:Z:relocated`` (``LMOVE`` source), ``P:routing:Z``
   and ``P:breaker:Z`` (``HSET``) -- the sim and routing backends' desired
@@ -56,7 +60,7 @@ characters in names are escaped):
 
 By default the rules load on any Redis from 6.2 (``--redis-version``
 tailors them to one).
-* commands: the above plus ``EVAL``, ``TIME`` and ``PING`` (the RTT /
+* commands: the above plus ``XPENDING``, ``EVAL``, ``TIME`` and ``PING`` (the RTT /
   clock-offset probes), ``MULTI``/``EXEC``/``DISCARD``.
 
 ``governor-worker`` -- ``governor worker``:
@@ -66,6 +70,9 @@ tailors them to one).
 * ``P:canary:*`` -- the rollouts it advances (``GET``, ``WATCH``,
   ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
 * ``P:snapshot:*`` -- the drivers' learned state (``GET``, ``MGET``, ``MSET``).
+* ``P:executor:Y:heartbeat`` of every zone -- ``GET``: whether the zone's
+  executor is alive.  Read only with ``--redis-version 7.0`` or later
+  (``%R~``); on 6.2 read-write, like ``P:paused`` for the executors.
 
 ``governor-operator`` -- ``governor pause|resume`` and ``governor canary
 start|status|abort``:
@@ -166,6 +173,7 @@ EXECUTOR_COMMANDS = (
     "xreadgroup",
     "xautoclaim",
     "xack",
+    "xpending",
     "exists",
     "get",
     "set",
@@ -241,6 +249,7 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
         names.executor_last_basis(prefix, zone),
         names.executor_last_hlc(prefix, zone),
         names.relocation_inflight(prefix, zone),
+        names.executor_heartbeat(prefix, zone),
         names.desired_replicas(prefix, zone),
         names.relocate_queue(prefix, zone),
         names.relocated_outcomes(prefix, zone),
@@ -261,12 +270,14 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
 
 
 def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
-    """The ACL of ``governor worker``: XADD to every zone's stream, its canary and snapshot keys."""
+    """The ACL of ``governor worker``: XADD to every zone's stream, its canary and snapshot keys,
+    GET of every zone's executor heartbeat."""
     _check_names(prefix, zones)
     keys = [glob_escape(names.command_stream(prefix, z)) for z in zones]
     keys.append(glob_escape(names.canary_state(prefix, "")) + "*")
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
-    return AclUser(WORKER, keys=tuple(keys), read_keys=(), commands=WORKER_COMMANDS)
+    beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
+    return AclUser(WORKER, keys=tuple(keys), read_keys=beats, commands=WORKER_COMMANDS)
 
 
 def operator_user(prefix: str) -> AclUser:

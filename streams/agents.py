@@ -250,24 +250,26 @@ def build_pipeline(
                 why = keyring.verify(asdict(cmd))
                 if why is not None:
                     raise CommandError(f"unauthenticated command: {why}")
-            except CommandError as exc:
+                now = clock.now_ms()
+                stamped = hlc.tick(now)
+                entry = cmd.with_hlc(stamped.encode()).signed(keyring).encode()
+            except (CommandError, ValueError, TypeError, RecursionError) as exc:  # nothing a message holds stops it
                 reason = str(exc) if str(exc).startswith("unauthenticated") else f"bad command: {exc}"
                 metrics.observe_dead_letter(reason)
                 await send_dead_letter(
                     dead_letter(
                         reason,
                         {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
-                        bytes(event.value).decode("utf-8", "replace"),
+                        bytes(event.value or b"").decode("utf-8", "replace"),
                         clock.now_ms(),
                     )
                 )
                 continue
-            now = clock.now_ms()
-            hlc = hlc.tick(now)
+            hlc = stamped
             await xadd_with_retry(
                 redis,
                 names.command_stream(settings.topic_prefix, cmd.zone),
-                {"cmd": cmd.with_hlc(hlc.encode()).signed(keyring).encode(), "bridged_ms": str(now).encode()},
+                {"cmd": entry, "bridged_ms": str(now).encode()},
                 metrics,
             )
             metrics.bridged.labels(cmd.zone).inc()

@@ -66,6 +66,7 @@ from typing import Any, TypeVar
 import orjson
 
 from core import vocab
+from core.jsonsafe import MAX_DEPTH, too_deep
 from core.signing import Keyring
 from streams.command_payloads import (
     AGENT_SIGNALS,
@@ -204,6 +205,9 @@ class Command:
             raise CommandError("detail must be a JSON object")
         if not isinstance(self.payload, dict):
             raise CommandError("payload must be a JSON object")
+        for name in ("detail", "payload"):  # orjson writes 254 levels: deeper would fail when signed or sent
+            if too_deep(getattr(self, name), MAX_DEPTH):
+                raise CommandError(f"{name} nested deeper than {MAX_DEPTH} levels")
         if self.kind == "scale":
             if self.payload:
                 raise CommandError("payload must be empty for scale (its decision is target_replicas)")

@@ -10,9 +10,11 @@ printed, plus an admin user of the test's own.  Then:
 * a real :class:`ZoneExecutor` for az-a connected as that user consumes a
   signed scale command from its own stream and applies it through the
   fleet-budget script (which reads az-b's desired hash), relays a relocation
-  outcome and runs its timing probes: the ACL is sufficient, not only
+  outcome, runs its timing probes, writes its heartbeat key, reads XPENDING
+  and expires its heartbeat on stop: the ACL is sufficient, not only
   restrictive;
-* the worker user can XADD to every zone's stream and read none;
+* the worker user can XADD to every zone's stream and read none, and GET
+  every zone's executor heartbeat;
 * the ``default`` user is off: no password, or the old one, is refused.
 """
 
@@ -25,7 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -212,6 +214,8 @@ def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
         with pytest.raises(NoPermissionError):
             w.set(names.paused(PREFIX), b"{}")  # the kill switch is the operator's
         w.mset({names.snapshot(PREFIX, "scaler"): b"{}"})
+        for z in ZONES:  # whether each zone's executor is alive: GET allowed (NOPERM would raise)
+            w.get(names.executor_heartbeat(PREFIX, z))
         with w.pipeline(transaction=True) as pipe:  # the canary driver's optimistic transaction
             key = names.canary_state(PREFIX, MODEL)
             pipe.watch(key)  # type: ignore[no-untyped-call]
@@ -304,7 +308,7 @@ async def executor_applies_a_signed_scale(
     await admin.hset(desired_a, MODEL, 3)
     await admin.hset(desired_b, MODEL, 90)
     await admin.rpush(names.relocated_outcomes(prefix, "az-a"), orjson.dumps({"node": "n1", "command_id": "r1"}))
-    task = asyncio.create_task(ex.run())  # a NOPERM anywhere ends the task with the error
+    task = asyncio.create_task(ex.run())  # a NOPERM is logged and retried: the ACL LOG below shows any
     entry = signed(s, _scale(6, basis_ms=int(time.time() * 1000) - 1_000))
     await worker.xadd(stream, {"cmd": entry}, maxlen=100_000, approximate=True)
     over = signed(s, _scale(20, basis_ms=int(time.time() * 1000)))  # 20 + 90 > 100: the script refuses it
@@ -314,8 +318,12 @@ async def executor_applies_a_signed_scale(
         if {"applied", "rejected", "relocation_applied", "timing"} <= {x.get("outcome") for x in results.sent}:
             break
         await asyncio.sleep(0.05)
+    beat = orjson.loads(cast(bytes, await worker.get(names.executor_heartbeat(prefix, "az-a"))))  # the worker reads it
+    assert beat["executor"] == ex.executor_id and beat["backend"] == "sim"
+    assert await r.xpending_range(stream, GROUP, min="-", max="+", count=10) == []  # the delivery counter
     ex.stop()
-    await asyncio.wait_for(task, 10)  # re-raises a NoPermissionError, if any
+    await asyncio.wait_for(task, 10)
+    assert await admin.exists(names.executor_heartbeat(prefix, "az-a")) == 0  # expired on the clean stop
     by = {x["outcome"]: x for x in results.sent}
     assert by["applied"]["detail"] == {"previous_desired": 3, "desired": 6}, results.sent
     assert by["rejected"]["reason"].startswith("budget: 20 replicas of m in az-a would make 110"), by["rejected"]

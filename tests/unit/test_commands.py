@@ -254,3 +254,18 @@ def test_order_field_is_kind_and_model() -> None:
     assert make_cmd().order_field == "scale:m"
     assert cmd_of("relocate").order_field == "relocate:m:az-a/m/r1"
     assert cmd_of("breaker").order_field == "breaker:m|az-b"
+
+
+def test_a_detail_nested_past_the_limit_is_a_command_error_not_a_crash_when_signed_or_sent() -> None:
+    """orjson writes 254 levels: a deeper detail used to decode, then crash the bridge when signed."""
+    import orjson
+
+    from core.jsonsafe import MAX_DEPTH
+    from streams.commands import Command, CommandError
+
+    raw = b'{"schema_version": 2, "kind": "scale", "zone": "az-a", "model": "m", "target_replicas": 1, '
+    raw += b'"reason": "x", "issued_at_ms": 1, "expires_at_ms": 2, "basis_ms": 1, "detail": {"x": ' + b"[" * 300 + b"0"
+    raw += b"]" * 300 + b"}}"
+    with pytest.raises(CommandError, match=f"detail nested deeper than {MAX_DEPTH} levels"):
+        Command.decode(raw)
+    assert orjson.loads(raw)  # it is valid JSON: only the limit refuses it
