@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from governor_telemetry.records import MAX_HIST_BINS, show
+
 from core.vocab import AGENT_PATHS
 
 __all__ = ["METRICS_SCHEMA_VERSION", "WindowRecord", "WindowRecordError", "decode_window"]
@@ -147,7 +149,12 @@ _KINDS = {f.name: f.metadata["kind"] for f in dataclasses.fields(WindowRecord) i
 
 
 def _is_num(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+    """A finite number that converts to float (an int beyond int64 does not count)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -_MAX_INT <= v <= _MAX_INT
+    return isinstance(v, float) and math.isfinite(v)
 
 
 def _check(name: str, kind: int, v: Any) -> Any:
@@ -157,12 +164,12 @@ def _check(name: str, kind: int, v: Any) -> Any:
         if not ok and isinstance(v, float) and v.is_integer() and 0 <= v <= _MAX_INT:
             return int(v)  # JSON encoders may write 5.0 for 5
         if not ok:
-            raise WindowRecordError(f"{name}: must be an int >= 0, got {v!r}")
+            raise WindowRecordError(f"{name}: must be an int >= 0, got {show(v)}")
         return v
     if not _is_num(v) or v < 0:
-        raise WindowRecordError(f"{name}: must be a finite number >= 0, got {v!r}")
+        raise WindowRecordError(f"{name}: must be a finite number >= 0, got {show(v)}")
     if kind in (_RATE, _OPT_RATE) and v > 1.0:
-        raise WindowRecordError(f"{name}: must lie in [0, 1], got {v!r}")
+        raise WindowRecordError(f"{name}: must lie in [0, 1], got {show(v)}")
     return float(v)
 
 
@@ -171,7 +178,7 @@ def _text(obj: Mapping[str, Any], name: str) -> str:
     if v is None:
         raise WindowRecordError(f"{name}: missing")
     if not isinstance(v, str) or not v or len(v) > 256:
-        raise WindowRecordError(f"{name}: must be a non-empty string of at most 256 characters, got {v!r}")
+        raise WindowRecordError(f"{name}: must be a non-empty string of at most 256 characters, got {show(v)}")
     return v
 
 
@@ -185,12 +192,12 @@ def decode_window(obj: Any) -> WindowRecord:
         raise WindowRecordError(f"record: must be a JSON object, got {type(obj).__name__}")
     version = obj.get("schema_version", METRICS_SCHEMA_VERSION)
     if version != METRICS_SCHEMA_VERSION or isinstance(version, bool):
-        raise WindowRecordError(f"schema_version: {version!r} is not {METRICS_SCHEMA_VERSION}")
+        raise WindowRecordError(f"schema_version: {show(version)} is not {METRICS_SCHEMA_VERSION}")
     if obj.get("kind", "window") != "window":
-        raise WindowRecordError(f"kind: {obj.get('kind')!r} is not 'window'")
+        raise WindowRecordError(f"kind: {show(obj.get('kind'))} is not 'window'")
     scope = obj.get("scope")
     if scope not in ("zone", "node"):
-        raise WindowRecordError(f"scope: must be 'zone' or 'node', got {scope!r}")
+        raise WindowRecordError(f"scope: must be 'zone' or 'node', got {show(scope)}")
     values: dict[str, Any] = {"scope": scope, "model": _text(obj, "model"), "zone": _text(obj, "zone")}
     if "window_end_ms" not in obj or obj["window_end_ms"] is None:
         raise WindowRecordError("window_end_ms: missing")
@@ -210,16 +217,16 @@ def decode_window(obj: Any) -> WindowRecord:
             p in AGENT_PATHS and not isinstance(c, bool) and isinstance(c, int) and 0 <= c <= _MAX_INT
             for p, c in counts.items()
         ):
-            raise WindowRecordError(f"agent_path_counts: must map {AGENT_PATHS} to ints >= 0, got {counts!r}")
+            raise WindowRecordError(f"agent_path_counts: must map {AGENT_PATHS} to ints >= 0, got {show(counts)}")
         values["agent_path_counts"] = {p: int(c) for p, c in counts.items()}
     hist = obj.get("free_block_hist")
     if hist is not None:
         if (
             not isinstance(hist, list)
-            or len(hist) > 64
+            or len(hist) > MAX_HIST_BINS
             or not all(not isinstance(c, bool) and isinstance(c, int) and 0 <= c <= _MAX_INT for c in hist)
         ):
-            raise WindowRecordError("free_block_hist: must be a list of at most 64 ints >= 0")
+            raise WindowRecordError(f"free_block_hist: must be a list of at most {MAX_HIST_BINS} ints >= 0")
         values["free_block_hist"] = tuple(hist)
     if "window_start_ms" not in values:
         span_ms = values.get("window_s", 0.0) * 1000.0

@@ -25,6 +25,7 @@ __all__ = [
     "AGENT_PATHS",
     "AGENT_SIGNALS",
     "COMMAND_KINDS",
+    "DEAD_LETTER_KINDS",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
     "READY_STATES",
@@ -39,6 +40,30 @@ DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
 #: Every command kind the worker publishes and executors accept.
 COMMAND_KINDS = ("scale", "route", "breaker", "canary", "relocate", "agents")
+
+#: Why something went to the dead-letter topic: the ``kind`` of a dead letter
+#: and the only values of the ``reason`` label of ``governor_deadletter_total``
+#: (a fixed set: the detail, which may carry the bad value, stays in the dead
+#: letter's ``reason`` text).  Ingest: a message that is no envelope, a record
+#: that fails validation, a model not in GOVERNOR_MODELS, a zone not in
+#: GOVERNOR_ZONES, a window already closed, a timestamp beyond
+#: GOVERNOR_MAX_FUTURE_S ahead of the clock, a window already holding
+#: GOVERNOR_MAX_NODES_PER_WINDOW nodes.  Control: a metrics record that is no
+#: window or whose MAC does not hold.  Bridge: a command that does not decode
+#: or whose signature does not hold.
+DEAD_LETTER_KINDS = (
+    "bad envelope",
+    "invalid record",
+    "unknown model",
+    "unknown zone",
+    "late",
+    "future",
+    "too many nodes",
+    "bad metrics record",
+    "unauthenticated window record",
+    "bad command",
+    "unauthenticated command",
+)
 
 
 def default_pid_gains() -> dict[str, float]:

@@ -21,7 +21,7 @@ def run_worker(settings: Settings) -> int:
     app = create_app(settings)
     clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
     pipeline = build_pipeline(app, settings, clock)
-    pipeline.metrics.serve(settings.metrics_port)
+    pipeline.metrics.serve(settings.metrics_port, settings.metrics_addr)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust's receiver type requires signal=
     async def _assigned(sender, assigned, **kwargs) -> None:  # type: ignore[no-untyped-def]

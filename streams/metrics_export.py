@@ -12,6 +12,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from core.vocab import DEAD_LETTER_KINDS
+from streams.deadletters import dead_letter_kind
+
 _LABELS = ("model", "zone")
 _BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_breaker_state
 
@@ -34,8 +37,13 @@ class WorkerMetrics:
         self.target = Gauge("governor_replicas_target", "last replica target issued", _LABELS, registry=r)
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
         self.deadletters = Counter(
-            "governor_deadletter_total", "records sent to the dead-letter topic", ("reason",), registry=r
+            "governor_deadletter_total",
+            "records sent to the dead-letter topic, by kind (core.vocab.DEAD_LETTER_KINDS)",
+            ("reason",),
+            registry=r,
         )
+        for kind in DEAD_LETTER_KINDS:  # a fixed set of series, each from 0
+            self.deadletters.labels(kind)
         self.windows = Counter("governor_windows_closed_total", "windows closed", ("scope",), registry=r)
         self.commands = Counter("governor_commands_issued_total", "commands published", ("kind", "zone"), registry=r)
         self.bridged = Counter("governor_commands_bridged_total", "commands written to Redis", ("zone",), registry=r)
@@ -117,10 +125,15 @@ class WorkerMetrics:
             self.agent_weight.labels(model, zone, path).set(float(w))
 
     def observe_dead_letter(self, reason: str) -> None:
-        # Label by the reason's kind (text before ':'), not the full text: bounded cardinality.
-        self.deadletters.labels(reason.split(":", 1)[0][:40]).inc()
+        """Count a dead letter under its kind (a reason's kind, or a kind itself).
+
+        The label is always one of ``DEAD_LETTER_KINDS``, never the reason's text
+        (which may carry the bad value): the series stay a fixed set.
+        """
+        self.deadletters.labels(dead_letter_kind(reason)).inc()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve /metrics on ``addr:port`` (GOVERNOR_METRICS_ADDR, GOVERNOR_METRICS_PORT; 0 = off)."""
         if port > 0:
             start_http_server(port, addr=addr, registry=self.registry)
 

@@ -7,11 +7,24 @@ broker and reused by the fast simulator.  Per message it
 1. decodes the batch envelope (a broken envelope is one dead letter),
 2. validates every record (each bad one becomes a dead letter with its
    reason and its source topic/partition/offset/index),
-3. adds the valid ones to the tumbling window of their (model, zone, node)
-   -- records for a window that already closed are dead-lettered as late
-   rather than dropped or silently merged.  Rows are buffered per window and
+3. admits the valid ones: a model not in GOVERNOR_MODELS, a zone not in
+   GOVERNOR_ZONES, a time stamp more than GOVERNOR_MAX_FUTURE_S ahead of the
+   clock, a window that already closed (late) and a new node in a (model,
+   zone) window that already holds GOVERNOR_MAX_NODES_PER_WINDOW nodes are
+   dead-lettered, each with its kind (:data:`core.vocab.DEAD_LETTER_KINDS`);
+4. adds the admitted ones to the tumbling window of their (model, zone, node).  Rows are buffered per window and
    aggregated as numpy columns in blocks (``FLUSH_ROWS``) and at close, so the
    numpy cost is per block, not per message.
+
+The watermark never runs ahead of the clock: a record stamped ahead of it
+(within the allowance) is windowed, but its window closes when the clock gets
+there, so one record from a skewed or hostile producer cannot close the
+current windows early and make every good record after it late.  Open
+windows are bounded by models x zones x GOVERNOR_MAX_NODES_PER_WINDOW x the
+windows between the closed horizon and clock + allowance
+(:attr:`TelemetryProcessor.max_open_windows`).  Dead letters are bounded
+(:mod:`streams.deadletters`).  A caller without a wall clock (``now_ms``
+before 2000: tests that pass 0) gets neither the future check nor the cap.
 
 :meth:`TelemetryProcessor.close_due` closes windows whose end plus the
 allowed lateness has passed (by event time, or by the clock when traffic
@@ -19,14 +32,14 @@ stops) and returns one metrics record per node and one per (model, zone),
 the latter merged from the node windows.
 
 Over 400 lines: the ingest hot path (batch columns, the per-record fallback with its
-dead letters, window closing) is one processor; its fast and slow paths must stay side
-by side to stay equivalent.
+admission checks and dead letters, window closing) is one processor; its fast and slow
+paths must stay side by side to stay equivalent.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -36,6 +49,7 @@ from governor_telemetry.records import (
     EnvelopeError,
     decode_envelope,
     request_columns,
+    show,
     validate_record,
 )
 
@@ -51,18 +65,20 @@ from controllers.windows import (
     merge,
 )
 from core.settings import Settings
+from streams.deadletters import dead_letter
+
+__all__ = ["ProcessResult", "TelemetryProcessor", "dead_letter"]
 
 log = logging.getLogger(__name__)
+
+# An ingest clock before 2000-01-01 is no wall clock (unit tests pass 0): no future check, no cap.
+CLOCK_FLOOR_MS = 946_684_800_000
 
 
 @dataclass
 class ProcessResult:
     valid: int = 0
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
-
-
-def dead_letter(reason: str, source: Mapping[str, Any], record: Any, now_ms: int) -> dict[str, Any]:
-    return {"schema_version": 1, "reason": reason, "source": dict(source), "record": record, "dead_lettered_ms": now_ms}
 
 
 def _hist(hist: list[Any] | None) -> list[int] | None:
@@ -76,7 +92,8 @@ def _or(col: list[Any], default: Any) -> list[Any]:
 
 
 def _raw_text(raw: Any) -> Any:
-    if isinstance(raw, bytes | bytearray | memoryview):
+    """A message as text for its dead letter (a big one stays bytes: the dead letter cuts it)."""
+    if isinstance(raw, bytes | bytearray | memoryview) and len(raw) <= 65536:
         return bytes(raw).decode("utf-8", errors="replace")
     return raw
 
@@ -189,11 +206,42 @@ class TelemetryProcessor:
         self._last_message_ms: int | None = None
         self._caught_up = True
         self.slos = {m.name: SloSpec(m.ttft_slo_ms, m.itl_slo_ms) for m in settings.models}
+        self.zones = frozenset(settings.zones)
+        self.max_future_ms = int(round(settings.max_future_s * 1000))
+        self.max_nodes = settings.max_nodes_per_window
         self.records_in = 0
         self.dead_letter_count = 0
+        self.dead_by_kind: Counter[str] = Counter()
         self.late_count = 0
         self.windows_closed = 0
         self._pending: dict[tuple[tuple[str, str, str], int], _Pending] = {}
+        self._nodes_in: dict[tuple[str, str, int], int] = {}  # (model, zone, start) -> nodes open
+
+    @property
+    def open_windows(self) -> int:
+        """(model, zone, node) windows open now."""
+        return len(self._pending)
+
+    @property
+    def max_open_windows(self) -> int:
+        """The most (model, zone, node) windows that can be open at once (while the clock
+        and the watermark keep up): every configured (model, zone), each window from the
+        closed horizon (clock - lateness) to clock + GOVERNOR_MAX_FUTURE_S full."""
+        span = self.size_ms + self.tracker.lateness_ms + self.max_future_ms
+        return len(self.slos) * len(self.zones) * self.max_nodes * (span // self.size_ms + 2)
+
+    def _dead(self, out: ProcessResult, kind: str, reason: str, source: Mapping[str, Any], rec: Any, now: int) -> None:
+        out.dead_letters.append(dead_letter(reason, source, rec, now, kind))
+        self.dead_letter_count += 1
+        self.dead_by_kind[kind] += 1
+
+    def _observe(self, max_ts: int, now_ms: int) -> None:
+        """Advance the watermark, never past a wall clock."""
+        self.tracker.observe(max_ts if now_ms < CLOCK_FLOOR_MS else min(max_ts, now_ms))
+
+    def _future_ms(self, now_ms: int) -> int | None:
+        """The latest time stamp admitted (None: no wall clock, no limit)."""
+        return None if now_ms < CLOCK_FLOOR_MS else now_ms + self.max_future_ms
 
     # -- ingest -----------------------------------------------------------
     def process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
@@ -208,46 +256,73 @@ class TelemetryProcessor:
         try:
             records = decode_envelope(raw)
         except EnvelopeError as exc:
-            out.dead_letters.append(dead_letter(f"bad envelope: {exc}", source, _raw_text(raw), now_ms))
-            self.dead_letter_count += 1
+            self._dead(out, "bad envelope", f"bad envelope: {exc}", source, _raw_text(raw), now_ms)
             return out
         self.records_in += len(records)
-        rest = self._process_columns(records, out) if len(records) > 1 else None
+        rest = self._process_columns(records, now_ms, out) if len(records) > 1 else None
         self._process_records(enumerate(records) if rest is None else rest, source, now_ms, out)
         return out
+
+    def _admit(self, rec: Mapping[str, Any], now_ms: int) -> tuple[str, str] | tuple[int, SloSpec]:
+        """A valid record's window start and SLO, or the (kind, reason) of its dead letter."""
+        model, zone = rec["model"], rec["zone"]
+        slo = self.slos.get(model)
+        if slo is None:
+            return "unknown model", f"no SLO configured for model {show(model)} (GOVERNOR_MODELS)"
+        if zone not in self.zones:
+            return "unknown zone", f"unknown zone: {show(zone)} is not in GOVERNOR_ZONES"
+        ts = rec["ts_ms"]
+        if type(ts) is not int:
+            ts = int(ts)  # an integral float
+        latest = self._future_ms(now_ms)
+        if latest is not None and ts > latest:
+            return "future", (
+                f"future: ts_ms {ts} is {(ts - now_ms) / 1000:.0f} s ahead of the clock "
+                f"(GOVERNOR_MAX_FUTURE_S={self.max_future_ms / 1000:g})"
+            )
+        size = self.size_ms
+        start = ts - ts % size
+        closed = self.tracker.closed_ms
+        if closed is not None and start + size <= closed:
+            self.late_count += 1
+            return "late", f"late: window [{start}, {start + size}) closed before the record arrived"
+        if (((model, zone, rec["node"]), start)) not in self._pending:
+            if self._nodes_in.get((model, zone, start), 0) >= self.max_nodes:
+                return "too many nodes", (
+                    f"too many nodes: window [{start}, {start + size}) of {model}/{zone} already holds "
+                    f"{self.max_nodes} nodes (GOVERNOR_MAX_NODES_PER_WINDOW)"
+                )
+        return start, slo
+
+    def _open(self, key: tuple[str, str, str], start: int, slo: SloSpec) -> _Pending:
+        """The pending rows of a new (model, zone, node) window (admitted: within the node cap)."""
+        zkey = (key[0], key[1], start)
+        self._nodes_in[zkey] = self._nodes_in.get(zkey, 0) + 1
+        buf = self._pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
+        return buf
 
     def _process_records(
         self, records: Iterable[tuple[int, Any]], source: Mapping[str, Any], now_ms: int, out: ProcessResult
     ) -> None:
-        """Per-record path: validate each record, dead-letter it with its reason and index."""
-        size = self.size_ms
-        closed = self.tracker.closed_ms
-        slos, pending = self.slos, self._pending
+        """Per-record path: validate and admit each record, dead-letter it with its kind, reason and index."""
+        pending = self._pending
         max_ts: int | None = None
         for index, rec in records:
             reason = validate_record(rec)
-            if reason is None:
-                model = rec["model"]
-                slo = slos.get(model)
-                if slo is None:
-                    reason = f"no SLO configured for model {model!r} (GOVERNOR_MODELS)"
-                else:
-                    ts = rec["ts_ms"]
-                    if type(ts) is not int:
-                        ts = int(ts)  # an integral float
-                    start = ts - ts % size
-                    if closed is not None and start + size <= closed:
-                        self.late_count += 1
-                        reason = f"late: window [{start}, {start + size}) closed before the record arrived"
             if reason is not None:
-                out.dead_letters.append(dead_letter(reason, {**source, "index": index}, rec, now_ms))
-                self.dead_letter_count += 1
+                self._dead(out, "invalid record", reason, {**source, "index": index}, rec, now_ms)
                 continue
-            key = (model, rec["zone"], rec["node"])
+            admitted = self._admit(rec, now_ms)
+            if isinstance(admitted[0], str):
+                kind, why = admitted
+                self._dead(out, kind, why, {**source, "index": index}, rec, now_ms)
+                continue
+            start, slo = admitted
+            ts = int(rec["ts_ms"])
+            key = (rec["model"], rec["zone"], rec["node"])
             buf = pending.get((key, start))
             if buf is None:
-                assert slo is not None  # reason is None: the model has an SLO
-                buf = pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
+                buf = self._open(key, start, slo)
             get = rec.get
             if rec["kind"] == "request":
                 buf.extend_requests(
@@ -290,11 +365,11 @@ class TelemetryProcessor:
                 max_ts = ts
             out.valid += 1
         if max_ts is not None:
-            self.tracker.observe(max_ts)
+            self._observe(max_ts, now_ms)
 
-    def _process_columns(self, records: list[Any], out: ProcessResult) -> list[tuple[int, Any]] | None:
+    def _process_columns(self, records: list[Any], now_ms: int, out: ProcessResult) -> list[tuple[int, Any]] | None:
         """Fast path for the request records of a batch when all of them are valid
-        and on time: they are handled a column at a time and the other records
+        and admitted: they are handled a column at a time and the other records
         (GPU samples, anything else) are returned, with their indices, for the
         per-record path.  None: nothing done, every record takes the per-record path."""
         is_request = [type(r) is dict and r.get("kind") == "request" for r in records]
@@ -310,7 +385,10 @@ class TelemetryProcessor:
             return None
         models, ts_col = cols["model"], cols["ts_ms"]
         slos = self.slos
-        if not set(models) <= slos.keys():
+        if not set(models) <= slos.keys() or not set(cols["zone"]) <= self.zones:
+            return None
+        latest = self._future_ms(now_ms)
+        if latest is not None and max(ts_col) > latest:
             return None
         size = self.size_ms
         starts = [t - t % size for t in ts_col]
@@ -335,11 +413,16 @@ class TelemetryProcessor:
             groups = {}
             for i, k in enumerate(keys):
                 groups.setdefault(k, []).append(i)  # type: ignore[union-attr]
+        new: Counter[tuple[str, str, int]] = Counter(
+            (m, z, s) for m, z, n, s in groups if ((m, z, n), s) not in self._pending
+        )
+        if any(self._nodes_in.get(zkey, 0) + k > self.max_nodes for zkey, k in new.items()):
+            return None  # the node cap: the per-record path dead-letters the nodes beyond it
         for (model, zone, node, start), idx in groups.items():
             key = (model, zone, node)
             buf = self._pending.get((key, start))
             if buf is None:
-                buf = self._pending[(key, start)] = _Pending(self.tracker.get(key, start), slos[model])
+                buf = self._open(key, start, slos[model])
             if idx is None:
                 buf.extend_requests(values, agent)
             else:
@@ -347,7 +430,7 @@ class TelemetryProcessor:
                     [[col[i] for i in idx] for col in values],
                     None if agent is None else [[col[i] for i in idx] for col in agent],
                 )
-        self.tracker.observe(max(ts_col))
+        self._observe(max(ts_col), now_ms)
         out.valid += len(records)
         return rest
 
@@ -386,6 +469,7 @@ class TelemetryProcessor:
             if buf is not None:
                 buf.flush()
             model, zone, node = key
+            self._nodes_in.pop((model, zone, start), None)
             self.windows_closed += 1
             out.append(self._record("node", model, zone, start, agg, emitted_ms, node=node))
             zkey = (model, zone, start)

@@ -20,6 +20,7 @@ problem it finds, or ``None``.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,27 @@ FIELDS_BY_KIND = {"request": REQUEST_FIELDS, "gpu": GPU_FIELDS}
 
 # Integer fields must fit the int64 columns the windows aggregate.
 INT_MAX = 2**63 - 1
+# A node id is a window key and goes into the node's window record (at most 256 characters there).
+MAX_NODE_CHARS = 256
+# Bins of a GPU sample's free_block_hist (the window record keeps at most as many).
+MAX_HIST_BINS = 64
+
+# Reasons quote bad values through this: short, and safe for any value (the
+# builtin repr of a 1000-deep list raises RecursionError; of a 25 MB string, is 25 MB).
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict = 2, 80, 80, 6, 4
+
+
+def show(value: Any) -> str:
+    """A short ``repr`` of any value, for reasons (never raises).
+
+    >>> show("az-a"), show([[[[1]]]]), len(show("x" * 10**6)) <= 80
+    ("'az-a'", '[[[...]]]', True)
+    """
+    try:
+        return _repr.repr(value)
+    except Exception:  # a hostile __repr__: only the type then
+        return f"<{type(value).__name__}>"
 
 
 class EnvelopeError(ValueError):
@@ -184,16 +206,18 @@ def validate_record(rec: Any) -> str | None:
         return f"record must be an object, got {type(rec).__name__}"
     version = rec.get("schema_version", SCHEMA_VERSION)
     if (version != SCHEMA_VERSION or isinstance(version, bool)) and not _supported(version):
-        return f"unsupported schema_version {version!r}"
+        return f"unsupported schema_version {show(version)}"
     kind = rec.get("kind")
     if kind != "request" and kind != "gpu":
-        return f"unknown record kind {kind!r}"
+        return f"unknown record kind {show(kind)}"
     reason = _check_fields(rec, kind)
     if reason:
         return reason
+    if len(rec["node"]) > MAX_NODE_CHARS:
+        return f"field 'node' is longer than {MAX_NODE_CHARS} characters"
     if kind == "request":
         if rec["status"] not in REQUEST_STATUSES:
-            return f"status {rec['status']!r} not in {sorted(REQUEST_STATUSES)}"
+            return f"status {show(rec['status'])} not in {sorted(REQUEST_STATUSES)}"
         if rec["e2e_ms"] + 1e-6 < rec["ttft_ms"]:
             return f"e2e_ms ({rec['e2e_ms']}) is smaller than ttft_ms ({rec['ttft_ms']})"
         if (
@@ -206,7 +230,7 @@ def validate_record(rec: Any) -> str | None:
         return _agent_reason(rec)
     else:
         if rec["state"] not in GPU_STATES:
-            return f"state {rec['state']!r} not in {sorted(GPU_STATES)}"
+            return f"state {show(rec['state'])} not in {sorted(GPU_STATES)}"
         if not 0.0 <= rec["gpu_util"] <= 1.0:
             return f"gpu_util={rec['gpu_util']} outside [0, 1]"
         if rec["mem_used_bytes"] > rec["mem_total_bytes"]:
@@ -218,9 +242,10 @@ def validate_record(rec: Any) -> str | None:
         hist = rec.get("free_block_hist")
         if hist is not None and not (
             isinstance(hist, list)
+            and len(hist) <= MAX_HIST_BINS
             and all((type(v) is int or (type(v) is float and v.is_integer())) and 0 <= v <= INT_MAX for v in hist)
         ):
-            return "free_block_hist must be a list of non-negative ints"
+            return f"free_block_hist must be a list of at most {MAX_HIST_BINS} non-negative ints"
     return None
 
 
@@ -239,7 +264,7 @@ def _agent_reason(rec: Mapping[str, Any]) -> str | None:
                 return f"field {name!r} outside [0, 1]: {value}"
     path = rec.get("agent_path")
     if path is not None and path not in _AGENT_PATH_SET:
-        return f"agent_path not in {sorted(AGENT_PATHS)}: {path!r}"
+        return f"agent_path not in {sorted(AGENT_PATHS)}: {show(path)}"
     return None
 
 
@@ -308,6 +333,8 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
                 return None
     if not set(cols["status"]) <= REQUEST_STATUSES:
         return None
+    if max(map(len, cols["node"])) > MAX_NODE_CHARS:
+        return None
     if any(e + 1e-6 < t for e, t in zip(cols["e2e_ms"], cols["ttft_ms"], strict=True)):
         return None
     if not _agent_columns_ok(cols):
@@ -340,10 +367,10 @@ def decode_envelope(raw: bytes | str | Any) -> list[Any]:
     if kind == "request" or kind == "gpu":
         return [obj]
     if kind != "batch":
-        raise EnvelopeError(f"unknown message kind {kind!r}")
+        raise EnvelopeError(f"unknown message kind {show(kind)}")
     version = obj.get("schema_version")
     if not _supported(version):
-        raise EnvelopeError(f"unsupported envelope schema_version {version!r}")
+        raise EnvelopeError(f"unsupported envelope schema_version {show(version)}")
     records = obj.get("records")
     if not isinstance(records, list):
         raise EnvelopeError("envelope field 'records' must be a list")

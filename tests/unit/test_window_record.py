@@ -122,7 +122,11 @@ def test_the_loop_dead_letters_a_malformed_record_with_the_field(obj: Any, field
     assert rec is None and dl is not None
     assert re.match(rf"bad metrics record: ({field}):", dl["reason"]), dl["reason"]
     assert dl["source"] == src and dl["dead_lettered_ms"] == 7
-    assert dl["record"] is raw if isinstance(raw, dict) else dl["record"] == orjson.loads(raw)
+    if isinstance(raw, dict):  # kept as is, or a cut-down copy when orjson cannot write it (an int past 64 bits)
+        assert dl["record"] is raw or dl["truncated"]
+    else:
+        assert dl["record"] == orjson.loads(raw)
+    orjson.dumps(dl)  # every dead letter can be produced
 
 
 def test_a_header_alone_decodes_with_empty_defaults() -> None:
