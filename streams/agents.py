@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -153,9 +154,17 @@ def build_pipeline(
         # write to the commands topic cannot have the bridge sign a command of their own.
         await commands.send(key=cmd.zone.encode(), value=cmd.signed(keyring).encode())
 
+    # Telemetry is acknowledged (its offset committed) only once every window it fed has
+    # closed: a worker killed mid-window re-reads those records (ControlLoop.committable).
+    unacked: deque[tuple[Any, int | None]] = deque()
+
+    def ack_closed() -> None:
+        while unacked and loop.committable(unacked[0][1]):
+            unacked.popleft()[0].ack()
+
     @app.agent(telemetry, name="ingest")
     async def ingest(stream: Any) -> None:
-        async for event in stream.events():
+        async for event in stream.noack().events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
             res = loop.ingest(event.value, source, clock.now_ms())
@@ -174,12 +183,15 @@ def build_pipeline(
             for dl in res.dead_letters:
                 await send_dead_letter(dl)
             await publish_windows(res.windows)
+            unacked.append((event, res.max_ts_ms))
+            ack_closed()
 
     @app.timer(  # type: ignore[untyped-decorator]  # Faust's timer decorator is untyped
         max(0.05, clock.to_wall_s(settings.window_s * 1000) / 10), name="close-windows"
     )
     async def close_windows() -> None:
         await publish_windows(loop.close_due(clock.now_ms()))
+        ack_closed()
         await watch_liveness()
         # Saved here too, not only after a metrics record: the last decision before a quiet
         # spell must reach Redis (a snapshot is at most every_s old, traffic or not).

@@ -103,6 +103,7 @@ class Ingested:
     valid: int = 0
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     windows: list[dict[str, Any]] = field(default_factory=list)
+    max_ts_ms: int | None = None  # latest event time windowed (see ControlLoop.committable)
 
 
 @dataclass
@@ -174,7 +175,9 @@ class ControlLoop:
         simulator, every tick) passes False and calls :meth:`close_due`.
         """
         res: ProcessResult = self.processor.process(raw, source, now_ms)
-        out = Ingested(res.valid, res.dead_letters, self.processor.close_due(None, now_ms) if close else [])
+        out = Ingested(
+            res.valid, res.dead_letters, self.processor.close_due(None, now_ms) if close else [], res.max_ts_ms
+        )
         if self.metrics is not None:
             self.metrics.records.inc(res.valid + len(res.dead_letters))
             for dl in res.dead_letters:
@@ -182,6 +185,16 @@ class ControlLoop:
             for m in out.windows:
                 self.metrics.observe_window(m)
         return out
+
+    def committable(self, max_ts_ms: int | None) -> bool:
+        """Whether every window a message fed (its :attr:`Ingested.max_ts_ms`) has closed.
+
+        The worker acknowledges a telemetry message (Faust commits its offset) only
+        then, so a worker killed mid-window re-reads the records of its open windows
+        instead of losing them; the windows it had already closed come again and the
+        drivers drop them (their last basis).
+        """
+        return max_ts_ms is None or self.processor.closed_through(max_ts_ms)
 
     def close_due(self, now_ms: int) -> list[dict[str, Any]]:
         """The windows whose end plus lateness has passed at ``now_ms``."""

@@ -79,6 +79,7 @@ CLOCK_FLOOR_MS = 946_684_800_000
 class ProcessResult:
     valid: int = 0
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    max_ts_ms: int | None = None  # the latest event time windowed from this message (None: nothing windowed)
 
 
 def _hist(hist: list[Any] | None) -> list[int] | None:
@@ -235,8 +236,9 @@ class TelemetryProcessor:
         self.dead_letter_count += 1
         self.dead_by_kind[kind] += 1
 
-    def _observe(self, max_ts: int, now_ms: int) -> None:
-        """Advance the watermark, never past a wall clock."""
+    def _observe(self, max_ts: int, now_ms: int, out: ProcessResult) -> None:
+        """Advance the watermark, never past a wall clock; note the message's latest windowed time."""
+        out.max_ts_ms = max_ts if out.max_ts_ms is None else max(out.max_ts_ms, max_ts)
         self.tracker.observe(max_ts if now_ms < CLOCK_FLOOR_MS else min(max_ts, now_ms))
 
     def _future_ms(self, now_ms: int) -> int | None:
@@ -365,7 +367,7 @@ class TelemetryProcessor:
                 max_ts = ts
             out.valid += 1
         if max_ts is not None:
-            self._observe(max_ts, now_ms)
+            self._observe(max_ts, now_ms, out)
 
     def _process_columns(self, records: list[Any], now_ms: int, out: ProcessResult) -> list[tuple[int, Any]] | None:
         """Fast path for the request records of a batch when all of them are valid
@@ -430,7 +432,7 @@ class TelemetryProcessor:
                     [[col[i] for i in idx] for col in values],
                     None if agent is None else [[col[i] for i in idx] for col in agent],
                 )
-        self._observe(max(ts_col), now_ms)
+        self._observe(max(ts_col), now_ms, out)
         out.valid += len(records)
         return rest
 
@@ -440,6 +442,11 @@ class TelemetryProcessor:
             buf.flush()
 
     # -- windows ----------------------------------------------------------
+    def closed_through(self, ts_ms: int) -> bool:
+        """Whether the window of a record stamped ``ts_ms`` has closed (its message may be committed)."""
+        closed = self.tracker.closed_ms
+        return closed is not None and ts_ms - ts_ms % self.size_ms + self.size_ms <= closed
+
     def close_due(self, now_ms: int | None, emitted_ms: int) -> list[dict[str, Any]]:
         """Close the windows that are due.
 
