@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_tables import add_parser as add_tables_parser
 
     add_tables_parser(bsub)
+    from governor.bench_soak import add_parser as add_soak_parser
+
+    add_soak_parser(bsub)
     return p
 
 
@@ -210,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench_tables import run_compare, run_tables
 
         return run_tables(args) if args.bench == "tables" else run_compare(args)
+    if args.command == "bench" and args.bench == "soak":
+        from governor.bench_soak import run_soak
+
+        return run_soak(settings, args)
     if args.command == "bench" and args.bench == "control":
         from governor.bench_control import run_bench as run_control
 

@@ -180,6 +180,13 @@ class EmbeddedServers:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def process(self, name: str) -> subprocess.Popen[bytes] | None:
+        """The running process of an embedded server (``"tansu"`` or ``"redis"``), or None (external)."""
+        for p in self._procs:
+            if p.name == name and p.alive():
+                return p.proc
+        return None
+
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         changes: dict[str, object] = {}
