@@ -21,6 +21,7 @@ __all__ = [
     "command_stream",
     "desired_replicas",
     "executor_heartbeat",
+    "executor_last_result",
     "executor_last_basis",
     "executor_last_hlc",
     "paused",
@@ -29,8 +30,10 @@ __all__ = [
     "relocation_inflight",
     "routing_hash",
     "snapshot",
+    "status",
     "topic",
     "topics",
+    "worker_heartbeat",
 ]
 
 #: The topics governor creates, in creation order.
@@ -73,6 +76,12 @@ def executor_heartbeat(prefix: str, zone: str) -> str:
     while it exists the zone's executor is alive, and the worker does not call the zone lost on one
     silent telemetry stream."""
     return f"{prefix}:executor:{zone}:heartbeat"
+
+
+def executor_last_result(prefix: str, zone: str) -> str:
+    """Hash ``model -> JSON {"command_id", "kind", "outcome", "reason", "at_ms", "target_replicas"}``:
+    the last command of each model a zone's executor finished, for ``governor status``."""
+    return f"{prefix}:executor:{zone}:last_result"
 
 
 def paused(prefix: str) -> str:
@@ -127,6 +136,18 @@ def snapshot(prefix: str, scope: str) -> str:
     'governor:snapshot:model:llama2-70b'
     """
     return f"{prefix}:snapshot:{scope}"
+
+
+def status(prefix: str) -> str:
+    """Hash ``model|zone -> JSON`` the worker writes after each zone window: what ``governor status``
+    shows of that (model, zone) (:func:`streams.agents.build_pipeline`)."""
+    return f"{prefix}:status"
+
+
+def worker_heartbeat(prefix: str) -> str:
+    """Set by the worker about every second with a TTL (JSON ``{"ts_ms", "wall_ms"}``): while it
+    exists a worker is alive."""
+    return f"{prefix}:worker:heartbeat"
 
 
 #: The keys of the per-driver snapshots of earlier versions (one key per driver, every model in it):

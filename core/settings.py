@@ -500,6 +500,14 @@ class Settings:
         "str",
         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
     )
+    log_format: str = _setting(
+        "text",
+        "GOVERNOR_LOG_FORMAT",
+        "log format of every governor process: text, or json (one object per line: ts, level, logger, msg, "
+        "and model, zone, command_id, window_end_ms where they apply)",
+        "str",
+        choices=("text", "json"),
+    )
     fallbacks: tuple[tuple[str, str], ...] = _setting(
         (),
         "GOVERNOR_FALLBACKS",

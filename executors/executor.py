@@ -366,9 +366,9 @@ class ZoneExecutor:
         self.stats.count(outcome)
         self.metrics.outcomes.labels(self.zone, outcome).inc()
         if outcome != "applied":
-            log.info(
-                "executor %s: %s %s (%s)", self.zone, outcome, cmd.command_id if cmd else entry_id, echo(reason, 500)
-            )
+            cid, model, end = (cmd.command_id, cmd.model, cmd.basis_ms) if cmd else (entry_id, None, None)
+            ctx = {"zone": self.zone, "command_id": cid, "model": model, "window_end_ms": end}
+            log.info("executor %s: %s %s (%s)", self.zone, outcome, cid, echo(reason, 500), extra=ctx)
         result = result_record(
             zone=self.zone,
             backend=self.backend.name,
@@ -382,6 +382,12 @@ class ZoneExecutor:
         )
         if self.results is not None:
             await self._report(result)
+        if cmd is not None:  # ``governor status``: the last result per model (names.executor_last_result)
+            last = {k: result.get(k) for k in ("command_id", "kind", "outcome", "reason", "at_ms", "target_replicas")}
+            try:
+                await self.redis.hset(names.executor_last_result(self.prefix, self.zone), cmd.model, orjson.dumps(last))
+            except Exception as exc:  # noqa: BLE001 - operator view only, never stops the executor
+                log.warning("executor %s: last result of %s not kept (%s)", self.zone, cmd.model, exc)
         try:
             await self.redis.xack(self.stream, GROUP, entry_id)
         except ResponseError as exc:

@@ -14,6 +14,8 @@
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
+    governor status               per (model, zone) state, liveness, lag, dead letters (--watch, --json)
+    governor shadow-report        governor's targets vs the replicas an incumbent autoscaler ran
     governor redis-acl            least-privilege Redis ACL users (per-zone executors, worker, operator)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
 """
@@ -30,14 +32,21 @@ from collections.abc import Sequence
 
 from core.settings import ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
+from governor.logs import LOG_FORMATS, setup_logging
 
 log = logging.getLogger("governor")
 
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+# One-shot commands that need servers: checked up front, so an unreachable one is one line and
+# exit 2 in seconds, not a traceback after the clients' own timeouts.  (command, bench) ->
+# (kafka, redis), where "env" checks only a server given in the environment (else it is embedded).
+_NEEDS: dict[tuple[str, str | None], tuple[bool | str, bool | str]] = {
+    ("demo", None): ("env", "env"),
+    ("bench", "pipeline"): ("env", "env"),
+    ("bench", "soak"): ("env", "env"),
+    ("canary", None): (False, True),
+    ("pause", None): (False, True),
+    ("resume", None): (False, True),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"environment:\n{env_help}",
     )
     p.add_argument("--log-level", default=os.environ.get("GOVERNOR_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get("GOVERNOR_LOG_FORMAT") or "text",
+        help="text, or json: one object per line (ts, level, logger, msg, model, zone, ...)",
+    )
+    p.add_argument("--version", action="version", version=f"governor {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the closed loop on embedded servers and print a report")
@@ -74,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="feedforward",
         action="store_false",
         help="feedback PID only (default: profile the replica capacity, feedforward on)",
+    )
+    d.add_argument(
+        "--shadow",
+        action="store_true",
+        help="executors dry-run: the fleet keeps --replicas (a static incumbent); writes shadow.json",
     )
 
     sub.add_parser("worker", help="run the Faust stream worker")
@@ -109,9 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.pause_cli import add_parser as add_pause_parser
 
     add_pause_parser(sub)
+    from governor.status import add_parser as add_status_parser
+
+    add_status_parser(sub)
     from governor.redis_acl import add_parser as add_redis_acl_parser
 
     add_redis_acl_parser(sub)
+    from governor.shadow import add_parser as add_shadow_parser
+
+    add_shadow_parser(sub)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -142,14 +169,81 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from streams.health import governor_version
+
+    return governor_version()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    if args.log_format not in LOG_FORMATS:  # a bad GOVERNOR_LOG_FORMAT default skips argparse's check
+        print(f"governor: bad setting: GOVERNOR_LOG_FORMAT={args.log_format!r}: choose text or json", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, args.log_format)
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:
         print(f"governor: bad setting: {exc}", file=sys.stderr)
         return 2
+    # Children (worker, executors) inherit the flags through Settings.to_env.
+    level = str(args.log_level).upper()
+    settings = settings.replace(log_format=args.log_format, **({"log_level": level} if level in _LEVELS else {}))
+    what = " ".join(str(w) for w in (args.command, getattr(args, "bench", None)) if w)
+    needs = _NEEDS.get((args.command, getattr(args, "bench", None)))
+    if needs is not None:
+        from governor.embedded import unreachable
+
+        kafka, redis = (n if isinstance(n, bool) else bool(os.environ.get(e)) for n, e in zip(needs, _ENV, strict=True))
+        problem = unreachable(settings, os.environ, kafka=kafka, redis=redis, embeds="env" in needs)
+        if problem:
+            print(f"governor {what}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        return _dispatch(args, settings)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        line = _expected_failure(exc, settings)
+        if line is not None:
+            print(f"governor {what}: {line}", file=sys.stderr)
+            return 2
+        log.exception("governor %s failed unexpectedly (%s)", what, type(exc).__name__)
+        print(
+            f"governor {what}: unexpected {type(exc).__name__}: {exc} (traceback above; please report it "
+            "with the command line, and rerun with --log-level DEBUG for more)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_ENV = ("KAFKA_BOOTSTRAP", "REDIS_URL")
+
+
+def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
+    """One line for a failure that is the environment's, not governor's (None: unexpected)."""
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from governor.embedded import ServerError
+
+    why = " ".join(str(exc).split())[:300]
+    if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
+        return (
+            f"Kafka at {settings.kafka_bootstrap} (KAFKA_BOOTSTRAP) failed: {why}; check the broker and KAFKA_BOOTSTRAP"
+        )
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return f"Redis (REDIS_URL) failed: {why}; check that Redis is running and REDIS_URL names it"
+    if isinstance(exc, ServerError):
+        return f"an embedded server did not start: {why}; see the server logs of the run (servers/)"
+    if isinstance(exc, SettingsError):
+        return f"bad setting: {why}"
+    return None
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command in ("worker", "executor") and settings.keyring() is None:
         print(f"governor: {NO_KEYS}", file=sys.stderr)
         return 2
@@ -185,6 +279,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.pause_cli import run_pause
 
         return run_pause(settings, args)
+    if args.command == "status":
+        from governor.status import run_status
+
+        return run_status(settings, args)
+    if args.command == "shadow-report":
+        from governor.shadow import run_shadow_report
+
+        return run_shadow_report(settings, args)
     if args.command == "tune":
         from governor.tune import run_tune
 

@@ -6,6 +6,11 @@ processes, then replays a real trace through the simulated fleet in scaled
 real time.  A load step half-way makes violations rise; the loop has to
 scale up.  At the end it waits for the last windows to close, stops
 everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
+
+``--shadow``: the executors run the ``dry-run`` backend, so nothing scales the
+fleet, which keeps ``--replicas`` (a static incumbent); at the end
+:mod:`governor.shadow` compares governor's targets with it, from the topics,
+and writes ``shadow.json`` and ``shadow.txt``.
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         await redis.hset(names.desired_replicas(settings.topic_prefix, zone), model, args.replicas)
 
     children = [start_worker(settings, run_dir)]
-    children += [start_executor(settings, z, run_dir) for z in settings.zones]
+    backend = "dry-run" if getattr(args, "shadow", False) else "sim"
+    children += [start_executor(settings, z, run_dir, backend) for z in settings.zones]
     collector = Collector(settings)
     try:
         children[0].wait_for_log(WORKER_READY, 90)
@@ -189,7 +195,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         png = plot(
             run_dir / "report.png", stats.finished, stats.replicas, collector.windows, t0_ms, model_spec.ttft_slo_ms
         )
-        return build_report(
+        report = build_report(
             finished=stats.finished,
             replicas=stats.replicas,
             results=collector.results,
@@ -220,8 +226,16 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                     if r.get("outcome") == "applied" and r.get("kind") == "scale"
                 ),
                 "plot": str(png),
+                "executor_backend": backend,
             },
         )
+        if backend == "dry-run":
+            from governor import shadow
+
+            report["shadow"] = shadow.write(
+                await shadow.build(settings, 0, 0.0, since_ms=t0_ms), run_dir / "shadow.json"
+            )
+        return report
     finally:
         await collector.stop()
         for c in children:
@@ -259,9 +273,12 @@ def run_demo(settings: Settings, args: Namespace) -> int:
         for line in servers.started:
             print(f"[governor] started embedded {line}", file=sys.stderr)
         report = asyncio.run(_run(servers.settings, args, run_dir))
+    shadow_text = report.pop("shadow", None)  # --shadow: written to shadow.json / shadow.txt already
     (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     text = render_text(report)
     (run_dir / "report.txt").write_text(text + "\n")
     print(text)
     print(f"\nreport: {run_dir / 'report.txt'}, {run_dir / 'report.json'}, {run_dir / 'report.png'}")
+    if shadow_text is not None:
+        print(f"\n{shadow_text}\n\nshadow report: {run_dir / 'shadow.txt'}, {run_dir / 'shadow.json'}")
     return 0 if report["commands"]["applied"] > 0 else 1

@@ -44,6 +44,50 @@ class ServerError(RuntimeError):
     """An embedded server could not be found or did not come up."""
 
 
+def _tcp_problem(host: str, port: int, timeout_s: float) -> str | None:
+    """Why a TCP connection to ``host:port`` fails (None: it connects)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return (exc.strerror or str(exc) or type(exc).__name__).lower()
+
+
+def unreachable(
+    settings: Settings, env: Mapping[str, str], *, kafka: bool, redis: bool, embeds: bool, timeout_s: float = 2.0
+) -> str | None:
+    """One line naming each server a one-shot command cannot reach (address, setting, what to
+    check), or None; ``embeds``: the command starts an embedded server for an unset one.  A TCP connect, not a protocol round trip: fast, and fine for TLS/SASL."""
+    problems = []
+    if kafka:
+        setting = "KAFKA_BOOTSTRAP" if env.get("KAFKA_BOOTSTRAP") else "KAFKA_BOOTSTRAP (unset: the default)"
+        why = None
+        for addr in settings.kafka_bootstrap.split(","):
+            host, _, port = addr.strip().rpartition(":")
+            why = _tcp_problem(host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 9092, timeout_s)
+            if why is None:
+                break
+        if why is not None:
+            problems.append(
+                f"cannot reach Kafka at {settings.kafka_bootstrap} ({setting}): {why}; check that the broker "
+                "is running and reachable from here" + (" (or unset KAFKA_BOOTSTRAP: embedded)" if embeds else "")
+            )
+    if redis:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(str(settings.redis_url))
+        setting = "REDIS_URL" if env.get("REDIS_URL") else "REDIS_URL (unset: the default)"
+        if url.hostname:  # unix:// sockets are left to the command
+            rport = url.port or 6379
+            why = _tcp_problem(url.hostname, rport, timeout_s)
+            if why is not None:
+                problems.append(
+                    f"cannot reach Redis at {url.hostname}:{rport} ({setting}): {why}; check that Redis is "
+                    "running and reachable from here" + (" (or unset REDIS_URL: embedded)" if embeds else "")
+                )
+    return "; ".join(problems) or None
+
+
 def _package_binary(package: str, rel: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:

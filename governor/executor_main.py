@@ -1,7 +1,10 @@
 """``governor executor --zone Z``: one zone's executor process.
 
-It never exits for Redis trouble (down at start, lost, restarted with or
-without its data): :mod:`executors.loop` retries with capped backoff.  It
+It never exits for Kafka or Redis trouble (down at start, lost, restarted
+with or without its data): :mod:`executors.loop` retries with capped backoff,
+one log line per attempt with the next delay.  ``/healthz`` (200 while alive)
+and ``/readyz`` (200 once Kafka and Redis answer, else 503 with the reason)
+are served with ``/metrics`` on GOVERNOR_METRICS_PORT (:mod:`streams.health`).  It
 writes its heartbeat key every ``GOVERNOR_HEARTBEAT_S`` and ends a command
 entry delivered more than ``GOVERNOR_MAX_DELIVERIES`` times as failed
 (:mod:`executors.executor`).
@@ -10,8 +13,11 @@ entry delivered more than ``GOVERNOR_MAX_DELIVERIES`` times as failed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
@@ -29,8 +35,9 @@ from executors.backends import (
 )
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
-from executors.loop import retry_until_ok
+from executors.loop import retry_until_ok, sleep_or_stop
 from governor.processes import EXECUTOR_READY
+from streams.health import Readiness
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,7 @@ log = logging.getLogger(__name__)
 # RTT / clock-offset probes (executors/timing.py); the zone's RTT factor is learned
 # from observed bridge -> executor delays (ZoneExecutor(rtt_factor=...) pins one).
 PROBE_INTERVAL_S = 5.0
+WATCH_S = 5.0  # seconds between the Redis PINGs behind /readyz
 
 
 def make_backend(
@@ -61,18 +69,23 @@ def make_backend(
 
 
 async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
+    # /healthz answers from the start; /readyz says 503 (with the reason) until Kafka and Redis answer.
+    readiness = Readiness(("kafka", "redis"))
+    metrics = ExecutorMetrics()
+    metrics.serve(settings.metrics_port, settings.metrics_addr, readiness)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    producer = await _connect_kafka(settings, zone, readiness, stopping)
+    if producer is None:  # stopped before Kafka answered
+        return 0
     redis = aioredis.Redis.from_url(
         str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0, **redis_options(settings)
     )
     backend = make_backend(
         backend_name, redis, settings.topic_prefix, zone, webhook_url, FleetBudget.from_settings(settings)
     )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5, **kafka_options(settings)
-    )
-    await producer.start()
-    metrics = ExecutorMetrics()
-    metrics.serve(settings.metrics_port, settings.metrics_addr)
     executor = ZoneExecutor(
         zone=zone,
         prefix=settings.topic_prefix,
@@ -87,15 +100,21 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         max_deliveries=settings.max_deliveries,
         heartbeat_s=settings.heartbeat_s,
     )
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, executor.stop)
+    if stopping.is_set():
+        executor.stop()
+    watch = asyncio.create_task(_watch_redis(redis, readiness, executor.stopping))
     try:
-        # Redis down at start is waited for (capped backoff), never a reason to exit.
-        if await retry_until_ok(executor.ensure_group, f"executor {zone}: group", executor.stopping):
+        # Redis down at start is waited for (capped backoff, one line per attempt), never a reason to exit.
+        group = _checked(executor.ensure_group, readiness, "redis")
+        if await retry_until_ok(group, f"executor {zone}: redis {_where(settings)}", executor.stopping):
             log.info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
             await executor.run()
     finally:
+        executor.stop()
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
         await producer.stop()
         await redis.aclose()
     t = executor.timing
@@ -109,3 +128,65 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         t.offset.error_bound_ms(),
     )
     return 0
+
+
+def _where(settings: Settings) -> str:
+    """REDIS_URL's host:port (never its password)."""
+    url = urlsplit(str(settings.redis_url))
+    return f"{url.hostname}:{url.port or 6379}" if url.hostname else url.scheme
+
+
+def _checked(step: Callable[[], Awaitable[None]], readiness: Readiness, name: str) -> Callable[[], Awaitable[None]]:
+    """``step``, marking the readiness check ``name`` ok when it works and failing (with why) when not."""
+
+    async def run() -> None:
+        try:
+            await step()
+        except Exception as exc:
+            readiness.fail(name, f"{type(exc).__name__}: {exc}")
+            raise
+        readiness.ok(name)
+
+    return run
+
+
+async def _connect_kafka(
+    settings: Settings, zone: str, readiness: Readiness, stopping: asyncio.Event
+) -> AIOKafkaProducer | None:
+    """A started results producer; retried with capped backoff (one line per attempt) until
+    KAFKA_BOOTSTRAP answers, or None when the process is stopped first."""
+    started: list[AIOKafkaProducer] = []
+
+    async def start() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5, **kafka_options(settings)
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        started.append(producer)
+
+    aiokafka_log = logging.getLogger("aiokafka")
+    level = aiokafka_log.level
+    aiokafka_log.setLevel(logging.CRITICAL)  # its per-connection errors: our retry line says it once
+    try:
+        what = f"executor {zone}: kafka {settings.kafka_bootstrap} (KAFKA_BOOTSTRAP)"
+        ok = await retry_until_ok(_checked(start, readiness, "kafka"), what, stopping)
+    finally:
+        aiokafka_log.setLevel(level)
+    return started[0] if ok else None
+
+
+async def _watch_redis(redis: aioredis.Redis, readiness: Readiness, stopping: asyncio.Event) -> None:
+    """Keep the ``redis`` readiness check current (a PING every WATCH_S)."""
+    while not stopping.is_set():
+        await sleep_or_stop(stopping, WATCH_S)
+        try:
+            await redis.ping()
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz
+            readiness.fail("redis", f"{type(exc).__name__}: {exc}")
+        else:
+            readiness.ok("redis")

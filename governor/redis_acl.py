@@ -37,7 +37,8 @@ characters in names are escaped):
   (``HGET``, ``HSET``); ``P:executor:Z:relocated:inflight`` -- relocation
   outcomes being relayed (``LMOVE``, ``LRANGE``, ``LREM``);
   ``P:executor:Z:heartbeat`` -- its liveness key (``SET ... PX``; on a
-  clean stop one ``EVAL`` of ``GET`` + ``SET ... PX 1``, no ``DEL``).
+  clean stop one ``EVAL`` of ``GET`` + ``SET ... PX 1``, no ``DEL``);
+  ``P:executor:Z:last_result`` -- the last result per model (``HSET``).
 * ``XPENDING`` on its stream: the delivery counter of a claimed entry
   (``GOVERNOR_MAX_DELIVERIES``).
 * ``P:fleet:Z:desired`` (``HGET``, ``HSET``), ``P:fleet:Z:relocate``
@@ -73,12 +74,17 @@ tailors them to one).
 * ``P:executor:Y:heartbeat`` of every zone -- ``GET``: whether the zone's
   executor is alive.  Read only with ``--redis-version 7.0`` or later
   (``%R~``); on 6.2 read-write, like ``P:paused`` for the executors.
+* ``P:status`` (``HSET``) and ``P:worker:heartbeat`` (``SET ... PX``): what
+  ``governor status`` shows.
 
-``governor-operator`` -- ``governor pause|resume`` and ``governor canary
-start|status|abort``:
+``governor-operator`` -- ``governor pause|resume``, ``governor canary
+start|status|abort`` and ``governor status``:
 
 * ``P:paused`` (``SET``, ``DEL``) and ``P:canary:*`` (``GET``, ``WATCH``,
   ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
+* read only (``%R~`` from 7.0): ``P:status``, ``P:worker:heartbeat`` and,
+  of every zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``
+  and ``P:breaker:Y`` (``GET``, ``MGET``, ``HGETALL``).
 
 Every user starts from ``reset`` (no keys, no channels, ``-@all``) and gets
 only the commands above plus the connection basics ``AUTH``, ``HELLO``
@@ -191,8 +197,8 @@ EXECUTOR_COMMANDS = (
     "time",
 )
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
-WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", *TRANSACTION)
-OPERATOR_COMMANDS = ("get", "set", "del", *TRANSACTION)
+WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", *TRANSACTION)
+OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -250,6 +256,7 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
         names.executor_last_hlc(prefix, zone),
         names.relocation_inflight(prefix, zone),
         names.executor_heartbeat(prefix, zone),
+        names.executor_last_result(prefix, zone),
         names.desired_replicas(prefix, zone),
         names.relocate_queue(prefix, zone),
         names.relocated_outcomes(prefix, zone),
@@ -270,26 +277,29 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
 
 
 def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
-    """The ACL of ``governor worker``: XADD to every zone's stream, its canary and snapshot keys,
-    GET of every zone's executor heartbeat."""
+    """The ACL of ``governor worker``: XADD to every zone's stream, its canary, snapshot and status
+    keys, GET of every zone's executor heartbeat."""
     _check_names(prefix, zones)
     keys = [glob_escape(names.command_stream(prefix, z)) for z in zones]
     keys.append(glob_escape(names.canary_state(prefix, "")) + "*")
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
+    keys += [glob_escape(names.status(prefix)), glob_escape(names.worker_heartbeat(prefix))]
     beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
     return AclUser(WORKER, keys=tuple(keys), read_keys=beats, commands=WORKER_COMMANDS)
 
 
-def operator_user(prefix: str) -> AclUser:
-    """The ACL of ``governor pause|resume`` and ``governor canary ...``."""
-    _check_names(prefix, ())
+def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
+    """The ACL of ``governor pause|resume``, ``governor canary ...`` and ``governor status``."""
+    _check_names(prefix, zones)
     keys = (glob_escape(names.paused(prefix)), glob_escape(names.canary_state(prefix, "")) + "*")
-    return AclUser(OPERATOR, keys=keys, read_keys=(), commands=OPERATOR_COMMANDS)
+    per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash)
+    read = [names.status(prefix), names.worker_heartbeat(prefix), *(f(prefix, z) for z in zones for f in per_zone)]
+    return AclUser(OPERATOR, keys=keys, read_keys=tuple(glob_escape(k) for k in read), commands=OPERATOR_COMMANDS)
 
 
 def users(prefix: str, zones: Sequence[str]) -> list[AclUser]:
     """Every user of a deployment: one executor per zone, the worker, the operator."""
-    return [*(executor_user(prefix, z, zones) for z in zones), worker_user(prefix, zones), operator_user(prefix)]
+    return [*(executor_user(prefix, z, zones) for z in zones), worker_user(prefix, zones), operator_user(prefix, zones)]
 
 
 #: The ``default`` user: off, no password, no keys, no commands.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -100,6 +101,11 @@ async def xadd_with_retry(
             delay = min(cap_s, delay * 2)
 
 
+def _fields(cmd: Command) -> dict[str, Any]:
+    """The log context of a command (JSON logs: top-level keys; governor.logs)."""
+    return {"model": cmd.model, "zone": cmd.zone, "command_id": cmd.command_id, "window_end_ms": cmd.basis_ms}
+
+
 def _headers(raw: Any) -> dict[str, Any]:
     """A Kafka message's headers (Faust: a list of ``(str, bytes)`` pairs, or a mapping) as a dict."""
     if not raw:
@@ -149,7 +155,7 @@ def build_pipeline(
 
     async def publish(cmd: Command, what: str) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()
-        log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason)
+        log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason, extra=_fields(cmd))
         # Signed here too: the bridge re-signs only what the control agent signed, so whoever can
         # write to the commands topic cannot have the bridge sign a command of their own.
         await commands.send(key=cmd.zone.encode(), value=cmd.signed(keyring).encode())
@@ -214,6 +220,38 @@ def build_pipeline(
             log.warning("executor heartbeats unreadable (redis: %s)", exc)
         for ev in loop.check_silence(clock.now_ms()):
             await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
+        beat = {"ts_ms": clock.now_ms(), "wall_ms": int(time.time() * 1000)}
+        try:  # the worker's own liveness, for ``governor status``
+            await redis.set(worker_beat, orjson.dumps(beat), px=int(max(3.0, 3 * settings.heartbeat_s) * 1000))
+        except _REDIS_ERRORS as exc:
+            log.warning("worker heartbeat %s not written (redis: %s)", worker_beat, exc)
+
+    status_key, worker_beat = names.status(settings.topic_prefix), names.worker_heartbeat(settings.topic_prefix)
+    last_drift: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def write_status(w: WindowRecord, decided_events: list[dict[str, Any]]) -> None:
+        """One HSET per zone window: what ``governor status`` shows of (model, zone); never raises."""
+        key = (w.model, w.zone)
+        for ev in decided_events:
+            if ev.get("kind") == "drift":
+                last_drift[(ev["model"], ev["zone"])] = {k: ev.get(k) for k in ("signal", "direction", "window_end_ms")}
+        ks, stale, spec = loop.scaler.states.get(key), loop.watch.stale.get(key), settings.model(w.model)
+        record = {
+            **{f: getattr(w, f) for f in ("window_end_ms", "rate_rps", "violation_rate", "ttft_p95_ms")},
+            **{f: getattr(w, f) for f in ("replicas_ready", "replicas_starting")},
+            "ttft_slo_ms": w.ttft_slo_ms or (spec.ttft_slo_ms if spec else None),
+            "written_ms": clock.now_ms(),
+            "target": None if ks is None else ks.ctrl.last_target,
+            "ff_mode": None if ks is None else ks.ff_mode,
+            "drift": last_drift.get(key),
+            "stale": bool(stale and stale.stale),
+            "stale_reason": stale.reason if stale else "",
+            "zone_status": loop.scaler.zone_status(w.model).get(w.zone, ""),
+        }
+        try:
+            await redis.hset(status_key, f"{w.model}|{w.zone}", orjson.dumps(record))
+        except Exception as exc:  # noqa: BLE001 - status is for operators: never stops the loop
+            log.warning("status %s[%s|%s] not written (%s)", status_key, w.model, w.zone, exc)
 
     async def drive_canary(w: WindowRecord) -> None:
         try:
@@ -238,6 +276,8 @@ def build_pipeline(
             if w.scope == "zone":
                 await drive_canary(w)
             decided = loop.decide(w, clock.now_ms())
+            if w.scope == "zone":
+                await write_status(w, decided.events)
             for ev in decided.events:
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
             for cmd, what in zip(decided.commands, decided.described, strict=True):

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from core.vocab import DEAD_LETTER_KINDS
 from streams.deadletters import dead_letter_kind
+from streams.health import HealthServer, Readiness, build_info
 
 _LABELS = ("model", "zone")
 _BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_breaker_state
@@ -22,6 +23,7 @@ _BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_bre
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self.build_info = build_info(r)  # governor_build_info{version,python} 1
         self.p50 = Gauge("governor_latency_p50_ms", "end-to-end latency P50 of the last window", _LABELS, registry=r)
         self.p95 = Gauge("governor_latency_p95_ms", "end-to-end latency P95 of the last window", _LABELS, registry=r)
         self.p99 = Gauge("governor_latency_p99_ms", "end-to-end latency P99 of the last window", _LABELS, registry=r)
@@ -132,15 +134,16 @@ class WorkerMetrics:
         """
         self.deadletters.labels(dead_letter_kind(reason)).inc()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve /metrics on ``addr:port`` (GOVERNOR_METRICS_ADDR, GOVERNOR_METRICS_PORT; 0 = off)."""
-        if port > 0:
-            start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0", readiness: Readiness | None = None) -> HealthServer | None:
+        """Serve /metrics, /healthz and /readyz on ``addr:port`` (GOVERNOR_METRICS_ADDR,
+        GOVERNOR_METRICS_PORT; 0 = off); see :mod:`streams.health`."""
+        return HealthServer(self.registry, readiness, port, addr) if port > 0 else None
 
 
 class ExecutorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self.build_info = build_info(r)  # governor_build_info{version,python} 1
         self.outcomes = Counter(
             "governor_commands_applied_total", "commands by outcome", ("zone", "outcome"), registry=r
         )
@@ -152,6 +155,6 @@ class ExecutorMetrics:
             "governor_executor_paused", "1 while governor pause holds this zone's commands", ("zone",), registry=r
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        if port > 0:
-            start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0", readiness: Readiness | None = None) -> HealthServer | None:
+        """As :meth:`WorkerMetrics.serve`."""
+        return HealthServer(self.registry, readiness, port, addr) if port > 0 else None

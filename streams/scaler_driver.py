@@ -443,7 +443,15 @@ class Scaler:
                 "window_end_ms": basis,
             }
             self.events.append(record)
-            log.info("drift %s/%s: %s %s (%s)", zone, model, event.signal, event.direction, event.kind)
+            log.info(
+                "drift %s/%s: %s %s (%s)",
+                zone,
+                model,
+                event.signal,
+                event.direction,
+                event.kind,
+                extra={"model": model, "zone": zone, "window_end_ms": basis},
+            )
             if detector is ks.rate_drift and ks.forecaster is not None:
                 ks.forecaster.reset()  # the old regime's level and trend would mislead
 
@@ -459,7 +467,14 @@ class Scaler:
         )
         self.zones[model] = state
         for ev in events:
-            log.warning("%s/%s %s: %s", ev.zone, model, ev.kind, ev.to_dict())
+            log.warning(
+                "%s/%s %s: %s",
+                ev.zone,
+                model,
+                ev.kind,
+                ev.to_dict(),
+                extra={"model": model, "zone": ev.zone, "window_end_ms": basis},
+            )
             self.events.append({"schema_version": 1, **ev.to_dict(), "model": model})
         return zc.floor_rps(zp, state, zone, basis)
 
@@ -543,15 +558,15 @@ class Scaler:
             # Bumpless: the integrator starts at the demand, at most max_ff_step x the level per window.
             lifted = ff.capped_lift(ffp, level, need)
             if lifted < need:
-                log.info("%s/%s feedforward lift capped at %.1f replicas (need %.1f)", zone, model, lifted, need)
+                log.debug("%s/%s feedforward lift capped at %.1f replicas (need %.1f)", zone, model, lifted, need)
             ks.ctrl = replace(ks.ctrl, level=lifted)
         elif meas.violation_rate <= params.eps_ref and ks.forecaster is not None and ks.forecaster.ready:
             # Reclaim towards the requirement only once the forecast is warm: a cold
             # model's first windows understate a ramp the trace is about to show.
             ks.ctrl = replace(ks.ctrl, level=level - ffp.decay_per_step * (level - need))
         mode = out.burst or lift
-        if mode != ks.ff_mode:
-            log.info(
+        if mode != ks.ff_mode:  # per-window chatter at DEBUG; the event below is the record
+            log.debug(
                 "%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",
                 zone,
                 model,

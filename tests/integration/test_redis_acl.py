@@ -13,8 +13,11 @@ printed, plus an admin user of the test's own.  Then:
   outcome, runs its timing probes, writes its heartbeat key, reads XPENDING
   and expires its heartbeat on stop: the ACL is sufficient, not only
   restrictive;
-* the worker user can XADD to every zone's stream and read none, and GET
-  every zone's executor heartbeat;
+* the worker user can XADD to every zone's stream and read none, GET
+  every zone's executor heartbeat and write the status hash and its own
+  heartbeat;
+* the operator user reads every key ``governor status`` shows and writes
+  none of them;
 * the ``default`` user is off: no password, or the old one, is refused.
 """
 
@@ -216,6 +219,10 @@ def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
         w.mset({names.snapshot(PREFIX, "scaler"): b"{}"})
         for z in ZONES:  # whether each zone's executor is alive: GET allowed (NOPERM would raise)
             w.get(names.executor_heartbeat(PREFIX, z))
+        w.hset(names.status(PREFIX), f"{MODEL}|az-a", b"{}")  # what governor status shows
+        w.set(names.worker_heartbeat(PREFIX), b"{}", px=15_000)
+        with pytest.raises(NoPermissionError):
+            w.hset(names.executor_last_result(PREFIX, "az-a"), MODEL, b"{}")  # the executor's
         with w.pipeline(transaction=True) as pipe:  # the canary driver's optimistic transaction
             key = names.canary_state(PREFIX, MODEL)
             pipe.watch(key)  # type: ignore[no-untyped-call]
@@ -238,6 +245,29 @@ def test_the_operator_pauses_and_resumes_but_cannot_command(acl: AclServer) -> N
         with pytest.raises(NoPermissionError):
             op.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"{}"})
     finally:
+        op.close()
+
+
+async def test_the_operator_reads_what_governor_status_shows_and_writes_none(acl: AclServer) -> None:
+    from governor.status import _read_redis
+
+    admin, op = acl.client(ADMIN[0]), acl.client(OPERATOR)
+    try:
+        admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+        admin.hset(names.executor_last_result(PREFIX, "az-b"), MODEL, b'{"outcome": "applied"}')
+        raw = await _read_redis(acl.settings.replace(redis_url=acl.url(OPERATOR)), 3.0)
+        assert raw["last_result"]["az-b"] == {MODEL: {"outcome": "applied"}}
+        denied = [e for e in admin.execute_command("ACL", "LOG") if e[b"object"] != b"client"]  # type: ignore[no-untyped-call]
+        assert denied == []
+        for key in (
+            names.status(PREFIX),
+            names.executor_last_result(PREFIX, "az-a"),
+            names.breaker_hash(PREFIX, "az-a"),
+        ):
+            with pytest.raises(NoPermissionError):
+                op.hset(key, "x", b"{}")
+    finally:
+        admin.close()
         op.close()
 
 
@@ -323,7 +353,11 @@ async def executor_applies_a_signed_scale(
     assert await r.xpending_range(stream, GROUP, min="-", max="+", count=10) == []  # the delivery counter
     ex.stop()
     await asyncio.wait_for(task, 10)
-    assert await admin.exists(names.executor_heartbeat(prefix, "az-a")) == 0  # expired on the clean stop
+    for _ in range(50):  # expired on the clean stop: SET ... PX 1, so gone within a few ms (not the TTL's 15 s)
+        if not await admin.exists(names.executor_heartbeat(prefix, "az-a")):
+            break
+        await asyncio.sleep(0.01)
+    assert await admin.exists(names.executor_heartbeat(prefix, "az-a")) == 0
     by = {x["outcome"]: x for x in results.sent}
     assert by["applied"]["detail"] == {"previous_desired": 3, "desired": 6}, results.sent
     assert by["rejected"]["reason"].startswith("budget: 20 replicas of m in az-a would make 110"), by["rejected"]
@@ -332,6 +366,8 @@ async def executor_applies_a_signed_scale(
     assert await admin.hget(desired_a, MODEL) == b"6" and await admin.hget(desired_b, MODEL) == b"90"
     assert await admin.exists(names.applied_marker(prefix, "az-a", by["applied"]["command_id"]))
     assert await admin.hget(names.executor_last_basis(prefix, "az-a"), MODEL) is not None
+    last = orjson.loads(cast(bytes, await admin.hget(names.executor_last_result(prefix, "az-a"), MODEL)))
+    assert last["outcome"] in ("applied", "rejected") and last["kind"] == "scale"  # for governor status
     assert (await admin.xpending(stream, GROUP))["pending"] == 0  # acked
     # The routing backend's hashes and the relocation queue of its own zone are writable too.
     await r.hset(names.routing_hash(prefix, "az-a"), "_version", 1)

@@ -336,6 +336,22 @@ def test_healthcheck(services: dict[str, Any], name: str, needle: str) -> None:
         assert "localhost:9092" in " ".join(test) or "kafka:9092" in " ".join(test)
 
 
+@pytest.mark.parametrize("name", [n for n, port in EXPECTED_METRICS_PORTS if port])
+def test_governor_healthcheck_asks_readyz_on_its_metrics_port(services: dict[str, Any], name: str) -> None:
+    # streams/health.py serves /readyz (200 connected, 503 not) beside /metrics.
+    check = services[name]["healthcheck"]
+    test = " ".join(check["test"])
+    assert check["test"][0] in {"CMD", "CMD-SHELL"} and "/readyz" in test, name
+    assert "GOVERNOR_METRICS_PORT" in test or str(Settings.from_env(_env(services[name])).metrics_port) in test
+
+
+def test_k8s_probes_use_healthz_and_readyz() -> None:
+    for where, c in _k8s_containers():
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            get = c[probe]["httpGet"]
+            assert (get["path"], get["port"]) == (path, "metrics"), f"{where}: {probe}"
+
+
 def test_depends_on_waits_for_healthy_services(services: dict[str, Any]) -> None:
     for name, svc in services.items():
         deps = svc.get("depends_on") or {}
