@@ -55,6 +55,7 @@ from streams.commands import Command, CommandError
 from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import dead_letter
+from streams.side_redis import SideChannel
 from streams.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -201,8 +202,10 @@ def build_pipeline(
         await watch_liveness()
         # Saved here too, not only after a metrics record: the last decision before a quiet
         # spell must reach Redis (a snapshot is at most every_s old, traffic or not).
-        await snapshots.save(asyncio.get_running_loop().time())
+        await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
 
+    # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
+    side = SideChannel()
     heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
     next_heartbeat_read = [0.0]
 
@@ -212,19 +215,14 @@ def build_pipeline(
         if now_s < next_heartbeat_read[0]:
             return
         next_heartbeat_read[0] = now_s + 1.0
-        try:
-            beats = await redis.mget(heartbeat_keys)
-            loop.set_heartbeats([z for z, b in zip(settings.zones, beats, strict=True) if b])
-        except _REDIS_ERRORS as exc:
-            loop.set_heartbeats(None)  # no view: silence alone decides, as before heartbeats
-            log.warning("executor heartbeats unreadable (redis: %s)", exc)
+        beats = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys))
+        # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
+        loop.set_heartbeats(None if beats is None else [z for z, b in zip(settings.zones, beats, strict=True) if b])
         for ev in loop.check_silence(clock.now_ms()):
             await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
         beat = {"ts_ms": clock.now_ms(), "wall_ms": int(time.time() * 1000)}
-        try:  # the worker's own liveness, for ``governor status``
-            await redis.set(worker_beat, orjson.dumps(beat), px=int(max(3.0, 3 * settings.heartbeat_s) * 1000))
-        except _REDIS_ERRORS as exc:
-            log.warning("worker heartbeat %s not written (redis: %s)", worker_beat, exc)
+        ttl_ms = int(max(3.0, 3 * settings.heartbeat_s) * 1000)  # the worker's own liveness, for governor status
+        await side.call("worker heartbeat", lambda: redis.set(worker_beat, orjson.dumps(beat), px=ttl_ms))
 
     status_key, worker_beat = names.status(settings.topic_prefix), names.worker_heartbeat(settings.topic_prefix)
     last_drift: dict[tuple[str, str], dict[str, Any]] = {}
@@ -248,19 +246,16 @@ def build_pipeline(
             "stale_reason": stale.reason if stale else "",
             "zone_status": loop.scaler.zone_status(w.model).get(w.zone, ""),
         }
-        try:
-            await redis.hset(status_key, f"{w.model}|{w.zone}", orjson.dumps(record))
-        except Exception as exc:  # noqa: BLE001 - status is for operators: never stops the loop
-            log.warning("status %s[%s|%s] not written (%s)", status_key, w.model, w.zone, exc)
+        await side.call("status", lambda: redis.hset(status_key, f"{w.model}|{w.zone}", orjson.dumps(record)))
 
     async def drive_canary(w: WindowRecord) -> None:
         try:
-            for cc in await canary.on_window(w, clock.now_ms()):
-                await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
-        except _REDIS_ERRORS as exc:
-            log.warning("canary step skipped (redis: %s)", exc)
+            steps = await side.call("canary", lambda: canary.on_window(w, clock.now_ms()))
         except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: operator's to fix
             log.error("canary step failed for %s: %s", w.model, exc)
+            return
+        for cc in steps or []:
+            await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
 
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
@@ -282,7 +277,7 @@ def build_pipeline(
                 await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
             for cmd, what in zip(decided.commands, decided.described, strict=True):
                 await publish(cmd, what)
-            await snapshots.save(asyncio.get_running_loop().time())
+            await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
 
     @app.agent(commands, name="bridge")
     async def bridge(stream: Any) -> None:
