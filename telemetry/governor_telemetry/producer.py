@@ -8,6 +8,12 @@ waiting, :meth:`TelemetryProducer.send` waits (back-pressure) instead of
 growing memory without limit; :meth:`TelemetryProducer.send_nowait` raises
 :class:`BufferFull` instead, for callers that must never block.
 
+Each record is checked, before it is buffered, with the rules ingest applies
+(:func:`governor_telemetry.records.validate_record`): a record the worker
+would dead-letter raises :class:`InvalidRecord` (a ``ValueError`` that names
+the field) in the caller instead.  ``validate=False`` turns the check off, for
+tests that put bad records on the wire on purpose.
+
 Example::
 
     async with TelemetryProducer("127.0.0.1:9092", "governor.telemetry",
@@ -24,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from governor_telemetry.records import encode_envelope, partition_key
+from governor_telemetry.records import FIELDS_BY_KIND, encode_envelope, partition_key, show, validate_record
 from governor_telemetry.security import kafka_options_from_env, login_refused
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,36 @@ log = logging.getLogger(__name__)
 
 class BufferFull(RuntimeError):
     """send_nowait found ``max_pending`` records already waiting."""
+
+
+# Names a reason of validate_record can be about: the fields, and the record's own keys.
+_FIELD_NAMES = frozenset(name for table in FIELDS_BY_KIND.values() for name in table) | {
+    "kind",
+    "schema_version",
+    "free_block_hist",
+}
+
+
+class InvalidRecord(ValueError):
+    """A record that ingest would dead-letter, refused by the producer before it is buffered.
+
+    ``reason`` is :func:`~governor_telemetry.records.validate_record`'s (the text the
+    dead letter would carry), ``field`` the field it is about (None when it is about
+    the record as a whole).
+
+    >>> err = InvalidRecord("missing field 'request_id'", {"kind": "request", "model": "m"})
+    >>> err.field, str(err)
+    ('request_id', "invalid telemetry record (kind 'request', model 'm'): missing field 'request_id'")
+    """
+
+    def __init__(self, reason: str, record: Any) -> None:
+        self.reason = reason
+        self.field = next((w for w in re.findall(r"\w+", reason) if w in _FIELD_NAMES), None)
+        where = ""
+        if isinstance(record, Mapping):
+            known = [f"{k} {show(record[k])}" for k in ("kind", "request_id", "model", "zone") if k in record]
+            where = f" ({', '.join(known)})" if known else ""
+        super().__init__(f"invalid telemetry record{where}: {reason}")
 
 
 class TelemetryProducer:
@@ -52,6 +89,7 @@ class TelemetryProducer:
         max_pending: int = 50_000,
         clock_ms: Any = None,
         kafka_options: Mapping[str, Any] | None = None,
+        validate: bool = True,
     ) -> None:
         if linger_ms <= 0 or max_batch <= 0 or max_pending < max_batch:
             raise ValueError("need linger_ms > 0, max_batch > 0 and max_pending >= max_batch")
@@ -61,6 +99,7 @@ class TelemetryProducer:
         self.linger_ms = linger_ms
         self.max_batch = max_batch
         self.max_pending = max_pending
+        self.validate = validate  # False: send records as they are (tests of the worker's dead letters)
         # SASL/TLS (governor_telemetry.security); None = from the KAFKA_* environment variables
         self.kafka_options = dict(kafka_options_from_env() if kafka_options is None else kafka_options)
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
@@ -116,7 +155,13 @@ class TelemetryProducer:
     def pending(self) -> int:
         return self._pending
 
-    def send_nowait(self, record: Mapping[str, Any]) -> None:
+    def _check(self, record: Mapping[str, Any]) -> None:
+        if self.validate:
+            reason = validate_record(record)
+            if reason is not None:
+                raise InvalidRecord(reason, record)
+
+    def _buffer(self, record: Mapping[str, Any]) -> bytes:
         if self._pending >= self.max_pending:
             raise BufferFull(f"{self._pending} records pending (max_pending={self.max_pending})")
         key = partition_key(str(record.get("model", "")), str(record.get("zone", "")))
@@ -125,14 +170,24 @@ class TelemetryProducer:
             self._first_ms[key] = time.monotonic() * 1000
         buf.append(record)
         self._pending += 1
+        return key
+
+    def send_nowait(self, record: Mapping[str, Any]) -> None:
+        """Buffer one record; raises :class:`InvalidRecord` for a record ingest would
+        dead-letter and :class:`BufferFull` when ``max_pending`` records are waiting."""
+        self._check(record)
+        self._buffer(record)
 
     async def send(self, record: Mapping[str, Any]) -> None:
-        """Buffer one record; waits while the buffer is full (back-pressure)."""
+        """Buffer one record; waits while the buffer is full (back-pressure).
+
+        Raises :class:`InvalidRecord` (before any wait) for a record ingest would dead-letter.
+        """
+        self._check(record)
         if self._pending >= self.max_pending:
             async with self._space:
                 await self._space.wait_for(lambda: self._pending < self.max_pending)
-        self.send_nowait(record)
-        key = partition_key(str(record.get("model", "")), str(record.get("zone", "")))
+        key = self._buffer(record)
         if len(self._buffers.get(key, ())) >= self.max_batch:
             await self._ship(key)
 

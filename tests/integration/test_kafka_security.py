@@ -47,7 +47,18 @@ FAST = {"request_timeout_ms": 3000, "metadata_max_age_ms": 3000}
 
 
 def _record(n: int = 0) -> dict[str, Any]:
-    return {"model": "llama2-70b", "zone": "az-a", "ts_ms": 1_000 + n, "ttft_ms": 12.5, "ok": True}
+    # A valid request record: the producer refuses what ingest would dead-letter.
+    return {
+        "kind": "request",
+        "request_id": f"r{n}",
+        "model": "llama2-70b",
+        "zone": "az-a",
+        "node": "node-a",
+        "ts_ms": 1_000 + n,
+        "ttft_ms": 12.5,
+        "e2e_ms": 80.0,
+        "status": "ok",
+    }
 
 
 async def _start(client: Any, timeout_s: float = 10.0) -> None:

@@ -166,7 +166,7 @@ async def test_malformed_records_land_in_dead_letter_topic_with_reason(loop: Set
     missing_zone = {k: v for k, v in good.items() if k != "zone"}
     unknown_model = {**good, "request_id": "um", "model": "no-such-model"}
     async with TelemetryProducer(
-        settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+        settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20, validate=False
     ) as producer:
         for rec in (good, bad_latency, missing_zone, unknown_model):
             await producer.send(rec)

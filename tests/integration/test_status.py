@@ -84,7 +84,7 @@ async def test_status_shows_the_running_loop(settings: Settings, tmp_path: Path)
         tasks = [asyncio.create_task(ex.run()) for ex in executors]  # polls and heartbeats
         try:
             async with TelemetryProducer(
-                settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
+                settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20, validate=False
             ) as producer:
                 for i in range(BAD):  # missing every field but these: dead-lettered by the worker
                     await producer.send({"kind": "request", "model": MODEL, "zone": "az-a", "request_id": f"bad{i}"})
