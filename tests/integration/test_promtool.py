@@ -1,0 +1,235 @@
+"""``promtool`` on what governor ships to Prometheus: the exporters' text, the alerts, the config.
+
+``promtool`` comes from Debian's ``prometheus`` package at ``/usr/bin/promtool``;
+``infra/install-debian-packages.sh prometheus`` installs it when missing (apt-get;
+root or sudo; no service is started).  ``GOVERNOR_SKIP_DEBIAN=1`` skips these
+tests when it is missing instead.
+
+The exporters' text is the real thing: the worker's registry
+(:class:`streams.metrics_export.WorkerMetrics`) after telemetry batches went
+through :class:`streams.control_loop.ControlLoop` (windows closed, a decision
+made), every family given a sample, rendered by ``prometheus_client``; and the
+executor's (:class:`~streams.metrics_export.ExecutorMetrics`).
+
+``promtool check metrics`` finds abbreviated units in five names today
+(``KNOWN_FINDINGS``).  Renaming a metric is a contract change (alerts,
+dashboard, compose test), so it is not done here: the strict xfail below turns
+into a failure the day the names are fixed, and the known-findings test fails
+on any *new* finding meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import generate_latest
+
+from controllers.window_record import decode_window
+from core.settings import ModelSpec, Settings
+from streams.control_loop import ControlLoop
+from streams.metrics_export import ExecutorMetrics, WorkerMetrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMTOOL = Path("/usr/bin/promtool")
+INSTALL = ROOT / "infra" / "install-debian-packages.sh"
+PROM_DIR = ROOT / "infra" / "prometheus"
+
+T0 = 1_700_000_000_000
+MODEL = "m"
+ZONES = ("az-a", "az-b")
+
+# What `promtool check metrics` (Prometheus 2.42, Debian bookworm) says about each exporter today.
+KNOWN_FINDINGS = {
+    "worker": {
+        "governor_latency_p50_ms metric names should not contain abbreviated units",
+        "governor_latency_p95_ms metric names should not contain abbreviated units",
+        "governor_latency_p99_ms metric names should not contain abbreviated units",
+        "governor_ttft_p95_ms metric names should not contain abbreviated units",
+    },
+    "executor": {
+        "governor_command_latency_ms metric names should not contain abbreviated units",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path:
+    """``/usr/bin/promtool``, installed by the project's script when missing."""
+    if PROMTOOL.exists():
+        return PROMTOOL
+    if os.environ.get("GOVERNOR_SKIP_DEBIAN") == "1":
+        pytest.skip("GOVERNOR_SKIP_DEBIAN=1: Debian's prometheus (promtool) not installed, promtool tests skipped")
+    t0 = time.monotonic()
+    done = subprocess.run(["sh", str(INSTALL), "prometheus"], capture_output=True, text=True, timeout=540)
+    print(f"{INSTALL.name} prometheus ({time.monotonic() - t0:.1f} s):\n{done.stdout}{done.stderr}")
+    if done.returncode != 0 or not PROMTOOL.exists():
+        pytest.fail(
+            f"{INSTALL} could not install Debian's prometheus (exit {done.returncode}); "
+            f"set GOVERNOR_SKIP_DEBIAN=1 to skip the promtool tests:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return PROMTOOL
+
+
+def _promtool(promtool: Path, *args: str, stdin: bytes | None = None, cwd: Path | None = None) -> tuple[int, str]:
+    done = subprocess.run([str(promtool), *args], input=stdin, capture_output=True, cwd=cwd, timeout=60)
+    return done.returncode, (done.stdout + done.stderr).decode()
+
+
+def _lint(promtool: Path, text: bytes) -> tuple[int, list[str]]:
+    """``promtool check metrics`` on an exposition: its exit status and its findings, one per line."""
+    rc, out = _promtool(promtool, "check", "metrics", stdin=text)
+    return rc, [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# -- the exporters' text ----------------------------------------------------------------------
+
+
+def _req(i: int, ts: int, zone: str) -> dict[str, Any]:
+    return {
+        "kind": "request",
+        "request_id": f"r{i}",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}-n1",
+        "ttft_ms": 100.0 + i % 7,
+        "e2e_ms": 1_000.0 + i % 13,
+        "status": "ok",
+    }
+
+
+def _gpu(ts: int, zone: str) -> dict[str, Any]:
+    return {
+        "kind": "gpu",
+        "ts_ms": ts,
+        "model": MODEL,
+        "zone": zone,
+        "node": f"{zone}-n1",
+        "state": "ready",
+        "gpu_util": 0.9,
+        "mem_used_bytes": 10,
+        "mem_total_bytes": 20,
+        "queue_len": 2,
+        "running": 4,
+    }
+
+
+def _batch(records: list[Any]) -> bytes:
+    return orjson.dumps({"schema_version": 1, "kind": "batch", "source": "t", "sent_ms": T0, "records": records})
+
+
+@pytest.fixture(scope="module")
+def worker_text() -> bytes:
+    settings = Settings(models=(ModelSpec(MODEL, max_replicas=20),), zones=ZONES, window_s=1.0, lateness_s=0.2)
+    metrics = WorkerMetrics()
+    loop = ControlLoop(settings, metrics)
+    src = {"topic": "telemetry", "partition": 0, "offset": 1}
+    closed = []
+    for step in range(6):  # six one-second windows per zone, one bad record each (a dead letter)
+        now = T0 + step * 1_000
+        recs: list[Any] = [_req(step * 100 + i, now + i, z) for z in ZONES for i in range(20)]
+        recs += [_gpu(now, z) for z in ZONES] + [{"kind": "request"}]
+        closed += loop.ingest(_batch(recs), src, now).windows
+    closed += loop.close_due(T0 + 60_000)
+    zone_windows = [decode_window(w) for w in closed if w["scope"] == "zone"]
+    assert zone_windows, "no zone window closed"
+    for w in zone_windows:
+        loop.decide(w, T0 + 60_000)
+    # The series the Faust agents and the start-up path write (not ControlLoop), through the same objects.
+    metrics.commands.labels("scale", "az-a").inc()
+    metrics.bridged.labels("az-a").inc()
+    metrics.redis_retries.inc()
+    metrics.snapshots_ignored.labels("stale").inc()
+    metrics.snapshots_restored.inc()
+    metrics.events.labels("drift", "ttft").inc()
+    metrics.ff_mode.labels(MODEL, "az-a").set(0.0)
+    metrics.sde.labels(MODEL, "az-a", "theta").set(0.5)
+    metrics.stale.labels(MODEL, "az-b").set(0.0)
+    metrics.observe_breaker(MODEL, "az-a", "open", changed=True)
+    metrics.observe_agent_weights(MODEL, "az-a", {"rag": 0.2, "tool": 0.3, "llm": 0.5})
+    metrics.target.labels(MODEL, "az-a").set(3)
+    text = generate_latest(metrics.registry)
+    assert _families_without_samples(text) == [], "give every family a sample, or promtool lints less"
+    return text
+
+
+@pytest.fixture(scope="module")
+def executor_text() -> bytes:
+    metrics = ExecutorMetrics()
+    metrics.outcomes.labels("az-a", "applied").inc()
+    metrics.outcomes.labels("az-a", "failed").inc()
+    metrics.expired.labels("az-a").inc()
+    metrics.latency.labels("az-a").set(12.5)
+    metrics.paused.labels("az-a").set(0)
+    text = generate_latest(metrics.registry)
+    assert _families_without_samples(text) == []
+    return text
+
+
+def _families_without_samples(text: bytes) -> list[str]:
+    lines = text.decode().splitlines()
+    names = [line.split()[2] for line in lines if line.startswith("# TYPE ")]
+    samples = {line.split("{")[0].split(" ")[0] for line in lines if line and not line.startswith("#")}
+    suffixes = ("", "_total", "_created", "_info")
+    return [n for n in names if not any(n + s in samples or n.removesuffix("_total") + s in samples for s in suffixes)]
+
+
+def _text(request: pytest.FixtureRequest, exporter: str) -> bytes:
+    text = request.getfixturevalue(f"{exporter}_text")
+    assert isinstance(text, bytes)
+    return text
+
+
+# -- metrics: the lint -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exporter", sorted(KNOWN_FINDINGS))
+def test_promtool_finds_nothing_new_in_the_exporter(
+    promtool: Path, request: pytest.FixtureRequest, exporter: str
+) -> None:
+    rc, findings = _lint(promtool, _text(request, exporter))
+    new = set(findings) - KNOWN_FINDINGS[exporter]
+    assert not new, f"promtool check metrics (exit {rc}) on the {exporter}'s exporter: new findings {sorted(new)}"
+    assert (rc == 0) == (not findings), (rc, findings)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="promtool: abbreviated units in governor_latency_p50_ms, governor_latency_p95_ms, "
+    "governor_latency_p99_ms, governor_ttft_p95_ms (worker) and governor_command_latency_ms (executor); "
+    "renaming them (alerts, dashboard, compose test) is the lead's change",
+)
+@pytest.mark.parametrize("exporter", sorted(KNOWN_FINDINGS))
+def test_promtool_check_metrics_passes_on_the_exporter(
+    promtool: Path, request: pytest.FixtureRequest, exporter: str
+) -> None:
+    rc, findings = _lint(promtool, _text(request, exporter))
+    assert rc == 0 and not findings, f"promtool check metrics on the {exporter}'s exporter (exit {rc}): {findings}"
+
+
+# -- rules and config --------------------------------------------------------------------------
+
+
+def test_promtool_check_rules_passes_on_the_alerts(promtool: Path) -> None:
+    rc, out = _promtool(promtool, "check", "rules", str(PROM_DIR / "alerts.yml"))
+    assert rc == 0, out
+    assert "SUCCESS" in out, out
+
+
+def test_promtool_check_config_passes_with_its_rule_file(promtool: Path, tmp_path: Path) -> None:
+    # The config names alerts.yml relative to itself: check a copy of the two, elsewhere.
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(PROM_DIR / name, tmp_path / name)
+    rc, out = _promtool(promtool, "check", "config", "prometheus.yml", cwd=tmp_path)
+    assert rc == 0, out
+    assert "1 rule files found" in out and "SUCCESS" in out, out
