@@ -18,6 +18,8 @@
     governor shadow-report        governor's targets vs the replicas an incumbent autoscaler ran
     governor redis-acl            least-privilege Redis ACL users (per-zone executors, worker, operator)
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
+    governor ingest otlp          OTLP/HTTP receiver: vLLM/SGLang request spans -> telemetry records
+    governor ingest scrape        scrape vLLM/SGLang /metrics: histogram deltas -> telemetry records
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from core.settings import ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
@@ -46,6 +49,7 @@ _NEEDS: dict[tuple[str, str | None], tuple[bool | str, bool | str]] = {
     ("canary", None): (False, True),
     ("pause", None): (False, True),
     ("resume", None): (False, True),
+    ("ingest", None): (True, False),  # the ingest receivers produce to Kafka
 }
 
 
@@ -140,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_shadow_parser(sub)
 
+    from governor.ingest_otlp import add_parser as add_otlp_parser
+
+    add_otlp_parser(_ingest_subparsers(sub))
+    from governor.ingest_scrape import add_parser as add_scrape_parser
+
+    add_scrape_parser(_ingest_subparsers(sub))
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("pipeline", help="pipeline ingest throughput vs raw consumer, decision latency")
@@ -167,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_soak_parser(bsub)
     return p
+
+
+def _ingest_subparsers(sub: Any) -> Any:
+    """The ``governor ingest`` group's subparsers: created by the first ingest command that asks."""
+    group = sub.choices.get("ingest")
+    if group is None:
+        group = sub.add_parser("ingest", help="receive engine telemetry and produce governor records")
+        group.add_subparsers(dest="ingest", required=True)
+    return next(a for a in group._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _version() -> str:
@@ -295,6 +315,14 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.demo import run_demo
 
         return run_demo(settings, args)
+    if args.command == "ingest" and args.ingest == "otlp":
+        from governor.ingest_otlp import run_ingest_otlp
+
+        return run_ingest_otlp(settings, args)
+    if args.command == "ingest" and args.ingest == "scrape":
+        from governor.ingest_scrape import run_ingest_scrape
+
+        return run_ingest_scrape(settings, args)
     if args.command == "bench" and args.bench == "pipeline":
         from governor.bench_pipeline import run_bench
 
