@@ -28,8 +28,11 @@ on it:
 ``no_gpu``
     request records but no GPU sample: the replica counts are unknown.
 
-A window that is not ``ok`` is **held**: no driver acts on it, the
-controllers' state (level, integrator, forecasts, zone view) does not move.
+A window that is not ``ok`` is **held**: the scaler and the router do not
+act on it, so the controllers' state (level, integrator, forecasts, zone
+view) does not move.  A ``no_requests`` window holds every driver; a
+``no_gpu`` window still feeds the drivers that need only request data (the
+circuit breaker, the agent weights).
 The (model, zone) is **stale** after ``stale_windows`` held windows in a
 row, or when no window has closed for ``stale_windows`` window lengths
 (:func:`silent`); staleness is reported (a gauge, an event), the hold itself

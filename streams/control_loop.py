@@ -268,7 +268,11 @@ class ControlLoop:
         route commands.
         """
         out = Decisions()
-        if w.scope == "zone" and self.watch.held(w, out.events):
+        # Missing telemetry (TelemetryWatch): no request records -> every driver holds; no GPU
+        # samples -> the replica counts are unknown: the breaker and the agent weights (request
+        # data) act, the router and the scaler hold.
+        hold = self.watch.held(w, out.events) if w.scope == "zone" else None
+        if hold == "no_requests":
             return out
         if w.model in self._configured:
             self.owned.add(f"model:{w.model}")
@@ -277,7 +281,14 @@ class ControlLoop:
             for rc in self.kv_policy.on_window(w, now_ms):
                 out.add(rc, f"relocate {rc.payload['node']}")
         else:
-            self._zone_drivers(w, now_ms, out)
+            self._zone_drivers(w, now_ms, out, route=hold is None)
+        if hold is None:
+            self._scale(w, now_ms, out)
+        if self.metrics is not None:
+            self._observe(out)
+        return out
+
+    def _scale(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
         for cmd in self.scaler.on_window(w, now_ms):
             out.add(cmd, f"{cmd.model} -> {cmd.target_replicas}")
             if self.metrics is not None:
@@ -290,9 +301,6 @@ class ControlLoop:
                 # zone has no windows there, so it gets no weight either).
                 for rc in self.scaler.zone_route_commands(ev["model"], int(ev["window_end_ms"]), now_ms):
                     out.add(rc, f"route {rc.model} by zone")
-        if self.metrics is not None:
-            self._observe(out)
-        return out
 
     # -- missing telemetry -----------------------------------------------------------------
     def set_heartbeats(self, alive: Collection[str] | None) -> None:
@@ -303,15 +311,15 @@ class ControlLoop:
         """Mark stale every (model, zone) whose windows stopped (:class:`TelemetryWatch`); its events."""
         return self.watch.check_silence(now_ms)
 
-    def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
+    def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Decisions, route: bool = True) -> None:
         for bc in self.breaker.on_window(w, now_ms):
             out.add(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
         transitions = self.breaker.drain_transitions()
+        routes = []
         try:
-            routes = self.routing.on_window(w, now_ms)
+            routes = self.routing.on_window(w, now_ms) if route else []
         except ValueError as exc:  # a window the router cannot use (ParameterError)
             log.error("routing step failed for %s/%s: %s", w.model, w.zone, exc)
-            routes = []
         for rc in routes:
             out.add(rc, f"route {rc.model}")
         for ac in self.agent_weights.on_window(w, now_ms):

@@ -16,7 +16,7 @@ models and zones, so it is bounded.
 ...         "running_mean": 3.0}
 >>> events = []
 >>> [watch.held(decode_window({**busy, "window_end_ms": k * 10_000}), events) for k in (1, 2, 3)]
-[True, True, True]
+['no_requests', 'no_requests', 'no_requests']
 >>> [(e["kind"], e["reason"]) for e in events]
 [('telemetry_stale', 'no_requests')]
 """
@@ -47,18 +47,21 @@ class TelemetryWatch:
         self.stale: dict[tuple[str, str], StaleState] = {}
         self.last_end_ms: dict[tuple[str, str], int] = {}
 
-    def held(self, w: WindowRecord, events: list[dict[str, Any]]) -> bool:
-        """Whether the loop must hold this zone window; staleness changes are appended to ``events``."""
+    def held(self, w: WindowRecord, events: list[dict[str, Any]]) -> str | None:
+        """What the loop must hold this zone window for (``no_requests``, ``no_gpu``), or None.
+
+        Staleness changes are appended to ``events``.
+        """
         if w.model not in self.models or w.zone not in self.settings.zones:
-            return False
+            return None
         key = (w.model, w.zone)
         if w.window_end_ms <= self.last_end_ms.get(key, -1):
-            return False  # a redelivery: the drivers drop it themselves
+            return None  # a redelivery: the drivers drop it themselves
         self.last_end_ms[key] = w.window_end_ms
         kind = classify(w.count, w.running_mean, w.queue_len_mean, w.replicas_ready + w.replicas_starting)
         before = self.stale.get(key, StaleState())
         self._set(key, before, step(self.params, before, kind), w.window_end_ms, events)
-        return kind in HOLD_KINDS
+        return kind if kind in HOLD_KINDS else None
 
     def check_silence(self, now_ms: int) -> list[dict[str, Any]]:
         """Mark stale every (model, zone) with no window for ``stale_windows`` window lengths; the events."""

@@ -71,8 +71,9 @@ def test_cli_commands_use_the_environment(
     assert orjson.loads(capsys.readouterr().out.splitlines()[-1])["state"]["name"] == "aborted"
     assert main(["canary", "start", "--model", MODEL, "--version", "v2", "--stages", "0.5,0.1"]) == 2
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
-    assert main(["canary", "status", "--model", MODEL]) == 1
-    assert "redis unreachable" in capsys.readouterr().err
+    assert main(["canary", "status", "--model", MODEL]) == 2  # unreachable: exit 2, one line naming the setting
+    err = capsys.readouterr().err
+    assert "cannot reach Redis at 127.0.0.1:1 (REDIS_URL)" in err and "Traceback" not in err
 
 
 async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings: Settings) -> None:
