@@ -147,7 +147,19 @@ class Soak:
     async def _hostile_telemetry(self, zone: str, redis: aioredis.Redis) -> str:
         s = self.settings
         now = int(time.time() * 1000)
-        req = {"kind": "request", "request_id": "x", "model": s.models[0].name, "zone": zone, "ttft_ms": 1.0}
+        req = {  # a valid record but for the one field each hostile message breaks
+            "kind": "request",
+            "request_id": "x",
+            "model": s.models[0].name,
+            "zone": zone,
+            "node": f"{zone}/soak",
+            "ttft_ms": 1.0,
+            "itl_ms": 1.0,
+            "e2e_ms": 2.0,
+            "prompt_tokens": 1,
+            "output_tokens": 1,
+            "status": "ok",
+        }
         deep = b"[" * 900 + b"0" + b"]" * 900  # orjson reads 1024 levels, writes 254: built by hand
         values = [
             b"{not json",
