@@ -36,7 +36,7 @@ from executors.backends import (
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
-from governor.processes import EXECUTOR_READY
+from governor.processes import EXECUTOR_READY, ready_log
 from streams.health import Readiness
 from streams.metrics_export import ExecutorMetrics
 
@@ -109,7 +109,7 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         # Redis down at start is waited for (capped backoff, one line per attempt), never a reason to exit.
         group = _checked(executor.ensure_group, readiness, "redis")
         if await retry_until_ok(group, f"executor {zone}: redis {_where(settings)}", executor.stopping):
-            log.info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
+            ready_log().info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
             await executor.run()
     finally:
         executor.stop()

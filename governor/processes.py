@@ -9,6 +9,7 @@ and are stopped with SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -74,6 +75,17 @@ class ChildProcess:
 
 WORKER_READY = "governor worker ready"
 EXECUTOR_READY = "executor ready"
+
+
+def ready_log() -> logging.Logger:
+    """The logger of the readiness lines a parent waits for (:meth:`ChildProcess.wait_for_log`).
+
+    Always at INFO, whatever ``--log-level`` the child inherited (the demo's tests run
+    with WARNING): a child that hides its readiness line is never seen ready.
+    """
+    logger = logging.getLogger("governor.ready")
+    logger.setLevel(logging.INFO)
+    return logger
 
 
 def start_worker(settings: Settings, run_dir: Path) -> ChildProcess:

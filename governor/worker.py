@@ -26,7 +26,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from executors.loop import MAX_DELAY_S, MIN_DELAY_S
-from governor.processes import WORKER_READY
+from governor.processes import WORKER_READY, ready_log
 from streams.agents import build_pipeline
 from streams.app import create_app
 from streams.health import Readiness
@@ -62,7 +62,7 @@ def run_worker(settings: Settings) -> int:
         readiness.ok("kafka")
         readiness.ok("agents")
         await check_redis()
-        log.info("%s: %d partitions assigned", WORKER_READY, len(assigned))
+        ready_log().info("%s: %d partitions assigned", WORKER_READY, len(assigned))
 
     app.timer(WATCH_S)(check_redis)
 
