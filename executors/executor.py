@@ -350,7 +350,7 @@ class ZoneExecutor:
             if cmd.hlc and valid_int(cmd.hlc):
                 pipe.hset(self._hlc_key, cmd.order_field, cmd.hlc)
             await pipe.execute()
-        self.metrics.latency.labels(self.zone).set(applied_at - cmd.issued_at_ms)
+        self.metrics.latency.labels(self.zone).set((applied_at - cmd.issued_at_ms) / 1000.0)
         await self._finish(entry_id, cmd, "applied", "", applied_at, detail)
         return 1
 

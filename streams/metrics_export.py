@@ -24,10 +24,18 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self.build_info = build_info(r)  # governor_build_info{version,python} 1
-        self.p50 = Gauge("governor_latency_p50_ms", "end-to-end latency P50 of the last window", _LABELS, registry=r)
-        self.p95 = Gauge("governor_latency_p95_ms", "end-to-end latency P95 of the last window", _LABELS, registry=r)
-        self.p99 = Gauge("governor_latency_p99_ms", "end-to-end latency P99 of the last window", _LABELS, registry=r)
-        self.ttft_p95 = Gauge("governor_ttft_p95_ms", "time-to-first-token P95 of the last window", _LABELS, registry=r)
+        self.p50 = Gauge(
+            "governor_latency_p50_seconds", "end-to-end latency P50 of the last window (s)", _LABELS, registry=r
+        )
+        self.p95 = Gauge(
+            "governor_latency_p95_seconds", "end-to-end latency P95 of the last window (s)", _LABELS, registry=r
+        )
+        self.p99 = Gauge(
+            "governor_latency_p99_seconds", "end-to-end latency P99 of the last window (s)", _LABELS, registry=r
+        )
+        self.ttft_p95 = Gauge(
+            "governor_ttft_p95_seconds", "time-to-first-token P95 of the last window (s)", _LABELS, registry=r
+        )
         self.violation = Gauge(
             "governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r
         )
@@ -99,21 +107,21 @@ class WorkerMetrics:
         if m["scope"] != "zone":
             return
         lab = (m["model"], m["zone"])
-        for gauge, key in (
-            (self.p50, "e2e_p50_ms"),
-            (self.p95, "e2e_p95_ms"),
-            (self.p99, "e2e_p99_ms"),
-            (self.ttft_p95, "ttft_p95_ms"),
-            (self.violation, "violation_rate"),
-            (self.rate, "rate_rps"),
-            (self.queue, "queue_len_mean"),
-            (self.gpu_util, "gpu_util_mean"),
-            (self.ready, "replicas_ready"),
-            (self.starting, "replicas_starting"),
+        for gauge, key, scale in (  # window records carry ms; Prometheus wants base units (seconds)
+            (self.p50, "e2e_p50_ms", 1e-3),
+            (self.p95, "e2e_p95_ms", 1e-3),
+            (self.p99, "e2e_p99_ms", 1e-3),
+            (self.ttft_p95, "ttft_p95_ms", 1e-3),
+            (self.violation, "violation_rate", 1.0),
+            (self.rate, "rate_rps", 1.0),
+            (self.queue, "queue_len_mean", 1.0),
+            (self.gpu_util, "gpu_util_mean", 1.0),
+            (self.ready, "replicas_ready", 1.0),
+            (self.starting, "replicas_starting", 1.0),
         ):
             value = m.get(key)
             if value is not None:
-                gauge.labels(*lab).set(float(value))
+                gauge.labels(*lab).set(float(value) * scale)
 
     def observe_breaker(self, model: str, zone: str, state: str, *, changed: bool) -> None:
         """A target's breaker state after a window; ``changed`` counts a transition."""
@@ -149,7 +157,7 @@ class ExecutorMetrics:
         )
         self.expired = Counter("governor_commands_expired_total", "commands refused as expired", ("zone",), registry=r)
         self.latency = Gauge(
-            "governor_command_latency_ms", "issue -> apply latency of the last command", ("zone",), registry=r
+            "governor_command_latency_seconds", "issue -> apply latency of the last command (s)", ("zone",), registry=r
         )
         self.paused = Gauge(
             "governor_executor_paused", "1 while governor pause holds this zone's commands", ("zone",), registry=r

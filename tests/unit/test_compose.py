@@ -61,8 +61,8 @@ CONTRACT_METRICS = {
     "governor_deadletter_total",
     "governor_commands_expired_total",
     "governor_commands_applied_total",
-    "governor_latency_p95_ms",
-    "governor_latency_p99_ms",
+    "governor_latency_p95_seconds",
+    "governor_latency_p99_seconds",
     "governor_replicas_target",
     "governor_replicas_ready",
     "governor_breaker_state",
@@ -467,8 +467,8 @@ def test_grafana_dashboard_uses_contract_metrics() -> None:
     assert used <= CONTRACT_METRICS, used - CONTRACT_METRICS
     # One panel group per signal the brief asks for.
     assert {
-        "governor_latency_p95_ms",
-        "governor_latency_p99_ms",
+        "governor_latency_p95_seconds",
+        "governor_latency_p99_seconds",
         "governor_slo_violation_rate",
         "governor_replicas_target",
         "governor_replicas_ready",
