@@ -40,6 +40,14 @@ class WorkerMetrics:
             "governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r
         )
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
+        # Counters for burn-rate alerts (rate() over any range): requests and SLO violations per closed window.
+        self.requests_total = Counter("governor_requests_total", "requests in closed zone windows", _LABELS, registry=r)
+        self.violations_total = Counter(
+            "governor_slo_violations_total",
+            "requests that missed their SLO, in closed zone windows",
+            _LABELS,
+            registry=r,
+        )
         self.queue = Gauge("governor_queue_len", "mean queued requests per replica", _LABELS, registry=r)
         self.gpu_util = Gauge("governor_gpu_util", "mean GPU utilisation", _LABELS, registry=r)
         self.ready = Gauge("governor_replicas_ready", "replicas serving", _LABELS, registry=r)
@@ -107,6 +115,10 @@ class WorkerMetrics:
         if m["scope"] != "zone":
             return
         lab = (m["model"], m["zone"])
+        count = m.get("count") or 0
+        if count > 0:
+            self.requests_total.labels(*lab).inc(count)
+            self.violations_total.labels(*lab).inc(round(count * float(m.get("violation_rate") or 0.0)))
         for gauge, key, scale in (  # window records carry ms; Prometheus wants base units (seconds)
             (self.p50, "e2e_p50_ms", 1e-3),
             (self.p95, "e2e_p95_ms", 1e-3),

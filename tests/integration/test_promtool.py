@@ -210,6 +210,13 @@ def test_promtool_check_rules_passes_on_the_alerts(promtool: Path) -> None:
     assert "SUCCESS" in out, out
 
 
+def test_promtool_test_rules_fires_the_burn_rate_alert_only_where_the_budget_burns(promtool: Path) -> None:
+    """infra/prometheus/alerts_test.yml: 1 % violations raise nothing, 50 % raise GovernorSLOBurnRateHigh."""
+    rc, out = _promtool(promtool, "test", "rules", str(PROM_DIR / "alerts_test.yml"))
+    assert rc == 0, out
+    assert "SUCCESS" in out, out
+
+
 def test_promtool_check_config_passes_with_its_rule_file(promtool: Path, tmp_path: Path) -> None:
     # The config names alerts.yml relative to itself: check a copy of the two, elsewhere.
     for name in ("prometheus.yml", "alerts.yml"):

@@ -68,6 +68,8 @@ CONTRACT_METRICS = {
     "governor_breaker_state",
     "governor_agent_weight",
     "governor_telemetry_stale",
+    "governor_requests_total",
+    "governor_slo_violations_total",
 }
 METRIC_RE = re.compile(r"\bgovernor_[a-z0-9_]+\b")
 

@@ -234,6 +234,9 @@ def test_metrics_follow_the_events() -> None:
     assert value("governor_records_total") == 3.0
     assert value("governor_windows_closed_total", {"scope": "zone"}) == 1.0
     assert value("governor_replicas_target", {"model": MODEL, "zone": "az-a"}) == 3.0
+    # the window closed by the second message holds request r0; the decided record is not a closed window
+    assert value("governor_requests_total", {"model": MODEL, "zone": "az-a"}) == 1.0
+    assert value("governor_slo_violations_total", {"model": MODEL, "zone": "az-a"}) == 0.0
 
 
 # -- authenticated window records ---------------------------------------------------------
