@@ -273,18 +273,7 @@ async def _run(settings: Settings, servers: EmbeddedServers | None, args: Namesp
         async with TelemetryProducer(
             settings.kafka_bootstrap, settings.topic("telemetry"), source="soak-fleet", clock_ms=clock.now_ms
         ) as producer:
-            live = LiveFleet(
-                fleet,
-                workload,
-                model=model,
-                zones=settings.zones,
-                producer=producer,
-                redis=redis,
-                prefix=settings.topic_prefix,
-                now_ms=clock.now_ms,
-                t0_ms=t0_ms,
-                seed=args.seed,
-            )
+            live = LiveFleet.on_stack(fleet, workload, settings, producer, redis, clock, t0_ms, seed=args.seed)
             stats = await live.run(duration_s, on_tick=tick)
         await asyncio.sleep(clock.to_wall_s((settings.window_s + settings.lateness_s) * 1000) + 5.0)
         soak.sample_rss(time.monotonic() - wall0)

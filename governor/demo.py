@@ -168,18 +168,8 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
             clock_ms=clock.now_ms,
             validate=args.bad_rate <= 0,  # --bad-rate injects malformed records for the worker to dead-letter
         ) as producer:
-            live = LiveFleet(
-                fleet,
-                workload,
-                model=model,
-                zones=settings.zones,
-                producer=producer,
-                redis=redis,
-                prefix=settings.topic_prefix,
-                now_ms=clock.now_ms,
-                t0_ms=t0_ms,
-                bad_rate=args.bad_rate,
-                seed=args.seed,
+            live = LiveFleet.on_stack(
+                fleet, workload, settings, producer, redis, clock, t0_ms, bad_rate=args.bad_rate, seed=args.seed
             )
             tick = (
                 None if args.no_progress else _progress(live, collector, args.duration_s, list(settings.zones), model)

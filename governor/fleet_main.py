@@ -54,18 +54,7 @@ async def run_fleet(settings: Settings, args: Namespace) -> int:
         async with TelemetryProducer(
             settings.kafka_bootstrap, settings.topic("telemetry"), source="sim-fleet", clock_ms=clock.now_ms
         ) as producer:
-            live = LiveFleet(
-                fleet,
-                workload,
-                model=model,
-                zones=settings.zones,
-                producer=producer,
-                redis=redis,
-                prefix=settings.topic_prefix,
-                now_ms=clock.now_ms,
-                t0_ms=t0_ms,
-                seed=args.seed,
-            )
+            live = LiveFleet.on_stack(fleet, workload, settings, producer, redis, clock, t0_ms, seed=args.seed)
             stats = await live.run(args.duration_s)
         log.info("fleet done: %d submitted, %d finished", stats.submitted, len(stats.finished))
     finally:

@@ -151,6 +151,24 @@ class LiveFleet:
         self.gate = TrafficGate(np.random.default_rng([seed, 5]))  # breakers and canary shares
         self._zone_of = np.random.default_rng(seed).integers(0, len(self.zones), len(workload.arrival_s))
 
+    @classmethod
+    def on_stack(
+        cls, fleet: Any, workload: Workload, settings: Any, producer: Any, redis: Any, clock: Any, t0_ms: int, **kw: Any
+    ) -> LiveFleet:
+        """A live fleet of ``settings``' first model and zones against a running stack (prefix, clock)."""
+        return cls(
+            fleet,
+            workload,
+            model=settings.models[0].name,
+            zones=settings.zones,
+            producer=producer,
+            redis=redis,
+            prefix=settings.topic_prefix,
+            now_ms=clock.now_ms,
+            t0_ms=t0_ms,
+            **kw,
+        )
+
     def t_s(self) -> float:
         return (self.now_ms() - self.t0_ms) / 1000.0
 
