@@ -546,6 +546,70 @@ class Settings:
         ge=0,
     )
 
+    # -- engine telemetry (governor ingest scrape / otlp) -----------------------------------
+    scrape_endpoints: tuple[str, ...] = _setting(
+        (),
+        "GOVERNOR_SCRAPE_ENDPOINTS",
+        "comma-separated URL=zone of engine /metrics endpoints that `governor ingest scrape` reads "
+        "(a static list; --endpoint adds to it)",
+        "csv",
+    )
+    scrape_engine: str = _setting(
+        "vllm",
+        "GOVERNOR_SCRAPE_ENGINE",
+        "metric dialect of the scraped engines: vllm or sglang",
+        "str",
+        choices=("vllm", "sglang"),
+    )
+    scrape_interval_s: float = _setting(
+        5.0,
+        "GOVERNOR_SCRAPE_INTERVAL_S",
+        "seconds between scrapes of each engine (at most GOVERNOR_WINDOW_S / 2 to give every window requests)",
+        "float",
+        gt=0,
+    )
+    scrape_model_map: tuple[str, ...] = _setting(
+        (),
+        "GOVERNOR_SCRAPE_MODEL_MAP",
+        "comma-separated served_name=model: the engine's model_name label -> governor's model name",
+        "csv",
+    )
+    scrape_violations: str = _setting(
+        "upper",
+        "GOVERNOR_SCRAPE_VIOLATIONS",
+        "which end of the histogram violation bounds scraped records carry: upper (parts disjoint, the safe "
+        "side) or lower (parts nested)",
+        "str",
+        choices=("upper", "lower"),
+    )
+    scrape_k8s_selector: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_K8S_SELECTOR",
+        "Kubernetes label selector of the engine pods to scrape (set = discover them through the API server)",
+        "str",
+    )
+    scrape_k8s_namespace: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_K8S_NAMESPACE",
+        "namespace of the engine pods (empty = the namespace governor runs in, else default)",
+        "str",
+    )
+    scrape_k8s_port: int = _setting(
+        8000,
+        "GOVERNOR_SCRAPE_K8S_PORT",
+        "port of the engines' /metrics on each discovered pod",
+        "int",
+        ge=1,
+        lt=65536,
+    )
+    scrape_prometheus_url: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_PROMETHEUS_URL",
+        "base URL of a Prometheus that already scrapes the engines (set = read the same series with PromQL "
+        "instead of scraping them)",
+        "str",
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             reason = _bound_reason(f.metadata, getattr(self, f.name))
