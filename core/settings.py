@@ -582,6 +582,13 @@ class Settings:
         "str",
         choices=("upper", "lower"),
     )
+    scrape_http_sd: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_HTTP_SD",
+        "URL of a Prometheus HTTP service-discovery document ([{targets: [host:port], labels: {zone: ...}}]) "
+        "re-read before every scrape (set = scrape the targets it lists)",
+        "str",
+    )
     scrape_k8s_selector: str = _setting(
         "",
         "GOVERNOR_SCRAPE_K8S_SELECTOR",
