@@ -36,6 +36,9 @@ class WorkerMetrics:
         self.ttft_p95 = Gauge(
             "governor_ttft_p95_seconds", "time-to-first-token P95 of the last window (s)", _LABELS, registry=r
         )
+        self.ttft_slo = Gauge(
+            "governor_ttft_slo_seconds", "the model's time-to-first-token SLO (s), beside its P95", _LABELS, registry=r
+        )
         self.violation = Gauge(
             "governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r
         )
@@ -124,6 +127,7 @@ class WorkerMetrics:
             (self.p95, "e2e_p95_ms", 1e-3),
             (self.p99, "e2e_p99_ms", 1e-3),
             (self.ttft_p95, "ttft_p95_ms", 1e-3),
+            (self.ttft_slo, "ttft_slo_ms", 1e-3),
             (self.violation, "violation_rate", 1.0),
             (self.rate, "rate_rps", 1.0),
             (self.queue, "queue_len_mean", 1.0),

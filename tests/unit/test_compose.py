@@ -63,6 +63,8 @@ CONTRACT_METRICS = {
     "governor_commands_applied_total",
     "governor_latency_p95_seconds",
     "governor_latency_p99_seconds",
+    "governor_ttft_p95_seconds",
+    "governor_ttft_slo_seconds",
     "governor_replicas_target",
     "governor_replicas_ready",
     "governor_breaker_state",
@@ -477,6 +479,12 @@ def test_grafana_dashboard_uses_contract_metrics() -> None:
         "governor_commands_applied_total",
         "governor_deadletter_total",
     } <= used
+    # TTFT is plotted against its SLO in one panel (issue 15: the operator sees the margin, not two graphs).
+    assert any(
+        {"governor_ttft_p95_seconds", "governor_ttft_slo_seconds"}
+        <= {m for t in panel["targets"] for m in METRIC_RE.findall(t["expr"])}
+        for panel in dash["panels"]
+    )
 
 
 def test_grafana_provisioning_matches_compose_mounts(services: dict[str, Any]) -> None:
