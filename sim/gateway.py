@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from controllers.gateway_weights import HALF_OPEN_SHARE, gate_weights
 from core import names
 from sim.replica import FleetConfigError
 from sim.router import DEFAULT_CLASS, parse_target
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 
 # -- the gateway contract: breakers and canary shares on top of the route weights ----------
-HALF_OPEN_SHARE = 0.05  # a half-open target keeps this fraction of its share (while probes last)
 BREAKER_STATES = frozenset({"closed", "open", "half_open"})
 
 
@@ -60,38 +60,6 @@ class BreakerView:
         if self.state == "half_open" and self.probes_sent < self.probe_budget:
             return HALF_OPEN_SHARE
         return 0.0
-
-
-def gate_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -> dict[str, float]:
-    """Route weights after the breakers (pure).
-
-    Each target's normalised share is multiplied by its factor (missing: 1,
-    closed).  An open target (factor 0) gets nothing; a half-open one keeps
-    ``factor x`` its share; what they give up goes to the closed targets in
-    proportion to their shares.  With no closed target left the probing
-    targets share the traffic; with none at all the weights are returned
-    unchanged (normalised): a breaker sheds a class's traffic to other
-    targets, it does not drop the class.
-
-    >>> gate_weights({"a|z": 1, "b|z": 1}, {"a|z": 0.0})
-    {'b|z': 1.0}
-    >>> {t: round(w, 3) for t, w in gate_weights({"a|z": 1, "b|z": 1}, {"a|z": 0.05}).items()}
-    {'a|z': 0.025, 'b|z': 0.975}
-    >>> gate_weights({"a|z": 3, "b|z": 1}, {"a|z": 0.0, "b|z": 0.0})
-    {'a|z': 0.75, 'b|z': 0.25}
-    """
-    total = sum(w for w in weights.values() if w > 0)
-    if total <= 0:
-        return {}
-    share = {t: w / total for t, w in weights.items() if w > 0}
-    closed = {t: s for t, s in share.items() if factors.get(t, 1.0) >= 1.0}
-    probing = {t: s * factors[t] for t, s in share.items() if 0.0 < factors.get(t, 1.0) < 1.0}
-    if not closed:
-        kept = probing or share
-        kept_total = sum(kept.values())
-        return {t: s / kept_total for t, s in sorted(kept.items())}
-    scale = (1.0 - sum(probing.values())) / sum(closed.values())
-    return dict(sorted({**{t: s * scale for t, s in closed.items()}, **probing}.items()))
 
 
 class TrafficGate:
