@@ -12,7 +12,9 @@ event, so the loop can be driven, and tested, without a broker:
   in-memory driver, in a fixed order;
 - :meth:`ControlLoop.snapshot_scopes` / :meth:`ControlLoop.restore_scope` the
   drivers' state as plain data, one scope per model and per routed family
-  (sealed and stored by :mod:`streams.snapshots`).
+  (sealed and stored by :mod:`streams.snapshots`);
+- :meth:`ControlLoop.export_targets` the scalers' targets as ``governor_replicas_target``
+  (every zone window, and on restore: the gauge KEDA scales on, ``infra/k8s/keda/``).
 
 The Faust agents in :mod:`streams.agents` only move bytes to and from these
 methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
@@ -273,6 +275,7 @@ class ControlLoop:
         # data) act, the router and the scaler hold.
         hold = self.watch.held(w, out.events) if w.scope == "zone" else None
         if hold == "no_requests":
+            self.export_targets(w.model, w.zone)  # held: the target stays exported, never drops
             return out
         if w.model in self._configured:
             self.owned.add(f"model:{w.model}")
@@ -284,6 +287,8 @@ class ControlLoop:
             self._zone_drivers(w, now_ms, out, route=hold is None)
         if hold is None:
             self._scale(w, now_ms, out)
+        if w.scope == "zone":
+            self.export_targets(w.model, w.zone)
         if self.metrics is not None:
             self._observe(out)
         return out
@@ -291,8 +296,6 @@ class ControlLoop:
     def _scale(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
         for cmd in self.scaler.on_window(w, now_ms):
             out.add(cmd, f"{cmd.model} -> {cmd.target_replicas}")
-            if self.metrics is not None:
-                self.metrics.target.labels(cmd.model, cmd.zone).set(cmd.target_replicas or 0)
         for ev in self.scaler.drain_events():
             out.events.append(ev)
             if ev["kind"] in ("zone_lost", "zone_returned") and ev["model"] not in self.routed_families:
@@ -301,6 +304,14 @@ class ControlLoop:
                 # zone has no windows there, so it gets no weight either).
                 for rc in self.scaler.zone_route_commands(ev["model"], int(ev["window_end_ms"]), now_ms):
                     out.add(rc, f"route {rc.model} by zone")
+
+    def export_targets(self, model: str | None = None, zone: str | None = None) -> None:
+        """``governor_replicas_target`` = the scaler's current target of each configured key
+        (:meth:`Scaler.targets`): every zone window, held or not, and right after a restore.
+        A key without a target stays absent, never 0 (the KEDA bridge, ``infra/k8s/keda/``)."""
+        if self.metrics is not None:
+            for (m, z), target in self.scaler.targets(model, zone).items():
+                self.metrics.target.labels(m, z).set(float(target))
 
     # -- missing telemetry -----------------------------------------------------------------
     def set_heartbeats(self, alive: Collection[str] | None) -> None:
@@ -380,4 +391,6 @@ class ControlLoop:
                 failed[part] = f"{type(exc).__name__}: {exc}"
         if done:
             self.owned.add(scope)
+        if "scaler" in done and kind == "model":
+            self.export_targets(name)  # KEDA reads the restored target before the first window closes
         return done, failed

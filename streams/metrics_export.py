@@ -55,7 +55,9 @@ class WorkerMetrics:
         self.gpu_util = Gauge("governor_gpu_util", "mean GPU utilisation", _LABELS, registry=r)
         self.ready = Gauge("governor_replicas_ready", "replicas serving", _LABELS, registry=r)
         self.starting = Gauge("governor_replicas_starting", "replicas loading", _LABELS, registry=r)
-        self.target = Gauge("governor_replicas_target", "last replica target issued", _LABELS, registry=r)
+        self.target = Gauge(  # set every zone window and on restore (ControlLoop.export_targets); KEDA follows it
+            "governor_replicas_target", "the scaler's current replica target", _LABELS, registry=r
+        )
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
         self.deadletters = Counter(
             "governor_deadletter_total",

@@ -596,6 +596,19 @@ class Scaler:
             return None
         return max(0.0, float(ks.forecaster.forecast(max(1, steps))[-1]))
 
+    def targets(self, model: str | None = None, zone: str | None = None) -> dict[tuple[str, str], int]:
+        """The current replica target (``last_target``) of every configured (model, zone) that
+        has one, optionally of one model or zone: what ``governor_replicas_target`` exports."""
+        return {
+            (m, z): ks.ctrl.last_target
+            for (m, z), ks in self.states.items()
+            if ks.ctrl.last_target is not None
+            and m in self.params
+            and z in self.settings.zones
+            and model in (None, m)
+            and zone in (None, z)
+        }
+
     def sde_estimates(self) -> dict[tuple[str, str], OuEstimate]:
         """Fitted OU parameters of each key's TTFT P50 (docs/model.md §10 (sde), fitted online)."""
         return {key: est for key, ks in self.states.items() if (est := ks.sde.estimate()) is not None}
