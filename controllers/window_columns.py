@@ -16,6 +16,10 @@ Mixed agent load (docs/model.md §15 (agents), optional
 ``agent_tool_conf`` (each in [0, 1], all three or none; NaN = not carried)
 and its ``agent_path`` (:data:`AGENT_PATHS` index, NaN = not carried).
 
+Request classes (optional ``request_class`` column): int codes of
+:data:`REQUEST_CLASS_CODES` (0 = no or an unknown class); the windows hold a
+request to its class's SLO (:class:`controllers.windows.SloSpec`).
+
 GPU samples (:data:`GPU_COLUMNS`, finite and >= 0) may carry the KV
 allocator's :data:`KV_COLUMNS` (NaN = not reported).
 
@@ -41,6 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from core.settings import REQUEST_CLASSES
 from core.vocab import AGENT_PATHS
 
 __all__ = [
@@ -50,6 +55,7 @@ __all__ = [
     "AGENT_SIGNAL_COLUMNS",
     "GPU_COLUMNS",
     "KV_COLUMNS",
+    "REQUEST_CLASS_CODES",
     "REQUEST_COLUMNS",
     "GpuBatch",
     "RequestBatch",
@@ -72,6 +78,8 @@ KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_ge
 AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
 AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)
+# Optional request class column: class name -> int code (0, absent from the map: no class / unknown).
+REQUEST_CLASS_CODES = {name: i + 1 for i, name in enumerate(REQUEST_CLASSES)}
 
 
 class RequestBatch(NamedTuple):
@@ -81,6 +89,7 @@ class RequestBatch(NamedTuple):
     floats: dict[str, Any]  # ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens
     kv_hit: Any
     agent: tuple[list[Any], Any] | None  # (the three signals, the path); None: not carried
+    classes: Any = None  # request class codes (int64, REQUEST_CLASS_CODES); None: not carried
 
 
 class GpuBatch(NamedTuple):
@@ -119,7 +128,7 @@ def request_batch(cols: Mapping[str, npt.ArrayLike]) -> RequestBatch:
     ValueError
         Missing column, ragged lengths, negative or infinite values; agent
         signals outside [0, 1] or not carried together, a path index not in
-        ``0..2``.
+        ``0..2``; a request class code that is not an integer >= 0.
     """
     ok = column(cols, "ok", None, bool)
     n = int(ok.size)
@@ -133,7 +142,13 @@ def request_batch(cols: Mapping[str, npt.ArrayLike]) -> RequestBatch:
             raise ValueError(f"{name}: values must be finite and >= 0")
         if name not in ("ttft_ms", "itl_ms", "e2e_ms") and np.any(np.isnan(arr)):
             raise ValueError(f"{name}: NaN is only allowed for latency columns")
-    return RequestBatch(ok, f, kv_hit, agent_columns(cols, n))
+    classes = None
+    if "request_class" in cols:
+        raw = column(cols, "request_class", n, np.float64)
+        if not np.all(np.isfinite(raw)) or np.any(raw < 0) or np.any(raw != np.floor(raw)) or np.any(raw > 2**31):
+            raise ValueError("request_class: codes must be integers >= 0 (0: no class)")
+        classes = raw.astype(np.int64)
+    return RequestBatch(ok, f, kv_hit, agent_columns(cols, n), classes)
 
 
 def agent_columns(cols: Mapping[str, npt.ArrayLike], n: int) -> tuple[list[Any], Any] | None:

@@ -24,6 +24,13 @@ carried them) and ``agent_path_counts``.
 Missing latency measurements (NaN) are skipped by that metric's sketch and
 never count as a latency violation.
 
+Per-request-class SLOs: a batch may carry the optional ``request_class``
+column (small int codes, :data:`controllers.window_columns.REQUEST_CLASS_CODES`:
+0 = no class, ``i + 1`` = ``REQUEST_CLASSES[i]``).  A request of class code
+``c`` is held to ``SloSpec.class_limits[c - 1]``; code 0, a code the spec has
+no limits for, or a batch without the column is held to the spec's own
+limits (scraped metrics carry no class).
+
 Examples
 --------
 >>> import numpy as np
@@ -117,20 +124,43 @@ def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
 class SloSpec:
     """Per-request SLO: violated if status != ok, TTFT or ITL above its limit.
 
+    ``class_limits[c - 1]`` is the ``(ttft_slo_ms, itl_slo_ms)`` of request
+    class code ``c`` (see the module docstring); empty: one SLO for all.
+
     Examples
     --------
     >>> SloSpec(ttft_slo_ms=500.0, itl_slo_ms=50.0).ttft_slo_ms
     500.0
+    >>> spec = SloSpec(500.0, 50.0, class_limits=((300.0, 50.0),))
+    >>> [a.tolist() for a in spec.limits(np.array([0, 1, 7]))]
+    [[500.0, 300.0, 500.0], [50.0, 50.0, 50.0]]
     """
 
     ttft_slo_ms: float
     itl_slo_ms: float
+    class_limits: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("ttft_slo_ms", "itl_slo_ms"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0.0 < value < math.inf):
-                raise ParameterError(f"{name}={value!r}: SLO limit must be finite and > 0")
+            _check_limit(name, getattr(self, name))
+        for i, pair in enumerate(self.class_limits):
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ParameterError(f"class_limits[{i}]={pair!r}: must be a (ttft_slo_ms, itl_slo_ms) pair")
+            for name, value in zip(("ttft_slo_ms", "itl_slo_ms"), pair, strict=True):
+                _check_limit(f"class_limits[{i}].{name}", value)
+
+    def limits(self, codes: npt.NDArray[np.int64] | None) -> tuple[Any, Any]:
+        """The TTFT and ITL limits of each request: scalars without per-class limits or codes."""
+        if codes is None or not self.class_limits:
+            return self.ttft_slo_ms, self.itl_slo_ms
+        table = np.array([(self.ttft_slo_ms, self.itl_slo_ms), *self.class_limits], dtype=np.float64)
+        rows = np.where(codes < len(table), codes, 0)
+        return table[rows, 0], table[rows, 1]
+
+
+def _check_limit(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 < value < math.inf):
+        raise ParameterError(f"{name}={value!r}: SLO limit must be finite and > 0")
 
 
 @dataclass(frozen=True, order=True)
@@ -236,9 +266,10 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
         Equal-length columns ``ttft_ms, itl_ms, e2e_ms, queue_ms,
         prompt_tokens, output_tokens, kv_hit`` (bool) and ``ok`` (bool,
         ``status == "ok"``).  NaN latency = not measured.  Optionally the
-        :data:`AGENT_COLUMNS` (the signals all three or none of them).
+        :data:`AGENT_COLUMNS` (the signals all three or none of them) and
+        ``request_class`` (int codes, see the module docstring).
     slo : SloSpec
-        Per-request limits deciding violations.
+        Per-request limits deciding violations (per class where it has them).
 
     Raises
     ------
@@ -255,12 +286,13 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     >>> add_requests(agg, cols, SloSpec(500.0, 50.0)); agg.n_errors, agg.n_violations
     (1, 1)
     """
-    ok, f, kv_hit, agent = request_batch(cols)
+    ok, f, kv_hit, agent, classes = request_batch(cols)
     n = int(ok.size)
     if n == 0:
         return
+    ttft_limit, itl_limit = slo.limits(classes)
     with np.errstate(invalid="ignore"):
-        bad = ~ok | (f["ttft_ms"] > slo.ttft_slo_ms) | (f["itl_ms"] > slo.itl_slo_ms)
+        bad = ~ok | (f["ttft_ms"] > ttft_limit) | (f["itl_ms"] > itl_limit)
     for name in _SKETCHES:
         arr = f[f"{name}_ms"]
         getattr(agg, name).add_many(arr[~np.isnan(arr)])

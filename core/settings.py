@@ -13,6 +13,11 @@ it, and its bounds.  Everything else is derived from that one source:
 
 ``from_env`` is only ever called by an entry point, never at import time.
 
+A config file (:data:`CONFIG_ENV`, ``GOVERNOR_CONFIG=governor.yaml``) may set
+any field; :mod:`core.config_file` reads it and checks it against the same
+JSON Schema, and every environment variable that is set overrides the file
+field by field (:meth:`Settings.load` says which source set what).
+
 >>> s = Settings.from_env({"GOVERNOR_WINDOW_S": "5", "GOVERNOR_ZONES": "eu-1, eu-2"})
 >>> s.window_s, s.zones
 (5.0, ('eu-1', 'eu-2'))
@@ -43,8 +48,12 @@ from core.transport import transport_reason
 from core.vocab import default_pid_gains
 
 __all__ = [
+    "CONFIG_ENV",
+    "CONFIG_HELP",
     "DEFAULT_MODELS",
     "ENV_VARS",
+    "REQUEST_CLASSES",
+    "ClassSlo",
     "ModelSpec",
     "Secret",
     "Settings",
@@ -54,8 +63,27 @@ __all__ = [
 ]
 
 
+#: The environment variable naming the config file (not a field: the file cannot name itself).
+CONFIG_ENV = "GOVERNOR_CONFIG"
+CONFIG_HELP = "YAML config file of any settings below; the variables that are set override it"
+
+#: The request classes a model may override its SLOs for: the router's classes
+#: (``controllers.routing_model.DEFAULT_CLASSES``; a unit test keeps the two equal).
+#: A request record's ``request_class`` outside them counts against the model's SLO.
+REQUEST_CLASSES = ("trading", "voice", "batch")
+
+
 class SettingsError(ValueError):
-    """A setting has a value governor cannot use; the message names it."""
+    """A setting has a value governor cannot use; the message names it.
+
+    ``field`` and ``reason`` (when set) name the offending field and say why
+    without the environment variable, so a config file can report its own path.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason
 
 
 class Secret(str):
@@ -70,12 +98,32 @@ class Secret(str):
 
 
 @dataclass(frozen=True)
+class ClassSlo:
+    """One request class's SLO overrides of a model (None: the model's own)."""
+
+    ttft_slo_ms: float | None = None
+    itl_slo_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_slo_ms", "itl_slo_ms"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+                raise SettingsError(f"{name} must be a finite number > 0 or null (got {v!r})")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Per-model SLO and replica bounds.
 
     A request violates the SLO when it failed, when its time to first token
     exceeds ``ttft_slo_ms`` or when its mean inter-token latency exceeds
-    ``itl_slo_ms`` (docs/model.md, SLO violation).
+    ``itl_slo_ms`` (docs/model.md, SLO violation).  ``classes`` overrides
+    either limit per request class (:data:`REQUEST_CLASSES`) for the request
+    records that carry one; scraped metrics carry none and use the model's.
+
+    >>> m = ModelSpec("m", ttft_slo_ms=1000.0, classes={"trading": {"ttft_slo_ms": 300.0}})
+    >>> m.slo("trading"), m.slo("voice"), m.slo(None)
+    ((300.0, 150.0), (1000.0, 150.0), (1000.0, 150.0))
     """
 
     name: str
@@ -88,10 +136,13 @@ class ModelSpec:
     replica_capacity_rps: float | None = None
     # Replicas of this model summed over every zone (a fleet budget); None = no budget.
     max_replicas_total: int | None = None
+    # Request class -> SLO overrides ({} = every class has the model's SLO); not hashed.
+    classes: Mapping[str, ClassSlo] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SettingsError(f"model name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "classes", _class_slos(self.name, self.classes))
         if self.replica_capacity_rps is not None and not self.replica_capacity_rps > 0:
             raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
         if not (self.ttft_slo_ms > 0 and self.itl_slo_ms > 0):
@@ -107,6 +158,52 @@ class ModelSpec:
                 f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
             )
 
+    def slo(self, request_class: str | None = None) -> tuple[float, float]:
+        """``(ttft_slo_ms, itl_slo_ms)`` for a request of ``request_class`` (None or unknown: the model's)."""
+        over = self.classes.get(request_class) if request_class is not None else None
+        if over is None:
+            return self.ttft_slo_ms, self.itl_slo_ms
+        return (
+            self.ttft_slo_ms if over.ttft_slo_ms is None else over.ttft_slo_ms,
+            self.itl_slo_ms if over.itl_slo_ms is None else over.itl_slo_ms,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (GOVERNOR_MODELS, the config file): ``classes`` only when set, without nulls."""
+        out = dataclasses.asdict(self)
+        out.pop("classes")
+        if self.classes:
+            out["classes"] = {
+                c: {k: v for k, v in dataclasses.asdict(o).items() if v is not None} for c, o in self.classes.items()
+            }
+        return out
+
+
+def _class_slos(model: str, classes: Any) -> dict[str, ClassSlo]:
+    """``classes`` checked, as class -> :class:`ClassSlo` in :data:`REQUEST_CLASSES` order."""
+    if not isinstance(classes, Mapping):
+        raise SettingsError(f"model {model}: classes must be a mapping of request class -> SLOs")
+    out: dict[str, ClassSlo] = {}
+    for name, over in classes.items():
+        if name not in REQUEST_CLASSES:
+            raise SettingsError(
+                f"model {model}: unknown request class {name!r} (choose from {', '.join(REQUEST_CLASSES)})"
+            )
+        if isinstance(over, Mapping):
+            unknown = sorted(str(k) for k in over if k not in ("ttft_slo_ms", "itl_slo_ms"))
+            if unknown:
+                raise SettingsError(
+                    f"model {model}: class {name}: unknown key {unknown[0]!r} (ttft_slo_ms, itl_slo_ms)"
+                )
+            try:
+                over = ClassSlo(**over)
+            except SettingsError as exc:
+                raise SettingsError(f"model {model}: class {name}: {exc}") from None
+        elif not isinstance(over, ClassSlo):
+            raise SettingsError(f"model {model}: class {name}: must be a mapping with ttft_slo_ms and/or itl_slo_ms")
+        out[name] = over
+    return {c: out[c] for c in REQUEST_CLASSES if c in out}
+
 
 DEFAULT_MODELS = (ModelSpec("llama2-70b"),)
 
@@ -114,9 +211,10 @@ DEFAULT_MODELS = (ModelSpec("llama2-70b"),)
 # -- codecs: how each kind of setting is read from and written to the environment ----------
 @dataclass(frozen=True)
 class _Codec:
-    parse: Callable[[str], Any]
-    format: Callable[[Any], str]
-    schema: Callable[[], dict[str, Any]]
+    parse: Callable[[str], Any]  # environment text -> value
+    format: Callable[[Any], str]  # value -> environment text
+    schema: Callable[[], dict[str, Any]]  # the JSON Schema of the value's JSON form
+    load: Callable[[Any], Any]  # JSON form (a config file's value, checked against the schema) -> value
 
 
 def _parse_bool(raw: str) -> bool:
@@ -133,13 +231,24 @@ def _parse_csv(raw: str) -> tuple[str, ...]:
 
 
 def _parse_models(raw: str) -> tuple[ModelSpec, ...]:
-    items = json.loads(raw)
+    return _load_models(json.loads(raw))
+
+
+def _load_models(items: Any) -> tuple[ModelSpec, ...]:
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ValueError("must be a JSON list of objects")
     try:
         return tuple(ModelSpec(**item) for item in items)
     except TypeError as exc:
         raise ValueError(str(exc)) from exc
+
+
+def _load_pairs(items: Any) -> tuple[tuple[str, str], ...]:
+    pairs = tuple((str(p), str(f)) for p, f in items)
+    for p, f in pairs:
+        if p == f:
+            raise ValueError(f"{p!r} falls back to itself")
+    return pairs
 
 
 def _parse_gains(raw: str) -> dict[str, float]:
@@ -171,38 +280,57 @@ _MODEL_SCHEMA = {
         "max_replicas": {"type": "integer", "minimum": 0},
         "replica_capacity_rps": {"type": ["number", "null"], "exclusiveMinimum": 0},
         "max_replicas_total": {"type": ["integer", "null"], "minimum": 0},
+        "classes": {
+            "type": "object",
+            "description": "SLO overrides per request class (records that carry request_class)",
+            "propertyNames": {"enum": list(REQUEST_CLASSES)},
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "ttft_slo_ms": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    "itl_slo_ms": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                },
+            },
+        },
     },
 }
 
+
+def _pairs_schema() -> dict[str, Any]:
+    pair = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 2, "maxItems": 2}
+    return {"type": "array", "items": pair}
+
+
 CODECS: dict[str, _Codec] = {
-    "str": _Codec(str, str, lambda: {"type": "string"}),
-    "secret": _Codec(Secret, str, lambda: {"type": "string", "writeOnly": True}),
-    "int": _Codec(int, str, lambda: {"type": "integer"}),
-    "float": _Codec(float, repr, lambda: {"type": "number"}),
-    "bool": _Codec(_parse_bool, lambda v: "1" if v else "0", lambda: {"type": "boolean"}),
-    "csv": _Codec(_parse_csv, ",".join, lambda: {"type": "array", "items": {"type": "string", "minLength": 1}}),
+    "str": _Codec(str, str, lambda: {"type": "string"}, str),
+    "secret": _Codec(Secret, str, lambda: {"type": "string", "writeOnly": True}, Secret),
+    "int": _Codec(int, str, lambda: {"type": "integer"}, int),
+    "float": _Codec(float, repr, lambda: {"type": "number"}, float),
+    "bool": _Codec(_parse_bool, lambda v: "1" if v else "0", lambda: {"type": "boolean"}, bool),
+    "csv": _Codec(
+        _parse_csv,
+        ",".join,
+        lambda: {"type": "array", "items": {"type": "string", "minLength": 1}},
+        lambda v: tuple(str(x) for x in v),
+    ),
     "models": _Codec(
         _parse_models,
-        lambda v: json.dumps([dataclasses.asdict(m) for m in v]),
+        lambda v: json.dumps([m.to_dict() for m in v]),
         lambda: {"type": "array", "items": _MODEL_SCHEMA},
+        _load_models,
     ),
     "gains": _Codec(
         _parse_gains,
         lambda v: json.dumps(dict(v)),
         lambda: {"type": "object", "additionalProperties": {"type": "number"}},
+        lambda v: {str(k): float(x) for k, x in v.items()},
     ),
     "pairs": _Codec(
         _parse_pairs,
         lambda v: ",".join(f"{p}={f}" for p, f in v),
-        lambda: {
-            "type": "array",
-            "items": {
-                "type": "array",
-                "items": {"type": "string", "minLength": 1},
-                "minItems": 2,
-                "maxItems": 2,
-            },
-        },
+        _pairs_schema,
+        _load_pairs,
     ),
 }
 
@@ -617,21 +745,91 @@ class Settings:
         "str",
     )
 
+    # -- executor backends: chained per kind, the webhook (executors/chain.py, executors/webhook.py) ----
+    executor_backends: str = _setting(
+        "",
+        "GOVERNOR_EXECUTOR_BACKENDS",
+        "comma-separated kind=backend (kinds: scale, route, breaker, canary, relocate, agents, * for the rest; "
+        "backends: sim, dry-run, routing, webhook), e.g. scale=sim,route=routing; unset = every kind to --backend; "
+        "a kind with no backend is rejected",
+        "str",
+    )
+    webhook_url: str = _setting(
+        "", "GOVERNOR_WEBHOOK_URL", "http(s) URL the webhook backend POSTs each command to (--webhook-url wins)", "str"
+    )
+    webhook_hmac_key: Secret = _setting(
+        Secret(""),
+        "GOVERNOR_WEBHOOK_HMAC_KEY",
+        "hex key (>= 32 bytes) of the webhook's X-Governor-Signature (HMAC-SHA256 of timestamp.body); "
+        "not the command key",
+        "secret",
+    )
+    webhook_hmac_key_file: str = _setting(
+        "", "GOVERNOR_WEBHOOK_HMAC_KEY_FILE", "file holding GOVERNOR_WEBHOOK_HMAC_KEY (a mounted secret; wins)", "str"
+    )
+    webhook_auth: Secret = _setting(
+        Secret(""), "GOVERNOR_WEBHOOK_AUTH", "Authorization header value of webhook requests, e.g. Bearer t", "secret"
+    )
+    webhook_auth_file: str = _setting(
+        "",
+        "GOVERNOR_WEBHOOK_AUTH_FILE",
+        "file holding the webhook's Authorization header value (a mounted secret; wins; re-read when it changes)",
+        "str",
+    )
+    webhook_timeout_s: float = _setting(
+        10.0,
+        "GOVERNOR_WEBHOOK_TIMEOUT_S",
+        "most seconds one webhook apply takes, retries and Retry-After waits included (then the command "
+        "stays pending and is retried later)",
+        "float",
+        gt=0,
+    )
+    webhook_attempt_timeout_s: float = _setting(
+        3.0, "GOVERNOR_WEBHOOK_ATTEMPT_TIMEOUT_S", "most seconds one webhook request takes", "float", gt=0
+    )
+    webhook_ca_file: str = _setting(
+        "", "GOVERNOR_WEBHOOK_CA_FILE", "CA bundle for an https webhook URL (unset = the system CAs)", "str"
+    )
+
+    # -- scrape target discovery (governor/scrape_targets.py, governor/scrape_promql.py) ---------
+    scrape_zone_label: str = _setting(
+        "zone",
+        "GOVERNOR_SCRAPE_ZONE_LABEL",
+        "label that carries a target's zone: in the HTTP SD document, on the Prometheus series (PromQL source), "
+        "and on engine pods as an override of their node's topology.kubernetes.io/zone",
+        "str",
+    )
+    scrape_max_targets: int = _setting(
+        512,
+        "GOVERNOR_SCRAPE_MAX_TARGETS",
+        "most engine endpoints one scrape adapter reads (discovered targets beyond it are dropped with a warning)",
+        "int",
+        ge=1,
+        lt=100_001,
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             reason = _bound_reason(f.metadata, getattr(self, f.name))
             if reason:
-                raise SettingsError(f"{f.metadata['env']}={_shown(self, f)}: {reason}")
+                raise SettingsError(f"{f.metadata['env']}={_shown(self, f)}: {reason}", field=f.name, reason=reason)
         if self.zone_redundancy >= len(self.zones):
+            reason = f"must be below the number of zones ({len(self.zones)})"
             raise SettingsError(
-                f"GOVERNOR_ZONE_REDUNDANCY={self.zone_redundancy}: must be below "
-                f"the number of zones ({len(self.zones)})"
+                f"GOVERNOR_ZONE_REDUNDANCY={self.zone_redundancy}: {reason}", field="zone_redundancy", reason=reason
             )
+        names_seen = [m.name for m in self.models]
+        twice = sorted({n for n in names_seen if names_seen.count(n) > 1})
+        if twice:
+            reason = f"model {twice[0]!r} is listed twice"
+            raise SettingsError(f"GOVERNOR_MODELS: {reason}", field="models", reason=reason)
         if self.command_keys:
             try:
                 Keyring.parse(self.command_keys)
             except ValueError as exc:
-                raise SettingsError(f"GOVERNOR_COMMAND_KEYS=(secret): {exc}") from None
+                raise SettingsError(
+                    f"GOVERNOR_COMMAND_KEYS=(secret): {exc}", field="command_keys", reason=str(exc)
+                ) from None
 
         transport_problem = transport_reason(self)
         if transport_problem:
@@ -661,7 +859,42 @@ class Settings:
     # -- environment ----------------------------------------------------
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Read every field from ``env``; an unset or empty variable keeps the default."""
+        """Read every field from ``env``; an unset or empty variable keeps the default.
+
+        With ``GOVERNOR_CONFIG`` set, the file it names is read first and the
+        variables override it field by field (:meth:`load`).
+        """
+        return cls.load(env, env.get(CONFIG_ENV) or None)[0]
+
+    @classmethod
+    def load(cls, env: Mapping[str, str], config_path: str | None = None) -> tuple[Settings, dict[str, str]]:
+        """Settings from the config file ``config_path`` (None: none) overridden by ``env``,
+        and field -> where its value came from (``file`` or ``env``; absent: the default).
+
+        An error in a value the file set names the file and the value's path in it.
+        """
+        from core.config_file import ConfigFile  # the file reader needs this module: imported on use
+
+        config = ConfigFile.read(config_path) if config_path is not None else None
+        from_env = cls._env_values(env)
+        values = {**(config.values if config else {}), **from_env}
+        sources = {name: "file" for name in (config.values if config else {})}
+        sources.update({name: "env" for name in from_env})
+        try:
+            if values.get("gains_file"):
+                values["pid_gains"] = _load_gains_file(values["gains_file"])
+                sources["pid_gains"] = sources["gains_file"]
+            if values.get("command_keys_file"):
+                values["command_keys"] = _load_keys_file(values["command_keys_file"])
+                sources["command_keys"] = sources["command_keys_file"]
+            return cls(**values), sources
+        except SettingsError as exc:
+            if config is None:
+                raise
+            raise config.explain(exc, sources) from None
+
+    @classmethod
+    def _env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             name = f.metadata["env"]
@@ -672,11 +905,7 @@ class Settings:
                 values[f.name] = CODECS[f.metadata["kind"]].parse(raw)
             except (TypeError, ValueError) as exc:
                 raise SettingsError(f"{name}={raw!r}: {exc}") from exc
-        if values.get("gains_file"):
-            values["pid_gains"] = _load_gains_file(values["gains_file"])
-        if values.get("command_keys_file"):
-            values["command_keys"] = _load_keys_file(values["command_keys_file"])
-        return cls(**values)
+        return values
 
     def to_env(self) -> dict[str, str]:
         """The inverse of :meth:`from_env`: hand these settings to a child process."""
@@ -763,7 +992,7 @@ def json_schema() -> dict[str, Any]:
         prop["x-env"] = meta["env"]
         default = getattr(defaults, f.name)
         if meta["kind"] == "models":
-            default = [dataclasses.asdict(m) for m in default]
+            default = [m.to_dict() for m in default]
         elif meta["kind"] == "gains":
             default = dict(default)
         elif meta["kind"] in ("csv", "pairs"):

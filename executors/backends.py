@@ -30,7 +30,10 @@ command they can never apply (acknowledged and reported as failed).
   can come down.  Read, check and write are atomic, so executors of
   different zones racing for the last replicas cannot overshoot together.
   All zones' hashes must live on one Redis (no cluster slots).
-* :class:`DryRunBackend` only records what it would do (for rehearsals).
+* :class:`DryRunBackend` only records and logs what it would do, in each
+  kind's words (for rehearsals): ``would set az-a/m to 4 replicas``,
+  ``would open breaker on m|az-b``, ``would send 10% of m's requests to
+  m@v2``, ... (:func:`would`); the result detail carries the sentence.
 * :class:`RoutingBackend` applies ``route`` commands where a gateway reads
   them: the Redis hash ``<prefix>:routing:<zone>``, one field per request
   class (field = class name, value = JSON ``{"weights": {"variant|zone": w},
@@ -77,17 +80,19 @@ command they can never apply (acknowledged and reported as failed).
   A field is re-read when its version differs from the one in use
   (``_version`` for the classes of a zone, ``basis_ms`` for a canary or
   breaker field); a breaker field that disappears counts as closed.
-* :class:`WebhookBackend` POSTs the command's JSON to a URL (timeout, a few
-  retries with backoff; a 4xx answer is a rejection, a 5xx or no answer
-  is temporary).
+* :class:`~executors.webhook.WebhookBackend` POSTs the signed command to a
+  platform's URL (HMAC header, ``Authorization`` from a secret, 429/5xx
+  retried with backoff and ``Retry-After``, other 4xx permanent): the
+  contract, and how a receiver verifies a request, is in :mod:`executors.webhook`.
+
+Backends with network sessions have ``async close()``; one executor can send
+each kind to a different backend (:mod:`executors.chain`).  The exceptions
+are :mod:`executors.errors`'s (re-exported here).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -100,21 +105,38 @@ from redis.typing import EncodableT
 
 from core import names
 from core.settings import Settings
-from streams.command_payloads import BreakerPayload, ScalePayload
+from executors.errors import BackendRefused, BackendRejected, BackendUnavailable
+from executors.webhook import WebhookBackend
+from streams.command_payloads import (
+    AgentsPayload,
+    BreakerPayload,
+    CanaryPayload,
+    RelocatePayload,
+    RoutePayload,
+    ScalePayload,
+)
 from streams.commands import Command
+
+__all__ = [
+    "BUDGET_LUA",
+    "Backend",
+    "BackendRefused",
+    "BackendRejected",
+    "BackendUnavailable",
+    "BudgetExceeded",
+    "DryRunBackend",
+    "FleetBudget",
+    "RoutingBackend",
+    "SimFleetBackend",
+    "WebhookBackend",
+    "applied_by",
+    "would",
+]
 
 log = logging.getLogger(__name__)
 
 
-class BackendUnavailable(RuntimeError):
-    """Temporary: try the same command again later."""
-
-
-class BackendRejected(RuntimeError):
-    """Permanent: this backend cannot apply this command."""
-
-
-class BudgetExceeded(BackendRejected):
+class BudgetExceeded(BackendRefused):
     """Permanent: the write would take the fleet above a replica budget (outcome ``rejected``)."""
 
 
@@ -167,6 +189,19 @@ class Backend(Protocol):
     name: str
 
     async def apply(self, cmd: Command) -> dict[str, Any]: ...
+
+
+def applied_by(backend: Backend, kind: str | None) -> str:
+    """The name of the backend that applies ``kind`` commands: a chain's member
+    (:meth:`executors.chain.ChainBackend.name_for`), else the backend's own name.
+
+    >>> applied_by(DryRunBackend(), "scale")
+    'dry-run'
+    """
+    name_for = getattr(backend, "name_for", None)
+    if kind is not None and callable(name_for):
+        return str(name_for(kind))
+    return backend.name
 
 
 class SimFleetBackend:
@@ -229,7 +264,39 @@ class SimFleetBackend:
         return {"queued": True, "node": cmd.payload.get("node"), "queue_depth": int(depth)}
 
 
+def would(cmd: Command) -> str:
+    """What applying ``cmd`` would do, in its kind's words (the dry-run backend's log line).
+
+    >>> from streams.commands import Command
+    >>> c = Command(kind="breaker", zone="z", model="m|z2", reason="", issued_at_ms=0, expires_at_ms=1, basis_ms=0,
+    ...             payload={"target": "m|z2", "state": "open", "probe_budget": 5, "threshold": 0.5, "error_ratio": 0.9})
+    >>> would(c)
+    'would open breaker on m|z2 (error ratio 0.9 >= threshold 0.5) in z'
+    """
+    p = cmd.typed_payload
+    where = f"in {cmd.zone}"
+    if isinstance(p, ScalePayload):
+        return f"would set {cmd.zone}/{cmd.model} to {p.target_replicas} replicas"
+    if isinstance(p, BreakerPayload):
+        verb = {"open": "open", "closed": "close", "half_open": "half-open"}.get(p.state, f"set to {p.state}")
+        extra = f"probe budget {p.probe_budget}" if p.state == "half_open" else ""
+        if p.state == "open":
+            extra = f"error ratio {p.error_ratio:g} >= threshold {p.threshold:g}"
+        return f"would {verb} breaker on {p.target}" + (f" ({extra})" if extra else "") + f" {where}"
+    if isinstance(p, RoutePayload):
+        return f"would route family {cmd.model} {where}: {p.weights}"
+    if isinstance(p, CanaryPayload):
+        return f"would send {p.share:.0%} of {p.model}'s requests {where} to {p.model}@{p.version}"
+    if isinstance(p, RelocatePayload):
+        return f"would {p.action} up to {p.max_bytes} KV bytes of {cmd.model} on node {p.node} {where}"
+    if isinstance(p, AgentsPayload):
+        return f"would set agent path weights of {cmd.model} {where}: {p.weights}"
+    return f"would apply {cmd.kind} to {cmd.target} {where}"  # pragma: no cover - every kind is above
+
+
 class DryRunBackend:
+    """Records and logs what each command would do; changes nothing."""
+
     name = "dry-run"
 
     def __init__(self) -> None:
@@ -237,11 +304,9 @@ class DryRunBackend:
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
         self.applied.append(cmd)
-        if cmd.kind == "scale":
-            log.info("dry-run: would set %s/%s to %d replicas", cmd.zone, cmd.model, cmd.target_replicas)
-        else:
-            log.info("dry-run: would apply %s to %s in %s: %s", cmd.kind, cmd.target, cmd.zone, cmd.payload)
-        return {"dry_run": True}
+        sentence = would(cmd)
+        log.info("dry-run: %s (%s)", sentence, cmd.command_id)
+        return {"dry_run": True, "would": sentence}
 
 
 class RoutingBackend:
@@ -314,33 +379,3 @@ class RoutingBackend:
                 }
             ),
         )
-
-
-class WebhookBackend:
-    """POSTs the command JSON to ``url`` (stdlib urllib, run in a thread)."""
-
-    name = "webhook"
-
-    def __init__(self, url: str, timeout_s: float = 2.0, retries: int = 3, backoff_s: float = 0.2) -> None:
-        self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
-
-    def _post(self, body: bytes) -> int:
-        req = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - operator-set URL
-            return int(resp.status)
-
-    async def apply(self, cmd: Command) -> dict[str, Any]:
-        body = cmd.encode()
-        last = ""
-        for attempt in range(self.retries):
-            try:
-                status = await asyncio.to_thread(self._post, body)
-                return {"status": status, "attempts": attempt + 1}
-            except urllib.error.HTTPError as exc:
-                if 400 <= exc.code < 500:
-                    raise BackendRejected(f"webhook answered {exc.code}") from exc
-                last = f"HTTP {exc.code}"
-            except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                last = str(exc)
-            await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise BackendUnavailable(f"webhook {self.url}: {last} after {self.retries} attempts")

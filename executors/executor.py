@@ -16,7 +16,7 @@ pending commands are claimed by the others) and, for each command:
   restart): acknowledged, not applied, no marker, ``last_basis`` or
   ``last_hlc``; after ``governor resume`` the scaler's reconcile re-issues
   a target the fleet does not show.  Gauge ``governor_executor_paused``;
-* ``rejected`` ``budget: ...`` -- above a replica budget (:class:`executors.backends.BudgetExceeded`);
+* ``rejected`` ``budget: ...`` / ``no backend for ...`` -- refused by a backend (:class:`~executors.errors.BackendRefused`);
 * ``applied`` / ``failed`` -- what the backend did.
 
 Before all of these, :class:`executors.guard.CommandGuard` checks the
@@ -76,7 +76,7 @@ from redis.exceptions import ResponseError
 from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
-from executors.backends import Backend, BackendRejected, BackendUnavailable, BudgetExceeded
+from executors.backends import Backend, BackendRefused, BackendRejected, BackendUnavailable, applied_by
 from executors.entry import apply_at, decode_entry, echo, stored_int, valid_int
 from executors.guard import CommandGuard
 from executors.heartbeat import Heartbeat
@@ -145,12 +145,12 @@ class ZoneExecutor:
         )
         self.heartbeat = Heartbeat(redis, prefix, zone, self.executor_id, backend.name, heartbeat_s, clock.now_ms, reg)
         # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
-        source = getattr(backend, "outcomes_key", None)
+        source, by = getattr(backend, "outcomes_key", None), applied_by(backend, "relocate")
         inflight = names.relocation_inflight(prefix, zone)
         self.relay = None
         if source and results is not None:
             self.relay = OutcomeRelay(
-                redis, source, inflight, zone=zone, backend=backend.name, publish=self._report, now_ms=clock.now_ms
+                redis, source, inflight, zone=zone, backend=by, publish=self._report, now_ms=clock.now_ms
             )
 
     async def ensure_group(self) -> None:
@@ -336,7 +336,7 @@ class ZoneExecutor:
         except BackendUnavailable as exc:
             log.warning("executor %s: backend unavailable for %s (%s); will retry", self.zone, cmd.command_id, exc)
             return 0  # stays pending; xautoclaim retries it after retry_idle_ms, up to max_deliveries
-        except BudgetExceeded as exc:
+        except BackendRefused as exc:
             await self._finish(entry_id, cmd, "rejected", str(exc), now)
             return 1
         except BackendRejected as exc:
@@ -371,7 +371,7 @@ class ZoneExecutor:
             log.info("executor %s: %s %s (%s)", self.zone, outcome, cid, echo(reason, 500), extra=ctx)
         result = result_record(
             zone=self.zone,
-            backend=self.backend.name,
+            backend=applied_by(self.backend, cmd.kind if cmd else None),
             entry_id=entry_id,
             cmd=cmd,
             outcome=outcome,

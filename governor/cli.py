@@ -20,6 +20,7 @@
     governor tune                 Bayesian optimisation of the gains (writes a gains file)
     governor ingest otlp          OTLP/HTTP receiver: vLLM/SGLang request spans -> telemetry records
     governor ingest scrape        scrape vLLM/SGLang /metrics: histogram deltas -> telemetry records
+    governor config check|show    check a config file (GOVERNOR_CONFIG); print the effective settings
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from core.settings import ENV_VARS, Settings, SettingsError
+from core.settings import CONFIG_ENV, CONFIG_HELP, ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
 from governor.logs import LOG_FORMATS, setup_logging
 
@@ -54,7 +55,7 @@ _NEEDS: dict[tuple[str, str | None], tuple[bool | str, bool | str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env_help = "\n".join(f"  {k:<28} {v}" for k, v in ENV_VARS.items())
+    env_help = "\n".join(f"  {k:<28} {v}" for k, v in {CONFIG_ENV: CONFIG_HELP, **ENV_VARS}.items())
     p = argparse.ArgumentParser(
         prog="governor",
         description=__doc__,
@@ -108,12 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--backend",
         choices=["sim", "dry-run", "routing", "webhook"],
-        default="sim",
-        help="sim: the simulated fleet's Redis contract; dry-run: log only; routing: route/breaker/"
-        "canary commands into the gateway's Redis hashes (others fail); webhook: POST every "
-        "command to --webhook-url",
+        default=None,
+        help="every kind to one backend (default sim; GOVERNOR_EXECUTOR_BACKENDS chains them per kind): sim: the "
+        "simulated fleet; dry-run: log only; routing: route/breaker/canary/agents into the gateway's Redis hashes "
+        "(others fail); webhook: POST every command, signed, to GOVERNOR_WEBHOOK_URL",
     )
-    e.add_argument("--webhook-url", default="", help="URL the webhook backend POSTs each command to")
+    e.add_argument("--webhook-url", default="", help="URL the webhook POSTs to (wins over GOVERNOR_WEBHOOK_URL)")
 
     f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")
     f.add_argument("--trace", default="azure-conv")
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.shadow import add_parser as add_shadow_parser
 
     add_shadow_parser(sub)
+    from governor.config_cmd import add_parser as add_config_parser
+
+    add_config_parser(sub)
 
     from governor.ingest_otlp import add_parser as add_otlp_parser
 
@@ -201,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"governor: bad setting: GOVERNOR_LOG_FORMAT={args.log_format!r}: choose text or json", file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format)
+    if args.command == "config":  # reads the file itself (no servers, and GOVERNOR_CONFIG need not be valid)
+        from governor.config_cmd import run_config
+
+        return run_config(args, os.environ)
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:
@@ -276,9 +284,6 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         if args.zone not in settings.zones:
             print(f"governor: zone {args.zone!r} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
-            return 2
-        if args.backend == "webhook" and not args.webhook_url.startswith(("http://", "https://")):
-            print("governor: --backend webhook needs --webhook-url http(s)://...", file=sys.stderr)
             return 2
         return asyncio.run(run_executor(settings, args.zone, args.backend, args.webhook_url))
     if args.command == "fleet":

@@ -25,14 +25,8 @@ from aiokafka import AIOKafkaProducer
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from executors.backends import (
-    Backend,
-    DryRunBackend,
-    FleetBudget,
-    RoutingBackend,
-    SimFleetBackend,
-    WebhookBackend,
-)
+from executors.backends import Backend, FleetBudget
+from executors.chain import REGISTRY, BackendContext, build_backend, close_backend
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
@@ -55,20 +49,36 @@ def make_backend(
     zone: str,
     webhook_url: str = "",
     budget: FleetBudget | None = None,
+    settings: Settings | None = None,
 ) -> Backend:
-    """The backend ``--backend name`` selects (see executors/backends.py for each contract)."""
-    if name == "sim":
-        return SimFleetBackend(redis, prefix, zone, budget)
-    if name == "dry-run":
-        return DryRunBackend()
-    if name == "routing":
-        return RoutingBackend(redis, prefix)
-    if name == "webhook":
-        return WebhookBackend(webhook_url)
-    raise ValueError(f"unknown backend {name!r}")
+    """The backend ``--backend name`` selects alone (executors/chain.py's registry; executors/backends.py
+    has each contract)."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown backend {name!r}")
+    return REGISTRY[name](BackendContext(redis, prefix, zone, settings or Settings(), webhook_url, budget))
 
 
-async def run_executor(settings: Settings, zone: str, backend_name: str, webhook_url: str = "") -> int:
+async def run_executor(settings: Settings, zone: str, backend_name: str | None, webhook_url: str = "") -> int:
+    """Run zone ``zone``'s executor until SIGINT/SIGTERM; its backend is GOVERNOR_EXECUTOR_BACKENDS (a chain per
+    command kind) or ``backend_name`` (every kind, default sim).  A bad backend setting is a SettingsError
+    before anything starts."""
+    redis = aioredis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
+    ctx = BackendContext(redis, settings.topic_prefix, zone, settings, webhook_url, FleetBudget.from_settings(settings))
+    try:
+        backend = build_backend(ctx, backend_name)
+    except BaseException:
+        await redis.aclose()
+        raise
+    try:
+        return await _run(settings, zone, redis, backend)
+    finally:
+        await close_backend(backend)
+        await redis.aclose()
+
+
+async def _run(settings: Settings, zone: str, redis: aioredis.Redis, backend: Backend) -> int:
     # /healthz answers from the start; /readyz says 503 (with the reason) until Kafka and Redis answer.
     readiness = Readiness(("kafka", "redis"))
     metrics = ExecutorMetrics()
@@ -80,12 +90,6 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
     producer = await _connect_kafka(settings, zone, readiness, stopping)
     if producer is None:  # stopped before Kafka answered
         return 0
-    redis = aioredis.Redis.from_url(
-        str(settings.redis_url), socket_timeout=10.0, socket_connect_timeout=5.0, **redis_options(settings)
-    )
-    backend = make_backend(
-        backend_name, redis, settings.topic_prefix, zone, webhook_url, FleetBudget.from_settings(settings)
-    )
     executor = ZoneExecutor(
         zone=zone,
         prefix=settings.topic_prefix,
@@ -109,14 +113,13 @@ async def run_executor(settings: Settings, zone: str, backend_name: str, webhook
         # Redis down at start is waited for (capped backoff, one line per attempt), never a reason to exit.
         group = _checked(executor.ensure_group, readiness, "redis")
         if await retry_until_ok(group, f"executor {zone}: redis {_where(settings)}", executor.stopping):
-            ready_log().info("%s: zone %s, backend %s", EXECUTOR_READY, zone, backend.name)
+            ready_log().info("%s: zone %s, backend %s", EXECUTOR_READY, zone, getattr(backend, "spec", backend.name))
             await executor.run()
     finally:
         executor.stop()
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
         await producer.stop()
-        await redis.aclose()
     t = executor.timing
     log.info(
         "executor %s stopped: %s; rtt base %.2f ms x factor %.2f, clock offset %.2f ms (+/- %.2f)",

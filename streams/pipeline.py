@@ -16,6 +16,11 @@ broker and reused by the fast simulator.  Per message it
    aggregated as numpy columns in blocks (``FLUSH_ROWS``) and at close, so the
    numpy cost is per block, not per message.
 
+A request record's ``request_class`` travels as an int code column
+(:data:`controllers.window_columns.REQUEST_CLASS_CODES`, 0 = none or unknown), so
+the window holds each request to its class's SLO (``ModelSpec.classes``) without
+a Python object per record; records without one (scraped metrics) get the model's.
+
 The watermark never runs ahead of the clock: a record stamped ahead of it
 (within the allowance) is windowed, but its window closes when the clock gets
 there, so one record from a skewed or hostile producer cannot close the
@@ -53,7 +58,7 @@ from governor_telemetry.records import (
     validate_record,
 )
 
-from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
+from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES
 from controllers.window_record import METRICS_SCHEMA_VERSION
 from controllers.window_result import node_result, result
 from controllers.window_tracker import WindowTracker
@@ -64,7 +69,7 @@ from controllers.windows import (
     add_requests,
     merge,
 )
-from core.settings import Settings
+from core.settings import REQUEST_CLASSES, ModelSpec, Settings
 from streams.deadletters import dead_letter
 
 __all__ = ["ProcessResult", "TelemetryProcessor", "dead_letter"]
@@ -105,7 +110,17 @@ def _raw_text(raw: Any) -> Any:
 # scales with the number of messages, only with the number of windows.
 FLUSH_ROWS = 2048
 
-_REQUEST_COLUMNS = ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens", "kv_hit", "ok")
+_REQUEST_COLUMNS = (
+    "ttft_ms",
+    "itl_ms",
+    "e2e_ms",
+    "queue_ms",
+    "prompt_tokens",
+    "output_tokens",
+    "kv_hit",
+    "ok",
+    "request_class",  # REQUEST_CLASS_CODES (0: none or unknown); aggregated only where the model has class SLOs
+)
 _GPU_COLUMNS = (
     "ts_ms",
     "gpu_util",
@@ -126,6 +141,20 @@ _GPU_COLUMNS = (
 _AGENT_FIELDS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 _PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
 _NAN = float("nan")
+
+
+def _slo_spec(model: ModelSpec) -> SloSpec:
+    """The window SLO of a model: its own, and one per request class where it overrides any."""
+    by_class = tuple(model.slo(c) for c in REQUEST_CLASSES) if model.classes else ()
+    return SloSpec(model.ttft_slo_ms, model.itl_slo_ms, by_class)
+
+
+def _class_codes(col: list[Any]) -> list[int]:
+    """The request class codes of a validated column (None or an unknown class: 0)."""
+    if col.count(None) == len(col):
+        return [0] * len(col)
+    get = REQUEST_CLASS_CODES.get
+    return [get(c, 0) for c in col]
 
 
 def _agent_row(get: Any) -> list[list[Any]] | None:
@@ -177,6 +206,8 @@ class _Pending:
     def flush(self) -> None:
         if self.requests[0]:
             cols = dict(zip(_REQUEST_COLUMNS, self.requests, strict=True))
+            if not self.slo.class_limits:
+                del cols["request_class"]  # one SLO for every class: the codes change nothing
             if self.agent is not None:
                 cols.update(zip(AGENT_COLUMNS, self.agent, strict=True))
             add_requests(self.agg, {name: np.array(col, dtype=np.float64) for name, col in cols.items()}, self.slo)
@@ -206,7 +237,7 @@ class TelemetryProcessor:
         self.idle_close_ms = int(round(settings.lateness_s * 1000)) + self.size_ms
         self._last_message_ms: int | None = None
         self._caught_up = True
-        self.slos = {m.name: SloSpec(m.ttft_slo_ms, m.itl_slo_ms) for m in settings.models}
+        self.slos = {m.name: _slo_spec(m) for m in settings.models}
         self.zones = frozenset(settings.zones)
         self.max_future_ms = int(round(settings.max_future_s * 1000))
         self.max_nodes = settings.max_nodes_per_window
@@ -337,6 +368,7 @@ class TelemetryProcessor:
                         [get("output_tokens") or 0],
                         [get("kv_hit") or False],
                         [rec["status"] == "ok"],
+                        [REQUEST_CLASS_CODES.get(get("request_class"), 0)],
                     ],
                     _agent_row(get),
                 )
@@ -406,6 +438,7 @@ class TelemetryProcessor:
             _or(cols["output_tokens"], 0),
             _or(cols["kv_hit"], False),
             [s == "ok" for s in cols["status"]],
+            _class_codes(cols["request_class"]),
         ]
         agent = _agent_columns(cols)
         keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
