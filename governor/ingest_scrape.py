@@ -1,18 +1,23 @@
 """``governor ingest scrape``: a process beside the engines that scrapes vLLM/SGLang ``/metrics``.
 
-Every ``--interval-s`` it GETs each ``--endpoint URL=zone`` (a static list), parses the
-exposition text (:func:`parse_exposition`), and for each served model on each replica turns
-the difference from the previous scrape into request and GPU records
+Every ``--interval-s`` it re-reads its targets (:mod:`governor.scrape_targets`: a static
+``--endpoint URL=zone`` list, a Prometheus HTTP SD document, or Kubernetes pods by label
+selector), GETs each one's ``/metrics``, parses the exposition text
+(:func:`parse_exposition`), and for each served model on each replica turns the
+difference from the previous scrape into request and GPU records
 (:func:`controllers.scrape.window_records`, whose docstring states the reconstruction,
 its error bounds, how scrape intervals map onto windows and how counter resets are
 handled).  Records go to the telemetry topic in the usual envelope through
 :class:`TelemetryProducer`.  The first scrape of a replica is its baseline (nothing is
 sent, as ``rate()`` needs two samples); a failed scrape sends nothing (the replica goes
-stale in the windows) and keeps the previous baseline.
+stale in the windows) and keeps the previous baseline; a target that discovery no longer
+lists has its baseline dropped (the state is bounded by the live targets).  With
+``GOVERNOR_SCRAPE_PROMETHEUS_URL`` the same series are read from a Prometheus instead
+(:mod:`governor.scrape_promql`).  Record timestamps come from the run's
+:class:`core.clock.ScaledClock`, and ``--interval-s`` is in that clock's seconds (a replay
+at speed 10 scrapes ten times as often in wall time).
 
-Metric names and labels are the engines' own (vLLM ``vllm/v1/metrics/loggers.py``,
-SGLang ``python/sglang/srt/metrics/collector.py``): series are grouped by ``model_name``
-and summed over the other labels (vLLM's ``engine`` index under data parallelism).
+The engines' metric names and how their series are read: :mod:`governor.engine_exposition`.
 """
 
 from __future__ import annotations
@@ -23,155 +28,35 @@ import logging
 import signal
 import socket
 import sys
-import time
 import urllib.request
-from collections import defaultdict
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Protocol
 
 from governor_telemetry.producer import TelemetryProducer
-from prometheus_client.parser import text_string_to_metric_families
 
-from controllers.scrape import COMBINE, Histogram, Snapshot, Summary, snapshot_delta, window_records
+from controllers.scrape import COMBINE, Snapshot, Summary, snapshot_delta, window_records
+from core.clock import ScaledClock
 from core.settings import ModelSpec, Settings
 from core.transport import kafka_options
+from governor.engine_exposition import ENGINES, Sample, parse_exposition, snapshots_from_samples
+from governor.processes import INGEST_SCRAPE_READY, ready_log
+from governor.scrape_targets import (
+    Discovery,
+    Endpoint,
+    HttpSdTargets,
+    KubernetesTargets,
+    StaticTargets,
+    TargetSource,
+    parse_endpoint,
+)
 
 __all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "run_ingest_scrape", "scrape_loop"]
+__all__ += ["EndpointCollector", "Sample", "parse_endpoint", "snapshots_from_samples"]
+
+SUMMARIES_KEPT = 1024
 
 log = logging.getLogger(__name__)
-
-# (ttft, [(itl name, per request)], e2e, queue, finished counter, failed counter or reasons,
-#  prompt, generation, running, waiting, [kv usage gauges], kv total)
-ENGINES: dict[str, dict[str, Any]] = {
-    "vllm": {
-        "ttft": "vllm:time_to_first_token_seconds",
-        "itl": [
-            ("vllm:request_time_per_output_token_seconds", True),
-            ("vllm:inter_token_latency_seconds", False),
-            ("vllm:time_per_output_token_seconds", False),
-        ],
-        "e2e": "vllm:e2e_request_latency_seconds",
-        "queue": "vllm:request_queue_time_seconds",
-        "finished": "vllm:request_success",
-        "ok_reasons": ("stop", "length"),
-        "prompt": "vllm:prompt_tokens",
-        "output": "vllm:generation_tokens",
-        "running": "vllm:num_requests_running",
-        "waiting": "vllm:num_requests_waiting",
-        "kv": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    },
-    "sglang": {
-        "ttft": "sglang:time_to_first_token_seconds",
-        "itl": [("sglang:inter_token_latency_seconds", False)],
-        "e2e": "sglang:e2e_request_latency_seconds",
-        "finished": "sglang:num_requests",
-        "failed": "sglang:num_aborted_requests",
-        "prompt": "sglang:prompt_tokens",
-        "output": "sglang:generation_tokens",
-        "running": "sglang:num_running_reqs",
-        "waiting": "sglang:num_queue_reqs",
-        "kv": ("sglang:token_usage",),
-        "kv_total": "sglang:max_total_num_tokens",
-    },
-}
-
-
-@dataclass
-class _Series:
-    """The samples of one ``model_name``: scalar sums by name, histograms by name, reasons."""
-
-    scalars: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
-    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    reasons: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-
-
-def _histogram(s: _Series, name: str, per_request: bool = True) -> Histogram | None:
-    b = s.buckets.get(name)
-    if not b:
-        return None
-    edges = sorted(e for e in b if e != float("inf"))
-    cum = tuple(b[e] for e in edges) + (b.get(float("inf"), b[edges[-1]] if edges else 0.0),)
-    return Histogram(tuple(edges), cum, s.sums.get(name, 0.0), per_request)
-
-
-def parse_exposition(text: str, engine: str) -> dict[str, Snapshot]:
-    """Exposition text -> one :class:`Snapshot` per ``model_name`` (ValueError: not exposition)."""
-    spec = ENGINES[engine]
-    by_model: dict[str, _Series] = defaultdict(_Series)
-    start: float | None = None
-    kv_blocks: int | None = None
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            name, labels, value = smp.name, smp.labels, float(smp.value)
-            if name == "process_start_time_seconds":
-                start = value
-                continue
-            if name == "vllm:cache_config_info" and labels.get("num_gpu_blocks", "").isdigit():
-                kv_blocks = (kv_blocks or 0) + int(labels["num_gpu_blocks"])
-                continue
-            s = by_model[labels.get("model_name", "")]
-            if name.endswith("_bucket") and "le" in labels:
-                s.buckets[fam.name][float(labels["le"])] += value
-            elif name == fam.name + "_sum" and fam.type == "histogram":
-                s.sums[fam.name] += value
-            elif name == fam.name + "_total" and "finished_reason" in labels:
-                s.reasons[labels["finished_reason"]] += value
-            elif name in (fam.name, fam.name + "_total"):
-                s.scalars[fam.name] += value
-                s.counts[fam.name] += 1
-    out: dict[str, Snapshot] = {}
-    for model, s in by_model.items():
-        ttft = _histogram(s, spec["ttft"])
-        if ttft is None and not any(k in s.scalars for k in (spec["running"], spec["waiting"])):
-            continue  # no engine series under this label set (process_*, python_* ...)
-        itl = next((h for n, per in spec["itl"] if (h := _histogram(s, n, per)) is not None), None)
-        if "ok_reasons" in spec:
-            finished = sum(s.reasons.values())
-            failed = sum(v for r, v in s.reasons.items() if r not in spec["ok_reasons"])
-        else:
-            finished, failed = s.scalars.get(spec["finished"], 0.0), s.scalars.get(spec["failed"], 0.0)
-        kv_name = next((k for k in spec["kv"] if k in s.scalars), None)
-        kv_usage = s.scalars[kv_name] / max(1, s.counts[kv_name]) if kv_name else None
-        kv_total = int(s.scalars[spec["kv_total"]]) if spec.get("kv_total") in s.scalars else kv_blocks
-        out[model] = Snapshot(
-            ttft=ttft,
-            itl=itl,
-            e2e=_histogram(s, spec["e2e"]),
-            queue=_histogram(s, spec["queue"]) if "queue" in spec else None,
-            finished=finished,
-            failed=failed,
-            prompt_tokens=s.scalars.get(spec["prompt"], 0.0),
-            output_tokens=s.scalars.get(spec["output"], 0.0),
-            running=s.scalars.get(spec["running"], 0.0),
-            waiting=s.scalars.get(spec["waiting"], 0.0),
-            kv_usage=kv_usage,
-            kv_total=kv_total,
-            start_time_s=start,
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    url: str
-    zone: str
-
-    @property
-    def node(self) -> str:
-        """The replica's node id: ``host:port`` of its metrics URL."""
-        parts = urlsplit(self.url)
-        return parts.netloc or self.url
-
-
-def parse_endpoint(raw: str) -> Endpoint:
-    url, sep, zone = raw.rpartition("=")
-    if not sep or not url.startswith(("http://", "https://")) or not zone:
-        raise ValueError(f"--endpoint {raw!r}: want URL=zone, e.g. http://10.0.0.5:8000/metrics=az-a")
-    return Endpoint(url, zone)
 
 
 def parse_model_map(items: Iterable[str]) -> dict[str, str]:
@@ -197,10 +82,27 @@ class Scraper:
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: choose one of {sorted(ENGINES)}")
-        self.settings, self.endpoints, self.engine = settings, endpoints, engine
+        self.settings, self.endpoints, self.engine = settings, list(endpoints), engine
         self.model_map, self.combine = model_map or {}, combine
         self._prev: dict[tuple[str, str], tuple[Snapshot, int]] = {}
-        self.summaries: list[tuple[str, str, Summary]] = []
+        self.summaries: deque[tuple[str, str, Summary]] = deque(maxlen=SUMMARIES_KEPT)
+
+    def set_endpoints(self, endpoints: list[Endpoint]) -> None:
+        """The targets from now on; the baselines of targets no longer listed are dropped."""
+        self.endpoints = list(endpoints)
+        live = {ep.url for ep in self.endpoints}
+        for key in [k for k in self._prev if k[0] not in live]:
+            del self._prev[key]
+
+    def previous(self, url: str, served: str) -> Snapshot | None:
+        """The snapshot a target's next delta will start from (None: no baseline yet)."""
+        prev = self._prev.get((url, served))
+        return prev[0] if prev is not None else None
+
+    @property
+    def baselines(self) -> int:
+        """(target, served model) pairs with a previous scrape held."""
+        return len(self._prev)
 
     def open_from_ms(self, now_ms: int) -> int:
         """Start of the oldest window still open once the records arrive (0.5 s for the trip)."""
@@ -220,37 +122,53 @@ class Scraper:
             except ValueError as exc:
                 log.warning("scrape of %s is not exposition text: %s", ep.url, exc)
                 continue
-            for served, snap in snaps.items():
-                key = (ep.url, served)
-                prev = self._prev.get(key)
-                self._prev[key] = (snap, now_ms)
-                if prev is None:
-                    continue  # the baseline
-                model = self.model_map.get(served, served)
-                spec = self.settings.model(model) or ModelSpec(model)
-                recs, summary = window_records(
-                    snapshot_delta(prev[0], snap),
-                    model=model,
-                    zone=ep.zone,
-                    node=ep.node,
-                    t_prev_ms=prev[1],
-                    t_now_ms=now_ms,
-                    open_from_ms=self.open_from_ms(now_ms),
-                    ttft_slo_ms=spec.ttft_slo_ms,
-                    itl_slo_ms=spec.itl_slo_ms,
-                    combine=self.combine,
-                )
-                self.summaries.append((ep.node, model, summary))
-                log.info(
-                    "%s %s: %d requests, violations in [%g, %g], records carry %d (%s)",
-                    ep.node,
-                    model,
-                    summary.n,
-                    *summary.bounds,
-                    summary.realised,
-                    summary.combine,
-                )
-                records.extend(recs)
+            records.extend(self.observe(ep, snaps, now_ms))
+        return records
+
+    def observe(
+        self, ep: Endpoint, snaps: dict[str, Snapshot], t_ms: int, now_ms: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One target's snapshots taken at ``t_ms`` -> records of the deltas from its previous ones.
+
+        ``now_ms`` (default ``t_ms``) is when the records leave: a source that reads older
+        samples (Prometheus) stamps them at ``t_ms`` but no earlier than the oldest window
+        still open at ``now_ms``.
+        """
+        now_ms = t_ms if now_ms is None else now_ms
+        open_from = self.open_from_ms(now_ms)
+        t_ms = max(t_ms, open_from)
+        records: list[dict[str, Any]] = []
+        for served, snap in snaps.items():
+            key = (ep.url, served)
+            prev = self._prev.get(key)
+            self._prev[key] = (snap, t_ms)
+            if prev is None:
+                continue  # the baseline
+            model = self.model_map.get(served, served)
+            spec = self.settings.model(model) or ModelSpec(model)
+            recs, summary = window_records(
+                snapshot_delta(prev[0], snap),
+                model=model,
+                zone=ep.zone,
+                node=ep.node,
+                t_prev_ms=min(prev[1], t_ms),
+                t_now_ms=t_ms,
+                open_from_ms=open_from,
+                ttft_slo_ms=spec.ttft_slo_ms,
+                itl_slo_ms=spec.itl_slo_ms,
+                combine=self.combine,
+            )
+            self.summaries.append((ep.node, model, summary))
+            log.info(
+                "%s %s: %d requests, violations in [%g, %g], records carry %d (%s)",
+                ep.node,
+                model,
+                summary.n,
+                *summary.bounds,
+                summary.realised,
+                summary.combine,
+            )
+            records.extend(recs)
         return records
 
 
@@ -271,22 +189,53 @@ async def _fetch_all(endpoints: list[Endpoint], timeout_s: float) -> dict[str, s
     return {ep.url: r for ep, r in zip(endpoints, results, strict=True)}
 
 
+class Collector(Protocol):
+    """One scrape's worth of records (direct scrape or PromQL)."""
+
+    settings: Settings
+
+    async def collect(self, now_ms: int) -> list[dict[str, Any]]: ...
+
+
+class EndpointCollector:
+    """Discovery, then a GET of every target, then :meth:`Scraper.step`."""
+
+    def __init__(self, scraper: Scraper, discovery: Discovery | None = None, timeout_s: float = 5.0) -> None:
+        self.scraper, self.discovery, self.timeout_s = scraper, discovery, timeout_s
+        self.settings = scraper.settings
+
+    async def collect(self, now_ms: int) -> list[dict[str, Any]]:
+        if self.discovery is not None:
+            self.scraper.set_endpoints(await self.discovery.refresh())
+        texts = await _fetch_all(self.scraper.endpoints, timeout_s=self.timeout_s)
+        return self.scraper.step(texts, now_ms)
+
+
 async def scrape_loop(
-    scraper: Scraper,
+    scraper: Scraper | Collector,
     producer: TelemetryProducer,
     interval_s: float,
     *,
     scrapes: int | None = None,
     stop: asyncio.Event | None = None,
+    discovery: Discovery | None = None,
+    clock: ScaledClock | None = None,
 ) -> int:
-    """Scrape every ``interval_s`` (``scrapes`` times, or until ``stop``); returns records sent."""
+    """Collect every ``interval_s`` of ``clock`` (``scrapes`` times, or until ``stop``); returns records sent."""
+    collector: Collector
+    if isinstance(scraper, Scraper):
+        timeout_s = max(1.0, min(10.0, interval_s))
+        collector = EndpointCollector(scraper, discovery, timeout_s)
+    else:
+        collector = scraper
+    s = collector.settings
+    clock = clock or ScaledClock(s.clock_speed, s.clock_origin_s)
     stop = stop or asyncio.Event()
     sent, done = 0, 0
     loop = asyncio.get_running_loop()
     next_at = loop.time()
     while scrapes is None or done < scrapes:
-        texts = await _fetch_all(scraper.endpoints, timeout_s=max(1.0, min(10.0, interval_s)))
-        records = scraper.step(texts, int(time.time() * 1000))
+        records = await collector.collect(clock.now_ms())
         for rec in records:
             try:
                 await producer.send(rec)
@@ -298,7 +247,7 @@ async def scrape_loop(
         done += 1
         if scrapes is not None and done >= scrapes:
             break
-        next_at += interval_s
+        next_at += clock.to_wall_s(interval_s * 1000.0)
         try:
             await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
             break
@@ -308,40 +257,106 @@ async def scrape_loop(
 
 
 def add_parser(ingest_sub: Any) -> None:
-    """Register ``scrape`` under the ``governor ingest`` subcommands."""
+    """Register ``scrape`` under the ``governor ingest`` subcommands (flags override GOVERNOR_SCRAPE_*)."""
     p = ingest_sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics: histogram deltas -> telemetry records")
-    p.add_argument("--endpoint", action="append", default=[], help="URL=zone of an engine's /metrics (repeatable)")
-    p.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
-    p.add_argument("--interval-s", type=float, default=5.0, help="seconds between scrapes (at most window_s / 2)")
-    p.add_argument("--model-map", action="append", default=[], help="served_name=model (repeatable)")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        help="URL=zone of an engine's /metrics (repeatable; added to GOVERNOR_SCRAPE_ENDPOINTS)",
+    )
+    p.add_argument("--engine", choices=sorted(ENGINES), default=None, help="default GOVERNOR_SCRAPE_ENGINE")
+    p.add_argument(
+        "--interval-s",
+        type=float,
+        default=None,
+        help="seconds between scrapes, at most window_s / 2 (default GOVERNOR_SCRAPE_INTERVAL_S)",
+    )
+    p.add_argument(
+        "--model-map", action="append", default=[], help="served_name=model (repeatable; added to the setting's)"
+    )
     p.add_argument(
         "--violations",
         choices=COMBINE,
-        default="upper",
+        default=None,
         help="which end of the violation bounds the records carry (upper: parts disjoint, the safe side)",
     )
+    p.add_argument("--http-sd", default=None, help="URL of a Prometheus HTTP SD document (GOVERNOR_SCRAPE_HTTP_SD)")
+    p.add_argument("--k8s-selector", default=None, help="label selector of engine pods (GOVERNOR_SCRAPE_K8S_SELECTOR)")
+    p.add_argument("--prometheus-url", default=None, help="read via PromQL (GOVERNOR_SCRAPE_PROMETHEUS_URL)")
+
+
+def _pick(flag: Any, setting: Any) -> Any:
+    return setting if flag is None else flag
+
+
+def build_sources(settings: Settings, args: argparse.Namespace, k8s_client: Any = None) -> list[TargetSource]:
+    """The target sources the settings and flags name (ValueError: one is misconfigured)."""
+    static = [parse_endpoint(e) for e in (*settings.scrape_endpoints, *args.endpoint)]
+    sources: list[TargetSource] = []
+    if static:
+        sources.append(StaticTargets(static))
+    http_sd = _pick(getattr(args, "http_sd", None), settings.scrape_http_sd)
+    if http_sd:
+        sources.append(HttpSdTargets(http_sd, settings.scrape_zone_label))
+    selector = _pick(getattr(args, "k8s_selector", None), settings.scrape_k8s_selector)
+    if selector:
+        src = KubernetesTargets(
+            selector,
+            settings.scrape_k8s_namespace,
+            settings.scrape_k8s_port,
+            settings.scrape_zone_label,
+            api_client=k8s_client,
+        )
+        src._api()  # load the in-cluster config or kubeconfig now: a missing one is a usage error
+        sources.append(src)
+    return sources
 
 
 def run_ingest_scrape(settings: Settings, args: argparse.Namespace) -> int:
+    engine = _pick(args.engine, settings.scrape_engine)
+    interval_s = _pick(args.interval_s, settings.scrape_interval_s)
+    combine = _pick(args.violations, settings.scrape_violations)
+    prom_url = _pick(getattr(args, "prometheus_url", None), settings.scrape_prometheus_url)
     try:
-        endpoints = [parse_endpoint(e) for e in args.endpoint]
-        model_map = parse_model_map(args.model_map)
-    except ValueError as exc:
+        model_map = parse_model_map([*settings.scrape_model_map, *args.model_map])
+        sources = [] if prom_url else build_sources(settings, args)
+    except Exception as exc:  # a bad flag, setting or kubeconfig: say which and stop
         print(f"governor ingest scrape: {exc}", file=sys.stderr)
         return 2
-    bad = [ep.zone for ep in endpoints if ep.zone not in settings.zones]
-    if not endpoints or bad or not args.interval_s > 0:
-        why = f"zones {bad} not in GOVERNOR_ZONES {settings.zones}" if bad else "need --endpoint and --interval-s > 0"
-        print(f"governor ingest scrape: {why}", file=sys.stderr)
+    if not interval_s > 0 or not (sources or prom_url):
+        why = "need --interval-s > 0" if not interval_s > 0 else "no targets"
+        print(
+            f"governor ingest scrape: {why}: give --endpoint URL=zone, GOVERNOR_SCRAPE_ENDPOINTS, "
+            "GOVERNOR_SCRAPE_HTTP_SD, GOVERNOR_SCRAPE_K8S_SELECTOR or GOVERNOR_SCRAPE_PROMETHEUS_URL",
+            file=sys.stderr,
+        )
         return 2
-    if args.interval_s > settings.window_s / 2:
-        log.warning("--interval-s %g > window_s/2: some windows get no requests", args.interval_s)
-    scraper = Scraper(settings, endpoints, args.engine, model_map, args.violations)
-    asyncio.run(_run_forever(settings, scraper, args.interval_s))
+    static = [ep for src in sources if isinstance(src, StaticTargets) for ep in src.endpoints]
+    bad = [ep.zone for ep in static if ep.zone not in settings.zones]
+    if bad:
+        print(f"governor ingest scrape: zones {bad} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
+        return 2
+    if interval_s > settings.window_s / 2:
+        log.warning("--interval-s %g > window_s/2: some windows get no requests", interval_s)
+    collector: Collector
+    if prom_url:
+        from governor.scrape_promql import PromqlSource
+
+        try:
+            collector = PromqlSource(settings, prom_url, engine, model_map, combine, interval_s=interval_s)
+        except ValueError as exc:
+            print(f"governor ingest scrape: {exc}", file=sys.stderr)
+            return 2
+    else:
+        scraper = Scraper(settings, [], engine, model_map, combine)
+        discovery = Discovery(sources, settings.zones, settings.scrape_max_targets)
+        collector = EndpointCollector(scraper, discovery, timeout_s=max(1.0, min(10.0, interval_s)))
+    asyncio.run(_run_forever(settings, collector, interval_s))
     return 0
 
 
-async def _run_forever(settings: Settings, scraper: Scraper, interval_s: float) -> None:
+async def _run_forever(settings: Settings, collector: Collector, interval_s: float) -> None:
     from governor.topics import ensure_topics
 
     await ensure_topics(settings)
@@ -355,5 +370,13 @@ async def _run_forever(settings: Settings, scraper: Scraper, interval_s: float) 
         source=f"scrape@{socket.gethostname()}",
         kafka_options=kafka_options(settings),
     ) as producer:
-        sent = await scrape_loop(scraper, producer, interval_s, stop=stop)
+        where = getattr(collector, "describe", lambda: "")() or _describe(collector)
+        ready_log().info("%s: %s, every %g s", INGEST_SCRAPE_READY, where, interval_s)
+        sent = await scrape_loop(collector, producer, interval_s, stop=stop)
     log.info("scrape adapter stopped after %d records", sent)
+
+
+def _describe(collector: Collector) -> str:
+    if isinstance(collector, EndpointCollector) and collector.discovery is not None:
+        return "targets from " + "+".join(s.name for s in collector.discovery.sources)
+    return type(collector).__name__

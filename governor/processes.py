@@ -75,6 +75,7 @@ class ChildProcess:
 
 WORKER_READY = "governor worker ready"
 EXECUTOR_READY = "executor ready"
+INGEST_SCRAPE_READY = "ingest scrape ready"
 
 
 def ready_log() -> logging.Logger:
