@@ -78,6 +78,14 @@ def executor_heartbeat(prefix: str, zone: str) -> str:
     return f"{prefix}:executor:{zone}:heartbeat"
 
 
+def platform_replicas(prefix: str, zone: str) -> str:
+    """Hash ``model -> JSON {"desired", "ready", "starting", "at_ms", "source"}``: a zone's replica truth from
+    its platform (the ``k8s`` backend reads the workload's status), written by the zone's executor every
+    heartbeat; the worker prefers it to the counts in the GPU records while it is fresh (Pending pods count
+    as starting, so the scaler holds instead of escalating while pods wait for GPUs)."""
+    return f"{prefix}:platform:{zone}:replicas"
+
+
 def executor_last_result(prefix: str, zone: str) -> str:
     """Hash ``model -> JSON {"command_id", "kind", "outcome", "reason", "at_ms", "target_replicas"}``:
     the last command of each model a zone's executor finished, for ``governor status``."""

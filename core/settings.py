@@ -46,6 +46,7 @@ from core import names
 from core.signing import Keyring
 from core.transport import transport_reason
 from core.vocab import default_pid_gains
+from core.workloads import GatewayRoute, Workload, parse_routes, parse_workloads, routes_schema, workloads_schema
 
 __all__ = [
     "CONFIG_ENV",
@@ -331,6 +332,18 @@ CODECS: dict[str, _Codec] = {
         lambda v: ",".join(f"{p}={f}" for p, f in v),
         _pairs_schema,
         _load_pairs,
+    ),
+    "workloads": _Codec(
+        lambda raw: parse_workloads(json.loads(raw)),
+        lambda v: json.dumps([w.to_dict() for w in v]),
+        workloads_schema,
+        parse_workloads,
+    ),
+    "routes": _Codec(
+        lambda raw: parse_routes(json.loads(raw)),
+        lambda v: json.dumps([r.to_dict() for r in v]),
+        routes_schema,
+        parse_routes,
     ),
 }
 
@@ -746,11 +759,46 @@ class Settings:
     )
 
     # -- executor backends: chained per kind, the webhook (executors/chain.py, executors/webhook.py) ----
+    # -- platforms: the k8s and gateway backends (executors/k8s.py, executors/gateway.py) ----
+    workloads: tuple[Workload, ...] = _setting(
+        (),
+        "GOVERNOR_WORKLOADS",
+        "JSON list of the workloads the k8s backend scales: {model, zone, kind: Deployment|StatefulSet|"
+        "LeaderWorkerSet, name, namespace, hpa: refuse|coexist} (core/workloads.py)",
+        "workloads",
+    )
+    gateway_routes: tuple[GatewayRoute, ...] = _setting(
+        (),
+        "GOVERNOR_GATEWAY_ROUTES",
+        "JSON list of the HTTPRoutes the gateway backend weights: {family, zone, route, namespace, rules: "
+        "{class: rule index}, backends: {model|zone: {name, port}}} (executors/gateway.py)",
+        "routes",
+    )
+    k8s_api_url: str = _setting(
+        "",
+        "GOVERNOR_K8S_API_URL",
+        "Kubernetes API server URL for the k8s and gateway backends and pod discovery (unset = in-cluster "
+        "service account, else GOVERNOR_KUBECONFIG)",
+        "str",
+    )
+    kubeconfig: str = _setting(
+        "", "GOVERNOR_KUBECONFIG", "kubeconfig file used outside a cluster (unset = ~/.kube/config)", "str"
+    )
+    platform_replicas_s: float = _setting(
+        5.0,
+        "GOVERNOR_PLATFORM_REPLICAS_S",
+        "seconds between an executor's reads of its workloads' status (replica truth, k8s backend); the worker "
+        "uses a reading for 3 windows",
+        "float",
+        gt=0,
+    )
+
     executor_backends: str = _setting(
         "",
         "GOVERNOR_EXECUTOR_BACKENDS",
         "comma-separated kind=backend (kinds: scale, route, breaker, canary, relocate, agents, * for the rest; "
-        "backends: sim, dry-run, routing, webhook), e.g. scale=sim,route=routing; unset = every kind to --backend; "
+        "backends: sim, dry-run, routing, webhook, k8s, gateway), e.g. scale=k8s,route=gateway; unset = every kind to "
+        "--backend; "
         "a kind with no backend is rejected",
         "str",
     )
@@ -823,6 +871,15 @@ class Settings:
         if twice:
             reason = f"model {twice[0]!r} is listed twice"
             raise SettingsError(f"GOVERNOR_MODELS: {reason}", field="models", reason=reason)
+        for i, w in enumerate(self.workloads):  # a mapping for a model or zone governor does not run is a typo
+            if w.model not in names_seen or w.zone not in self.zones:
+                what = f"model {w.model!r}" if w.model not in names_seen else f"zone {w.zone!r}"
+                reason = f"workloads[{i}]: {what} is not configured (GOVERNOR_MODELS / GOVERNOR_ZONES)"
+                raise SettingsError(f"GOVERNOR_WORKLOADS: {reason}", field="workloads", reason=reason)
+        for i, r in enumerate(self.gateway_routes):
+            if r.zone not in self.zones:
+                reason = f"gateway_routes[{i}]: zone {r.zone!r} is not in GOVERNOR_ZONES"
+                raise SettingsError(f"GOVERNOR_GATEWAY_ROUTES: {reason}", field="gateway_routes", reason=reason)
         if self.command_keys:
             try:
                 Keyring.parse(self.command_keys)
@@ -995,6 +1052,8 @@ def json_schema() -> dict[str, Any]:
             default = [m.to_dict() for m in default]
         elif meta["kind"] == "gains":
             default = dict(default)
+        elif meta["kind"] in ("workloads", "routes"):
+            default = [w.to_dict() for w in default]
         elif meta["kind"] in ("csv", "pairs"):
             default = json.loads(json.dumps(default))
         prop["default"] = str(default) if meta["kind"] == "secret" else default

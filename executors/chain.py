@@ -18,8 +18,9 @@ that applied the command (``backend`` of the results record,
 ``governor pause`` switch: ``advisory``) come before any backend, so they
 hold for every backend of a chain.
 
-A new backend (``k8s``, ``gateway``) is one :data:`REGISTRY` entry: a name
-and a factory from :class:`BackendContext` to the backend.
+A backend is one :data:`REGISTRY` entry: a name and a factory from
+:class:`BackendContext` to the backend (``k8s``: :mod:`executors.k8s`, ``gateway``:
+:mod:`executors.gateway`, their Kubernetes client imported only when named).
 """
 
 from __future__ import annotations
@@ -54,12 +55,32 @@ class BackendContext:
     budget: FleetBudget | None = None
 
 
-#: Backend name -> factory.  One entry per backend (``k8s`` and ``gateway`` plug in here).
+def _k8s(c: BackendContext) -> Backend:
+    from executors.k8s import KubernetesBackend, api_client  # the Kubernetes client loads only where it is used
+
+    mine = [w for w in c.settings.workloads if w.zone == c.zone]
+    if not mine:
+        raise SettingsError(f"the k8s backend of zone {c.zone} has no workload in GOVERNOR_WORKLOADS")
+    return KubernetesBackend(api_client(c.settings.kubeconfig, c.settings.k8s_api_url), mine)
+
+
+def _gateway(c: BackendContext) -> Backend:
+    from executors.gateway import GatewayBackend
+    from executors.k8s import api_client
+
+    if not any(r.zone == c.zone for r in c.settings.gateway_routes):
+        raise SettingsError(f"the gateway backend of zone {c.zone} has no route in GOVERNOR_GATEWAY_ROUTES")
+    return GatewayBackend(api_client(c.settings.kubeconfig, c.settings.k8s_api_url), c.settings.gateway_routes, c.zone)
+
+
+#: Backend name -> factory.  One entry per backend.
 REGISTRY: dict[str, Callable[[BackendContext], Backend]] = {
     "sim": lambda c: SimFleetBackend(c.redis, c.prefix, c.zone, c.budget),
     "dry-run": lambda c: DryRunBackend(),
     "routing": lambda c: RoutingBackend(c.redis, c.prefix),
     "webhook": lambda c: WebhookBackend.from_settings(c.settings, c.webhook_url),
+    "k8s": _k8s,
+    "gateway": _gateway,
 }
 
 
@@ -71,10 +92,10 @@ def parse_spec(raw: str, backends: Mapping[str, object] = REGISTRY) -> dict[str,
     ('sim', 'dry-run')
     >>> sorted(parse_spec("scale=sim,route=routing"))
     ['route', 'scale']
-    >>> parse_spec("scale=k8s")
+    >>> parse_spec("scale=nomad")
     Traceback (most recent call last):
     ...
-    core.settings.SettingsError: GOVERNOR_EXECUTOR_BACKENDS: unknown backend 'k8s' for scale (known: dry-run, routing, sim, webhook)
+    core.settings.SettingsError: GOVERNOR_EXECUTOR_BACKENDS: unknown backend 'nomad' for scale (known: dry-run, gateway, k8s, routing, sim, webhook)
     """
     what = "GOVERNOR_EXECUTOR_BACKENDS"
     if not isinstance(raw, str) or len(raw) > MAX_SPEC_CHARS:

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--zone", required=True)
     e.add_argument(
         "--backend",
-        choices=["sim", "dry-run", "routing", "webhook"],
+        choices=["sim", "dry-run", "routing", "webhook", "k8s", "gateway"],
         default=None,
         help="every kind to one backend (default sim; GOVERNOR_EXECUTOR_BACKENDS chains them per kind): sim: the "
         "simulated fleet; dry-run: log only; routing: route/breaker/canary/agents into the gateway's Redis hashes "

@@ -30,6 +30,7 @@ from executors.chain import REGISTRY, BackendContext, build_backend, close_backe
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
+from executors.platform import PlatformReporter, replica_source
 from governor.processes import EXECUTOR_READY, ready_log
 from streams.health import Readiness
 from streams.metrics_export import ExecutorMetrics
@@ -109,6 +110,22 @@ async def _run(settings: Settings, zone: str, redis: aioredis.Redis, backend: Ba
     if stopping.is_set():
         executor.stop()
     watch = asyncio.create_task(_watch_redis(redis, readiness, executor.stopping))
+    source = replica_source(backend)  # replica truth from the platform (k8s backend): executors/platform.py
+    reporter = (
+        None
+        if source is None
+        else PlatformReporter(
+            source,
+            redis,
+            settings.topic_prefix,
+            zone,
+            [m.name for m in settings.models],
+            executor.clock.now_ms,
+            settings.platform_replicas_s,
+        )
+    )
+    if reporter is not None:
+        watch_platform = asyncio.create_task(reporter.run(executor.stopping))
     try:
         # Redis down at start is waited for (capped backoff, one line per attempt), never a reason to exit.
         group = _checked(executor.ensure_group, readiness, "redis")
@@ -119,6 +136,8 @@ async def _run(settings: Settings, zone: str, redis: aioredis.Redis, backend: Ba
         executor.stop()
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
+        if reporter is not None:
+            await asyncio.gather(watch_platform, return_exceptions=True)
         await producer.stop()
     t = executor.timing
     log.info(

@@ -44,7 +44,8 @@ characters in names are escaped):
 * ``P:fleet:Z:desired`` (``HGET``, ``HSET``), ``P:fleet:Z:relocate``
   (``RPUSH``), ``P:fleet:Z:relocated`` (``LMOVE`` source), ``P:routing:Z``
   and ``P:breaker:Z`` (``HSET``) -- the sim and routing backends' desired
-  state of its own zone.
+  state of its own zone; ``P:platform:Z:replicas`` (``HSET``) -- the replica
+  truth it reads from its platform (``k8s`` backend).
 * ``P:fleet:Y:desired`` of every *other* zone ``Y`` -- the fleet-budget
   script (:data:`executors.backends.BUDGET_LUA`, one ``EVAL`` whose KEYS
   are every zone's desired hash; it runs ``HGET``/``HGETALL``/``HSET`` and
@@ -76,6 +77,8 @@ tailors them to one).
   (``%R~``); on 6.2 read-write, like ``P:paused`` for the executors.
 * ``P:status`` (``HSET``) and ``P:worker:heartbeat`` (``SET ... PX``): what
   ``governor status`` shows.
+* ``P:platform:Y:replicas`` of every zone -- ``HGETALL``: the replica truth the
+  zone's executor reads from its platform (read only from 7.0, like the heartbeats).
 
 ``governor-operator`` -- ``governor pause|resume``, ``governor canary
 start|status|abort`` and ``governor status``:
@@ -197,7 +200,7 @@ EXECUTOR_COMMANDS = (
     "time",
 )
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
-WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", *TRANSACTION)
+WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", *TRANSACTION)
 OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
 
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -262,6 +265,7 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
         names.relocated_outcomes(prefix, zone),
         names.routing_hash(prefix, zone),
         names.breaker_hash(prefix, zone),
+        names.platform_replicas(prefix, zone),
     ]
     keys = [glob_escape(k) for k in own]
     marker = names.applied_marker(prefix, zone, "")  # "<prefix>:applied:<zone>:"
@@ -285,7 +289,8 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
     keys += [glob_escape(names.status(prefix)), glob_escape(names.worker_heartbeat(prefix))]
     beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
-    return AclUser(WORKER, keys=tuple(keys), read_keys=beats, commands=WORKER_COMMANDS)
+    platform = tuple(glob_escape(names.platform_replicas(prefix, z)) for z in zones)
+    return AclUser(WORKER, keys=tuple(keys), read_keys=beats + platform, commands=WORKER_COMMANDS)
 
 
 def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:

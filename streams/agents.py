@@ -30,6 +30,7 @@ starts; a snapshot that is not governor's own is refused and counted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -207,6 +208,8 @@ def build_pipeline(
     # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
     side = SideChannel()
     heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
+    platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
+    platform_refused: dict[str, list[str]] = {}
     next_heartbeat_read = [0.0]
 
     async def watch_liveness() -> None:
@@ -218,6 +221,13 @@ def build_pipeline(
         beats = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys))
         # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
         loop.set_heartbeats(None if beats is None else [z for z, b in zip(settings.zones, beats, strict=True) if b])
+        for zone, key in platform_keys:  # replica truth from the platform (streams/platform_truth.py)
+            fields = await side.call("platform replicas", functools.partial(redis.hgetall, key))
+            refused = loop.platform.set(zone, fields or {})
+            if refused != platform_refused.get(zone):  # said once per change, not every second
+                platform_refused[zone] = refused
+                for why in refused:
+                    log.warning("platform replicas of %s refused: %s", zone, why)
         for ev in loop.check_silence(clock.now_ms()):
             await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
         beat = {"ts_ms": clock.now_ms(), "wall_ms": int(time.time() * 1000)}

@@ -66,6 +66,7 @@ from streams.commands import Command
 from streams.kv_policy_driver import KvPolicyDriver
 from streams.metrics_export import WorkerMetrics
 from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
+from streams.platform_truth import PlatformTruth
 from streams.routing_driver import RoutingDriver
 from streams.scaler_driver import Scaler
 from streams.snapshots import SnapshotVersionError
@@ -156,6 +157,7 @@ class ControlLoop:
         self.owned: set[str] = set()  # the snapshot scopes this loop has decided on or restored
         # Missing telemetry (controllers.staleness): per configured (model, zone), bounded.
         self.watch = TelemetryWatch(settings, metrics)
+        self.platform = PlatformTruth(settings)  # replica truth from the platform (executors/platform.py)
 
     @property
     def drivers(self) -> dict[str, Driver]:
@@ -270,6 +272,8 @@ class ControlLoop:
         route commands.
         """
         out = Decisions()
+        if w.scope == "zone":
+            w = self.platform.apply(w)
         # Missing telemetry (TelemetryWatch): no request records -> every driver holds; no GPU
         # samples -> the replica counts are unknown: the breaker and the agent weights (request
         # data) act, the router and the scaler hold.

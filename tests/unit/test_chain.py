@@ -47,7 +47,7 @@ def test_spec_parses(raw: str, want: dict[str, str]) -> None:
         ("=sim", "is not kind=backend"),  # no kind
         ("scaling=sim", "unknown kind 'scaling'"),  # a typo of a kind
         ("Scale=sim", "unknown kind 'Scale'"),  # kinds are case-sensitive
-        ("scale=k8s", "unknown backend 'k8s' for scale"),  # not built (yet)
+        ("scale=nomad", "unknown backend 'nomad' for scale"),
         ("scale=sim;route=routing", "unknown backend 'sim;route=routing'"),  # wrong separator
         ("scale=sim,scale=dry-run", "scale is given twice"),  # ambiguous
         ("*=sim,*=routing", r"\* is given twice"),  # ambiguous default
@@ -87,8 +87,12 @@ def test_build_backend_keeps_the_single_backend_flag() -> None:
     assert isinstance(build_backend(_ctx(), "routing"), RoutingBackend)  # --backend routing: every kind
     with pytest.raises(SettingsError, match="not both"):
         build_backend(_ctx(executor_backends="scale=sim"), "routing")
-    with pytest.raises(SettingsError, match="unknown backend 'k8s'"):
+    with pytest.raises(SettingsError, match="unknown backend 'nomad'"):
+        build_backend(_ctx(), "nomad")
+    with pytest.raises(SettingsError, match="no workload in GOVERNOR_WORKLOADS"):  # k8s with nothing to scale
         build_backend(_ctx(), "k8s")
+    with pytest.raises(SettingsError, match="no route in GOVERNOR_GATEWAY_ROUTES"):
+        build_backend(_ctx(executor_backends="route=gateway"), None)
     with pytest.raises(SettingsError, match="needs GOVERNOR_WEBHOOK_URL"):  # validated at start, not per command
         build_backend(_ctx(executor_backends="relocate=webhook"), None)
 
