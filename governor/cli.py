@@ -21,6 +21,7 @@
     governor ingest otlp          OTLP/HTTP receiver: vLLM/SGLang request spans -> telemetry records
     governor ingest scrape        scrape vLLM/SGLang /metrics: histogram deltas -> telemetry records
     governor config check|show    check a config file (GOVERNOR_CONFIG); print the effective settings
+    governor manifests            render the generated Kubernetes manifests (executor per zone, monitoring)
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.config_cmd import add_parser as add_config_parser
 
     add_config_parser(sub)
+    from governor.manifests import add_parser as add_manifests_parser
+
+    add_manifests_parser(sub)
 
     from governor.ingest_otlp import add_parser as add_otlp_parser
 
@@ -209,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.config_cmd import run_config
 
         return run_config(args, os.environ)
+    if args.command == "manifests":  # files only: no servers, no settings
+        from governor.manifests import run_manifests
+
+        return run_manifests(args)
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:

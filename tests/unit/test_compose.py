@@ -267,6 +267,32 @@ def test_environment_builds_settings(services: dict[str, Any], name: str) -> Non
         assert zone in settings.zones, f"{name}: zone {zone!r} not in GOVERNOR_ZONES"
 
 
+def test_compose_runs_with_feedforward_at_the_profiled_capacity(services: dict[str, Any]) -> None:
+    """Every model of the stack carries replica_capacity_rps (feedforward on), and the number is the
+    profile `governor demo` would compute for that model's SLO on the trace the fleet replays."""
+    from sim.fastloop import LoopConfig
+    from sim.profiling import replica_capacity_rps
+    from sim.traces import load_trace
+
+    fleet = services["fleet"]["command"]
+    trace = load_trace(fleet[fleet.index("--trace") + 1])
+    for name in GOVERNOR_SERVICES:
+        for spec in Settings.from_env(_env(services[name])).models:
+            assert spec.replica_capacity_rps is not None, f"{name}: {spec.name} has no replica_capacity_rps"
+    for spec in Settings.from_env(_env(services["worker"])).models:
+        cfg = LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
+        assert spec.replica_capacity_rps == round(replica_capacity_rps(trace, cfg), 4), spec.name
+
+
+def test_k8s_executor_backends_exist() -> None:
+    """GOVERNOR_EXECUTOR_BACKENDS of the ConfigMap names only backends the executor can build."""
+    from executors.chain import REGISTRY, parse_spec
+
+    spec = _k8s_env()["GOVERNOR_EXECUTOR_BACKENDS"]
+    kinds = parse_spec(spec, REGISTRY)  # SettingsError naming an unknown backend
+    assert kinds["scale"] == "k8s" and kinds["route"] == "gateway", spec
+
+
 @pytest.mark.parametrize(("name", "port"), EXPECTED_METRICS_PORTS, ids=[n for n, _ in EXPECTED_METRICS_PORTS])
 def test_metrics_port(services: dict[str, Any], name: str, port: int) -> None:
     assert Settings.from_env(_env(services[name])).metrics_port == port
@@ -563,15 +589,30 @@ def test_k8s_deployments_are_consistent() -> None:
 
 
 def test_every_executor_backend_of_the_cli_is_built() -> None:
-    """``governor executor --backend X`` for every choice gives that backend (no server needed)."""
+    """``governor executor --backend X`` for every choice gives that backend (no server needed), with the
+    Kubernetes manifests' settings: their workloads and routes are enough for the k8s and gateway
+    backends of every zone."""
     from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, WebhookBackend
+    from executors.gateway import GatewayBackend
+    from executors.k8s import KubernetesBackend
     from governor.executor_main import make_backend
 
-    want = {"sim": SimFleetBackend, "dry-run": DryRunBackend, "routing": RoutingBackend, "webhook": WebhookBackend}
+    want = {
+        "sim": SimFleetBackend,
+        "dry-run": DryRunBackend,
+        "routing": RoutingBackend,
+        "webhook": WebhookBackend,
+        "k8s": KubernetesBackend,
+        "gateway": GatewayBackend,
+    }
     from governor.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     backend = next(a for a in sub.choices["executor"]._actions if a.dest == "backend")
     assert set(backend.choices or ()) == set(want)
-    for name, cls in want.items():
-        assert isinstance(make_backend(name, None, "p", "az-a", "http://gw/cmd"), cls)  # type: ignore[arg-type]
+    # An API URL that is never dialled: building a backend opens no connection.
+    settings = Settings.from_env({**_k8s_env(), "GOVERNOR_K8S_API_URL": "http://127.0.0.1:9"})
+    for zone in settings.zones:
+        for name, cls in want.items():
+            built = make_backend(name, None, "p", zone, "http://gw/cmd", settings=settings)  # type: ignore[arg-type]
+            assert isinstance(built, cls), (zone, name)
