@@ -86,6 +86,13 @@ def platform_replicas(prefix: str, zone: str) -> str:
     return f"{prefix}:platform:{zone}:replicas"
 
 
+def admission(prefix: str) -> str:
+    """Hash ``<orchestrator>|<task> -> JSON`` of periodic agent tasks and their admission state
+    (``governor admission add|list|check|remove`` write and read it; the worker decides:
+    :mod:`streams.admission_driver`)."""
+    return f"{prefix}:admission"
+
+
 def executor_last_result(prefix: str, zone: str) -> str:
     """Hash ``model -> JSON {"command_id", "kind", "outcome", "reason", "at_ms", "target_replicas"}``:
     the last command of each model a zone's executor finished, for ``governor status``."""

@@ -22,6 +22,7 @@
     governor ingest scrape        scrape vLLM/SGLang /metrics: histogram deltas -> telemetry records
     governor config check|show    check a config file (GOVERNOR_CONFIG); print the effective settings
     governor manifests            render the generated Kubernetes manifests (executor per zone, monitoring)
+    governor admission add|list|check|remove   periodic agent tasks admitted by response-time analysis
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.manifests import add_parser as add_manifests_parser
 
     add_manifests_parser(sub)
+    from governor.admission_cli import add_parser as add_admission_parser
+
+    add_admission_parser(sub)
 
     from governor.ingest_otlp import add_parser as add_otlp_parser
 
@@ -283,6 +287,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command in ("worker", "executor") and settings.keyring() is None:
         print(f"governor: {NO_KEYS}", file=sys.stderr)
         return 2
+    if args.command == "admission":
+        from governor.admission_cli import run_admission
+
+        return run_admission(settings, args)
     if args.command == "worker":
         from governor.worker import run_worker
 

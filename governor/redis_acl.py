@@ -77,6 +77,8 @@ tailors them to one).
   (``%R~``); on 6.2 read-write, like ``P:paused`` for the executors.
 * ``P:status`` (``HSET``) and ``P:worker:heartbeat`` (``SET ... PX``): what
   ``governor status`` shows.
+* ``P:admission`` -- periodic agent tasks (``HGETALL``, ``HSET``): the worker
+  decides them (:mod:`streams.admission_driver`).
 * ``P:platform:Y:replicas`` of every zone -- ``HGETALL``: the replica truth the
   zone's executor reads from its platform (read only from 7.0, like the heartbeats).
 
@@ -84,7 +86,8 @@ tailors them to one).
 start|status|abort`` and ``governor status``:
 
 * ``P:paused`` (``SET``, ``DEL``) and ``P:canary:*`` (``GET``, ``WATCH``,
-  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
+  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``); ``P:admission``
+  (``HSET``, ``HGETALL``, ``HDEL``: ``governor admission add|list|remove``).
 * read only (``%R~`` from 7.0): ``P:status``, ``P:worker:heartbeat`` and,
   of every zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``
   and ``P:breaker:Y`` (``GET``, ``MGET``, ``HGETALL``).
@@ -108,6 +111,8 @@ own (``ACL SETUSER admin on >... ~* &* +@all``), or you lock yourself out;
 Not covered: the simulated fleet and gateways (``governor fleet``, readers
 of the desired/routing/breaker hashes), and ``governor demo`` / ``governor
 servers``, which run on their own embedded Redis.
+
+Over 400 lines: this docstring is the ACL contract of every user, next to the rules that implement it.
 """
 
 from __future__ import annotations
@@ -201,7 +206,7 @@ EXECUTOR_COMMANDS = (
 )
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
 WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", *TRANSACTION)
-OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
+OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", "hset", "hdel", *TRANSACTION)
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -288,6 +293,7 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
     keys.append(glob_escape(names.canary_state(prefix, "")) + "*")
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
     keys += [glob_escape(names.status(prefix)), glob_escape(names.worker_heartbeat(prefix))]
+    keys.append(glob_escape(names.admission(prefix)))
     beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
     platform = tuple(glob_escape(names.platform_replicas(prefix, z)) for z in zones)
     return AclUser(WORKER, keys=tuple(keys), read_keys=beats + platform, commands=WORKER_COMMANDS)
@@ -296,7 +302,11 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
 def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
     """The ACL of ``governor pause|resume``, ``governor canary ...`` and ``governor status``."""
     _check_names(prefix, zones)
-    keys = (glob_escape(names.paused(prefix)), glob_escape(names.canary_state(prefix, "")) + "*")
+    keys = (
+        glob_escape(names.paused(prefix)),
+        glob_escape(names.canary_state(prefix, "")) + "*",
+        glob_escape(names.admission(prefix)),
+    )
     per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash)
     read = [names.status(prefix), names.worker_heartbeat(prefix), *(f(prefix, z) for z in zones for f in per_zone)]
     return AclUser(OPERATOR, keys=keys, read_keys=tuple(glob_escape(k) for k in read), commands=OPERATOR_COMMANDS)

@@ -43,6 +43,7 @@ import redis.asyncio as aioredis
 from governor_telemetry.records import partition_key
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT
 
 from controllers.window_record import WindowRecord
 from core import names
@@ -50,6 +51,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.signing import MissingKeysError
 from core.transport import redis_options
+from streams.admission_driver import AdmissionDriver
 from streams.app import GovernorApp
 from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
@@ -210,6 +212,21 @@ def build_pipeline(
     heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
     platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
     platform_refused: dict[str, list[str]] = {}
+    admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (streams/admission_driver.py)
+    admission_key = names.admission(settings.topic_prefix)
+
+    async def review_admission() -> None:
+        """Decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats)."""
+        entries = await side.call("admission", functools.partial(redis.hgetall, admission_key))
+        if not entries:
+            return
+        writes, evs = admission.review(entries, clock.now_ms())
+        if writes:
+            fields: dict[EncodableT, EncodableT] = {k: v for k, v in writes.items()}
+            await side.call("admission", functools.partial(redis.hset, admission_key, mapping=fields))
+        for ev in evs:
+            await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
+
     next_heartbeat_read = [0.0]
 
     async def watch_liveness() -> None:
@@ -221,6 +238,7 @@ def build_pipeline(
         beats = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys))
         # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
         loop.set_heartbeats(None if beats is None else [z for z, b in zip(settings.zones, beats, strict=True) if b])
+        await review_admission()
         for zone, key in platform_keys:  # replica truth from the platform (streams/platform_truth.py)
             fields = await side.call("platform replicas", functools.partial(redis.hgetall, key))
             refused = loop.platform.set(zone, fields or {})
@@ -280,6 +298,7 @@ def build_pipeline(
                 continue
             if w.scope == "zone":
                 await drive_canary(w)
+                admission.on_window(w)
             decided = loop.decide(w, clock.now_ms())
             if w.scope == "zone":
                 await write_status(w, decided.events)

@@ -58,6 +58,18 @@ class WorkerMetrics:
         self.target = Gauge(  # set every zone window and on restore (ControlLoop.export_targets); KEDA follows it
             "governor_replicas_target", "the scaler's current replica target", _LABELS, registry=r
         )
+        self.admission_feasible = Gauge(
+            "governor_admission_feasible",
+            "1 while an orchestrator's admitted periodic tasks meet their deadlines at the measured P99",
+            ("orchestrator",),
+            registry=r,
+        )
+        self.admission_margin = Gauge(
+            "governor_admission_margin",
+            "critical scaling factor of an orchestrator's admitted tasks (latency may grow by this factor)",
+            ("orchestrator",),
+            registry=r,
+        )
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
         self.deadletters = Counter(
             "governor_deadletter_total",

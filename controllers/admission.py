@@ -1,0 +1,231 @@
+"""Admission of periodic agent tasks by response-time analysis (pure).
+
+An *orchestrator* (an agent's control loop) issues its LLM calls one at a
+time; the periodic tasks it runs (a voice turn every 500 ms, a trading check
+every 300 ms, a summary every 10 s) share that loop by fixed priority, which is
+exactly the uniprocessor model of :mod:`controllers.rta`: each orchestrator is
+one processor, each task a periodic task whose execution time ``C`` is the
+latency of one call to its model -- the measured end-to-end **P99** of that
+model (the largest over its zones' latest windows; per request class when
+one is measured for it), so a task admitted today keeps its deadline while the
+fleet's tail stays where it is.
+
+* :func:`evaluate` -- one orchestrator's set: every task's worst-case response
+  time (jitter and blocking included), feasibility, and the margin (the
+  critical scaling factor: how far every latency may grow together before a
+  deadline is missed).  A task whose model has no measured latency cannot be
+  analysed: the verdict says so (``missing``) and is not feasible.
+* :func:`admit` -- one new task against an orchestrator's admitted set: it is
+  admitted when the set with it is feasible, rejected (with the task that
+  would miss and by how much) when not, and *held* (neither) while a model's
+  latency is unknown: no data is never a yes.
+
+>>> t = AgentTask.from_dict({"orchestrator": "o", "name": "voice", "model": "m", "period_ms": 500, "priority": 1})
+>>> v = evaluate([t], {"m": 180.0})
+>>> v.feasible, v.results[0].response, round(v.margin, 3)
+(True, 180.0, 2.778)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from controllers.errors import ParameterError
+from controllers.rta import Task, TaskResult, critical_scaling, response_time, task_slack
+
+__all__ = ["AgentTask", "Decision", "Verdict", "admit", "evaluate", "latency_key"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+_FIELDS = (
+    "orchestrator",
+    "name",
+    "model",
+    "request_class",
+    "period_ms",
+    "deadline_ms",
+    "priority",
+    "jitter_ms",
+    "blocking_ms",
+)
+MAX_PERIOD_MS = 86_400_000.0  # a day
+
+
+def latency_key(model: str, request_class: str = "") -> str:
+    """Key of a latency measurement: ``model`` or ``model|class``."""
+    return f"{model}|{request_class}" if request_class else model
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    orchestrator: str
+    name: str
+    model: str
+    period_ms: float
+    priority: int
+    deadline_ms: float | None = None  # None: = period
+    request_class: str = ""
+    jitter_ms: float = 0.0
+    blocking_ms: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: Any) -> AgentTask:
+        """A validated task; :class:`ParameterError` names the first bad field."""
+        if not isinstance(d, Mapping):
+            raise ParameterError(f"an agent task is an object, got {type(d).__name__}")
+        extra = sorted(set(d) - set(_FIELDS))
+        if extra:
+            raise ParameterError(f"unknown field {str(extra[0])[:40]!r} (fields: {', '.join(_FIELDS)})")
+        for key in ("orchestrator", "name", "model"):
+            v = d.get(key)
+            if not isinstance(v, str) or not _NAME.match(v):
+                raise ParameterError(f"{key}: 1-128 characters of letters, digits and . _ @ -, got {v!r:.60}")
+        rc = d.get("request_class", "") or ""
+        if not isinstance(rc, str) or (rc and not _NAME.match(rc)):
+            raise ParameterError(f"request_class: a name, got {rc!r:.60}")
+        nums: dict[str, float | None] = {}
+        for key, required in (
+            ("period_ms", True),
+            ("deadline_ms", False),
+            ("jitter_ms", False),
+            ("blocking_ms", False),
+        ):
+            v = d.get(key)
+            if v is None and not required:
+                nums[key] = None
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ParameterError(f"{key}: a finite number of ms, got {v!r:.60}")
+            if v < 0 or (key in ("period_ms", "deadline_ms") and v <= 0) or v > MAX_PERIOD_MS:
+                raise ParameterError(f"{key}: out of range (0, {MAX_PERIOD_MS:g}] ms: {v!r}")
+            nums[key] = float(v)
+        prio = d.get("priority")
+        if isinstance(prio, bool) or not isinstance(prio, int) or not -1000 <= prio <= 1000:
+            raise ParameterError(f"priority: an int in [-1000, 1000] (smaller = more urgent), got {prio!r:.60}")
+        period = float(nums["period_ms"] or 0.0)
+        deadline = nums["deadline_ms"]
+        if deadline is not None and deadline > period:
+            raise ParameterError(f"deadline_ms {deadline:g} > period_ms {period:g}: the analysis needs D <= T")
+        return cls(
+            d["orchestrator"],
+            d["name"],
+            d["model"],
+            period,
+            prio,
+            deadline,
+            rc,
+            nums["jitter_ms"] or 0.0,
+            nums["blocking_ms"] or 0.0,
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.orchestrator}|{self.name}"
+
+    @property
+    def deadline(self) -> float:
+        return self.period_ms if self.deadline_ms is None else self.deadline_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
+
+    def execution_ms(self, latency_ms: Mapping[str, float]) -> float | None:
+        """Its C: the class's measured latency, else the model's; None when neither is measured."""
+        for key in (latency_key(self.model, self.request_class), self.model):
+            v = latency_ms.get(key)
+            if v is not None and math.isfinite(v) and v >= 0:
+                return float(v)
+        return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    orchestrator: str
+    feasible: bool
+    margin: float  # critical scaling factor (1 = critically feasible; inf = nothing to run)
+    results: list[TaskResult] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # models (or model|class) without a measured latency
+
+    def misses(self) -> list[TaskResult]:
+        return [r for r in self.results if not r.feasible]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "orchestrator": self.orchestrator,
+            "feasible": self.feasible,
+            "margin": None if math.isinf(self.margin) else round(self.margin, 6),
+            "missing": self.missing,
+            "tasks": [
+                {
+                    "name": r.name,
+                    "response_ms": None if math.isinf(r.response) else round(r.response, 3),
+                    "deadline_ms": r.deadline,
+                    "slack_ms": round(r.slack, 3),
+                }
+                for r in self.results
+            ],
+        }
+
+
+def evaluate(tasks: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Verdict:
+    """Response times, feasibility and margin of one orchestrator's tasks under the measured latencies."""
+    orchs = {t.orchestrator for t in tasks}
+    if len(orchs) > 1:
+        raise ParameterError(f"one orchestrator at a time, got {sorted(orchs)}")
+    orch = next(iter(orchs), "")
+    missing = sorted({latency_key(t.model, t.request_class) for t in tasks if t.execution_ms(latency_ms) is None})
+    if missing:
+        return Verdict(orch, False, 0.0, [], missing)
+    rta = [
+        Task(
+            t.name,
+            float(t.execution_ms(latency_ms) or 0.0),
+            t.period_ms,
+            t.deadline,
+            priority=t.priority,
+            jitter=t.jitter_ms,
+            blocking=t.blocking_ms,
+        )
+        for t in tasks
+    ]
+    results = []
+    for task in sorted(rta, key=lambda x: (x.priority, [r.name for r in rta].index(x.name))):
+        r = response_time(rta, task.name)
+        results.append(TaskResult(task.name, r, task.deadline, task_slack(rta, task.name) if math.isfinite(r) else 0.0))
+    feasible = all(r.feasible for r in results)
+    return Verdict(orch, feasible, critical_scaling(rta), results, [])
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: str  # "admitted" | "rejected" | "pending"
+    reason: str
+    verdict: Verdict
+
+
+def admit(new: AgentTask, admitted: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Decision:
+    """Admit ``new`` into its orchestrator's ``admitted`` set, reject it, or hold it (latency unknown).
+
+    >>> a = AgentTask.from_dict({"orchestrator": "o", "name": "trade", "model": "m", "period_ms": 300, "priority": 0})
+    >>> b = AgentTask.from_dict({"orchestrator": "o", "name": "voice", "model": "m", "period_ms": 500, "priority": 1})
+    >>> admit(b, [a], {"m": 120.0}).state, admit(b, [a], {"m": 250.0}).reason
+    ('admitted', 'voice would respond in inf ms > deadline 500 ms (the set is infeasible)')
+    >>> admit(b, [a], {}).state
+    'pending'
+    """
+    others = [t for t in admitted if t.orchestrator == new.orchestrator and t.name != new.name]
+    verdict = evaluate([*others, new], latency_ms)
+    if verdict.missing:
+        return Decision("pending", f"no latency measured yet for {', '.join(verdict.missing)}", verdict)
+    if verdict.feasible:
+        return Decision("admitted", f"feasible, margin x{verdict.margin:.2f}", verdict)
+    worst = verdict.misses()[0]
+    shown = "inf" if math.isinf(worst.response) else f"{worst.response:g}"
+    return Decision(
+        "rejected",
+        f"{worst.name} would respond in {shown} ms > deadline {worst.deadline:g} ms (the set is infeasible)",
+        verdict,
+    )

@@ -1,0 +1,197 @@
+"""Admission of periodic agent tasks (controllers/admission.py, streams/admission_driver.py, the CLI offline)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from controllers.admission import AgentTask, admit, evaluate
+from controllers.errors import ParameterError
+from controllers.window_record import decode_window
+from streams.admission_driver import AdmissionDriver
+
+
+def _task(name: str, period: float, prio: int, **kw: Any) -> AgentTask:
+    return AgentTask.from_dict(
+        {
+            "orchestrator": kw.pop("orch", "desk"),
+            "name": name,
+            "model": "m",
+            "period_ms": period,
+            "priority": prio,
+            **kw,
+        }
+    )
+
+
+def _win(k: int, p99: float, model: str = "m", zone: str = "az-a") -> Any:
+    return decode_window(
+        {
+            "scope": "zone",
+            "model": model,
+            "zone": zone,
+            "window_start_ms": k * 10_000,
+            "window_end_ms": (k + 1) * 10_000,
+            "window_s": 10.0,
+            "count": 100,
+            "violation_rate": 0.0,
+            "e2e_p99_ms": p99,
+        }
+    )
+
+
+def test_evaluate_uses_the_measured_p99_as_execution_time() -> None:
+    # C = 120 ms for both. quote (T 300, prio 0): R = 120.  voice (T 500, prio 1): w = 120 -> 120 + 120 = 240
+    # -> 120 + ceil(240/300)*120 = 240: R = 240.  Margin (Lehoczky): quote 300/120 = 2.5; voice at its points
+    # 300 and 500: W(300) = 120 + 120 = 240 -> 1.25, W(500) = 2*120 + 120 = 360 -> 1.389; lambda* = 500/360.
+    ts = [_task("quote", 300, 0), _task("voice", 500, 1)]
+    v = evaluate(ts, {"m": 120.0})
+    assert v.feasible and [r.response for r in v.results] == [120.0, 240.0]
+    assert v.margin == pytest.approx(500 / 360, rel=1e-5)
+    # A class measured apart wins over the model's latency.
+    cls = _task("voice", 500, 1, request_class="voice")
+    assert evaluate([cls], {"m": 120.0, "m|voice": 90.0}).results[0].response == 90.0
+
+
+def test_admit_rejects_holds_and_admits() -> None:
+    quote = _task("quote", 300, 0)
+    voice = _task("voice", 500, 1)
+    assert admit(voice, [quote], {"m": 120.0}).state == "admitted"
+    d = admit(voice, [quote], {"m": 250.0})  # 250 -> 500 -> 750 > 500
+    assert d.state == "rejected" and "voice" in d.reason and "500" in d.reason
+    assert admit(voice, [quote], {}).state == "pending"  # no data is never a yes
+    other = _task("voice", 500, 1, orch="another-desk")  # other orchestrators do not interfere
+    assert admit(other, [quote], {"m": 250.0}).state == "admitted"
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"period_ms": 0}, "period_ms"),
+        ({"period_ms": float("nan")}, "period_ms"),
+        ({"period_ms": True}, "period_ms"),
+        ({"deadline_ms": 600}, "deadline_ms 600 > period_ms 500"),
+        ({"priority": 1.5}, "priority"),
+        ({"name": "a b"}, "name"),
+        ({"model": ""}, "model"),
+        ({"orchestrator": "x" * 200}, "orchestrator"),
+        ({"evil": 1}, "unknown field"),
+        ({"jitter_ms": -1}, "jitter_ms"),
+    ],
+)
+def test_hostile_tasks(patch: dict[str, Any], field: str) -> None:
+    base = {"orchestrator": "o", "name": "t", "model": "m", "period_ms": 500, "priority": 0}
+    with pytest.raises(ParameterError, match=field):
+        AgentTask.from_dict({**base, **patch})
+
+
+def _registry(*tasks: AgentTask, state: str = "pending") -> dict[bytes, bytes]:
+    return {
+        t.key.encode(): orjson.dumps({**t.to_dict(), "state": state, "registered_ms": i}) for i, t in enumerate(tasks)
+    }
+
+
+def _apply(reg: dict[bytes, bytes], writes: dict[str, bytes]) -> None:
+    reg.update({k.encode(): v for k, v in writes.items()})
+
+
+def _states(reg: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): orjson.loads(v)["state"] for k, v in reg.items()}
+
+
+def test_driver_decides_then_warns_when_latency_drifts_and_recovers() -> None:
+    drv = AdmissionDriver(10.0)
+    reg = _registry(_task("quote", 300, 0), _task("voice", 500, 1))
+    writes, events = drv.review(reg, 1_000)
+    _apply(reg, writes)  # no latency measured yet: both stay pending, and say why (once)
+    assert _states(reg) == {"desk|quote": "pending", "desk|voice": "pending"} and events == []
+    assert "no latency measured yet for m" in orjson.loads(reg[b"desk|quote"])["reason"]
+    assert drv.review(reg, 2_000) == ({}, [])
+    drv.on_window(_win(0, 120.0))
+    drv.on_window(_win(0, 100.0, zone="az-b"))  # the largest zone P99 counts
+    writes, events = drv.review(reg, 11_000)
+    _apply(reg, writes)
+    assert _states(reg) == {"desk|quote": "admitted", "desk|voice": "admitted"}
+    assert [e["kind"] for e in events] == ["admission_admitted", "admission_admitted"]
+    assert orjson.loads(reg[b"desk|voice"])["response_ms"] == 240.0
+    # The tail grows (drift): 260 ms -> voice can miss its 500 ms deadline. Warned once, before any miss.
+    drv.on_window(_win(1, 260.0))
+    writes, events = drv.review(reg, 21_000)
+    _apply(reg, writes)
+    assert set(_states(reg).values()) == {"infeasible"}
+    assert [e["kind"] for e in events] == ["admission_infeasible"] and "voice" in events[0]["reason"]
+    assert drv.review(reg, 22_000) == ({}, [])  # said once, not every second
+    drv.on_window(_win(2, 110.0))
+    drv.on_window(_win(2, 110.0, zone="az-b"))
+    writes, events = drv.review(reg, 31_000)
+    _apply(reg, writes)
+    assert set(_states(reg).values()) == {"admitted"} and [e["kind"] for e in events] == ["admission_feasible"]
+
+
+def test_driver_rejects_what_does_not_fit_and_keeps_the_admitted_set() -> None:
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 200.0))
+    reg = _registry(_task("quote", 300, 0))
+    _apply(reg, drv.review(reg, 1)[0])
+    reg.update(_registry(_task("voice", 500, 1)))  # 200 -> 400 -> 600 > 500: does not fit
+    writes, events = drv.review(reg, 2)
+    _apply(reg, writes)
+    assert _states(reg) == {"desk|quote": "admitted", "desk|voice": "rejected"}
+    assert events[0]["kind"] == "admission_rejected"
+
+
+def test_hostile_registry_entries_are_marked_invalid_once() -> None:
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    good = _task("quote", 300, 0)
+    reg = {
+        **_registry(good),
+        b"desk|junk": b"{not json",
+        b"desk|list": b"[1, 2]",
+        b"desk|wrongkey": orjson.dumps({**_task("other", 300, 0).to_dict(), "state": "pending"}),
+        b"desk|badstate": orjson.dumps({**_task("badstate", 300, 0).to_dict(), "state": "owned"}),
+    }
+    writes, _ = drv.review(reg, 5)
+    _apply(reg, writes)
+    st = _states(reg)
+    assert st["desk|quote"] == "admitted"
+    assert {st[k] for k in ("desk|junk", "desk|list", "desk|wrongkey", "desk|badstate")} == {"invalid"}
+    assert "not orchestrator|name" in orjson.loads(reg[b"desk|wrongkey"])["reason"]
+    assert all(k == "desk|quote" for k in drv.review(reg, 6)[0])  # invalid entries are not re-examined
+
+
+def test_driver_state_is_bounded() -> None:
+    drv = AdmissionDriver(10.0)
+    for i in range(5000):
+        drv.on_window(_win(0, 100.0, model=f"m{i}"))
+    assert len(drv._p99) <= 1024
+
+
+def test_check_file_offline(tmp_path: Path) -> None:
+    tasks = [
+        {"orchestrator": "desk", "name": "quote", "model": "m", "period_ms": 300, "priority": 0},
+        {"orchestrator": "desk", "name": "voice", "model": "m", "period_ms": 500, "priority": 1},
+    ]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(tasks))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "governor.cli", "admission", "check", "--file", str(path), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    ok = run("--latency-ms", "m=120")
+    assert ok.returncode == 0, ok.stderr
+    assert "desk: feasible; margin x1.389" in ok.stdout
+    bad = run("--latency-ms", "m=250", "--json")
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)[0]["feasible"] is False
+    assert run("--latency-ms", "m=abc").returncode == 2
+    path.write_text(json.dumps([{**tasks[0], "period_ms": -1}]))
+    hostile = run("--latency-ms", "m=1")
+    assert hostile.returncode == 2 and "[0]: period_ms" in hostile.stderr
