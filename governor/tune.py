@@ -16,6 +16,17 @@ where the reference is the run with the current default gains, so 1.0 is
 "as costly as today" and a missed attainment target costs far more than
 any saving.  The best trial is written as a gains file
 (``{"gains": {...}, ...}``) that the worker loads with GOVERNOR_GAINS_FILE.
+
+Certified gains only (docs/model.md §22 (certified)): before its runs, each
+trial's (kp, ki) should have a quadratic Lyapunov certificate of the loop
+linearised at the plant gain ``--plant-gain`` with the loop delay
+``--delay-s`` (default start-up + one window), in every mode that
+:func:`controllers.stability.assess` checks.  A trial without one runs no
+simulation and scores ``UNCERTIFIED`` (more the further its spectral radius
+lies above 1); the trial written is the best *certified* one, and when no
+trial is certified tune writes nothing and exits 1.  The certificate (modes,
+margins, alpha, beta) is recorded in the gains file under ``"certificate"``,
+next to ``"gains"`` (which stays a flat object of numbers).
 """
 
 from __future__ import annotations
@@ -28,14 +39,21 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from controllers.errors import ParameterError
 from controllers.pid import PidParams
+from controllers.stability import Assessment, OperatingPoint, assess
 from core.vocab import DEFAULT_PID_GAINS
+from governor.analyze_gains import DEFAULT_PLANT_GAIN
 from sim.fastloop import LoopConfig, run
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS, build
 from sim.traces import load_trace
 
 log = logging.getLogger(__name__)
+
+#: objective of a trial without a certificate (plus as much again per unit of
+#: spectral radius above 1): far above any certified trial's
+UNCERTIFIED = 1000.0
 
 
 def add_parser(sub: Any) -> None:
@@ -49,6 +67,23 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--penalty", type=float, default=50.0)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default="governor-gains.json", help="gains file to write")
+    t.add_argument("--plant-gain", type=float, default=DEFAULT_PLANT_GAIN, help="b for the certificate")
+    t.add_argument("--delay-s", type=float, default=None, help="loop delay for the certificate (start-up + window)")
+
+
+def certificate(gains: dict[str, float], args: Namespace) -> list[Assessment]:
+    """The stability assessment of ``gains`` on the fast loop's configuration."""
+    cfg = LoopConfig()
+    delay = cfg.startup_s + cfg.window_s if getattr(args, "delay_s", None) is None else args.delay_s
+    plant = getattr(args, "plant_gain", DEFAULT_PLANT_GAIN)
+    return assess(
+        {"kp": gains.get("kp", 0.0), "ki": gains.get("ki", 0.0), "kd": gains.get("kd", 0.0)},
+        cfg.controller,
+        OperatingPoint(plant_gain=plant),
+        delay,
+        cfg.window_s,
+        dead_time_comp=cfg.dead_time_comp,
+    )
 
 
 def _runs(args: Namespace) -> list[tuple[str, Any, LoopConfig]]:
@@ -83,6 +118,11 @@ def run_tune(args: Namespace) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        certificate({"ki": 0.0}, args)  # --plant-gain and --delay-s, before any simulation
+    except ParameterError as exc:
+        print(f"governor tune: {exc}")
+        return 2
     runs = _runs(args)
     default_gains = {"kp": DEFAULT_PID_GAINS["kp"], "ki": DEFAULT_PID_GAINS["ki"], "deadband": PidParams().deadband}
     base_score, base = evaluate(default_gains, runs, None, args.target_attainment, args.penalty)
@@ -102,6 +142,16 @@ def run_tune(args: Namespace) -> int:
             "ff_error_margin": trial.suggest_float("ff_error_margin", 0.0, 3.0),
             "ff_decay_per_step": trial.suggest_float("ff_decay_per_step", 0.02, 0.5),
         }
+        found = certificate(gains, args)
+        if not all(a.certificate is not None for a in found):
+            why = "; ".join(f"{a.mode}: {a.why}" for a in found if a.certificate is None)
+            print(
+                f"trial {trial.number:>3}: kp {gains['kp']:.3f} ki {gains['ki']:.4f} not certified ({why})", flush=True
+            )
+            trial.set_user_attr("certified", False)
+            # Penalised, not pruned, so that TPE learns where the certified region lies.
+            return UNCERTIFIED + UNCERTIFIED * max(0.0, max(x.spectral_radius for x in found) - 1.0)
+        trial.set_user_attr("certified", True)
         score, detail = evaluate(gains, runs, reference, args.target_attainment, args.penalty)
         trial.set_user_attr("detail", detail)
         print(
@@ -114,9 +164,19 @@ def run_tune(args: Namespace) -> int:
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=args.seed))
     study.enqueue_trial({**default_gains, "ff_target_util": 0.8, "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
     study.optimize(objective, n_trials=args.trials)
-    best = study.best_trial
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("certified")]
+    if not done:
+        print(
+            f"governor tune: none of the {args.trials} trials has certified gains at plant gain "
+            f"{args.plant_gain:g} and the loop delay; nothing written (see `governor analyze gains`)"
+        )
+        return 1
+    best = min(done, key=lambda t: float("inf") if t.value is None else t.value)
+    gains_out = {**best.params, "kd": 0.0}
+    found = certificate(gains_out, args)
     out = {
-        "gains": {**best.params, "kd": 0.0},
+        "gains": gains_out,
+        "certificate": {"plant_gain": args.plant_gain, "modes": [a.to_dict() for a in found]},
         "objective": best.value,
         "defaults_objective": base_score,
         "runs": best.user_attrs["detail"],
