@@ -62,9 +62,11 @@ RESOURCES: dict[str, dict[str, tuple[str, bool]]] = {
     "apps/v1": {"deployments": ("Deployment", True), "statefulsets": ("StatefulSet", True)},
     "autoscaling/v2": {"horizontalpodautoscalers": ("HorizontalPodAutoscaler", True)},
     "gateway.networking.k8s.io/v1": {"httproutes": ("HTTPRoute", True)},
+    "leaderworkerset.x-k8s.io/v1": {"leaderworkersets": ("LeaderWorkerSet", True)},
 }
 GROUP_NAMES = {"apps": "apps", "autoscaling": "autoscaling", "gateway.networking.k8s.io": "gateway.networking.k8s.io"}
-SCALABLE = {"deployments", "statefulsets"}
+SCALABLE = {"deployments", "statefulsets", "leaderworkersets"}
+WITH_STATUS = SCALABLE  # objects whose status is written through the status subresource
 MAX_BODY = 1 << 20
 _REASONS = {
     400: "BadRequest",
@@ -465,6 +467,23 @@ class KubeAPI:
         obj["status"] = self._ready_status("statefulsets", replicas, 1)
         return self.put("apps/v1", "statefulsets", obj)
 
+    def add_leaderworkerset(
+        self, name: str, *, namespace: str = "default", replicas: int = 1, size: int = 2
+    ) -> dict[str, Any]:
+        """A LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): ``replicas`` groups of ``size`` pods (a leader and workers)."""
+        obj = {
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}, "generation": 1},
+            "spec": {
+                "replicas": replicas,
+                "leaderWorkerTemplate": {
+                    "size": size,
+                    "workerTemplate": {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai"}]}},
+                },
+            },
+            "status": {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas},
+        }
+        return self.put("leaderworkerset.x-k8s.io/v1", "leaderworkersets", obj)
+
     @staticmethod
     def _ready_status(plural: str, replicas: int, generation: int) -> dict[str, Any]:
         st: dict[str, Any] = {
@@ -474,7 +493,9 @@ class KubeAPI:
             "availableReplicas": replicas,
             "updatedReplicas": replicas,
         }
-        if plural == "deployments":
+        if plural == "leaderworkersets":
+            del st["availableReplicas"]
+        elif plural == "deployments":
             st["conditions"] = [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]
         else:
             st["currentReplicas"] = replicas
@@ -482,9 +503,10 @@ class KubeAPI:
 
     def set_status(self, plural: str, name: str, namespace: str = "default", **status: Any) -> dict[str, Any]:
         """Play the workload controller: merge ``status`` fields (e.g. ``readyReplicas=2``)."""
-        obj = self.get("apps/v1", plural, name, namespace)
+        gv = next(g for g, res in RESOURCES.items() if plural in res)
+        obj = self.get(gv, plural, name, namespace)
         obj["status"] = {**obj.get("status", {}), **status}
-        return self.put("apps/v1", plural, obj)
+        return self.put(gv, plural, obj)
 
     def add_hpa(
         self, name: str, target: str, *, namespace: str = "default", min_replicas: int = 1, max_replicas: int = 10
@@ -571,6 +593,20 @@ class KubeAPI:
                     return
                 after = fresh[-1][0]
                 pending = [(k, copy.deepcopy(o)) for _, k, o in fresh]
+
+    def _patch_status(self, gv: str, plural: str, ns: str, name: str, body: Any, ctype: str) -> dict[str, Any]:
+        """PATCH .../status: only ``status`` of the body is merged (as the API server ignores spec changes there)."""
+        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            raise ApiError(415, f"status patches here are merge patches (got {ctype!r})")
+        if not isinstance(body, dict) or not isinstance(body.get("status", {}), dict):
+            raise ApiError(400, "the body of the request was in an unknown format: want a JSON object")
+        with self._lock:
+            obj = self._objects.get((gv, plural, ns, name))
+            if obj is None:
+                raise _not_found(gv, plural, name)
+            updated = copy.deepcopy(obj)
+            updated["status"] = merge_patch(updated.get("status") or {}, body.get("status") or {})
+            return self.put(gv, plural, updated)
 
     def _patch_object(
         self, gv: str, plural: str, ns: str, name: str, body: Any, ctype: str, *, scale: bool, replace: bool
@@ -691,6 +727,16 @@ def _discovery(path: str) -> dict[str, Any] | None:
             res.append(
                 {"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs}
             )
+            if plural in WITH_STATUS:
+                res.append(
+                    {
+                        "name": f"{plural}/status",
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
             if plural in SCALABLE:
                 res.append(
                     {
@@ -729,7 +775,7 @@ def _route(path: str) -> tuple[str, str, str | None, str | None, str | None]:
         raise ApiError(404, f"the server could not find the requested resource ({path})")
     name = rest[1] if len(rest) > 1 else None
     sub = rest[2] if len(rest) > 2 else None
-    if sub is not None and not (sub == "scale" and plural in SCALABLE):
+    if sub is not None and not (sub in ("scale", "status") and plural in SCALABLE):
         raise ApiError(404, f"the server could not find the requested resource ({path})")
     if name is not None and namespaced and ns is None:
         raise ApiError(404, f"the server could not find the requested resource ({path})")
@@ -782,7 +828,7 @@ class _Handler(BaseHTTPRequestHandler):
                     obj = api.get(gv, plural, name, key_ns) if RESOURCES[gv][plural][1] else api.get(gv, plural, name)
                 except KeyError:
                     raise _not_found(gv, plural, name) from None
-                return self._send(200, _scale_of(obj) if sub else obj)
+                return self._send(200, _scale_of(obj) if sub == "scale" else obj)
             if method in ("PATCH", "PUT"):
                 try:
                     body = json.loads(raw or b"null")
@@ -790,6 +836,9 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(400, f"the body of the request is not JSON: {exc}") from None
                 if method == "PUT" and not isinstance(body, dict):
                     raise ApiError(400, "PUT wants a JSON object")
+                if sub == "status":  # the workload controller's write: status only, spec untouched
+                    out = api._patch_status(gv, plural, key_ns, name, body, ctype)
+                    return self._send(200, out)
                 out = api._patch_object(
                     gv, plural, key_ns, name, body, ctype, scale=sub == "scale", replace=method == "PUT"
                 )

@@ -294,3 +294,28 @@ async def test_platform_reporter_writes_what_the_worker_reads(api: KubeAPI, sett
         assert await reporter.report_once() == 0 and reporter.failures == 1
     finally:
         await redis.aclose()
+
+
+async def test_leaderworkerset_scale_annotation_and_status(api: KubeAPI) -> None:
+    """A LeaderWorkerSet (multi-node serving: one replica = a leader and its workers) scales like the others."""
+    api.auto_ready = False
+    api.add_leaderworkerset("vllm-405b", namespace="llm", replicas=2, size=4)
+    entry = {"model": "m", "zone": "az-a", "kind": "LeaderWorkerSet", "name": "vllm-405b", "namespace": "llm"}
+    backend = _backend(api, entry)
+    out = await backend.apply(_scale(3))
+    lws = api.get("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "vllm-405b", "llm")
+    assert lws["spec"]["replicas"] == 3 and out["previous"] == 2 and out["annotated"] is True
+    assert lws["metadata"]["annotations"][ANNOTATION_PREFIX + "target-replicas"] == "3"
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 4  # the scale write touched nothing else
+    # The LWS controller reports 2 groups ready of 3 through the status subresource.
+    status = k8s.CustomObjectsApi(_client(api)).patch_namespaced_custom_object_status(
+        "leaderworkerset.x-k8s.io",
+        "v1",
+        "llm",
+        "leaderworkersets",
+        "vllm-405b",
+        {"status": {"readyReplicas": 2, "replicas": 3}},
+        _content_type="application/merge-patch+json",
+    )
+    assert status["spec"]["replicas"] == 3
+    assert await backend.replicas("m", "az-a") == {"desired": 3, "ready": 2, "starting": 1}
