@@ -88,6 +88,15 @@ def test_there_is_one_scaled_object_per_configured_model_and_zone() -> None:
         assert match, f"{name}: query {query_of(doc)!r} is not max(<metric>{{model=...,zone=...}})"
         have.append((match["model"], match["zone"]))
     assert sorted(have) == sorted(want)
+    # Each one scales the workload GOVERNOR_WORKLOADS maps its (model, zone) to: the same object in the same
+    # namespace as the executors' k8s backend would scale (run one or the other on a workload, never both).
+    mapped = {w.key: (w.kind, w.name, w.namespace) for w in settings.workloads}
+    for name, doc in DOCS:
+        match = QUERY.match(query_of(doc))
+        assert match is not None
+        ref = doc["spec"]["scaleTargetRef"]
+        got = (ref.get("kind", "Deployment"), ref["name"], doc["metadata"]["namespace"])
+        assert got == mapped[(match["model"], match["zone"])], (name, got)
     kustomization = yaml.safe_load((KEDA / "kustomization.yaml").read_text())
     assert set(kustomization["resources"]) == {p.name for p in KEDA.glob("*.yaml")} - {"kustomization.yaml"}
 
