@@ -26,6 +26,7 @@ __all__ = [
     "AGENT_SIGNALS",
     "COMMAND_KINDS",
     "DEAD_LETTER_KINDS",
+    "DEFAULT_COUPLING_WEIGHTS",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
     "READY_STATES",
@@ -37,6 +38,10 @@ __all__ = [
 #: The scaling PID's default gains (docs/model.md, velocity PID): integral
 #: action only, the velocity form's equivalent of a pure I controller.
 DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+
+#: Weights of the coupling of two nodes (docs/model.md (coupling), design source
+#: §2.3): ``path / (1 + shortest path) + cosine * cosine(embeddings)``; they sum to 1.
+DEFAULT_COUPLING_WEIGHTS: dict[str, float] = {"path": 0.6, "cosine": 0.4}
 
 #: Every command kind the worker publishes and executors accept.
 COMMAND_KINDS = ("scale", "route", "breaker", "canary", "relocate", "agents")

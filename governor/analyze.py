@@ -15,7 +15,11 @@ from typing import Any
 __all__ = ["SUBCOMMANDS", "add_parser", "run"]
 
 #: module of each ``governor analyze`` subcommand, in help order
-SUBCOMMANDS: tuple[str, ...] = ("governor.analyze_gains",)
+SUBCOMMANDS: tuple[str, ...] = (
+    "governor.analyze_coupling",
+    "governor.analyze_region",
+    "governor.analyze_gains",
+)
 
 
 def add_parser(sub: Any) -> None:

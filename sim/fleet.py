@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from controllers.coupling import CouplingError, CouplingParams, NodeInfo, build_graph
 from sim.perf_model import PerfModel  # noqa: F401  (used by the doctests)
 from sim.replica import (
     DRAINING,
@@ -60,6 +61,7 @@ from sim.sde import JitterProcess
 __all__ = ["Fleet", "FleetConfig", "FleetConfigError"]
 
 _REPLICA, _REACH, _READY, _DISPATCH, _CALL = range(5)
+_COUPLING = CouplingParams()  # session moves prefer coupled peers (docs/model.md (coupling))
 
 
 class Fleet:
@@ -508,18 +510,28 @@ class Fleet:
         return {"zone": zone, "model": model, "t_s": max(float(t_s), self.now), **out}
 
     def move_sessions(
-        self, zone: str, model: str, node: str, t_s: float, max_requests: int | None = None
+        self,
+        zone: str,
+        model: str,
+        node: str,
+        t_s: float,
+        max_requests: int | None = None,
+        coupling: CouplingParams | None = _COUPLING,
     ) -> dict[str, Any]:
         """Move ``node``'s waiting requests to ready peers whose KV can hold them now.
 
         A peer is chosen per request by the most of its prefix blocks already
-        resident there, then the least outstanding tokens; requests no peer
-        can hold stay (in order). Running requests are not migrated.
+        resident there, then the highest coupling with ``node``
+        (docs/model.md (coupling): the peer whose resident prefix blocks
+        overlap the source's most; ``coupling=None`` skips this key), then
+        the least outstanding tokens; requests no peer can hold stay (in
+        order). Running requests are not migrated.
         """
         src = self._replica(zone, model, node)
         if src is None or src.state == GONE:
             return {"refused": "unknown node", "node": node}
         peers = [p for p in self._ready[(zone, model)] if p is not src and p.kv is not None]
+        couple = _coupling_to(src, peers, coupling) if coupling is not None and peers else {}
         moved: dict[str, str] = {}
         kept = []
         for q in src.take_queue():
@@ -527,7 +539,10 @@ class Fleet:
             if not fit or (max_requests is not None and len(moved) >= max_requests):
                 kept.append(q)
                 continue
-            dst = max(fit, key=lambda p: (p.kv.resident_prefix(q.hash_ids), -p.outstanding))  # type: ignore[union-attr]
+            dst = max(
+                fit,
+                key=lambda p: (p.kv.resident_prefix(q.hash_ids), couple.get(p.node, 0.0), -p.outstanding),  # type: ignore[union-attr]
+            )
             moved[q.request_id] = dst.node
             nxt = dst.enqueue(q, self.now)
             if nxt is not None:
@@ -585,6 +600,18 @@ class Fleet:
             "failures": self.failures,
             "conserved": self.submitted == self.completed + in_flight,
         }
+
+
+def _coupling_to(src: Replica, peers: list[Replica], params: CouplingParams) -> dict[str, float]:
+    """Coupling of ``src`` with each peer from their resident prefix blocks ({} when the graph is refused)."""
+    infos = [
+        NodeInfo(r.node, r.zone, r.model, prefix_hashes=r.kv.resident_hashes() if r.kv else ()) for r in [src, *peers]
+    ]
+    try:
+        g = build_graph(infos, params)
+    except CouplingError:
+        return {}  # over a bound: fall back to the choice without coupling
+    return {p.node: g.coupling(src.node, p.node) for p in peers}
 
 
 _load = operator.attrgetter("outstanding")  # least outstanding tokens; ties: first in order

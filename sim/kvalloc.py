@@ -178,6 +178,10 @@ class _Base:
         """How many of ``hash_ids`` are resident (reusable) here."""
         return sum(h in self._prefix for h in (hash_ids or ()))
 
+    def resident_hashes(self) -> list[int]:
+        """The prefix hash ids resident here (for the coupling graph's MinHash)."""
+        return list(self._prefix)
+
     @property
     def used_bytes(self) -> int:
         return self.used_blocks * self.block_bytes
