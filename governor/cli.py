@@ -12,6 +12,7 @@
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
+    governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
     governor status               per (model, zone) state, liveness, lag, dead letters (--watch, --json)
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="executors dry-run: the fleet keeps --replicas (a static incumbent); writes shadow.json",
     )
+    tel = "the fleet speaks: native records, vLLM /metrics to `ingest scrape`, or spans to `ingest otlp`"
+    d.add_argument("--telemetry", choices=["native", "scrape", "otlp"], default="native", help=tel)
+    d.add_argument("--scrape-interval-s", type=float, default=5.0, help="scrape mode: trace s between scrapes")
 
     sub.add_parser("worker", help="run the Faust stream worker")
 
@@ -180,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_control import add_parser as add_control_parser
 
     add_control_parser(bsub)
+
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
@@ -195,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_soak import add_parser as add_soak_parser
 
     add_soak_parser(bsub)
+    from governor.bench_scrape import add_parser as add_scrape_bench_parser
+
+    add_scrape_bench_parser(bsub)
     return p
 
 
@@ -378,6 +386,11 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.bench_soak import run_soak
 
         return run_soak(settings, args)
+    if args.command == "bench" and args.bench == "scrape":
+        from governor.bench_scrape import run_scrape_bench
+
+        return run_scrape_bench(args)
+
     if args.command == "bench" and args.bench == "control":
         from governor.bench_control import run_bench as run_control
 

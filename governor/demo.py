@@ -5,12 +5,23 @@ topics, starts the stream worker and one executor per zone as child
 processes, then replays a real trace through the simulated fleet in scaled
 real time.  A load step half-way makes violations rise; the loop has to
 scale up.  At the end it waits for the last windows to close, stops
-everything, and writes ``report.json``, ``report.txt`` and ``report.png``.
+everything, and writes ``report.json``, ``report.txt``, ``report.png`` and
+``windows.json`` / ``results.json`` (the zone windows the worker published and the
+command results, to compare runs).
 
 ``--shadow``: the executors run the ``dry-run`` backend, so nothing scales the
 fleet, which keeps ``--replicas`` (a static incumbent); at the end
 :mod:`governor.shadow` compares governor's targets with it, from the topics,
 and writes ``shadow.json`` and ``shadow.txt``.
+
+``--telemetry`` (the fleet's language, :mod:`sim.live`): ``native`` (default)
+ships governor's request and GPU records; ``scrape`` serves each replica's vLLM
+``/metrics`` and an HTTP service-discovery document (:mod:`sim.engine_server`)
+and starts ``governor ingest scrape`` as a child pointed at it
+(``GOVERNOR_SCRAPE_HTTP_SD``, ``GOVERNOR_SCRAPE_INTERVAL_S`` = ``--scrape-interval-s``
+trace seconds); ``otlp`` starts ``governor ingest otlp`` as a child and the fleet
+exports one span per request to it (:mod:`sim.otlp_export`; GPU records stay
+native).  The report says which mode ran.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from argparse import Namespace
@@ -37,16 +49,61 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from governor.embedded import EmbeddedServers
-from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
+from governor.processes import (
+    EXECUTOR_READY,
+    INGEST_SCRAPE_READY,
+    WORKER_READY,
+    ChildProcess,
+    start_executor,
+    start_worker,
+)
 from governor.report import build_report, plot, render_text
 from governor.topics import ensure_topics
+from sim.engine_metrics import FleetMetrics
+from sim.engine_server import EngineServer, ScrapeEngines
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
+from sim.otlp_export import OtlpEngines, OtlpExporter
 from sim.perf_model import PerfModel
 from sim.traces import load_trace
 from sim.workloads import step_load
 
 log = logging.getLogger(__name__)
+
+OTLP_READY = "OTLP receiver listening"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _start_engines(
+    settings: Settings, args: Namespace, run_dir: Path, model: str
+) -> tuple[Any, ChildProcess | None]:
+    """The fleet's engine-telemetry sink and the ingest child it talks to (None, None: native)."""
+    mode = getattr(args, "telemetry", "native")
+    if mode == "scrape":
+        server = EngineServer(FleetMetrics(model))
+        await server.start()
+        child_settings = settings.replace(
+            scrape_http_sd=server.sd_url, scrape_interval_s=args.scrape_interval_s, scrape_engine="vllm"
+        )
+        child = ChildProcess("ingest-scrape", ["ingest", "scrape"], child_settings, run_dir / "ingest-scrape.log")
+        return ScrapeEngines(server), child
+    if mode == "otlp":
+        port = _free_port()
+        argv = ["ingest", "otlp", "--host", "127.0.0.1", "--port", str(port)]
+        child = ChildProcess("ingest-otlp", argv, settings, run_dir / "ingest-otlp.log")
+        return OtlpEngines(OtlpExporter(f"http://127.0.0.1:{port}/v1/traces")), child
+    return None, None
+
+
+async def _wait_ingest_ready(engines: Any, child: ChildProcess, timeout_s: float = 60.0) -> None:
+    """The ingest child's readiness line (it is listening / it has its targets)."""
+    needle = OTLP_READY if isinstance(engines, OtlpEngines) else INGEST_SCRAPE_READY
+    await asyncio.to_thread(child.wait_for_log, needle, timeout_s)
 
 
 class Collector:
@@ -141,10 +198,18 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
     backend = "dry-run" if getattr(args, "shadow", False) else "sim"
     children += [start_executor(settings, z, run_dir, backend) for z in settings.zones]
     collector = Collector(settings)
+    engines: Any = None
     try:
-        children[0].wait_for_log(WORKER_READY, 90)
+        engines, ingest = await _start_engines(settings, args, run_dir, model)
+        if ingest is not None:
+            children.append(ingest)
+        # Waited for off the event loop: the engine server answers discovery meanwhile.
+        await asyncio.to_thread(children[0].wait_for_log, WORKER_READY, 90)
         for c in children[1:]:
-            c.wait_for_log(EXECUTOR_READY, 30)
+            if c is not ingest:
+                await asyncio.to_thread(c.wait_for_log, EXECUTOR_READY, 30)
+        if ingest is not None:
+            await _wait_ingest_ready(engines, ingest)
         await collector.start()
         perf = PerfModel.from_splitwise(model=model)
         t0_ms = clock.now_ms()
@@ -169,20 +234,40 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
             validate=args.bad_rate <= 0,  # --bad-rate injects malformed records for the worker to dead-letter
         ) as producer:
             live = LiveFleet.on_stack(
-                fleet, workload, settings, producer, redis, clock, t0_ms, bad_rate=args.bad_rate, seed=args.seed
+                fleet,
+                workload,
+                settings,
+                producer,
+                redis,
+                clock,
+                t0_ms,
+                bad_rate=args.bad_rate,
+                seed=args.seed,
+                engines=engines,
             )
             tick = (
                 None if args.no_progress else _progress(live, collector, args.duration_s, list(settings.zones), model)
             )
             stats = await live.run(args.duration_s, on_tick=tick)
-        # Let the last windows close (window + lateness of trace time) and their commands land.
-        await asyncio.sleep(clock.to_wall_s((settings.window_s + settings.lateness_s) * 1000) + 2.0)
+            if engines is not None:
+                await engines.finish()  # OTLP: the last spans go out; scrape: the server stays up
+        # Let the last windows close (window + lateness of trace time, and the last scrape) and
+        # their commands land.
+        last_s = (
+            settings.window_s
+            + settings.lateness_s
+            + (args.scrape_interval_s if isinstance(engines, ScrapeEngines) else 0)
+        )
+        await asyncio.sleep(clock.to_wall_s(last_s * 1000) + 2.0)
         wall = time.monotonic() - wall0
         if not args.no_progress:
             print(file=sys.stderr)
         for c in children:
             if not c.alive():
                 raise RuntimeError(f"{c.name} died during the run:\n{c.tail()}")
+        zone_windows = [w for w in collector.windows if w.get("scope") == "zone"]
+        (run_dir / "windows.json").write_text(json.dumps(zone_windows, default=str))
+        (run_dir / "results.json").write_text(json.dumps(collector.results, default=str))
         png = plot(
             run_dir / "report.png", stats.finished, stats.replicas, collector.windows, t0_ms, model_spec.ttft_slo_ms
         )
@@ -218,6 +303,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                 ),
                 "plot": str(png),
                 "executor_backend": backend,
+                "telemetry": _telemetry_report(args, engines),
             },
         )
         if backend == "dry-run":
@@ -231,7 +317,19 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         await collector.stop()
         for c in children:
             c.stop()
+        if engines is not None:  # after the ingest child: it scrapes until it stops
+            await engines.close()
         await redis.aclose()
+
+
+def _telemetry_report(args: Namespace, engines: Any) -> dict[str, Any]:
+    mode = getattr(args, "telemetry", "native")
+    out: dict[str, Any] = {"mode": mode}
+    if mode == "scrape":
+        out["scrape_interval_s"] = args.scrape_interval_s
+    if engines is not None:
+        out.update(engines.stats())
+    return out
 
 
 def run_demo(settings: Settings, args: Namespace) -> int:
@@ -267,6 +365,8 @@ def run_demo(settings: Settings, args: Namespace) -> int:
     shadow_text = report.pop("shadow", None)  # --shadow: written to shadow.json / shadow.txt already
     (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     text = render_text(report)
+    tel = report.get("telemetry", {})
+    text += "\ntelemetry             " + " ".join(f"{k}={v}" for k, v in tel.items())
     (run_dir / "report.txt").write_text(text + "\n")
     print(text)
     print(f"\nreport: {run_dir / 'report.txt'}, {run_dir / 'report.json'}, {run_dir / 'report.png'}")

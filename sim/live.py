@@ -36,6 +36,15 @@ otherwise calls ``Fleet.relocate(..., expected_generation=None)``.
 
 It keeps the ground truth (every finished request, replicas over time) for
 the run's report.
+
+Engine telemetry (``engines``): by default the fleet ships governor's native
+request and GPU records.  With a sink it speaks an engine's language instead:
+:class:`sim.engine_server.ScrapeEngines` keeps vLLM ``/metrics`` per replica for
+``governor ingest scrape`` (nothing native is shipped),
+:class:`sim.otlp_export.OtlpEngines` exports a span per request to
+``governor ingest otlp`` (GPU records stay native: spans carry no GPU state).
+A sink has ``finished(records)`` and ``gpu(snapshots)`` (each returns what is
+still shipped natively) and ``await sync(t_s)`` (called every tick).
 """
 
 from __future__ import annotations
@@ -130,6 +139,7 @@ class LiveFleet:
         seed: int = 0,
         tick_wall_s: float = 0.05,
         desired_poll_wall_s: float = 0.2,
+        engines: Any = None,
     ) -> None:
         self.fleet = fleet
         self.workload = workload
@@ -145,6 +155,7 @@ class LiveFleet:
         self.rng = random.Random(seed)
         self.tick_wall_s = tick_wall_s
         self.desired_poll_wall_s = desired_poll_wall_s
+        self.engines = engines
         self.stats = LiveStats()
         self._next = 0
         self._routing_seen: dict[str, int] = {}
@@ -270,11 +281,12 @@ class LiveFleet:
                 self.stats.submitted += 1
             done = self.fleet.advance_to(t)
             self.stats.finished.extend(done)
-            await self._ship(done)
+            await self._ship(done if self.engines is None else self.engines.finished(done))
             if t >= next_gpu:
                 snaps = self.fleet.gpu_snapshot(t)
-                await self._ship(snaps)
-                self.stats.gpu_sent += len(snaps)
+                native = snaps if self.engines is None else self.engines.gpu(snaps)
+                await self._ship(native)
+                self.stats.gpu_sent += len(native)
                 for zone in self.zones:
                     c = self.fleet.replicas(zone, self.model)
                     self.stats.replicas.append(
@@ -288,6 +300,8 @@ class LiveFleet:
                         )
                     )
                 next_gpu += self.gpu_interval_s
+            if self.engines is not None:
+                await self.engines.sync(t)
             if on_tick is not None:
                 await on_tick(t)
             if t >= duration_s:
