@@ -86,6 +86,23 @@ class Scraper:
         self.model_map, self.combine = model_map or {}, combine
         self._prev: dict[tuple[str, str], tuple[Snapshot, int]] = {}
         self.summaries: deque[tuple[str, str, Summary]] = deque(maxlen=SUMMARIES_KEPT)
+        # This and the previous scrape round's times (:meth:`_fresh_engine`).
+        self._round_ms: int | None = None
+        self._prev_round_ms: int | None = None
+
+    def _fresh_engine(self, snap: Snapshot, t_ms: int) -> tuple[Snapshot, int] | None:
+        """A zero baseline for a first-seen engine that started after the previous round, else None.
+
+        ``rate()`` keeps a first scrape as the baseline only; an engine whose ``process_start_time_seconds``
+        is later than the previous round cannot have counted anything already seen, so its first scrape is
+        all new (a replica scaled in under load serves requests before it is first scraped).
+        """
+        if snap.start_time_s is None or self._prev_round_ms is None:
+            return None
+        start_ms = int(snap.start_time_s * 1000)
+        if not self._prev_round_ms < start_ms <= t_ms:
+            return None
+        return Snapshot(start_time_s=snap.start_time_s), start_ms
 
     def set_endpoints(self, endpoints: list[Endpoint]) -> None:
         """The targets from now on; the baselines of targets no longer listed are dropped."""
@@ -135,6 +152,8 @@ class Scraper:
         still open at ``now_ms``.
         """
         now_ms = t_ms if now_ms is None else now_ms
+        if self._round_ms is None or t_ms > self._round_ms:
+            self._prev_round_ms, self._round_ms = self._round_ms, t_ms
         open_from = self.open_from_ms(now_ms)
         t_ms = max(t_ms, open_from)
         records: list[dict[str, Any]] = []
@@ -142,6 +161,8 @@ class Scraper:
             key = (ep.url, served)
             prev = self._prev.get(key)
             self._prev[key] = (snap, t_ms)
+            if prev is None:
+                prev = self._fresh_engine(snap, t_ms)
             if prev is None:
                 continue  # the baseline
             model = self.model_map.get(served, served)
