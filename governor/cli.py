@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tel = "the fleet speaks: native records, vLLM /metrics to `ingest scrape`, or spans to `ingest otlp`"
     d.add_argument("--telemetry", choices=["native", "scrape", "otlp"], default="native", help=tel)
+    plat = "where replica counts live: sim (the Redis desired hash) or k8s (the workloads of GOVERNOR_WORKLOADS on GOVERNOR_K8S_API_URL, scaled by the executors' k8s backend)"
+    d.add_argument("--platform", choices=["sim", "k8s"], default="sim", help=plat)
     d.add_argument("--scrape-interval-s", type=float, default=5.0, help="scrape mode: trace s between scrapes")
 
     sub.add_parser("worker", help="run the Faust stream worker")

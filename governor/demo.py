@@ -196,7 +196,19 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
 
     children = [start_worker(settings, run_dir)]
     backend = "dry-run" if getattr(args, "shadow", False) else "sim"
-    children += [start_executor(settings, z, run_dir, backend) for z in settings.zones]
+    platform: Any = None
+    if getattr(args, "platform", "sim") == "k8s":  # scale through the API server's workloads (sim/k8s_platform.py)
+        from executors.k8s import api_client
+        from sim.k8s_platform import KubePlatform
+
+        platform = KubePlatform(api_client(settings.kubeconfig, settings.k8s_api_url), settings.workloads)
+        for zone in settings.zones:
+            await platform.scale_to(model, zone, args.replicas)
+        backend = "k8s"
+        exec_settings = settings.replace(executor_backends="scale=k8s,*=sim")
+        children += [start_executor(exec_settings, z, run_dir, None) for z in settings.zones]
+    else:
+        children += [start_executor(settings, z, run_dir, backend) for z in settings.zones]
     collector = Collector(settings)
     engines: Any = None
     try:
@@ -243,6 +255,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                 t0_ms,
                 bad_rate=args.bad_rate,
                 seed=args.seed,
+                platform=platform,
                 engines=engines,
             )
             tick = (
@@ -358,6 +371,17 @@ def run_demo(settings: Settings, args: Namespace) -> int:
         # in trace time that is speed x longer.
         lateness_s=max(settings.lateness_s, 0.8 * args.speed),
     )
+    if getattr(args, "platform", "sim") == "k8s":
+        model = settings.models[0].name
+        mapped = {w.zone for w in settings.workloads if w.model == model}
+        missing = [z for z in settings.zones if z not in mapped]
+        if missing or not (settings.k8s_api_url or settings.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST")):
+            why = f"zones {missing} of {model} have no GOVERNOR_WORKLOADS entry" if missing else "no API server"
+            print(
+                f"governor demo --platform k8s: {why} (set GOVERNOR_WORKLOADS and GOVERNOR_K8S_API_URL)",
+                file=sys.stderr,
+            )
+            return 2
     with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
         for line in servers.started:
             print(f"[governor] started embedded {line}", file=sys.stderr)

@@ -93,10 +93,11 @@ def start_worker(settings: Settings, run_dir: Path) -> ChildProcess:
     return ChildProcess("worker", ["worker"], settings, run_dir / "worker.log")
 
 
-def start_executor(settings: Settings, zone: str, run_dir: Path, backend: str = "sim") -> ChildProcess:
+def start_executor(settings: Settings, zone: str, run_dir: Path, backend: str | None = "sim") -> ChildProcess:
+    """Zone ``zone``'s executor; ``backend`` None: its chain comes from GOVERNOR_EXECUTOR_BACKENDS."""
     return ChildProcess(
         f"executor-{zone}",
-        ["executor", "--zone", zone, "--backend", backend],
+        ["executor", "--zone", zone, *(["--backend", backend] if backend else [])],
         settings,
         run_dir / f"executor-{zone}.log",
     )

@@ -140,6 +140,7 @@ class LiveFleet:
         tick_wall_s: float = 0.05,
         desired_poll_wall_s: float = 0.2,
         engines: Any = None,
+        platform: Any = None,
     ) -> None:
         self.fleet = fleet
         self.workload = workload
@@ -156,6 +157,9 @@ class LiveFleet:
         self.tick_wall_s = tick_wall_s
         self.desired_poll_wall_s = desired_poll_wall_s
         self.engines = engines
+        # A workload controller's view (sim/k8s_platform.py): desired replicas from the API server's
+        # workloads instead of the Redis desired hash, and the fleet's replicas written back as their status.
+        self.platform = platform
         self.stats = LiveStats()
         self._next = 0
         self._routing_seen: dict[str, int] = {}
@@ -183,12 +187,18 @@ class LiveFleet:
     def t_s(self) -> float:
         return (self.now_ms() - self.t0_ms) / 1000.0
 
+    async def _desired(self, zone: str) -> int | None:
+        if self.platform is not None:
+            value: int | None = await self.platform.desired(self.model, zone)
+            return value
+        raw = await self.redis.hget(names.desired_replicas(self.prefix, zone), self.model)
+        return None if raw is None else int(raw)
+
     async def _sync_desired(self, t: float) -> None:
         for zone in self.zones:
-            raw = await self.redis.hget(names.desired_replicas(self.prefix, zone), self.model)
-            if raw is None:
+            want = await self._desired(zone)
+            if want is None:
                 continue
-            want = int(raw)
             if want != self.fleet.desired(zone, self.model):
                 self.fleet.set_desired(zone, self.model, want, t)
                 self.stats.desired_changes.append((t, zone, self.model, want))
@@ -289,6 +299,8 @@ class LiveFleet:
                 self.stats.gpu_sent += len(native)
                 for zone in self.zones:
                     c = self.fleet.replicas(zone, self.model)
+                    if self.platform is not None:
+                        await self.platform.report(self.model, zone, c.get("ready", 0), c.get("starting", 0))
                     self.stats.replicas.append(
                         (
                             t,
