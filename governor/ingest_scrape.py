@@ -7,17 +7,13 @@ selector), GETs each one's ``/metrics``, parses the exposition text
 difference from the previous scrape into request and GPU records
 (:func:`controllers.scrape.window_records`, whose docstring states the reconstruction,
 its error bounds, how scrape intervals map onto windows and how counter resets are
-handled).  Records go to the telemetry topic in the usual envelope through
-:class:`TelemetryProducer`.  The first scrape of a replica is its baseline (nothing is
-sent, as ``rate()`` needs two samples); a failed scrape sends nothing (the replica goes
-stale in the windows) and keeps the previous baseline; a target that discovery no longer
-lists has its baseline dropped (the state is bounded by the live targets).  With
+handled).  Records go to the telemetry topic through :class:`TelemetryProducer`.  The first
+scrape of a replica is its baseline (as ``rate()``), unless the engine started after the
+previous round (:meth:`Scraper._fresh_engine`); a failed scrape sends nothing and keeps the
+baseline; a target discovery no longer lists has its baseline dropped (bounded state).  With
 ``GOVERNOR_SCRAPE_PROMETHEUS_URL`` the same series are read from a Prometheus instead
-(:mod:`governor.scrape_promql`).  Record timestamps come from the run's
-:class:`core.clock.ScaledClock`, and ``--interval-s`` is in that clock's seconds (a replay
-at speed 10 scrapes ten times as often in wall time).
-
-The engines' metric names and how their series are read: :mod:`governor.engine_exposition`.
+(:mod:`governor.scrape_promql`).  Timestamps and ``--interval-s`` are on the run's
+:class:`core.clock.ScaledClock`.  Metric names and parsing: :mod:`governor.engine_exposition`.
 """
 
 from __future__ import annotations
