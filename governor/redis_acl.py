@@ -86,11 +86,14 @@ tailors them to one).
 start|status|abort`` and ``governor status``:
 
 * ``P:paused`` (``SET``, ``DEL``) and ``P:canary:*`` (``GET``, ``WATCH``,
-  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``); ``P:admission``
-  (``HSET``, ``HGETALL``, ``HDEL``: ``governor admission add|list|remove``).
+  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
 * read only (``%R~`` from 7.0): ``P:status``, ``P:worker:heartbeat`` and,
   of every zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``
   and ``P:breaker:Y`` (``GET``, ``MGET``, ``HGETALL``).
+
+``governor-admission`` -- the agent orchestrators' ``governor admission
+add|list|check|remove``: ``P:admission`` only (``HSET``, ``HGET``,
+``HGETALL``, ``HDEL``); what they write the worker validates and decides.
 
 Every user starts from ``reset`` (no keys, no channels, ``-@all``) and gets
 only the commands above plus the connection basics ``AUTH``, ``HELLO``
@@ -148,6 +151,7 @@ __all__ = [
 
 WORKER = "governor-worker"
 OPERATOR = "governor-operator"
+ADMISSION = "governor-admission"
 
 #: What every client needs to connect: AUTH (and HELLO: redis-py 8 speaks RESP3), PING,
 #: SELECT for a ``/N`` database.
@@ -206,7 +210,8 @@ EXECUTOR_COMMANDS = (
 )
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
 WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", *TRANSACTION)
-OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", "hset", "hdel", *TRANSACTION)
+OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
+ADMISSION_COMMANDS = ("hget", "hset", "hgetall", "hdel")
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -302,19 +307,25 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
 def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
     """The ACL of ``governor pause|resume``, ``governor canary ...`` and ``governor status``."""
     _check_names(prefix, zones)
-    keys = (
-        glob_escape(names.paused(prefix)),
-        glob_escape(names.canary_state(prefix, "")) + "*",
-        glob_escape(names.admission(prefix)),
-    )
+    keys = (glob_escape(names.paused(prefix)), glob_escape(names.canary_state(prefix, "")) + "*")
     per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash)
     read = [names.status(prefix), names.worker_heartbeat(prefix), *(f(prefix, z) for z in zones for f in per_zone)]
     return AclUser(OPERATOR, keys=keys, read_keys=tuple(glob_escape(k) for k in read), commands=OPERATOR_COMMANDS)
 
 
+def admission_user(prefix: str) -> AclUser:
+    """The ACL of the agent orchestrators' ``governor admission add|list|check|remove``: the registry hash only."""
+    return AclUser(ADMISSION, keys=(glob_escape(names.admission(prefix)),), read_keys=(), commands=ADMISSION_COMMANDS)
+
+
 def users(prefix: str, zones: Sequence[str]) -> list[AclUser]:
-    """Every user of a deployment: one executor per zone, the worker, the operator."""
-    return [*(executor_user(prefix, z, zones) for z in zones), worker_user(prefix, zones), operator_user(prefix, zones)]
+    """Every user of a deployment: one executor per zone, the worker, the operator, the orchestrators."""
+    return [
+        *(executor_user(prefix, z, zones) for z in zones),
+        worker_user(prefix, zones),
+        operator_user(prefix, zones),
+        admission_user(prefix),
+    ]
 
 
 #: The ``default`` user: off, no password, no keys, no commands.

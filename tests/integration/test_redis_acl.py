@@ -49,7 +49,7 @@ from executors.backends import FleetBudget, SimFleetBackend
 from executors.executor import GROUP, ZoneExecutor
 from governor.cli import build_parser
 from governor.embedded import free_port, redis_answers, redis_binary
-from governor.redis_acl import OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
+from governor.redis_acl import ADMISSION, OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
 from streams.commands import Command
 from tests.integration.harness import guard, signed
 
@@ -112,7 +112,7 @@ def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
     file_lines, err = _generate(settings, pw, "--acl-file")  # for any Redis from 6.2
     # Users missing from --password-file got a random password, shown once on stderr in its format.
     generated = dict(line.split(" ", 1) for line in err.splitlines() if not line.startswith("#"))
-    assert set(generated) == {executor_user_name("az-b"), OPERATOR}
+    assert set(generated) == {executor_user_name("az-b"), OPERATOR, ADMISSION}
     passwords = {executor_user_name("az-a"): "exec-a-pw", WORKER: "worker-pw", **generated}
     pw.write_text(pw.read_text() + err)
     setuser_lines, err = _generate(settings, pw, "--redis-version", "6.2")
@@ -232,6 +232,38 @@ def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
             pipe.execute()
     finally:
         w.close()
+
+
+def test_an_orchestrator_registers_tasks_and_reaches_nothing_else(acl: AclServer) -> None:
+    from governor.admission_cli import run_admission
+
+    s = acl.settings.replace(redis_url=acl.url(ADMISSION))
+    args = argparse.Namespace(
+        admission="add",
+        orchestrator="desk",
+        task="quote",
+        model=MODEL,
+        request_class="",
+        period_ms=300.0,
+        deadline_ms=None,
+        priority=0,
+        jitter_ms=0.0,
+        blocking_ms=0.0,
+        wait_s=0.0,
+    )
+    assert run_admission(s, args) == 3  # registered; pending: no worker runs here
+    assert run_admission(s, argparse.Namespace(admission="list", json=True)) == 0
+    client = acl.client(ADMISSION)
+    try:
+        for forbidden in (
+            lambda: client.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"{}"}),
+            lambda: client.set(names.paused(PREFIX), b"1"),
+            lambda: client.hset(names.status(PREFIX), "x", b"{}"),
+        ):
+            with pytest.raises(NoPermissionError):
+                forbidden()
+    finally:
+        client.close()
 
 
 def test_the_operator_pauses_and_resumes_but_cannot_command(acl: AclServer) -> None:
