@@ -402,6 +402,8 @@ class _FastRun:
             arrival_rate_rps=float(arrivals_1s),
             gpu_util=float(np.mean([s["gpu_util"] for s in ready])) if ready else 0.0,
             window=self.last_window.get(zone),
+            # requests held at the zone router for want of a ready replica (an activator / handle sees them)
+            zone_queued=max(0, fleet.queued(zone, cfg.model) - sum(s["queue_len"] for s in zs)),
         )
         n = scaler.decide(obs)
         if n is not None:

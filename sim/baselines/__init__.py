@@ -7,23 +7,29 @@ constructor with the common signature
 ``Cls(params=None, *, min_replicas=1, max_replicas=64, slo_ttft_ms=1000.0,
 slo_itl_ms=150.0, replica_capacity_rps=None)``.
 
-=====================  =============================================  ===========================
+=====================  =============================================  =======================================
 name                   system                                         signal
-=====================  =============================================  ===========================
+=====================  =============================================  =======================================
 ``static``             fixed N replicas                               none
-``hpa``                Kubernetes HPA (autoscaling/v2)                GPU utilisation
+``hpa``                Kubernetes HPA (autoscaling/v2)                GPU utilisation (30 s mean)
+``hpa-queue``          Kubernetes HPA on vLLM queue depth             waiting requests per replica
 ``keda``               KEDA Prometheus trigger -> HPA                 window P95 TTFT
 ``kpa``                Knative Pod Autoscaler                         in-flight requests
 ``rayserve``           Ray Serve default policy                       ongoing requests
-``dynamo-load``        NVIDIA Dynamo planner, load-based              TTFT / ITL estimates
+``dynamo-load``        NVIDIA Dynamo planner, load-based              TTFT / ITL estimates + throughput floor
 ``dynamo-throughput``  NVIDIA Dynamo planner, throughput-based        forecast arrival rate
-=====================  =============================================  ===========================
+=====================  =============================================  =======================================
+
+Per-replica targets are derived from the profiled capacity the harness passes
+(``replica_capacity_rps``) for every peer that has one: Little's law for KPA
+and Ray Serve (:class:`~sim.baselines.base.LittleTarget`) and for the
+queue-depth HPA; the capacity itself for Dynamo's throughput sizing.
 
 Examples
 --------
 >>> sorted(BASELINES)
-['dynamo-load', 'dynamo-throughput', 'hpa', 'keda', 'kpa', 'rayserve', 'static']
->>> BASELINES["hpa"](max_replicas=8).period_s
+['dynamo-load', 'dynamo-throughput', 'hpa', 'hpa-queue', 'keda', 'kpa', 'rayserve', 'static']
+>>> BASELINES["hpa"](max_replicas=8).sync_period_s
 15.0
 """
 
@@ -44,6 +50,7 @@ from sim.baselines.dynamo import (
     DynamoThroughputPlanner,
 )
 from sim.baselines.hpa import HorizontalPodAutoscaler, HpaParams
+from sim.baselines.hpa_queue import HpaQueueDepth, HpaQueueParams
 from sim.baselines.keda import KedaParams, KedaPrometheus
 from sim.baselines.kpa import KnativePodAutoscaler, KpaParams
 from sim.baselines.rayserve import RayServeAutoscaler, RayServeParams
@@ -60,6 +67,8 @@ __all__ = [
     "DynamoThroughputPlanner",
     "HorizontalPodAutoscaler",
     "HpaParams",
+    "HpaQueueDepth",
+    "HpaQueueParams",
     "KedaParams",
     "KedaPrometheus",
     "KnativePodAutoscaler",
@@ -74,6 +83,7 @@ __all__ = [
 BASELINES: dict[str, Callable[..., Autoscaler]] = {
     "static": StaticReplicas,
     "hpa": HorizontalPodAutoscaler,
+    "hpa-queue": HpaQueueDepth,
     "keda": KedaPrometheus,
     "kpa": KnativePodAutoscaler,
     "rayserve": RayServeAutoscaler,

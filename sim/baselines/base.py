@@ -36,6 +36,7 @@ __all__ = [
     "BaselineBase",
     "BaselineParameterError",
     "Observation",
+    "LittleTarget",
     "check",
 ]
 
@@ -89,6 +90,7 @@ class Observation:
     arrival_rate_rps: float  # arrivals in this zone over the last second
     gpu_util: float  # mean busy fraction of ready replicas over the last second (0..1)
     window: Mapping[str, Any] | None  # latest closed window metrics of this zone (keys below) or None
+    zone_queued: int = 0  # requests held at the zone with no ready replica to take them (not in ongoing_requests)
     # window keys (same dict the stream pipeline publishes): window_end_ms, window_s, count, rate_rps,
     # violation_rate, ttft_p50_ms, ttft_p95_ms, ttft_p99_ms, e2e_p50_ms, e2e_p95_ms, e2e_p99_ms,
     # itl_p95_ms, queue_len_mean, running_mean, gpu_util_mean, replicas_ready, replicas_starting
@@ -161,3 +163,62 @@ class BaselineBase:
     def __repr__(self) -> str:
         params = getattr(self, "params", None)
         return f"{type(self).__name__}({params!r}, min={self.min_replicas}, max={self.max_replicas})"
+
+
+class LittleTarget:
+    """Per-replica in-flight target by Little's law: ``capacity_rps x W``.
+
+    ``W`` is the mean time a request spends in a replica (queued + served)
+    when the replica carries at most its profiled capacity.  It is measured,
+    as an operator's load test measures it, from the closed windows of the
+    run: ``W = L / lambda`` with ``L = running_mean + queue_len_mean`` (mean
+    in-flight requests per replica) and ``lambda = rate_rps / replicas_ready``
+    (arrivals per replica), using only windows whose per-replica rate is at
+    or under ``capacity_rps`` (an overloaded window measures queueing, not
+    service, and would raise the target exactly when replicas are short).
+    ``W`` is the running mean of those windows (bounded memory: an
+    incremental mean over at most ``max_windows`` recent ones).  ``None``
+    until the first such window: the baselines hold until then.
+
+    >>> lt = LittleTarget(capacity_rps=2.0)
+    >>> lt.value() is None
+    True
+    >>> lt.observe({"window_end_ms": 1, "count": 30, "rate_rps": 3.0, "replicas_ready": 2,
+    ...             "running_mean": 9.0, "queue_len_mean": 0.0})
+    >>> lt.value()  # W = 9 / 1.5 = 6 s -> 2 rps x 6 s = 12 in flight per replica
+    12.0
+    """
+
+    def __init__(self, capacity_rps: float, max_windows: int = 60) -> None:
+        positive("capacity_rps", capacity_rps)
+        self.capacity_rps = float(capacity_rps)
+        self.max_windows = max_windows
+        self.w_s: float | None = None
+        self.n = 0
+        self.last_end: float | None = None
+
+    def observe(self, window: Mapping[str, Any] | None) -> None:
+        """Absorb one closed window (each window counts once)."""
+        if window is None:
+            return
+        end = window.get("window_end_ms")
+        if end is None or (self.last_end is not None and float(end) <= self.last_end):
+            return
+        self.last_end = float(end)
+        ready = window.get("replicas_ready") or 0
+        rate, run, queue = window.get("rate_rps"), window.get("running_mean"), window.get("queue_len_mean")
+        if not ready or rate is None or run is None or queue is None:
+            return
+        lam = float(rate) / float(ready)
+        occupancy = float(run) + float(queue)
+        if not (math.isfinite(lam) and math.isfinite(occupancy)) or lam <= 0 or occupancy <= 0:
+            return
+        if lam > self.capacity_rps:
+            return  # overloaded: W would measure the queue
+        w = occupancy / lam
+        self.n = min(self.n + 1, self.max_windows)
+        self.w_s = w if self.w_s is None else self.w_s + (w - self.w_s) / self.n
+
+    def value(self) -> float | None:
+        """``capacity_rps x W`` (requests in flight per replica at capacity), or None before any window."""
+        return None if self.w_s is None else self.capacity_rps * self.w_s

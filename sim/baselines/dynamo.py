@@ -20,6 +20,13 @@ every ``load_adjustment_interval`` (5 s, ``config/defaults.py``):
   ``SLA * sensitivity``; ``load_scaling_down_sensitivity`` is 80 %.
 * Agg combination (``_advance_load_agg``): prefill scale-up wins, then decode
   scale-up, scale-down only when both sides allow it; ``min_endpoint`` (1) floor.
+* **Throughput floor**: Dynamo enables throughput scaling by default
+  (``enable_throughput_scaling = True``) and, with load scaling on, the
+  throughput planner's result is a *lower bound* on the load decision
+  (``desired = max(desired, throughput_lower_bound)``, applied also when the
+  load side sees no change).  Here the floor is the throughput planner below
+  (same predictor, 180 s interval) whenever the harness gives a profiled
+  capacity; ``throughput_floor=False`` runs the load side alone.
 
 **Throughput-based mode** (``core/throughput_scaling.py``,
 ``core/load/predictors.py``), every ``throughput_adjustment_interval`` (180 s):
@@ -27,20 +34,26 @@ the request count of the last interval is fed to a load predictor (leading
 zeros skipped), the next interval is forecast, ``demand_rps = next_num_req /
 interval`` and ``replicas = max(ceil(demand_rps / engine_rps), min_endpoint)``,
 ``engine_rps`` being what one engine sustains within the SLA (from profiling).
-Dynamo's default predictor is ARIMA (``pmdarima``), which this project does not
-depend on; implemented are ``constant`` (last value) and ``kalman`` (Dynamo's
-local-linear-trend Kalman filter, ``q_level`` 1.0, ``q_trend`` 0.1, ``r`` 10.0).
-Dynamo enables throughput scaling by default and load scaling on request; here
-each mode is its own baseline.
+The predictor defaults to Dynamo's default, ``arima``
+(:mod:`sim.baselines.dynamo_predictors`: Dynamo's guards, then ARIMA(1,1,0)
+with drift in place of ``pmdarima.auto_arima``); ``constant`` and ``kalman``
+are the other choices.  ``dynamo-throughput`` is Dynamo's default deployment
+(throughput scaling only); ``dynamo-load`` is load scaling turned on, with the
+throughput floor it runs with upstream.
 
 Metric mapping: Dynamo reads per-engine forward-pass metrics; the simulator
 exposes zone aggregates, so the zone is treated as engines that share load
-evenly.  Regression samples come from each new closed window: TTFT
-``window["ttft_p95_ms"]`` against ``queue_len_mean`` (mean queued requests per
-replica, standing in for queued prefill tokens) and ITL ``window["itl_p95_ms"]``
-against ``running_mean + queue_len_mean`` (standing in for scheduled + queued
-decode KV); both are least-squares lines.  "Now" is ``obs.queue_len /
-ready`` and ``obs.ongoing_requests / ready``.  Dynamo's KV-cache feasibility
+evenly.  Dynamo regresses per-forward-pass latencies, i.e. a mean-like
+estimate, not a tail quantile: regression samples come from each new closed
+window, TTFT ``window["ttft_p50_ms"]`` against ``queue_len_mean`` (mean queued
+requests per replica, standing in for queued prefill tokens) and a mean-like
+ITL ``(e2e_p50_ms - ttft_p50_ms) / (mean output tokens - 1)`` against
+``running_mean + queue_len_mean`` (standing in for scheduled + queued decode
+KV); both are least-squares lines (``estimate="p95"`` uses the windows' P95
+TTFT and ITL instead).  "Now" is ``(obs.queue_len + obs.zone_queued) / ready``
+and ``(obs.ongoing_requests + obs.zone_queued) / ready``: requests held at the
+zone for want of a ready engine wait in Dynamo's frontend/router queue, which
+the planner sees.  Dynamo's KV-cache feasibility
 check and prefix-hit discounting are not modelled.  Throughput mode integrates
 ``obs.arrival_rate_rps`` (arrivals over the last second) every
 ``sample_period_s`` into the interval's request count; ``engine_rps`` is the
@@ -67,8 +80,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -80,6 +94,7 @@ from sim.baselines.base import (
     non_negative,
     positive,
 )
+from sim.baselines.dynamo_predictors import PREDICTORS, IntervalForecast, KalmanTrend, LoadPredictor
 
 __all__ = [
     "DynamoLoadParams",
@@ -123,6 +138,44 @@ class LinearFit:
 
 
 @dataclass(frozen=True)
+class DynamoThroughputParams:
+    """Throughput-based planner settings (``config/defaults.py``; predictor default ``arima``)."""
+
+    adjustment_interval_s: float = 180.0
+    predictor: Literal["constant", "arima", "kalman"] = "arima"
+    kalman_q_level: float = 1.0
+    kalman_q_trend: float = 0.1
+    kalman_r: float = 10.0
+    sample_period_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        positive("adjustment_interval_s", self.adjustment_interval_s)
+        check(
+            self.predictor in PREDICTORS,
+            "predictor",
+            self.predictor,
+            f"must be one of {PREDICTORS} (Prophet needs a dependency)",
+        )
+        non_negative("kalman_q_level", self.kalman_q_level)
+        non_negative("kalman_q_trend", self.kalman_q_trend)
+        positive("kalman_r", self.kalman_r)
+        positive("sample_period_s", self.sample_period_s)
+        check(
+            self.sample_period_s <= self.adjustment_interval_s,
+            "sample_period_s",
+            self.sample_period_s,
+            "must not exceed adjustment_interval_s",
+        )
+
+    def forecast(self) -> IntervalForecast:
+        """A fresh interval forecast with this predictor."""
+        return IntervalForecast(
+            self.adjustment_interval_s,
+            LoadPredictor(self.predictor, self.kalman_q_level, self.kalman_q_trend, self.kalman_r),
+        )
+
+
+@dataclass(frozen=True)
 class DynamoLoadParams:
     """Load-based planner settings (``config/defaults.py``); SLAs ``None`` -> the run's SLOs."""
 
@@ -132,9 +185,13 @@ class DynamoLoadParams:
     max_samples: int = 64
     ttft_sla_ms: float | None = None
     itl_sla_ms: float | None = None
+    estimate: Literal["mean", "p95"] = "mean"
+    throughput_floor: bool = True
+    throughput: DynamoThroughputParams = field(default_factory=lambda: DynamoThroughputParams())
 
     def __post_init__(self) -> None:
         positive("adjustment_interval_s", self.adjustment_interval_s)
+        check(self.estimate in ("mean", "p95"), "estimate", self.estimate, "must be 'mean' or 'p95'")
         check(
             0 <= self.scaling_down_sensitivity <= 100,
             "scaling_down_sensitivity",
@@ -188,6 +245,10 @@ class DynamoLoadPlanner(BaselineBase):
         self.ttft_fit = LinearFit(p.max_samples)
         self.itl_fit = LinearFit(p.max_samples)
         self.last_window_end_ms: float | None = None
+        self.floor_forecast = (
+            p.throughput.forecast() if p.throughput_floor and replica_capacity_rps is not None else None
+        )
+        self.floor = 0
 
     def _observe(self, obs: Observation) -> None:
         w = obs.window
@@ -200,10 +261,24 @@ class DynamoLoadPlanner(BaselineBase):
         q, r = w.get("queue_len_mean"), w.get("running_mean")
         if q is None or r is None:
             return
-        if w.get("ttft_p95_ms") is not None:
-            self.ttft_fit.add(float(q), float(w["ttft_p95_ms"]))
-        if w.get("itl_p95_ms") is not None:
-            self.itl_fit.add(float(q) + float(r), float(w["itl_p95_ms"]))
+        ttft, itl = self._latencies(w)
+        if ttft is not None:
+            self.ttft_fit.add(float(q), ttft)
+        if itl is not None:
+            self.itl_fit.add(float(q) + float(r), itl)
+
+    def _latencies(self, w: Mapping[str, Any]) -> tuple[float | None, float | None]:
+        """(TTFT, ITL) of a window: mean-like (medians, ITL from the decode time) or P95."""
+        if self.params.estimate == "p95":
+            t95, i95 = w.get("ttft_p95_ms"), w.get("itl_p95_ms")
+            return (None if t95 is None else float(t95)), (None if i95 is None else float(i95))
+        t50, e50 = w.get("ttft_p50_ms"), w.get("e2e_p50_ms")
+        ttft = None if t50 is None or not math.isfinite(float(t50)) else float(t50)
+        count, out = w.get("count") or 0, w.get("output_tokens") or 0
+        itl = None
+        if ttft is not None and e50 is not None and count > 0 and out / count > 1.0:
+            itl = max(0.0, float(e50) - ttft) / (out / count - 1.0)
+        return ttft, itl
 
     def _side(self, fit: LinearFit, x_now: float, sla: float, n: int, *, own_cost: bool) -> int:
         """``_scale_decision`` for one latency: n + 1, n - 1 or n."""
@@ -223,102 +298,28 @@ class DynamoLoadPlanner(BaselineBase):
         return n - 1 if safe else n
 
     def decide(self, obs: Observation) -> int | None:
-        """One load-based adjustment: +1, -1 or no change."""
+        """One load-based adjustment: +1, -1 or no change, then the throughput floor."""
         self._observe(obs)
+        if self.floor_forecast is not None and self.replica_capacity_rps is not None:
+            demand = self.floor_forecast.step(obs.t_s, obs.arrival_rate_rps, self.period_s)
+            if demand is not None:
+                self.floor = max(math.ceil(demand / self.replica_capacity_rps), 1)
         n = obs.replicas_ready
         if n == 0 or n != obs.desired or obs.replicas_starting > 0:
             return None  # scaling in progress: observe only
         m = self.params.min_observations
         if len(self.ttft_fit) < m or len(self.itl_fit) < m:
             return None  # regression has insufficient data
-        p_des = self._side(self.ttft_fit, obs.queue_len / n, self.ttft_sla_ms, n, own_cost=True)
-        d_des = self._side(self.itl_fit, obs.ongoing_requests / n, self.itl_sla_ms, n, own_cost=False)
+        held = obs.zone_queued  # waiting in the frontend for an engine
+        p_des = self._side(self.ttft_fit, (obs.queue_len + held) / n, self.ttft_sla_ms, n, own_cost=True)
+        d_des = self._side(self.itl_fit, (obs.ongoing_requests + held) / n, self.itl_sla_ms, n, own_cost=False)
         if p_des > n or d_des > n:
             desired = n + 1
         elif p_des < n and d_des < n:
             desired = n - 1
         else:
             desired = n
-        return self.changed(obs, max(desired, 1))
-
-
-class KalmanTrend:
-    """Local-linear-trend Kalman filter (level, trend), as Dynamo's ``KalmanPredictor``.
-
-    >>> k = KalmanTrend()
-    >>> for v in (10.0, 20.0, 30.0, 40.0):
-    ...     k.update(v)
-    >>> 40.0 < k.predict() < 60.0
-    True
-    """
-
-    def __init__(self, q_level: float = 1.0, q_trend: float = 0.1, r: float = 10.0) -> None:
-        self.F = np.array([[1.0, 1.0], [0.0, 1.0]])
-        self.H = np.array([[1.0, 0.0]])
-        self.Q = np.diag([max(1e-12, q_level), max(1e-12, q_trend)])
-        self.R = np.array([[max(1e-9, r)]])
-        self.x = np.zeros((2, 1))
-        self.P = np.eye(2) * 1000.0
-        self.initialized = False
-        self.cached: float | None = None
-
-    def _predict_step(self) -> None:
-        self.x = self.F @ self.x
-        self.P = self.F @ self.P @ self.F.T + self.Q
-
-    def update(self, z: float) -> None:
-        """Absorb one observation (predicting first unless a forecast already did)."""
-        if not self.initialized:
-            self.x = np.array([[z], [0.0]])
-            self.initialized = True
-        else:
-            if self.cached is None:
-                self._predict_step()
-            y = np.array([[z]]) - self.H @ self.x
-            S = self.H @ self.P @ self.H.T + self.R
-            K = self.P @ self.H.T @ np.linalg.inv(S)
-            self.x = self.x + K @ y
-            ikh = np.eye(2) - K @ self.H
-            self.P = ikh @ self.P @ ikh.T + K @ self.R @ K.T  # Joseph form
-        self.cached = None
-
-    def predict(self) -> float:
-        """One-step-ahead level forecast (cached until the next update)."""
-        if self.cached is None:
-            self._predict_step()
-            self.cached = float(self.x[0, 0])
-        return self.cached
-
-
-@dataclass(frozen=True)
-class DynamoThroughputParams:
-    """Throughput-based planner settings (``config/defaults.py``)."""
-
-    adjustment_interval_s: float = 180.0
-    predictor: Literal["constant", "kalman"] = "constant"
-    kalman_q_level: float = 1.0
-    kalman_q_trend: float = 0.1
-    kalman_r: float = 10.0
-    sample_period_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        positive("adjustment_interval_s", self.adjustment_interval_s)
-        check(
-            self.predictor in ("constant", "kalman"),
-            "predictor",
-            self.predictor,
-            "must be 'constant' or 'kalman' (ARIMA/Prophet need dependencies)",
-        )
-        non_negative("kalman_q_level", self.kalman_q_level)
-        non_negative("kalman_q_trend", self.kalman_q_trend)
-        positive("kalman_r", self.kalman_r)
-        positive("sample_period_s", self.sample_period_s)
-        check(
-            self.sample_period_s <= self.adjustment_interval_s,
-            "sample_period_s",
-            self.sample_period_s,
-            "must not exceed adjustment_interval_s",
-        )
+        return self.changed(obs, max(desired, 1, self.floor))
 
 
 class DynamoThroughputPlanner(BaselineBase):
@@ -352,46 +353,20 @@ class DynamoThroughputPlanner(BaselineBase):
         self.capacity_rps = float(replica_capacity_rps)
         self.params = p = params or DynamoThroughputParams()
         self.period_s = p.sample_period_s
-        self.kalman = KalmanTrend(p.kalman_q_level, p.kalman_q_trend, p.kalman_r)
-        self.history: list[float] = []  # request counts per interval (predictor buffer)
-        self.seen_nonzero = False
-        self.interval_start_s: float | None = None
-        self.last_t_s: float | None = None
-        self.count = 0.0
+        self.forecast = p.forecast()
 
-    def _add(self, num_req: float) -> None:
-        if not math.isfinite(num_req):
-            num_req = 0.0
-        if num_req == 0 and not self.seen_nonzero:
-            return  # skip the leading idle period
-        self.seen_nonzero = self.seen_nonzero or num_req != 0
-        self.history.append(num_req)
-        if self.params.predictor == "kalman":
-            self.kalman.update(num_req)
+    @property
+    def history(self) -> list[float]:
+        """Request counts per interval (the predictor's buffer)."""
+        return self.forecast.predictor.buffer
 
     def predict_next(self) -> float:
         """Forecast of the next interval's request count."""
-        if not self.history:
-            return 0.0
-        if self.params.predictor == "kalman":
-            return max(0.0, self.kalman.predict())
-        return self.history[-1]
+        return self.forecast.predictor.predict()
 
     def decide(self, obs: Observation) -> int | None:
         """Accumulate arrivals; at each interval end forecast and size the fleet."""
-        p, t = self.params, obs.t_s
-        if self.interval_start_s is None:
-            self.interval_start_s = self.last_t_s = t
+        demand_rps = self.forecast.step(obs.t_s, obs.arrival_rate_rps, self.params.sample_period_s)
+        if demand_rps is None:
             return None
-        assert self.last_t_s is not None
-        dt = max(0.0, min(t - self.last_t_s, 2.0 * p.sample_period_s))
-        self.count += max(0.0, obs.arrival_rate_rps) * dt
-        self.last_t_s = t
-        elapsed = t - self.interval_start_s
-        if elapsed < p.adjustment_interval_s - 1e-9:
-            return None
-        self._add(self.count)
-        self.count, self.interval_start_s = 0.0, t
-        demand_rps = self.predict_next() / elapsed
-        desired = max(math.ceil(demand_rps / self.capacity_rps), 1)
-        return self.changed(obs, desired)
+        return self.changed(obs, max(math.ceil(demand_rps / self.capacity_rps), 1))

@@ -3,42 +3,52 @@
 Algorithm (re-implemented from the controller's source, not copied):
 
 * **Ratio rule with tolerance** (``replica_calculator.go``,
-  ``calcPlainMetricReplicas`` / ``GetResourceReplicas``):
-  ``ratio = current_metric / target``; if ``|1 - ratio| <= tolerance`` (0.1,
-  the controller flag ``--horizontal-pod-autoscaler-tolerance``) keep the
-  current count, else ``desired = ceil(ratio * ready_pods)``.  Pods that are not
-  ready yet (starting replicas) carry no metric: on a scale-up
-  (``ratio > 1``) they are counted as using 0 and the ratio is recomputed over
-  ready + unready pods; if that recomputed ratio is within tolerance or flips
-  direction, the count is kept.
+  ``calcPlainMetricReplicas``): ``ratio = usage / target`` over the pods that
+  report; if ``|1 - ratio| <= tolerance`` (0.1, ``--horizontal-pod-autoscaler-tolerance``)
+  keep the current count, else ``desired = ceil(ratio * ready_pods)``.  Pods
+  without a metric count at the *target* on a scale-down and at 0 on a
+  scale-up; unready pods count at 0 on a scale-up; the recomputed ratio keeps
+  the count when within tolerance or when it flips direction.  Here the
+  starting replicas are the pods without a metric (no DCGM sample before the
+  model server runs).
 * **Reconcile** (``horizontal.go``, ``reconcileAutoscaler``): ``current`` is the
   scale target's spec replicas (our ``obs.desired``).  ``current == 0`` with
   ``minReplicas > 0`` disables scaling; ``current`` above max / below min is
   snapped to the bound; else the metric proposal is normalised.  The
-  recommendation history is seeded with ``current`` on the first reconcile
-  (``recordInitialRecommendation``).
-* **Stabilisation** (``stabilizeRecommendationWithBehaviors``): a scale-up
-  proposal becomes the *minimum* of proposals within the scale-up window
-  (default 0 s), a scale-down proposal the *maximum* of proposals within the
-  scale-down window (default 300 s, ``--horizontal-pod-autoscaler-downscale-stabilization``).
-* **Rate policies** (``convertDesiredReplicasWithBehaviorRate``,
-  ``calculateScaleUpLimitWithScalingRules``/``...ScaleDownLimitWithBehaviors``):
-  per policy the limit is measured from the count at the start of the
-  policy's period (current minus replicas added / plus removed in the last
-  ``periodSeconds``): ``Pods``: start +- value; ``Percent``: up
-  ``ceil(start * (1 + v/100))``, down ``int(start * (1 - v/100))``.
-  ``selectPolicy: Max`` picks the largest change.  Defaults
-  (``pkg/apis/autoscaling/v2/defaults.go``; docs "Default Behavior"):
-  scale-up ``max(100 %, 4 pods) per 15 s``, scale-down ``100 % per 15 s``.
-* The controller runs every 15 s (``--horizontal-pod-autoscaler-sync-period``).
+  recommendation history is seeded with ``current`` on the first reconcile.
+* **No ``behavior`` = the legacy path** (the API server defaults ``behavior``
+  only when it is set; ``normalizeDesiredReplicas``): the recommendation is
+  the maximum over the ``--horizontal-pod-autoscaler-downscale-stabilization``
+  window (300 s) including this one, then bounded by ``minReplicas`` (1 when
+  0) and ``min(maxReplicas, max(2 x current, 4))`` (``calculateScaleUpLimit``).
+  This is the default here and for KEDA (whose HPAs carry no ``behavior``).
+* **With ``behavior``** (``stabilizeRecommendationWithBehaviors`` then
+  ``convertDesiredReplicasWithBehaviorRate``): ``up`` = min of the proposal and
+  the recommendations within the scale-up window, ``down`` = max of the proposal
+  and those within the scale-down window; ``current`` is raised to ``up`` or
+  lowered to ``down`` (so a proposal below ``current`` never scales up).  Rate
+  policies measure from the count at the start of each policy's period
+  (current minus added plus removed replicas in the last ``periodSeconds``):
+  ``Pods`` +- value; ``Percent`` up ``ceil(start * (1 + v/100))``, down
+  ``int(start * (1 - v/100))``; ``selectPolicy: Max`` picks the largest change.
+  Defaults for an unset half (``pkg/apis/autoscaling/v2/defaults.go``):
+  scale-up ``max(100 %, 4 pods) per 15 s`` with no window, scale-down
+  ``100 % per 15 s`` with a 300 s window.
+* The controller syncs every 15 s (``--horizontal-pod-autoscaler-sync-period``).
 
-Metric mapping: HPA for GPU serving is commonly driven by the DCGM exporter's
+Metric mapping: HPA for GPU serving is driven by the DCGM exporter's
 ``DCGM_FI_DEV_GPU_UTIL`` through a metrics adapter as a per-pod metric with an
-average target; here ``obs.gpu_util`` (mean busy fraction of *ready* replicas
-over the last second) plays that role and ``target_utilization`` (default
-0.70) is the ``averageUtilization``-style target.  Starting replicas are the
-not-ready pods.  Honest caveat: GPU busy fraction saturates at 1.0, so a
-queue building behind fully busy replicas is invisible beyond ``1/target``.
+average target, and the adapter's query smooths it (``avg_over_time`` over
+30-60 s; the DCGM exporter itself samples every 30 s by default).  Here the
+baseline samples ``obs.gpu_util`` (mean busy fraction of *ready* replicas over
+the last second) every ``sample_period_s`` (1 s) and syncs on its mean over
+``smoothing_window_s`` (default 30 s); ``target_utilization`` (0.70) is the
+``averageValue`` target.  Honest caveats: GPU busy fraction saturates at 1.0,
+so a queue building behind fully busy replicas is invisible beyond
+``1/target``; and the target cannot be derived from the profiled capacity
+(a replica at capacity is busy nearly all the time), so it stays the common
+operator choice.  Most LLM deployments scale on queue depth instead: see
+:mod:`sim.baselines.hpa_queue`.
 
 Sources: kubernetes/kubernetes ``pkg/controller/podautoscaler/horizontal.go``,
 ``pkg/controller/podautoscaler/replica_calculator.go``;
@@ -52,17 +62,26 @@ Examples
 >>> obs = Observation(t_s=0.0, zone="az-a", model="m", replicas_ready=4, replicas_starting=0,
 ...                   desired=4, ongoing_requests=0, queue_len=0, arrival_rate_rps=0.0,
 ...                   gpu_util=0.9, window=None)
->>> hpa.decide(obs)  # ceil(4 * 0.9 / 0.7) = 6
+>>> hpa.decide(obs)  # ceil(4 * 0.9 / 0.7) = 6 (first sync: the window holds one sample)
 6
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from sim.baselines.base import BaselineBase, Observation, check, non_negative, positive
+from sim.baselines.hpa_behavior import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    HpaBehavior,
+    ScalingPolicy,
+    ScalingRules,
+    SmoothedSignal,
+    convert_legacy,
+    legacy_scale_up_limit,
+)
 
 __all__ = [
     "DEFAULT_SCALE_DOWN",
@@ -72,189 +91,91 @@ __all__ = [
     "HpaParams",
     "ScalingPolicy",
     "ScalingRules",
+    "SmoothedSignal",
+    "convert_legacy",
+    "legacy_scale_up_limit",
     "plain_metric_replicas",
 ]
 
 
 @dataclass(frozen=True)
-class ScalingPolicy:
-    """One HPA scaling policy: change by ``value`` pods or percent per ``period_s``."""
-
-    kind: Literal["Pods", "Percent"]
-    value: int
-    period_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        check(self.kind in ("Pods", "Percent"), "kind", self.kind, "must be 'Pods' or 'Percent'")
-        check(isinstance(self.value, int) and self.value > 0, "value", self.value, "must be an integer > 0")
-        positive("period_s", self.period_s)
-
-
-@dataclass(frozen=True)
-class ScalingRules:
-    """``behavior.scaleUp`` / ``behavior.scaleDown`` of an HPA."""
-
-    stabilization_window_s: float
-    policies: tuple[ScalingPolicy, ...]
-    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
-
-    def __post_init__(self) -> None:
-        non_negative("stabilization_window_s", self.stabilization_window_s)
-        check(len(self.policies) > 0, "policies", self.policies, "needs at least one policy")
-        check(
-            self.select_policy in ("Max", "Min", "Disabled"),
-            "select_policy",
-            self.select_policy,
-            "must be 'Max', 'Min' or 'Disabled'",
-        )
-
-
-DEFAULT_SCALE_UP = ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15.0), ScalingPolicy("Pods", 4, 15.0)), "Max")
-DEFAULT_SCALE_DOWN = ScalingRules(300.0, (ScalingPolicy("Percent", 100, 15.0),), "Max")
-
-
-@dataclass(frozen=True)
 class HpaParams:
-    """HPA parameters; defaults are the Kubernetes defaults (target: see module docstring)."""
+    """HPA parameters; defaults are the Kubernetes defaults (target and smoothing: see the module docstring).
+
+    ``scale_up`` / ``scale_down`` ``None`` (both) = no ``behavior`` block: the legacy path.
+    """
 
     target_utilization: float = 0.70
     tolerance: float = 0.1
     sync_period_s: float = 15.0
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+    smoothing_window_s: float = 30.0
+    sample_period_s: float = 1.0
+    scale_up: ScalingRules | None = None
+    scale_down: ScalingRules | None = None
+    downscale_stabilization_s: float = 300.0
 
     def __post_init__(self) -> None:
         check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization, "must lie in (0, 1]")
         check(0 <= self.tolerance < 1, "tolerance", self.tolerance, "must lie in [0, 1)")
         positive("sync_period_s", self.sync_period_s)
+        non_negative("smoothing_window_s", self.smoothing_window_s)
+        positive("sample_period_s", self.sample_period_s)
+        non_negative("downscale_stabilization_s", self.downscale_stabilization_s)
 
 
 def plain_metric_replicas(
-    usage: float, target: float, ready: int, unready: int, current: int, tolerance: float = 0.1
+    usage: float,
+    target: float,
+    ready: int,
+    unready: int,
+    current: int,
+    tolerance: float = 0.1,
+    missing: int = 0,
+    fill_down: float | None = None,
 ) -> int | None:
-    """Replica proposal of the HPA ratio rule for a per-pod average metric.
+    """Replica proposal of the HPA ratio rule for a per-pod average metric (``calcPlainMetricReplicas``).
 
-    ``usage`` is the mean over ready pods; ``unready`` pods carry no metric.
-    ``None`` when no ready pod reports (the HPA's "did not receive metrics").
+    ``usage`` is the mean over the ``ready`` pods that report; ``unready`` pods
+    (pending or not yet ready) and ``missing`` pods (no metric) carry none.
+    Missing pods count at ``fill_down`` on a scale-down (the target for a
+    ``Pods`` metric; ``max(100, target)`` % of the request for a CPU
+    ``Resource`` metric) and at 0 on a scale-up (not at all when the ratio is
+    exactly 1);
+    unready pods count at 0, and only on a scale-up.  The recomputed ratio
+    keeps the count when it is within tolerance or flips direction.  ``None``
+    when no ready pod reports ("did not receive metrics").
 
     >>> plain_metric_replicas(90, 70, ready=4, unready=0, current=4)
     6
     >>> plain_metric_replicas(75, 70, ready=4, unready=0, current=4)  # within 10 %
     4
+    >>> plain_metric_replicas(24.75, 100, ready=2, unready=0, current=4, missing=2)  # missing at target
+    3
     """
     if ready <= 0:
         return None
     ratio = usage / target
-    if not (unready > 0 and ratio > 1.0):
+    up_with_unready = unready > 0 and ratio > 1.0
+    if not up_with_unready and missing == 0:
         if abs(1.0 - ratio) <= tolerance:
             return current
         return math.ceil(ratio * ready)
-    # scale-up with unready pods: count them at 0 and recompute
-    new_ratio = usage * ready / (target * (ready + unready))
-    if abs(1.0 - new_ratio) <= tolerance or new_ratio < 1.0:
+    total = usage * ready
+    pods = ready
+    if missing > 0 and ratio < 1.0:  # scale-down: missing pods use the target (or the fill)
+        total += (target if fill_down is None else fill_down) * missing
+        pods += missing
+    elif missing > 0 and ratio > 1.0:  # scale-up: missing pods use 0
+        pods += missing
+    if up_with_unready:
+        pods += unready  # scale-up: unready pods use 0
+    new_ratio = total / (target * pods)
+    if abs(1.0 - new_ratio) <= tolerance or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
         return current
-    return math.ceil(new_ratio * (ready + unready))
-
-
-@dataclass
-class HpaBehavior:
-    """Stabilisation window and rate policies of one HPA, with their memory."""
-
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
-    recommendations: list[tuple[float, int]] = field(default_factory=list)
-    up_events: list[tuple[float, int]] = field(default_factory=list)
-    down_events: list[tuple[float, int]] = field(default_factory=list)
-
-    def seed(self, t_s: float, current: int) -> None:
-        """``recordInitialRecommendation``: the first reconcile remembers ``current``."""
-        if not self.recommendations:
-            self.recommendations.append((t_s, current))
-
-    def stabilize(self, t_s: float, current: int, desired: int) -> int:
-        """Min over the scale-up window / max over the scale-down window."""
-        if desired >= current:
-            window, better = self.scale_up.stabilization_window_s, min
-        else:
-            window, better = self.scale_down.stabilization_window_s, max
-        cutoff = t_s - window
-        out = desired
-        for ts, rec in self.recommendations:
-            if ts > cutoff:
-                out = better(out, rec)
-        keep = max(self.scale_up.stabilization_window_s, self.scale_down.stabilization_window_s)
-        self.recommendations = [(ts, r) for ts, r in self.recommendations if ts >= t_s - keep]
-        self.recommendations.append((t_s, desired))
-        return out
-
-    @staticmethod
-    def _changed(events: list[tuple[float, int]], t_s: float, period_s: float) -> int:
-        return sum(n for ts, n in events if ts > t_s - period_s)
-
-    def up_limit(self, t_s: float, current: int) -> int:
-        """Largest count the scale-up policies allow now."""
-        rules = self.scale_up
-        if rules.select_policy == "Disabled":
-            return current
-        pick = min if rules.select_policy == "Min" else max
-        result: int | None = None
-        for p in rules.policies:
-            start = current - self._changed(self.up_events, t_s, p.period_s)
-            prop = start + p.value if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100))
-            result = prop if result is None else pick(result, prop)
-        return int(result if result is not None else current)
-
-    def down_limit(self, t_s: float, current: int) -> int:
-        """Smallest count the scale-down policies allow now."""
-        rules = self.scale_down
-        if rules.select_policy == "Disabled":
-            return current
-        pick = max if rules.select_policy == "Min" else min
-        result: int | None = None
-        for p in rules.policies:
-            start = current + self._changed(self.down_events, t_s, p.period_s)
-            prop = start - p.value if p.kind == "Pods" else int(start * (1 - p.value / 100))
-            result = prop if result is None else pick(result, prop)
-        return int(result if result is not None else current)
-
-    def normalize(self, t_s: float, current: int, proposal: int, lo: int, hi: int) -> int:
-        """Stabilise, then apply the rate limits and the bounds (``normalizeDesiredReplicasWithBehaviors``)."""
-        desired = self.stabilize(t_s, current, proposal)
-        if desired > current:
-            limit = max(self.up_limit(t_s, current), current)
-            return min(desired, min(hi, limit))
-        if desired < current:
-            limit = min(self.down_limit(t_s, current), current)
-            return max(desired, max(lo, limit))
-        return desired
-
-    def record(self, t_s: float, prev: int, new: int) -> None:
-        """``storeScaleEvent``: remember a rescale for the rate policies."""
-        if new > prev:
-            longest = max(p.period_s for p in self.scale_up.policies)
-            self.up_events = [e for e in self.up_events if e[0] > t_s - longest]
-            self.up_events.append((t_s, new - prev))
-        elif new < prev:
-            longest = max(p.period_s for p in self.scale_down.policies)
-            self.down_events = [e for e in self.down_events if e[0] > t_s - longest]
-            self.down_events.append((t_s, prev - new))
-
-    def reconcile(self, t_s: float, current: int, proposal: int | None, lo: int, hi: int) -> int:
-        """One ``reconcileAutoscaler`` pass; returns the new spec replicas."""
-        self.seed(t_s, current)
-        if current == 0 and lo != 0:
-            return current  # "scaling is disabled since the replica count of the target is zero"
-        if current > hi:
-            desired = hi
-        elif current < lo:
-            desired = lo
-        elif proposal is None:
-            return current  # metrics unavailable: the HPA keeps the scale as it is
-        else:
-            desired = self.normalize(t_s, current, proposal, lo, hi)
-        if desired != current:
-            self.record(t_s, current, desired)
-        return desired
+    new = math.ceil(new_ratio * pods)
+    if (new_ratio < 1.0 and new > current) or (new_ratio > 1.0 and new < current):
+        return current
+    return new
 
 
 class HorizontalPodAutoscaler(BaselineBase):
@@ -279,15 +200,42 @@ class HorizontalPodAutoscaler(BaselineBase):
             slo_itl_ms=slo_itl_ms,
             replica_capacity_rps=replica_capacity_rps,
         )
-        self.params = params or HpaParams()
-        self.period_s = self.params.sync_period_s
-        self.behavior = HpaBehavior(self.params.scale_up, self.params.scale_down)
+        self.params = p = params or HpaParams()
+        self.sync_period_s = p.sync_period_s
+        self.period_s = min(p.sample_period_s, p.sync_period_s)  # sample the signal, sync every sync_period_s
+        self.behavior = HpaBehavior(p.scale_up, p.scale_down, p.downscale_stabilization_s)
+        self.signal = SmoothedSignal(p.smoothing_window_s)
+        self.last_sync_s: float | None = None
+
+    def metric(self, obs: Observation) -> float:
+        """The per-pod metric sampled each period: GPU busy fraction of the ready replicas."""
+        return obs.gpu_util
+
+    def target(self) -> float:
+        """The per-pod target of the metric."""
+        return self.params.target_utilization
 
     def decide(self, obs: Observation) -> int | None:
-        """One HPA sync: proposal from GPU utilisation, then behaviour and bounds."""
-        p = self.params
-        proposal = plain_metric_replicas(
-            obs.gpu_util, p.target_utilization, obs.replicas_ready, obs.replicas_starting, obs.desired, p.tolerance
+        """Sample the metric; every ``sync_period_s`` one HPA sync on its smoothed value."""
+        p, t = self.params, obs.t_s
+        if obs.replicas_ready > 0:
+            self.signal.add(t, self.metric(obs))
+        if self.last_sync_s is not None and t - self.last_sync_s < p.sync_period_s - 1e-9:
+            return None
+        self.last_sync_s = t
+        usage = self.signal.mean(t) if obs.replicas_ready > 0 else None
+        proposal = (
+            None
+            if usage is None
+            else plain_metric_replicas(
+                usage,
+                self.target(),
+                obs.replicas_ready,
+                0,
+                obs.desired,
+                p.tolerance,
+                missing=obs.replicas_starting,
+            )
         )
-        new = self.behavior.reconcile(obs.t_s, obs.desired, proposal, self.min_replicas, self.max_replicas)
+        new = self.behavior.reconcile(t, obs.desired, proposal, self.min_replicas, self.max_replicas)
         return None if new == obs.desired else new

@@ -16,9 +16,11 @@ How KEDA scales (re-implemented from its docs and source, not copied):
   (``replica_calculator.go``): ``Value``: ``ratio = value / target``, within
   tolerance keep, else ``ceil(ratio * ready_pods)``; ``AverageValue``:
   ``ratio = value / (target * current)``, within tolerance keep, else
-  ``ceil(value / target)``.  Stabilisation and rate policies are the HPA
-  defaults (KEDA creates the HPA without a ``behavior`` unless
-  ``advanced.horizontalPodAutoscalerConfig`` sets one).
+  ``ceil(value / target)``.  KEDA creates the HPA without a ``behavior``
+  unless ``advanced.horizontalPodAutoscalerConfig`` sets one, so the HPA runs
+  its legacy normalisation (max recommendation over 300 s, scale-up limit
+  ``max(2 x current, 4)``; :mod:`sim.baselines.hpa_behavior`), not the
+  documented default policies; ``scale_up`` / ``scale_down`` set a behaviour.
 * By default the metrics adapter queries the scaler on every HPA request;
   with ``useCachedMetrics: true`` the HPA reads the value cached by the last
   poll.  This model follows the flag (default false, as in KEDA).
@@ -60,7 +62,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sim.baselines.base import BaselineBase, Observation, check, non_negative, positive
-from sim.baselines.hpa import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HpaBehavior, ScalingRules
+from sim.baselines.hpa_behavior import HpaBehavior, ScalingRules
 
 __all__ = ["KedaParams", "KedaPrometheus", "external_metric_replicas"]
 
@@ -78,8 +80,9 @@ class KedaParams:
     use_cached_metrics: bool = False
     tolerance: float = 0.1
     hpa_sync_period_s: float = 15.0
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+    scale_up: ScalingRules | None = None  # None (both) = the HPA has no behavior: legacy path
+    scale_down: ScalingRules | None = None
+    downscale_stabilization_s: float = 300.0  # the controller flag the legacy path uses
 
     def __post_init__(self) -> None:
         if self.threshold_ms is not None:
@@ -155,7 +158,7 @@ class KedaPrometheus(BaselineBase):
         self.threshold_ms = p.threshold_ms if p.threshold_ms is not None else self.slo_ttft_ms
         # the harness ticks at the HPA sync period; polls happen on ticks >= polling_interval apart
         self.period_s = min(p.hpa_sync_period_s, p.polling_interval_s)
-        self.behavior = HpaBehavior(p.scale_up, p.scale_down)
+        self.behavior = HpaBehavior(p.scale_up, p.scale_down, p.downscale_stabilization_s)
         self.last_poll_s: float | None = None
         self.last_hpa_s: float | None = None
         self.cached_value = 0.0
@@ -182,9 +185,7 @@ class KedaPrometheus(BaselineBase):
                 self.last_active_s = t
             if current == 0 and active:
                 new = max(1, self.min_replicas)  # 0 -> 1 (or to minReplicaCount)
-            elif (
-                self.min_replicas == 0 and current > 0 and not active and t - self.last_active_s >= p.cooldown_period_s
-            ):
+            elif self.min_replicas == 0 and current > 0 and not active and t - self.last_active_s > p.cooldown_period_s:
                 new = 0  # cooldown over: back to zero
         if (
             new == current

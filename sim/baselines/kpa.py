@@ -24,14 +24,21 @@ Algorithm (re-implemented from ``pkg/autoscaler/scaling/autoscaler.go``, ``Scale
   PodAutoscaler reconciler afterwards.
 
 Metric mapping: Knative's concurrency is the number of in-flight requests at
-the queue-proxy (queued + being served) per pod, summed over the revision; that
-is ``obs.ongoing_requests`` of the zone, sampled every tick and averaged over
-the windows (mean of the samples in the window; Knative averages 1 s buckets).
+the queue-proxy (queued + being served) per pod, summed over the revision,
+plus the requests the activator holds while no pod is ready; that is
+``obs.ongoing_requests + obs.zone_queued`` of the zone, sampled every tick and
+averaged over the windows (mean of the samples in the window; Knative averages
+1 s buckets).
+
 Target: 100 is Knative's default for HTTP services, where a request holds a
-container only briefly.  An LLM replica serves a continuous batch of up to 64
-sequences, so the default here is ``target_concurrency = 32`` (half the batch,
-the same per-replica figure as the Ray Serve baseline) with Knative's default
-70 % utilisation, i.e. 22.4 in-flight requests per replica at steady state.
+container only briefly.  Here the per-replica concurrency target is derived
+from the same profiled capacity governor, static and Dynamo get, by Little's
+law: ``target_concurrency = replica_capacity_rps x W``, ``W`` the mean time a
+request spends in a replica at or under that rate, measured on the run's
+windows (:class:`~sim.baselines.base.LittleTarget`; the autoscaler holds until
+the first window measures it).  Knative's default 70 % utilisation applies on
+top, as it would for a user who sets ``containerConcurrency`` from a load
+test.  ``target_concurrency`` in :class:`KpaParams` fixes it instead.
 
 Sources: knative/serving ``pkg/autoscaler/scaling/autoscaler.go``,
 ``pkg/autoscaler/config/config.go`` (defaults); https://knative.dev/docs/serving/autoscaling/kpa-specific/
@@ -56,7 +63,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from sim.baselines.base import BaselineBase, Observation, check, non_negative, positive
+from sim.baselines.base import BaselineBase, LittleTarget, Observation, check, non_negative, positive
 
 __all__ = ["KnativePodAutoscaler", "KpaParams"]
 
@@ -65,7 +72,7 @@ __all__ = ["KnativePodAutoscaler", "KpaParams"]
 class KpaParams:
     """KPA configuration (``config-autoscaler`` keys in comments)."""
 
-    target_concurrency: float = 32.0  # container-concurrency-target-default (Knative: 100)
+    target_concurrency: float | None = None  # container-concurrency-target-default; None = Little's law
     target_utilization: float = 0.70  # container-concurrency-target-percentage / 100
     stable_window_s: float = 60.0  # stable-window
     panic_window_percentage: float = 10.0  # panic-window-percentage
@@ -76,7 +83,8 @@ class KpaParams:
     tick_interval_s: float = 2.0  # tick-interval
 
     def __post_init__(self) -> None:
-        positive("target_concurrency", self.target_concurrency)
+        if self.target_concurrency is not None:
+            positive("target_concurrency", self.target_concurrency)
         check(0 < self.target_utilization <= 1, "target_utilization", self.target_utilization, "must lie in (0, 1]")
         check(
             6.0 <= self.stable_window_s <= 3600.0,
@@ -102,8 +110,10 @@ class KpaParams:
         positive("tick_interval_s", self.tick_interval_s)
 
     @property
-    def target_value(self) -> float:
-        """Per-pod concurrency the autoscaler aims for (``TargetValue``)."""
+    def target_value(self) -> float | None:
+        """Per-pod concurrency the autoscaler aims for (``TargetValue``), None = from the capacity."""
+        if self.target_concurrency is None:
+            return None
         return self.target_concurrency * self.target_utilization
 
     @property
@@ -141,6 +151,17 @@ class KnativePodAutoscaler(BaselineBase):
         self.panic_time_s: float | None = None
         self.max_panic_pods = 0
         self.started = False
+        self.little = LittleTarget(replica_capacity_rps) if replica_capacity_rps is not None else None
+
+    def target_value(self) -> float | None:
+        """``TargetValue`` now: the fixed one, or Little's law x utilisation; None = not measured yet."""
+        fixed = self.params.target_value
+        if fixed is not None:
+            return fixed
+        if self.little is None:
+            raise ValueError("kpa: target_concurrency=None needs replica_capacity_rps (Little's law)")
+        per_replica = self.little.value()
+        return None if per_replica is None else max(1e-9, per_replica) * self.params.target_utilization
 
     @property
     def panicking(self) -> bool:
@@ -155,21 +176,20 @@ class KnativePodAutoscaler(BaselineBase):
         panic = [c for ts, c in self.samples if ts > t_s - p.panic_window_s]
         return sum(stable) / len(stable), sum(panic) / len(panic)
 
-    def decide(self, obs: Observation) -> int | None:
-        """One KPA tick (``Scale``) followed by the min/max scale bounds."""
-        p, t = self.params, obs.t_s
-        if not self.started:
-            self.started = True
-            if obs.replicas_ready > 1:  # a new autoscaler starts in panic mode
-                self.panic_time_s, self.max_panic_pods = t, obs.replicas_ready
-        self.samples.append((t, float(obs.ongoing_requests)))
-        stable, panic = self._averages(t)
+    def start(self, t_s: float, ready: int) -> None:
+        """``newAutoscaler``: with more than one ready pod it starts in panic mode."""
+        self.started = True
+        if ready > 1:
+            self.panic_time_s, self.max_panic_pods = t_s, ready
 
-        ready = float(max(1, obs.replicas_ready))
+    def scale(self, t_s: float, stable: float, panic: float, ready_pods: int, target_value: float) -> int:
+        """``Scale``: the desired pod count from the window averages (no min/max bounds)."""
+        p, t = self.params, t_s
+        ready = float(max(1, ready_pods))
         max_up = math.ceil(p.max_scale_up_rate * ready)
         max_down = math.floor(ready / p.max_scale_down_rate)
-        dspc = math.ceil(stable / p.target_value)
-        dppc = math.ceil(panic / p.target_value)
+        dspc = math.ceil(stable / target_value)
+        dppc = math.ceil(panic / target_value)
         desired_stable = int(min(max(dspc, max_down), max_up))
         desired_panic = int(min(max(dppc, max_down), max_up))
 
@@ -190,4 +210,19 @@ class KnativePodAutoscaler(BaselineBase):
                 self.delay_window.popleft()
             self.delay_window.append((t, desired))
             desired = max(d for _, d in self.delay_window)
-        return self.changed(obs, desired)
+        return desired
+
+    def decide(self, obs: Observation) -> int | None:
+        """One KPA tick (``Scale``) followed by the min/max scale bounds."""
+        t = obs.t_s
+        if not self.started:
+            self.start(t, obs.replicas_ready)
+        if self.little is not None:
+            self.little.observe(obs.window)
+        # the activator counts requests it holds while no pod is ready
+        self.samples.append((t, float(obs.ongoing_requests + obs.zone_queued)))
+        stable, panic = self._averages(t)
+        target = self.target_value()
+        if target is None:
+            return None  # per-replica target not measured yet: hold
+        return self.changed(obs, self.scale(t, stable, panic, obs.replicas_ready, target))

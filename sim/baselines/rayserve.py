@@ -26,16 +26,21 @@ Algorithm (re-implemented from ``python/ray/serve/autoscaling_policy.py``):
 Defaults from ``python/ray/serve/config.py`` (``AutoscalingConfig``) except
 ``target_ongoing_requests``: Ray's default is 2 (since Ray 2.32; 1 before),
 chosen for request/response Python deployments.  An LLM replica runs a
-continuous batch of up to 64 sequences and its throughput grows with batch
-occupancy, so holding 2 per replica would provision ~30x the replicas needed;
-the default here is 32 (half the batch: room for bursts before requests queue
-for a batch slot), and Ray's docs say to set this value from the latency
-objective.  The control loop: Ray runs it every 0.1 s (``CONTROL_LOOP_INTERVAL_S``);
+continuous batch and its throughput grows with batch occupancy, so holding 2
+per replica would provision many times the replicas needed; Ray's docs say to
+set this value from the latency objective.  Here it is derived from the same
+profiled capacity governor, static and Dynamo get, by Little's law:
+``target_ongoing_requests = replica_capacity_rps x W``, ``W`` the mean time a
+request spends in a replica at or under that rate, measured on the run's
+windows (:class:`~sim.baselines.base.LittleTarget`; the policy holds until the
+first window measures it).  Setting ``target_ongoing_requests`` fixes it.  The control loop: Ray runs it every 0.1 s (``CONTROL_LOOP_INTERVAL_S``);
 here every ``control_loop_interval_s`` (default 1 s) and the delay counters
 count those periods, which keeps the delays in seconds.
 
-Metric mapping: ``total_num_requests`` <- ``obs.ongoing_requests`` (queued +
-running in the zone), recorded each loop; ``running`` <- ``obs.replicas_ready``;
+Metric mapping: ``total_num_requests`` <- ``obs.ongoing_requests +
+obs.zone_queued`` (queued + running in the zone's replicas, plus the requests
+the handles hold while no replica is ready: Ray counts handle-side queued
+requests), recorded each loop; ``running`` <- ``obs.replicas_ready``;
 the current target <- ``obs.desired``.
 
 Sources: ray-project/ray ``python/ray/serve/autoscaling_policy.py``,
@@ -44,7 +49,7 @@ Sources: ray-project/ray ``python/ray/serve/autoscaling_policy.py``,
 Examples
 --------
 >>> from sim.baselines.base import Observation
->>> rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0))
+>>> rs = RayServeAutoscaler(RayServeParams(target_ongoing_requests=32.0, upscale_delay_s=0.0))
 >>> obs = Observation(t_s=0.0, zone="az-a", model="m", replicas_ready=2, replicas_starting=0,
 ...                   desired=2, ongoing_requests=128, queue_len=0, arrival_rate_rps=0.0,
 ...                   gpu_util=0.9, window=None)
@@ -58,7 +63,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from sim.baselines.base import BaselineBase, Observation, non_negative, positive
+from sim.baselines.base import BaselineBase, LittleTarget, Observation, non_negative, positive
 
 __all__ = ["RayServeAutoscaler", "RayServeParams"]
 
@@ -67,7 +72,7 @@ __all__ = ["RayServeAutoscaler", "RayServeParams"]
 class RayServeParams:
     """``AutoscalingConfig`` fields (Ray defaults except ``target_ongoing_requests``)."""
 
-    target_ongoing_requests: float = 32.0
+    target_ongoing_requests: float | None = None  # None = Little's law from the profiled capacity
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 600.0
     downscale_to_zero_delay_s: float | None = None
@@ -79,7 +84,8 @@ class RayServeParams:
     control_loop_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        positive("target_ongoing_requests", self.target_ongoing_requests)
+        if self.target_ongoing_requests is not None:
+            positive("target_ongoing_requests", self.target_ongoing_requests)
         non_negative("upscale_delay_s", self.upscale_delay_s)
         non_negative("downscale_delay_s", self.downscale_delay_s)
         if self.downscale_to_zero_delay_s is not None:
@@ -132,11 +138,21 @@ class RayServeAutoscaler(BaselineBase):
         self.store: deque[tuple[float, float]] = deque()  # what the controller has
         self.last_push_s: float | None = None
         self.decision_counter = 0
+        self.little = LittleTarget(replica_capacity_rps) if replica_capacity_rps is not None else None
+
+    def target_ongoing(self) -> float | None:
+        """``target_ongoing_requests`` now: fixed, or Little's law; None = not measured yet."""
+        if self.params.target_ongoing_requests is not None:
+            return self.params.target_ongoing_requests
+        if self.little is None:
+            raise ValueError("rayserve: target_ongoing_requests=None needs replica_capacity_rps (Little's law)")
+        v = self.little.value()
+        return None if v is None else max(1e-9, v)
 
     def _total_requests(self, obs: Observation) -> float:
         """Record, push every ``metrics_interval_s``, average over the look-back period."""
         p, t = self.params, obs.t_s
-        self.pending.append((t, float(obs.ongoing_requests)))
+        self.pending.append((t, float(obs.ongoing_requests + obs.zone_queued)))
         if self.last_push_s is None or t - self.last_push_s >= p.metrics_interval_s - 1e-9:
             self.store.extend(self.pending)
             self.pending = []
@@ -171,16 +187,26 @@ class RayServeAutoscaler(BaselineBase):
     def decide(self, obs: Observation) -> int | None:
         """One control-loop iteration of the default policy."""
         p = self.params
+        if self.little is not None:
+            self.little.observe(obs.window)
         total = self._total_requests(obs)
         running, target = obs.replicas_ready, obs.desired
         if running == 0:  # cold start fast path: no delay
             new = max(math.ceil(p.up_factor), target) if total > 0 else target
             return self.changed(obs, new)
-        desired_f = total / p.target_ongoing_requests  # = running * error_ratio
+        per_replica = self.target_ongoing()
+        if per_replica is None:
+            return None  # target not measured yet: hold
+        return self.changed(obs, self.policy(total, running, target, per_replica))
+
+    def policy(self, total: float, running: int, target: int, per_replica: float) -> int:
+        """``replica_queue_length_autoscaling_policy`` with factors, bounds and delays (running > 0)."""
+        p = self.params
+        desired_f = total / per_replica  # = running * error_ratio
         delta = desired_f - running
         factor = p.up_factor if delta > 0 else p.down_factor
         scaled = math.ceil(running + factor * delta)
         if math.ceil(desired_f) < running and scaled == running:
             scaled -= 1
         bounded = self.clamp(scaled)
-        return self.changed(obs, self._apply_delay(bounded, target))
+        return self._apply_delay(bounded, target)

@@ -4,14 +4,14 @@ Every case has a comment with the arithmetic.  The harness contract (decisions
 stay within [min_replicas, max_replicas], state pickles) is checked on random
 observation sequences for all baselines.
 
-Over 400 lines: tables of cases for seven baseline autoscalers.
+Over 400 lines: tables of cases for eight baseline autoscalers.
 """
 
 from __future__ import annotations
 
 import math
 import pickle
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
@@ -25,6 +25,8 @@ from sim.baselines.dynamo import (
     DynamoThroughputPlanner,
 )
 from sim.baselines.hpa import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
     HorizontalPodAutoscaler,
     HpaParams,
     ScalingPolicy,
@@ -110,7 +112,7 @@ def test_static_fixed_count_clamped_and_idempotent() -> None:
 )
 def test_hpa_ratio_rule_and_tolerance(ready: int, starting: int, util: float, expected: int | None) -> None:
     hpa = HorizontalPodAutoscaler(max_replicas=32)
-    assert hpa.period_s == 15.0  # controller sync period
+    assert hpa.sync_period_s == 15.0 and hpa.period_s == 1.0  # controller sync period; signal sampled each second
     assert hpa.decide(ob(ready=ready, starting=starting, util=util)) == expected
 
 
@@ -123,30 +125,34 @@ def test_hpa_plain_metric_replicas_is_the_ratio_rule() -> None:
 def test_hpa_scale_down_held_for_300s_stabilisation() -> None:
     """4 replicas at 20 % util want ceil(4 * 0.2/0.7) = 2, but the window holds 4.
 
-    The first reconcile seeds the history with 4 at t = 0; a sample counts while
-    it is strictly newer than t - 300 s, so the first scale-down is at t = 300.
+    No ``behavior``: the legacy path.  The first reconcile seeds the history with
+    4 at t = 0; a recommendation counts while it is not older than t - 300 s
+    (``stabilizeRecommendation`` drops only those *before* the cutoff), so the
+    seed still holds at t = 300 and the first scale-down is at the 315 s sync.
     """
     hpa = HorizontalPodAutoscaler()
-    changes = run(hpa, lambda t, d: ob(t, ready=d, util=0.2), t_end=600.0, desired=4)
-    assert changes[0] == (300.0, 2)
-    # from 2 at 20 %: ceil(2 * 0.286) = 1, held another 300 s by the recommendations of 2
-    assert changes[1] == (600.0, 1)
+    changes = run(hpa, lambda t, d: ob(t, ready=d, util=0.2), t_end=700.0, desired=4)
+    assert changes[0] == (315.0, 2)
+    # from 2 at 20 %: ceil(2 * 0.286) = 1, held by the recommendations of 2 up to t = 315 -> 630
+    assert changes[1] == (630.0, 1)
 
 
 def test_hpa_scale_down_keeps_highest_recent_recommendation() -> None:
-    """A spike inside the window keeps the count up: max over the last 300 s."""
-    hpa = HorizontalPodAutoscaler()
+    """A spike inside the window keeps the count up: max over the last 300 s (with ``behavior``)."""
+    hpa = HorizontalPodAutoscaler(HpaParams(smoothing_window_s=0.0, scale_down=DEFAULT_SCALE_DOWN))
     assert hpa.decide(ob(0, ready=4, util=0.2)) is None  # wants 2, seed 4 holds
     assert hpa.decide(ob(100, ready=4, util=0.9)) == 6  # up: no window, ceil(5.14)
     # 6 at 20 %: ceil(6 * 0.2/0.7) = ceil(1.71) = 2, but 6 (t = 100) is in the window
     assert hpa.decide(ob(115, ready=6, util=0.2)) is None
-    assert hpa.decide(ob(399, ready=6, util=0.2)) is None  # 100 > 399 - 300
+    assert hpa.decide(ob(385, ready=6, util=0.2)) is None  # 100 > 385 - 300 (syncs are 15 s apart)
     assert hpa.decide(ob(400, ready=6, util=0.2)) == 2  # 100 is not > 400 - 300
 
 
 def test_hpa_scale_up_rate_limit_default_policies() -> None:
     """From 2 replicas a huge ratio is capped at max(2 * 2, 2 + 4) = 6 per 15 s."""
-    hpa = HorizontalPodAutoscaler(HpaParams(target_utilization=0.1), max_replicas=64)
+    hpa = HorizontalPodAutoscaler(
+        HpaParams(target_utilization=0.1, smoothing_window_s=0.0, scale_up=DEFAULT_SCALE_UP), max_replicas=64
+    )
     # ratio 1.0 / 0.1 = 10 -> proposal ceil(2 * 10) = 20; Percent 100 % -> 4, Pods 4 -> 6; Max -> 6
     assert hpa.decide(ob(0, ready=2, util=1.0)) == 6
     # 7.5 s later: the +4 event is inside both 15 s periods -> start is 2 again -> limit 6
@@ -198,10 +204,11 @@ def test_keda_average_value_divides_the_query_result() -> None:
 
 def test_keda_null_query_reads_zero_then_scales_to_min_after_stabilisation() -> None:
     # no requests -> empty query -> 0 (ignoreNullValues); Value ratio 0 -> proposal 0,
-    # held 300 s by the HPA window, then the HPA floor max(1, minReplicaCount) = 1
+    # held by the legacy HPA window (the seed 3 at t = 0 counts through t = 300),
+    # then the HPA floor max(1, minReplicaCount) = 1 at the next 15 s sync
     k = KedaPrometheus(min_replicas=1)
-    changes = run(k, lambda t, d: ob(t, ready=d, window=None), t_end=300.0, desired=3)
-    assert changes == [(300.0, 1)]
+    changes = run(k, lambda t, d: ob(t, ready=d, window=None), t_end=330.0, desired=3)
+    assert changes == [(315.0, 1)]
 
 
 @pytest.mark.parametrize(("cached", "expected"), [(True, 8), (False, None)])
@@ -224,9 +231,10 @@ def test_keda_activation_and_cooldown_to_zero() -> None:
     k = KedaPrometheus(KedaParams(activation_threshold_ms=50.0), min_replicas=0)
     assert k.decide(ob(0, ready=0, desired=0, window={"ttft_p95_ms": 40.0})) is None  # 40 <= 50
     assert k.decide(ob(30, ready=0, desired=0, window={"ttft_p95_ms": 300.0})) == 1  # active
-    # idle from t = 45 on: polls at 60, 90, ...; last active poll at 30 -> zero at 30 + 300
-    changes = run(k, lambda t, d: ob(t, ready=d, window=None), t0=45.0, t_end=345.0, desired=1)
-    assert changes == [(330.0, 0)]
+    # idle from t = 45 on: polls at 60, 90, ...; last active poll at 30 -> zero at the first poll
+    # strictly after 30 + 300 (lastActiveTime + cooldownPeriod is *before* now): 360
+    changes = run(k, lambda t, d: ob(t, ready=d, window=None), t0=45.0, t_end=375.0, desired=1)
+    assert changes == [(360.0, 0)]
 
 
 # --------------------------------------------------------------------------- KPA
@@ -281,11 +289,23 @@ def test_kpa_starts_in_panic_with_more_than_one_ready_pod() -> None:
     assert kpa.panicking
 
 
-def test_kpa_default_target_is_22_4_per_replica() -> None:
-    kpa = KnativePodAutoscaler()
-    # 32 * 0.70 = 22.4; 1 pod with 40 in flight: ceil(40 / 22.4) = 2; 2/1 >= 2.0 -> panic too
-    assert kpa.params.target_value == pytest.approx(22.4)
-    assert kpa.decide(ob(0, ready=1, ongoing=40)) == 2
+def test_kpa_default_target_is_littles_law_times_utilisation() -> None:
+    kpa = KnativePodAutoscaler(replica_capacity_rps=2.0)
+    assert kpa.params.target_value is None
+    assert kpa.decide(ob(0, ready=1, ongoing=40)) is None  # no window yet: target unknown, hold
+    # a window at 1.5 req/s per replica (<= 2) with 9 in flight per replica: W = 6 s
+    # -> 2 req/s x 6 s = 12 per replica x 0.70 = 8.4; 40 + 0 in flight: ceil(40 / 8.4) = 5
+    w = {
+        "window_end_ms": 1,
+        "count": 30,
+        "rate_rps": 1.5,
+        "replicas_ready": 1,
+        "running_mean": 9.0,
+        "queue_len_mean": 0.0,
+    }
+    assert kpa.target_value() is None
+    assert kpa.decide(ob(2, ready=1, ongoing=40, window=w)) == 5
+    assert kpa.target_value() == pytest.approx(8.4)
 
 
 @pytest.mark.parametrize(("delay_s", "expected"), [(0.0, [(2, 2), (4, 1)]), (10.0, [(10, 2), (12, 1)])])
@@ -317,8 +337,11 @@ def test_kpa_scale_down_delay_holds_the_max(delay_s: float, expected: list) -> N
 FAST_METRICS = dict(look_back_period_s=1.0, metrics_interval_s=1.0)  # latest sample only
 
 
+T32 = dict(target_ongoing_requests=32.0)  # a fixed per-replica target (the default is Little's law)
+
+
 def test_rayserve_upscale_only_after_30s_of_consistent_decisions() -> None:
-    rs = RayServeAutoscaler()  # target 32 per replica, 1 s loop
+    rs = RayServeAutoscaler(RayServeParams(**T32))  # target 32 per replica, 1 s loop
     # 2 replicas with 128 ongoing: 128 / 32 = 4 replicas wanted from t = 0
     changes = run(rs, lambda t, d: ob(t, ready=2, desired=d, ongoing=128), t_end=40.0, desired=2)
     # counter must exceed int(30 / 1) = 30: 31st consecutive loop, t = 30
@@ -326,14 +349,14 @@ def test_rayserve_upscale_only_after_30s_of_consistent_decisions() -> None:
 
 
 def test_rayserve_downscale_after_600s() -> None:
-    rs = RayServeAutoscaler()
+    rs = RayServeAutoscaler(RayServeParams(**T32))
     # 4 replicas with 32 ongoing: 32 / 32 = 1 replica; counter < -600 at t = 600
     changes = run(rs, lambda t, d: ob(t, ready=4, desired=d, ongoing=32), t_end=700.0, desired=4)
     assert changes == [(600.0, 1)]
 
 
 def test_rayserve_direction_flip_resets_the_counter() -> None:
-    rs = RayServeAutoscaler(RayServeParams(**FAST_METRICS))
+    rs = RayServeAutoscaler(RayServeParams(**T32, **FAST_METRICS))
     for t in range(20):  # 20 loops wanting 4
         assert rs.decide(ob(t, ready=2, ongoing=128)) is None
     assert rs.decide(ob(20, ready=2, ongoing=64)) is None  # 64/32 = 2 = target: reset
@@ -343,7 +366,7 @@ def test_rayserve_direction_flip_resets_the_counter() -> None:
 
 
 def test_rayserve_metrics_averaged_over_look_back() -> None:
-    rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0, metrics_interval_s=1.0))
+    rs = RayServeAutoscaler(RayServeParams(**T32, upscale_delay_s=0.0, metrics_interval_s=1.0))
     for t in range(10):
         rs.decide(ob(t, ready=4, desired=4, ongoing=128))  # 128 / 32 = 4: no change
     # one sample of 448 among 11 in the 30 s look-back: (10*128 + 448)/11 = 157.1 -> ceil(4.9) = 5
@@ -362,7 +385,7 @@ def test_rayserve_metrics_averaged_over_look_back() -> None:
     ],
 )
 def test_rayserve_scaling_factors(params: dict[str, float], ready: int, ongoing: int, expected: int) -> None:
-    rs = RayServeAutoscaler(RayServeParams(upscale_delay_s=0.0, downscale_delay_s=0.0, **FAST_METRICS, **params))
+    rs = RayServeAutoscaler(RayServeParams(**T32, upscale_delay_s=0.0, downscale_delay_s=0.0, **FAST_METRICS, **params))
     assert rs.decide(ob(0, ready=ready, ongoing=ongoing)) == expected
 
 
@@ -390,7 +413,8 @@ def window(k: int) -> dict[str, Any]:
 
 def trained(n_windows: int = 5) -> DynamoLoadPlanner:
     """A load planner whose regressions saw ``n_windows`` windows (while scaling was in flight)."""
-    dl = DynamoLoadPlanner(slo_ttft_ms=1000.0, slo_itl_ms=150.0)
+    # P95 regressions on hand-made windows (the default mean-like estimate is in test_peer_dynamo_load.py)
+    dl = DynamoLoadPlanner(DynamoLoadParams(estimate="p95"), slo_ttft_ms=1000.0, slo_itl_ms=150.0)
     for k in range(n_windows):
         assert dl.decide(ob(5 * k, ready=2, starting=1, window=window(k))) is None
     return dl
@@ -454,7 +478,7 @@ def test_dynamo_throughput_ceil_of_forecast_over_capacity() -> None:
 def test_dynamo_throughput_constant_vs_kalman_on_a_ramp() -> None:
     """Rates 10, 20, 30, 40 rps in four 10 s intervals (counts 100 ... 400)."""
 
-    def sizes(predictor: str) -> list[tuple[float, int]]:
+    def sizes(predictor: Literal["constant", "arima", "kalman"]) -> list[tuple[float, int]]:
         th = DynamoThroughputPlanner(
             DynamoThroughputParams(adjustment_interval_s=10.0, predictor=predictor), replica_capacity_rps=4.0
         )
@@ -490,7 +514,7 @@ def test_dynamo_throughput_skips_leading_idle_and_floors_at_one() -> None:
         (lambda: RayServeParams(target_ongoing_requests=0.0), "target_ongoing_requests"),
         (lambda: RayServeParams(upscale_delay_s=-1.0), "upscale_delay_s"),
         (lambda: DynamoLoadParams(scaling_down_sensitivity=120.0), "scaling_down_sensitivity"),
-        (lambda: DynamoThroughputParams(predictor="arima"), "predictor"),  # type: ignore[arg-type]
+        (lambda: DynamoThroughputParams(predictor="prophet"), "predictor"),  # type: ignore[arg-type]
         (lambda: StaticParams(replicas=-1), "replicas"),
         (lambda: HorizontalPodAutoscaler(min_replicas=5, max_replicas=4), "max_replicas"),
         (lambda: KnativePodAutoscaler(slo_ttft_ms=0.0), "slo_ttft_ms"),
@@ -514,7 +538,16 @@ def build(name: str, lo: int = 1, hi: int = 64) -> Autoscaler:
 
 
 def test_registry_names_and_protocol() -> None:
-    assert set(BASELINES) == {"static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "dynamo-throughput"}
+    assert set(BASELINES) == {
+        "static",
+        "hpa",
+        "hpa-queue",
+        "keda",
+        "kpa",
+        "rayserve",
+        "dynamo-load",
+        "dynamo-throughput",
+    }
     for name in BASELINES:
         b = build(name)
         assert isinstance(b, Autoscaler) and b.name == name and b.period_s > 0
@@ -598,7 +631,7 @@ def test_state_pickles_and_resumes_identically(name: str) -> None:
 
 
 def test_no_nan_from_degenerate_windows() -> None:
-    dl = DynamoLoadPlanner()
+    dl = DynamoLoadPlanner(DynamoLoadParams(estimate="p95"))
     for k in range(6):  # same load every window: regression falls back to the mean
         dl.decide(ob(5 * k, ready=2, starting=1, window={**window(2), "window_end_ms": k}))
     assert not math.isnan(dl.ttft_fit.predict(3.0))
