@@ -1,14 +1,25 @@
 """``governor bench control``: every strategy on the same seeded workload, in
 the fast deterministic loop (:mod:`sim.fastloop`), one table.
 
-Columns: SLO attainment, P50/P95/P99 end-to-end latency, P95 TTFT,
-GPU-seconds, waste (idle share of provisioned GPU time), scale actions and
-reversals (flaps).  Writes a PNG per strategy (latency and replicas over
+Columns: SLO attainment, the workload's ceiling (attainment of an unbounded
+fleet) and attainment as a share of it, P50/P95/P99 end-to-end latency, P95
+TTFT, GPU-seconds, waste (idle share of provisioned GPU time), scale actions
+and reversals (flaps).  The summary adds the lower bound on GPU-seconds
+(:mod:`sim.oracle`).  Writes a PNG per strategy (latency and replicas over
 time) and, with ``--json``, prints one JSON object per strategy.
+
+Strategies: governor's variants, every baseline of :data:`sim.baselines.BASELINES`
+and ``oracle`` (:func:`sim.oracle.tuned_oracle`: knows the arrivals, service
+times and faults; the cheapest headroom of its grid reaching 99.5 % of the
+ceiling, or its plateau).  Warm start (default): every strategy starts at the
+size ``static`` uses (the peak-minute sizing), so the first start-up period
+no longer decides the gap; ``--no-warm-start`` starts every strategy but
+``static`` at ``--replicas`` per zone, as before.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -20,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from sim.fastloop import LoopConfig, RunResult, run
+from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
 from sim.profiling import replica_capacity_rps
-from sim.scenarios import SCENARIOS, build
-from sim.traces import load_trace
+from sim.scenarios import SCENARIOS, Scenario, build
+from sim.traces import Trace, load_trace
 
 # Per-trace SLO defaults: Mooncake prompts are ~7k tokens at the median (prefill
 # alone ~0.8 s on the calibrated H100 TP8 model), so a 1 s TTFT SLO would be
@@ -46,12 +58,13 @@ GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 ZONE_NAMES = ("az-a", "az-b", "az-c", "az-d", "az-e")
+ORACLE = "oracle"
 
 
 def strategy_names(selected: str) -> list[str]:
     from sim.baselines import BASELINES
 
-    names = [*GOVERNOR_VARIANTS, *BASELINES]
+    names = [*GOVERNOR_VARIANTS, *BASELINES, ORACLE]
     if selected == "all":
         return names
     wanted = [s.strip() for s in selected.split(",") if s.strip()]
@@ -79,30 +92,64 @@ def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # typ
     return lambda zone: cls(**kwargs)
 
 
-def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
-    trace = load_trace(args.trace)
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One benchmark's inputs: the loop configuration (start fleet set), the scenario and the sizing."""
+
+    trace: Trace
+    cfg: LoopConfig
+    scenario: Scenario
+    capacity: float  # profiled req/s per replica
+    static_n: int  # static's replicas per zone (the warm-start size)
+    warm: bool
+
+
+def base_config(args: Namespace) -> LoopConfig:
+    """The fast-loop configuration the arguments describe (before the start fleet is set)."""
     slo = TRACE_SLOS.get(Path(str(args.trace)).name, TRACE_SLOS["azure-conv"])
     n_zones = int(getattr(args, "zones", 2))
     if not 2 <= n_zones <= len(ZONE_NAMES):
         raise SystemExit(f"--zones {n_zones}: choose 2..{len(ZONE_NAMES)}")
-    cfg = LoopConfig(
-        initial_replicas=args.replicas,
+    return LoopConfig(
+        initial_replicas=getattr(args, "replicas", 4),
         startup_s=args.startup_s,
         seed=args.seed,
         zones=ZONE_NAMES[:n_zones],
         balancer=getattr(args, "balancer", "uniform"),
         eps_ref=getattr(args, "eps_ref", 0.02),
-        ttft_slo_ms=args.ttft_slo_ms or slo[0],
-        itl_slo_ms=args.itl_slo_ms or slo[1],
+        ttft_slo_ms=getattr(args, "ttft_slo_ms", 0.0) or slo[0],
+        itl_slo_ms=getattr(args, "itl_slo_ms", 0.0) or slo[1],
         window_s=args.window_s,
     )
-    scenario = build(args.scenario, trace, args.qps, args.duration_s, cfg.zones)
-    capacity = replica_capacity_rps(trace, cfg)
+
+
+def prepare(args: Namespace, scenario_name: str, trace: Trace | None = None, capacity: float | None = None) -> Setup:
+    """Build the scenario, profile the capacity (unless given), size static and set the start fleet."""
+    trace = trace if trace is not None else load_trace(args.trace)
+    cfg = base_config(args)
+    scenario = build(scenario_name, trace, args.qps, args.duration_s, cfg.zones)
+    capacity = capacity if capacity is not None else replica_capacity_rps(trace, cfg)
     peak = float(np.max(np.histogram(scenario.workload.arrival_s, bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
-    static_n = args.static_replicas or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
+    static_n = getattr(args, "static_replicas", 0) or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
+    warm = bool(getattr(args, "warm_start", True))
+    if warm:  # every strategy starts from the fleet static holds
+        cfg = dataclasses.replace(cfg, initial_replicas=min(max(static_n, cfg.min_replicas), cfg.max_replicas))
+    return Setup(trace, cfg, scenario, capacity, static_n, warm)
+
+
+def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
+    setup = prepare(args, args.scenario)
+    cfg, scenario, capacity, static_n, warm = setup.cfg, setup.scenario, setup.capacity, setup.static_n, setup.warm
+    ceil = ceiling(scenario.workload, cfg)
     results = []
+    oracle_info: dict[str, Any] = {}
     for name in strategy_names(args.strategies):
         run_cfg = cfg
+        if name == ORACLE:
+            h, res, tried = tuned_oracle(scenario.workload, cfg, capacity, scenario.faults, scenario.duration_s)
+            oracle_info = {"oracle_headroom": h, "oracle_tried": [list(t) for t in tried]}
+            results.append(res)
+            continue
         if name in GOVERNOR_VARIANTS:
             # feedforward is sized by the same profiled capacity static and Dynamo are given
             variant = dict(GOVERNOR_VARIANTS[name])
@@ -112,6 +159,10 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
         else:
             strat = _factory(name, cfg, capacity, static_n)
         results.append(run(strat, scenario.workload, run_cfg, scenario.faults, scenario.duration_s, name=name))
+    for r in results:
+        att = r.metrics.get("slo_attainment")
+        r.metrics["ceiling"] = round(ceil, 5)
+        r.metrics["attainment_over_ceiling"] = round(att / ceil, 5) if att is not None and ceil > 0 else None
     meta = {
         "trace": str(args.trace),
         "scenario": args.scenario,
@@ -128,12 +179,20 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
         "eps_ref": cfg.eps_ref,
         "zones": list(cfg.zones),
         "balancer": cfg.balancer,
+        "warm_start": warm,
+        "initial_replicas_per_zone": cfg.initial_replicas,
+        "ceiling": round(ceil, 5),
+        "ceiling_prefix_cache": round(ceiling(scenario.workload, cfg, prefix_cache=True), 5),
+        "lower_bound_gpu_seconds": round(lower_bound_gpu_seconds(scenario.workload, cfg), 1),
+        **oracle_info,
     }
     return results, meta
 
 
 COLUMNS = (
     ("slo_attainment", "SLO att.", "{:.2%}"),
+    ("ceiling", "ceiling", "{:.2%}"),
+    ("attainment_over_ceiling", "att./ceil.", "{:.2%}"),
     ("e2e_p50_ms", "e2e P50", "{:,.0f}"),
     ("e2e_p95_ms", "e2e P95", "{:,.0f}"),
     ("e2e_p99_ms", "e2e P99", "{:,.0f}"),
@@ -211,6 +270,7 @@ def run_bench(args: Namespace) -> int:
         f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
         f"{len(meta['zones'])} zones, {meta['balancer']} balancer"
     )
+    print(_limits(meta))
     print(table(results))
     print(f"plots: {out}/{args.scenario}-<strategy>.png")
     sys.stdout.flush()
@@ -224,7 +284,18 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--qps", type=float, default=20.0, help="base request rate")
     bc.add_argument("--duration-s", type=float, default=1800.0)
     bc.add_argument("--strategies", default="all", help="comma-separated, or 'all'")
-    bc.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
+    bc.add_argument(
+        "--replicas",
+        type=int,
+        default=4,
+        help="initial replicas per zone of every strategy but static (--no-warm-start)",
+    )
+    bc.add_argument(
+        "--warm-start",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every strategy starts at static's size (default); --no-warm-start: at --replicas, as before",
+    )
     bc.add_argument(
         "--static-replicas",
         type=int,
@@ -252,6 +323,20 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
 
 
+def _limits(meta: Mapping[str, Any]) -> str:
+    """The summary line of the physical limits (ceiling, lower bound, start fleet, oracle headroom)."""
+    start = (
+        f"every strategy starts at {meta['initial_replicas_per_zone']} per zone (warm start)"
+        if meta.get("warm_start", True)
+        else f"reactive strategies start at {meta['initial_replicas_per_zone']} per zone (--no-warm-start)"
+    )
+    oracle = f"; oracle headroom {meta['oracle_headroom']:.2f}" if "oracle_headroom" in meta else ""
+    return (
+        f"Ceiling (unbounded fleet) {meta['ceiling']:.2%} ({meta['ceiling_prefix_cache']:.2%} with every "
+        f"shareable prefix cached); lower bound {meta['lower_bound_gpu_seconds']:,.0f} GPU-s; {start}{oracle}."
+    )
+
+
 def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namespace) -> str:
     cmd = (
         f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
@@ -259,13 +344,14 @@ def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namesp
         + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else "")
         + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
         + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else "")
+        + (" --no-warm-start" if not meta.get("warm_start", True) else "")
     )
     lines = [
         f"### {meta['trace']} / {meta['scenario']}",
         "",
         f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
         f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "
-        f"per replica; static = {meta['static_replicas_per_zone']} per zone.",
+        f"per replica; static = {meta['static_replicas_per_zone']} per zone. {_limits(meta)}",
         "",
         "| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),

@@ -8,6 +8,7 @@
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
     governor bench control        every autoscaler on the same seeded workload
+    governor bench frontier       attainment vs GPU-seconds, each strategy's knob swept, oracle as the limit
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
@@ -186,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_control import add_parser as add_control_parser
 
     add_control_parser(bsub)
+    from governor.bench_frontier import add_parser as add_frontier_parser
 
+    add_frontier_parser(bsub)
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
@@ -392,7 +395,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.bench_scrape import run_scrape_bench
 
         return run_scrape_bench(args)
+    if args.command == "bench" and args.bench == "frontier":
+        from governor.bench_frontier import run_frontier
 
+        return run_frontier(args)
     if args.command == "bench" and args.bench == "control":
         from governor.bench_control import run_bench as run_control
 

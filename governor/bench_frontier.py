@@ -1,0 +1,273 @@
+"""``governor bench frontier``: attainment against GPU-seconds, each strategy's main knob swept.
+
+Frontiers, not points: one setting of a knob says little when another
+setting trades attainment for GPU-seconds.  Per scenario every strategy runs
+at five values of its main knob (:data:`KNOBS`), on the same workload, the
+same start fleet (the warm start of ``bench control``: every strategy starts
+at static's peak-minute size) and in the same fast loop; the oracle
+(:mod:`sim.oracle`, headroom swept) is the achievable limit and the lower
+bound on GPU-seconds the physical one.
+
+Summary per scenario: the peer points governor's frontier dominates (some
+governor point has attainment >= and GPU-seconds <=, one of them strictly),
+and governor's GPU-seconds at 99.5 % of the ceiling (its cheapest point that
+reaches it) as a ratio to the oracle's and to the lower bound.  Writes
+``<out>/frontier-<trace>-<scenario>.png``; ``--json`` prints one object.
+
+Defaults: 600 s runs, every scenario, five knob values for governor, static,
+hpa, keda, kpa, rayserve, dynamo-load and the oracle (40 runs a scenario,
+320 in all: 624 s for azure-conv on the 2-core development machine).
+``dynamo-throughput`` has no SLO knob (it sizes by a forecast and the
+profiled capacity) and is left out unless named with ``--strategies``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from argparse import Namespace
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from governor.bench_control import GOVERNOR_VARIANTS, Setup, prepare
+from sim.fastloop import run
+from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
+from sim.profiling import replica_capacity_rps
+from sim.scenarios import SCENARIOS
+from sim.traces import load_trace
+
+TARGET_SHARE = 0.995  # of the ceiling: where governor's GPU-seconds are compared
+TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
+
+# strategy -> (knob, its values; "x" values scale a per-run reference: static's size, the TTFT SLO)
+KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "governor": ("eps_ref", (0.005, 0.01, 0.02, 0.04, 0.08)),
+    "static": ("replicas_x_peak", (0.6, 0.8, 1.0, 1.2, 1.5)),
+    "hpa": ("target_utilization", (0.5, 0.6, 0.7, 0.8, 0.9)),
+    "keda": ("threshold_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
+    "kpa": ("target_concurrency", (8.0, 16.0, 32.0, 48.0, 64.0)),
+    "rayserve": ("target_ongoing_requests", (8.0, 16.0, 32.0, 48.0, 64.0)),
+    "dynamo-load": ("sla_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
+    "dynamo-throughput": ("adjustment_interval_s", (30.0, 60.0, 120.0, 180.0, 300.0)),
+    "oracle": ("headroom", (0.8, 0.9, 1.0, 1.2, 1.5)),
+}
+DEFAULT_STRATEGIES = ("governor", "static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "oracle")
+
+
+def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
+    """(strategy for :func:`sim.fastloop.run`, the loop config) at knob ``value``."""
+    from sim import baselines as b
+
+    cfg, cap = setup.cfg, setup.capacity
+    if name == "governor":
+        variant = {k: v for k, v in GOVERNOR_VARIANTS["governor"].items() if k != "feedforward"}
+        return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, eps_ref=value, **variant)
+    if name == "oracle":
+        sc = setup.scenario
+        return oracle_factory(sc.workload, cfg, cap, sc.faults, sc.duration_s, value), cfg
+    common: dict[str, Any] = {
+        "min_replicas": cfg.min_replicas,
+        "max_replicas": cfg.max_replicas,
+        "slo_ttft_ms": cfg.ttft_slo_ms,
+        "slo_itl_ms": cfg.itl_slo_ms,
+        "replica_capacity_rps": cap,
+    }
+    params: Callable[[], Any]
+    if name == "static":
+        params = lambda: b.StaticParams(replicas=max(1, round(value * setup.static_n)))  # noqa: E731
+    elif name == "hpa":
+        params = lambda: b.HpaParams(target_utilization=value)  # noqa: E731
+    elif name == "keda":
+        params = lambda: b.KedaParams(threshold_ms=value * cfg.ttft_slo_ms)  # noqa: E731
+    elif name == "kpa":
+        params = lambda: b.KpaParams(target_concurrency=value)  # noqa: E731
+    elif name == "rayserve":
+        params = lambda: b.RayServeParams(target_ongoing_requests=value)  # noqa: E731
+    elif name == "dynamo-load":
+        params = lambda: b.DynamoLoadParams(  # noqa: E731
+            ttft_sla_ms=value * cfg.ttft_slo_ms, itl_sla_ms=value * cfg.itl_slo_ms
+        )
+    elif name == "dynamo-throughput":
+        params = lambda: b.DynamoThroughputParams(adjustment_interval_s=value)  # noqa: E731
+    else:
+        raise SystemExit(f"no knob for strategy {name!r}; choose from {sorted(KNOBS)}")
+    cls = b.BASELINES[name]
+    return (lambda zone: cls(params(), **common)), cfg
+
+
+def _dominated(gov: Sequence[Mapping[str, Any]], peers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Peer points some governor point matches or beats on both axes, strictly on one.
+
+    >>> g = [{"slo_attainment": 0.99, "gpu_seconds": 100.0}]
+    >>> p = [{"strategy": "s", "knob_value": 1, "slo_attainment": 0.98, "gpu_seconds": 120.0},
+    ...      {"strategy": "s", "knob_value": 2, "slo_attainment": 0.995, "gpu_seconds": 90.0}]
+    >>> _dominated(g, p)
+    ['s@1']
+    """
+    out = []
+    for p in peers:
+        pa, pg = p["slo_attainment"] or 0.0, p["gpu_seconds"]
+        for g in gov:
+            ga, gg = g["slo_attainment"] or 0.0, g["gpu_seconds"]
+            if ga >= pa and gg <= pg and (ga > pa or gg < pg):
+                out.append(f"{p['strategy']}@{p['knob_value']:g}")
+                break
+    return out
+
+
+def _cheapest_at(points: Sequence[Mapping[str, Any]], goal: float) -> float | None:
+    """GPU-seconds of the cheapest point with attainment >= ``goal`` (None when none reaches it)."""
+    ok = [p["gpu_seconds"] for p in points if (p["slo_attainment"] or 0.0) >= goal]
+    return min(ok) if ok else None
+
+
+def run_scenario(
+    args: Namespace, scenario: str, trace: Any, capacity: float, strategies: Sequence[str]
+) -> dict[str, Any]:
+    """Every strategy at every knob value on one scenario, and the scenario's summary."""
+    setup = prepare(args, scenario, trace=trace, capacity=capacity)
+    sc, cfg = setup.scenario, setup.cfg
+    ceil = ceiling(sc.workload, cfg)
+    points: list[dict[str, Any]] = []
+    for name in strategies:
+        knob, values = KNOBS[name]
+        for value in values:
+            strat, run_cfg = _strategy(name, value, setup)
+            m = run(strat, sc.workload, run_cfg, sc.faults, sc.duration_s, name=name).metrics
+            att = m["slo_attainment"]
+            points.append(
+                {
+                    "strategy": name,
+                    "scenario": scenario,
+                    "knob": knob,
+                    "knob_value": value,
+                    "slo_attainment": att,
+                    "attainment_over_ceiling": round(att / ceil, 5) if att is not None and ceil > 0 else None,
+                    "gpu_seconds": m["gpu_seconds"],
+                    "waste": m["waste"],
+                }
+            )
+    lb = lower_bound_gpu_seconds(sc.workload, cfg)
+    gov = [p for p in points if p["strategy"] == "governor"]
+    peers = [p for p in points if p["strategy"] not in ("governor", "oracle")]
+    goal = TARGET_SHARE * ceil
+    g_at = _cheapest_at(gov, goal)
+    o_at = _cheapest_at([p for p in points if p["strategy"] == "oracle"], goal)
+    return {
+        "scenario": scenario,
+        "ceiling": round(ceil, 5),
+        "lower_bound_gpu_seconds": round(lb, 1),
+        "static_replicas_per_zone": setup.static_n,
+        "initial_replicas_per_zone": cfg.initial_replicas,
+        "requests": len(sc.workload),
+        "points": points,
+        "dominated_by_governor": _dominated(gov, peers) if gov else [],
+        "governor_gpu_seconds_at_target": g_at,
+        "oracle_gpu_seconds_at_target": o_at,
+        "governor_over_oracle": round(g_at / o_at, 3) if g_at and o_at else None,
+        "governor_over_lower_bound": round(g_at / lb, 3) if g_at and lb > 0 else None,
+    }
+
+
+def plot(summary: Mapping[str, Any], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from governor.report import save
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for p in summary["points"]:
+        by.setdefault(p["strategy"], []).append(p)
+    for name, pts in by.items():
+        pts = sorted(pts, key=lambda p: p["gpu_seconds"])
+        xs, ys = [p["gpu_seconds"] for p in pts], [p["slo_attainment"] or 0.0 for p in pts]
+        style: dict[str, Any] = {"color": "black", "linestyle": "--"} if name == "oracle" else {}
+        ax.plot(xs, ys, marker="o", label=name, linewidth=2.5 if name == "governor" else 1.2, **style)
+    ax.axhline(summary["ceiling"], color="grey", linestyle=":", label="ceiling")
+    ax.axhline(
+        TARGET_SHARE * summary["ceiling"], color="grey", linestyle="-.", linewidth=0.8, label="99.5 % of ceiling"
+    )
+    ax.axvline(summary["lower_bound_gpu_seconds"], color="red", linestyle=":", label="lower bound")
+    ax.set_xscale("log")
+    ax.set_ylim(max(0.0, min(0.8, summary["ceiling"] - 0.2)), 1.0)
+    ax.set_xlabel("GPU-seconds (log)")
+    ax.set_ylabel("SLO attainment")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    return save(fig, path, 100)
+
+
+def run_frontier(args: Namespace) -> int:
+    wall0 = time.perf_counter()
+    trace = load_trace(args.trace)
+    tname = Path(str(args.trace)).name
+    if not args.qps:
+        args.qps = TRACE_QPS.get(tname, 20.0)
+    scenarios = list(SCENARIOS) if args.scenario == "all" else [s.strip() for s in args.scenario.split(",")]
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    strategies = list(DEFAULT_STRATEGIES) if args.strategies == "default" else args.strategies.split(",")
+    unknown += [s for s in strategies if s not in KNOBS]
+    if unknown:
+        raise SystemExit(f"unknown scenarios/strategies {unknown}; scenarios {SCENARIOS}, strategies {sorted(KNOBS)}")
+    from governor.bench_control import base_config
+
+    capacity = replica_capacity_rps(trace, base_config(args))
+    out = Path(args.out)
+    summaries = []
+    for sc in scenarios:
+        s = run_scenario(args, sc, trace, capacity, strategies)
+        s["plot"] = str(plot(s, out / f"frontier-{tname}-{sc}.png", f"{tname} / {sc}"))
+        summaries.append(s)
+        if not args.json:
+            print(_line(s))
+            sys.stdout.flush()
+    meta = {
+        "trace": str(args.trace),
+        "qps": args.qps,
+        "duration_s": args.duration_s,
+        "seed": args.seed,
+        "replica_capacity_rps": round(capacity, 3),
+        "target_share_of_ceiling": TARGET_SHARE,
+        "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
+        "wall_s": round(time.perf_counter() - wall0, 1),
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "scenarios": summaries}))
+    else:
+        print(f"plots: {out}/frontier-{tname}-<scenario>.png  ({meta['wall_s']:.0f} s)")
+    return 0
+
+
+def _line(s: Mapping[str, Any]) -> str:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    return (
+        f"{s['scenario']:<13} ceiling {s['ceiling']:.2%}  lower bound {fmt(s['lower_bound_gpu_seconds'])} GPU-s  "
+        f"governor @99.5% ceil {fmt(s['governor_gpu_seconds_at_target'])} GPU-s "
+        f"(x{s['governor_over_oracle'] or '-'} oracle {fmt(s['oracle_gpu_seconds_at_target'])}, "
+        f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {len(s['dominated_by_governor'])} peer points: "
+        + ", ".join(s["dominated_by_governor"])
+    )
+
+
+def add_parser(sub: Any) -> None:
+    bf = sub.add_parser("frontier", help="attainment vs GPU-seconds with each strategy's main knob swept")
+    bf.add_argument("--trace", default="azure-conv", help="trace name (azure-conv, mooncake) or file path")
+    bf.add_argument("--scenario", default="all", help="a scenario, comma-separated ones, or 'all'")
+    bf.add_argument("--qps", type=float, default=0.0, help="base rate (0 = azure-conv 20, mooncake 4, else 20)")
+    bf.add_argument("--duration-s", type=float, default=600.0)
+    bf.add_argument(
+        "--strategies", default="default", help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)})"
+    )
+    bf.add_argument("--startup-s", type=float, default=30.0)
+    bf.add_argument("--window-s", type=float, default=10.0)
+    bf.add_argument("--seed", type=int, default=0)
+    bf.add_argument("--out", default="runs/bench-frontier")
+    bf.add_argument("--json", action="store_true")
