@@ -199,18 +199,23 @@ def test_command_kinds_are_the_codes_and_all_are_indexed() -> None:
     assert named == set(COMMAND_KINDS)
 
 
-def test_backends_are_the_executors_and_routing_only_gets_its_kinds() -> None:
-    from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, WebhookBackend
+def test_backends_are_the_executors_and_each_is_listed_only_for_its_kinds() -> None:
+    from executors.backends import RoutingBackend
+    from executors.chain import REGISTRY
+    from executors.gateway import GatewayBackend
+    from executors.k8s import KubernetesBackend
 
-    backends = {b.name for b in (SimFleetBackend, DryRunBackend, RoutingBackend, WebhookBackend)}
+    backends = set(REGISTRY)
+    only = {b.name: set(b.KINDS) for b in (RoutingBackend, KubernetesBackend, GatewayBackend)}
     named = set()
     for row in ROWS:
         listed = set(_words(row["executor backend(s)"]))
         assert listed <= backends, row["feature"]
         named |= listed
         kinds = set(_words(row["command kind"]))
-        if RoutingBackend.name in listed and "every" not in row["command kind"]:
-            assert kinds & set(RoutingBackend.KINDS), f"{row['feature']}: routing applies none of {kinds}"
+        for name, theirs in only.items():
+            if name in listed and "every" not in row["command kind"]:
+                assert kinds & theirs, f"{row['feature']}: {name} applies none of {kinds}"
         if kinds and kinds <= set(RoutingBackend.KINDS):
             assert RoutingBackend.name in listed, f"{row['feature']}: {kinds} are the routing backend's"
     assert named == backends
