@@ -3,7 +3,9 @@
 ``--telemetry scrape``: the simulated replicas serve vLLM ``/metrics`` and an HTTP
 service-discovery document; ``governor ingest scrape`` (a child process) is all the
 worker hears from, and the loop still scales the fleet up after the load step.
-``--telemetry otlp``: the replicas export request spans to ``governor ingest otlp``.
+``--telemetry otlp`` (the replicas export request spans to ``governor ingest otlp``) is tested
+without the demo's start-up: tests/integration/test_ingest_otlp.py runs the same exporter against
+the real receiver.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _demo(out: Path, mode: str, *extra: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "REDIS_URL")}
     argv = [sys.executable, "-m", "governor.cli", "--log-level", "WARNING", "demo", "--telemetry", mode]
-    argv += ["--speed", "5", "--out", str(out), "--no-progress", "--bad-rate", "0", *extra]
+    argv += ["--speed", "10", "--out", str(out), "--no-progress", "--bad-rate", "0", *extra]
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report: dict[str, Any] = json.loads((out / "report.json").read_text())
@@ -47,12 +49,3 @@ def test_the_load_step_is_scaled_through_the_scrape_path(tmp_path: Path) -> None
     assert any(r["max"] > r["start"] for r in report["replicas"].values()), report["replicas"]
     assert any(target > 4 for _, _, target in report["decisions"]), report["decisions"]  # desired > --replicas
     assert "ingest-scrape.log" in {p.name for p in out.iterdir()}
-
-
-def test_a_quick_run_through_the_otlp_path(tmp_path: Path) -> None:
-    out = tmp_path / "otlp"
-    report = _demo(out, "otlp", "--duration-s", "60", "--step-at-s", "0")
-    tel = report["telemetry"]
-    assert tel["spans_dropped"] == 0 and tel["spans_exported"] == report["requests_finished"] > 100, tel
-    # Only GPU records went natively; the requests reached the windows as spans.
-    assert report["pipeline"]["requests_in_windows"] > 0.5 * report["requests_finished"], report["pipeline"]

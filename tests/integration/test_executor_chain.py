@@ -3,6 +3,7 @@ route -> routing, relocate -> webhook; a kind with no backend rejected; ``govern
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -94,8 +95,10 @@ async def _chain_executor(settings: Settings, url: str) -> tuple[ZoneExecutor, C
 
 async def _issue(ex: ZoneExecutor, settings: Settings, cmds: list[Command]) -> None:
     stream = names.command_stream(settings.topic_prefix, "az-a")
+    now = int(time.time() * 1000)  # the module's commands were built at collection: stamp them now
     for c in cmds:
-        await ex.redis.xadd(stream, {"cmd": signed(settings, c)})
+        fresh = dataclasses.replace(c, issued_at_ms=now, expires_at_ms=now + 60_000)
+        await ex.redis.xadd(stream, {"cmd": signed(settings, fresh)})
     handled = 0
     for _ in range(20):
         handled += await ex.poll_once()

@@ -173,3 +173,52 @@ async def test_sdk_spans_and_json_bodies_become_valid_request_records(settings: 
         assert r["ts_ms"] - r["arrival_ms"] == pytest.approx(500 + 20 * i, abs=1)
     j = by_id["cmpl-42"]
     assert (j["zone"], j["node"], j["ttft_ms"], j["status"]) == ("az-a", "gpu-node-9", pytest.approx(430.0), "ok")
+
+
+async def test_the_simulated_fleets_spans_reach_the_receiver_whole(settings: Settings) -> None:
+    """``governor demo --telemetry otlp``'s exporter (sim/otlp_export.py) against the real receiver: each finished
+    request of the simulated fleet becomes one span and comes back as the same request record."""
+    from sim.otlp_export import OtlpExporter
+
+    await ensure_topics(settings)
+    port = free_port()
+    now = int(time.time() * 1000)
+    finished = [
+        {
+            "kind": "request",
+            "request_id": f"sim-{i}",
+            "ts_ms": now + i,
+            "model": "llama2-70b",
+            "zone": "az-a" if i % 2 else "az-b",
+            "node": f"az-a/llama2-70b/r{i % 3}",
+            "ttft_ms": 100.0 + i,
+            "itl_ms": 20.0,
+            "e2e_ms": 100.0 + i + 20.0 * 9,
+            "queue_ms": 5.0,
+            "prompt_tokens": 200 + i,
+            "output_tokens": 10,
+            "status": "ok",
+        }
+        for i in range(30)
+    ]
+    opts = MapOptions(model_map={}, zones=frozenset({"az-a", "az-b"}), models=frozenset({"llama2-70b"}))
+    async with serving(settings, opts, "127.0.0.1", port) as receiver:
+        exporter = OtlpExporter(f"http://127.0.0.1:{port}/v1/traces", max_batch=8)
+        exporter.add(finished)
+        assert await exporter.flush()
+        await exporter.close()
+        assert (exporter.exported, exporter.dropped) == (30, 0)
+        assert dict(receiver.counts) == {"record": 30}
+    records = {r["request_id"]: r for r in await _read_records(settings, 30)}
+    assert set(records) == {f"sim-{i}" for i in range(30)}
+    for rec in finished:
+        got = records[rec["request_id"]]
+        assert validate_record(got) is None
+        assert (got["zone"], got["model"], got["prompt_tokens"], got["output_tokens"]) == (
+            rec["zone"],
+            rec["model"],
+            rec["prompt_tokens"],
+            rec["output_tokens"],
+        )
+        assert got["ttft_ms"] == pytest.approx(rec["ttft_ms"], abs=0.01)
+        assert got["e2e_ms"] == pytest.approx(rec["e2e_ms"], abs=0.01)

@@ -148,6 +148,8 @@ def worker_text() -> bytes:
     metrics.observe_breaker(MODEL, "az-a", "open", changed=True)
     metrics.observe_agent_weights(MODEL, "az-a", {"rag": 0.2, "tool": 0.3, "llm": 0.5})
     metrics.target.labels(MODEL, "az-a").set(3)
+    metrics.admission_feasible.labels("desk-1").set(1.0)
+    metrics.admission_margin.labels("desk-1").set(1.4)
     text = generate_latest(metrics.registry)
     assert _families_without_samples(text) == [], "give every family a sample, or promtool lints less"
     return text
