@@ -53,7 +53,9 @@ def seeded_api() -> KubeAPI:
 def test_the_load_step_is_scaled_through_the_api_server(tmp_path: Path) -> None:
     api = seeded_api()
     try:
-        proc = run_demo(api, tmp_path, "--speed", "10", "--duration-s", "100", "--step-at-s", "25", "--step-factor", "3")
+        proc = run_demo(
+            api, tmp_path, "--speed", "10", "--duration-s", "100", "--step-at-s", "25", "--step-factor", "3"
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
         assert report["executor_backend"] == "k8s"
