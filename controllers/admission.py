@@ -192,7 +192,7 @@ def evaluate(tasks: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Ver
         for t in tasks
     ]
     results = []
-    for task in sorted(rta, key=lambda x: (x.priority, [r.name for r in rta].index(x.name))):
+    for _, task in sorted(enumerate(rta), key=lambda it: (it[1].priority, it[0])):  # priority, then given order
         r = response_time(rta, task.name)
         results.append(TaskResult(task.name, r, task.deadline, task_slack(rta, task.name) if math.isfinite(r) else 0.0))
     feasible = all(r.feasible for r in results)

@@ -56,6 +56,9 @@ class AdmissionDriver:
         self._p99: dict[tuple[str, str], tuple[float, int]] = {}  # (model, zone) -> (p99 ms, window end)
         self._last_end = 0
         self.verdicts: dict[str, Verdict] = {}
+        # The last analysis of each orchestrator's admitted set, by (set, latencies): the review runs every second,
+        # the latencies move once a window, so an unchanged set is not analysed again (bisections per task).
+        self._analysed: dict[str, tuple[tuple[Any, ...], Verdict]] = {}
 
     def on_window(self, w: WindowRecord) -> None:
         """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it)."""
@@ -105,6 +108,9 @@ class AdmissionDriver:
             by_orch.setdefault(task.orchestrator, []).append((task, obj))
         for orch, items in sorted(by_orch.items()):
             self._review_orchestrator(orch, items, lat, now_ms, writes, events)
+        for gone in (set(self.verdicts) | set(self._analysed)) - set(by_orch):  # orchestrators whose tasks are gone
+            self.verdicts.pop(gone, None)
+            self._analysed.pop(gone, None)
         return writes, events
 
     def _review_orchestrator(
@@ -131,8 +137,12 @@ class AdmissionDriver:
                     events.append(_event(f"admission_{d.state}", task.orchestrator, d.reason, now_ms, task=task.name))
         if not admitted:
             self.verdicts.pop(orch, None)
+            self._analysed.pop(orch, None)
             return
-        verdict = evaluate(admitted, lat)
+        key = (tuple(admitted), tuple(sorted(lat.items())))
+        cached = self._analysed.get(orch)
+        verdict = cached[1] if cached is not None and cached[0] == key else evaluate(admitted, lat)
+        self._analysed[orch] = (key, verdict)
         if verdict.missing:  # a model's latency went stale: keep the last states (hold), say nothing new
             return
         self.verdicts[orch] = verdict
