@@ -166,6 +166,10 @@ class HpaBehavior:
     def _changed(events: list[tuple[float, int]], t_s: float, period_s: float) -> int:
         return sum(n for ts, n in events if ts > t_s - period_s)
 
+    def _period_start(self, t_s: float, current: int, period_s: float) -> int:
+        """The replica count at the start of a policy's period (current, less what it scaled up, plus down)."""
+        return current - self._changed(self.up_events, t_s, period_s) + self._changed(self.down_events, t_s, period_s)
+
     def up_limit(self, t_s: float, current: int) -> int:
         """``calculateScaleUpLimitWithScalingRules``: the largest count the scale-up policies allow now."""
         rules = self.up_rules
@@ -174,11 +178,7 @@ class HpaBehavior:
         pick = min if rules.select_policy == "Min" else max
         result: int | None = None
         for p in rules.policies:
-            start = (
-                current
-                - self._changed(self.up_events, t_s, p.period_s)
-                + self._changed(self.down_events, t_s, p.period_s)
-            )
+            start = self._period_start(t_s, current, p.period_s)
             prop = start + p.value if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100))
             result = prop if result is None else pick(result, prop)
         return int(result if result is not None else current)
@@ -191,11 +191,7 @@ class HpaBehavior:
         pick = max if rules.select_policy == "Min" else min
         result: int | None = None
         for p in rules.policies:
-            start = (
-                current
-                - self._changed(self.up_events, t_s, p.period_s)
-                + self._changed(self.down_events, t_s, p.period_s)
-            )
+            start = self._period_start(t_s, current, p.period_s)
             prop = start - p.value if p.kind == "Pods" else int(start * (1 - p.value / 100))
             result = prop if result is None else pick(result, prop)
         return int(result if result is not None else current)
