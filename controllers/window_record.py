@@ -87,6 +87,9 @@ class WindowRecord:
     count: int = _f(_INT, 0)
     rate_rps: float = _f(_NUM, 0.0)
     violation_rate: float = _f(_RATE, 0.0)
+    # share of requests over their TTFT limit even without their wait (capacity cannot fix them);
+    # a record without it (an older worker) reads 0: every violation counts as fixable
+    unfixable_rate: float = _f(_RATE, 0.0)
     error_rate: float = _f(_RATE, 0.0)
     kv_hit_rate: float = _f(_RATE, 0.0)
     e2e_p50_ms: float | None = _f(_OPT_NUM)

@@ -60,6 +60,7 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
         "count": n,
         "rate_rps": n / window_s,
         "violation_rate": _ratio(agg.n_violations, n, 0.0),
+        "unfixable_rate": _ratio(agg.n_unfixable, n, 0.0),
         "error_rate": _ratio(agg.n_errors, n, 0.0),
         "kv_hit_rate": _ratio(agg.n_kv_hits, n, 0.0),
     }

@@ -22,7 +22,9 @@ carrying the three agent signals and sums each signal in integer millionths
 carried them) and ``agent_path_counts``.
 
 Missing latency measurements (NaN) are skipped by that metric's sketch and
-never count as a latency violation.
+never count as a latency violation.  ``n_unfixable`` (docs/model.md §23):
+``ok`` requests over their TTFT limit even without their wait, which no
+replica count fixes (a NaN wait counts as fixable).
 
 Per-request-class SLOs: a batch may carry the optional ``request_class``
 column (small int codes, :data:`controllers.window_columns.REQUEST_CLASS_CODES`:
@@ -95,12 +97,13 @@ __all__ = [
 _INT_FIELDS = tuple("n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split())
 _FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
 _SKETCHES = ("e2e", "ttft", "itl")
-# Added after the first snapshots were written: absent from an old dict = 0.
-_AGENT_FIELDS = (
+_LATER_FIELDS = (  # added after the first snapshots were written: absent from an old dict = 0
     "n_agent_signals",
     *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
     *(f"n_path_{p}" for p in AGENT_PATHS),
+    "n_unfixable",
 )
+_SUMMED = _INT_FIELDS + _FLOAT_FIELDS + _LATER_FIELDS
 
 
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
@@ -188,6 +191,7 @@ class WindowAggregate:
 
     n_requests: int = 0
     n_violations: int = 0
+    n_unfixable: int = 0
     n_errors: int = 0
     n_kv_hits: int = 0
     prompt_tokens: int = 0
@@ -212,7 +216,7 @@ class WindowAggregate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; inverse of :meth:`from_dict`."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _INT_FIELDS + _FLOAT_FIELDS + _AGENT_FIELDS}
+        out: dict[str, Any] = {k: getattr(self, k) for k in _SUMMED}
         for name in _SKETCHES:
             out[name] = getattr(self, name).to_dict()
         out["nodes"] = {n: vars(s).copy() for n, s in sorted(self.nodes.items())}
@@ -233,7 +237,7 @@ class WindowAggregate:
             setattr(agg, k, int(data[k]))
         for k in _FLOAT_FIELDS:
             setattr(agg, k, float(data[k]))
-        for k in _AGENT_FIELDS:
+        for k in _LATER_FIELDS:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
             setattr(agg, name, DDSketch.from_dict(data[name]))
@@ -293,16 +297,18 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     ttft_limit, itl_limit = slo.limits(classes)
     with np.errstate(invalid="ignore"):
         bad = ~ok | (f["ttft_ms"] > ttft_limit) | (f["itl_ms"] > itl_limit)
+        unfixable = ok & (f["ttft_ms"] - f["queue_ms"] > ttft_limit)
     for name in _SKETCHES:
         arr = f[f"{name}_ms"]
         getattr(agg, name).add_many(arr[~np.isnan(arr)])
     agg.n_requests += n
     agg.n_violations += int(bad.sum())
+    agg.n_unfixable += int(unfixable.sum())
     agg.n_errors += int((~ok).sum())
     agg.n_kv_hits += int(kv_hit.sum())
     agg.prompt_tokens += int(f["prompt_tokens"].sum())
     agg.output_tokens += int(f["output_tokens"].sum())
-    agg.queue_ms_sum += float(f["queue_ms"].sum())
+    agg.queue_ms_sum += float(np.nansum(f["queue_ms"]))
     if agent is not None:
         signals, path = agent
         carried = ~np.isnan(signals[0])
@@ -379,7 +385,7 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     0
     """
     out = WindowAggregate()
-    for k in _INT_FIELDS + _FLOAT_FIELDS + _AGENT_FIELDS:
+    for k in _SUMMED:
         setattr(out, k, getattr(a, k) + getattr(b, k))
     out.queue_len_max = max(a.queue_len_max, b.queue_len_max)
     for name in _SKETCHES:

@@ -42,6 +42,13 @@ class WorkerMetrics:
         self.violation = Gauge(
             "governor_slo_violation_rate", "share of requests missing their SLO", _LABELS, registry=r
         )
+        self.unfixable = Gauge(
+            "governor_slo_unfixable_rate",
+            "share of requests over their TTFT SLO even without waiting (no replica count fixes them; "
+            "the scaler's feedback leaves them out)",
+            _LABELS,
+            registry=r,
+        )
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
         # Counters for burn-rate alerts (rate() over any range): requests and SLO violations per closed window.
         self.requests_total = Counter("governor_requests_total", "requests in closed zone windows", _LABELS, registry=r)
@@ -143,6 +150,7 @@ class WorkerMetrics:
             (self.ttft_p95, "ttft_p95_ms", 1e-3),
             (self.ttft_slo, "ttft_slo_ms", 1e-3),
             (self.violation, "violation_rate", 1.0),
+            (self.unfixable, "unfixable_rate", 1.0),
             (self.rate, "rate_rps", 1.0),
             (self.queue, "queue_len_mean", 1.0),
             (self.gpu_util, "gpu_util_mean", 1.0),

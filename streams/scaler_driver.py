@@ -70,6 +70,26 @@ log = logging.getLogger(__name__)
 SNAPSHOT_VERSION = 2  # 2: plain data (1 was a pickle, never read again)
 
 
+def fixable_violation_rate(w: WindowRecord) -> float:
+    """The violation rate of the requests the fleet could have served in time (docs/model.md §23).
+
+    A window's ``unfixable_rate`` counts requests over their TTFT limit even
+    without their wait (their prefill alone is too long): no replica count
+    fixes them, so they leave both the violations and the population.
+
+    >>> w = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
+    ...                  violation_rate=0.05, unfixable_rate=0.04)
+    >>> round(fixable_violation_rate(w), 4)  # 1 of the 96 servable requests
+    0.0104
+    >>> fixable_violation_rate(WindowRecord(scope="zone", model="m", zone="z", window_end_ms=1, violation_rate=0.03))
+    0.03
+    """
+    u = min(w.unfixable_rate, w.violation_rate)
+    if u <= 0.0:
+        return w.violation_rate
+    return max(0.0, w.violation_rate - u) / (1.0 - u) if u < 1.0 else 0.0
+
+
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
     spec = settings.model(model)
     if spec is None:
@@ -113,6 +133,7 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
 
 
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
+FF_MODE_QUIET_S = 60.0  # quiet time before the feedforward mode goes off (it goes on at once)
 
 
 def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
@@ -141,6 +162,7 @@ class KeyState:
     latency_drift: DriftDetector | None = None
     rate_drift: DriftDetector | None = None
     ff_mode: bool = False
+    ff_quiet: int = 0  # consecutive windows with neither a burst nor a lift (the mode's hysteresis)
     mismatched_windows: int = 0
     last_basis_ms: int = -1
     queued: float | None = None
@@ -159,6 +181,7 @@ class KeyState:
             "latency_drift": None if self.latency_drift is None else self.latency_drift.to_state(),
             "rate_drift": None if self.rate_drift is None else self.rate_drift.to_state(),
             "ff_mode": self.ff_mode,
+            "ff_quiet": self.ff_quiet,
             "mismatched_windows": self.mismatched_windows,
             "last_basis_ms": self.last_basis_ms,
             "queued": self.queued,
@@ -183,6 +206,7 @@ class KeyState:
             latency_drift=None if data["latency_drift"] is None else DriftDetector.from_state(data["latency_drift"]),
             rate_drift=None if data["rate_drift"] is None else DriftDetector.from_state(data["rate_drift"]),
             ff_mode=bool(data["ff_mode"]),
+            ff_quiet=int(data.get("ff_quiet", 0)),
             mismatched_windows=int(data["mismatched_windows"]),
             last_basis_ms=int(data["last_basis_ms"]),
             queued=None if data["queued"] is None else float(data["queued"]),
@@ -271,9 +295,10 @@ class Scaler:
         ready, starting = w.replicas_ready, w.replicas_starting
         queued = (w.queue_len_mean or 0.0) * max(ready, 1)
         rate = w.rate_rps
+        fixable = fixable_violation_rate(w)
         eps = ff.leading_violation_rate(
             w.count,
-            w.violation_rate,
+            fixable,
             queued,
             rate,
             w.ttft_slo_ms or self._slo(model),
@@ -334,6 +359,8 @@ class Scaler:
                 controller=self.settings.controller,
                 detail={
                     "violation_rate": meas.violation_rate,
+                    "window_violation_rate": w.violation_rate,
+                    "unfixable_rate": w.unfixable_rate,
                     "multiplier": out.multiplier,
                     "feedforward": None if ff_out is None else ff_out.to_dict(),
                     "zone_floor_rps": floor,
@@ -413,7 +440,7 @@ class Scaler:
         # Where the loop will be when a command lands: the predicted queue's doomed share.
         lead = ff.leading_violation_rate(
             w.count,
-            w.violation_rate,
+            fixable_violation_rate(w),
             max(0.0, q_pred) * max(ready, 1),
             rate,
             w.ttft_slo_ms or self._slo(model),
@@ -564,7 +591,11 @@ class Scaler:
             # Reclaim towards the requirement only once the forecast is warm: a cold
             # model's first windows understate a ramp the trace is about to show.
             ks.ctrl = replace(ks.ctrl, level=level - ffp.decay_per_step * (level - need))
-        mode = out.burst or lift
+        # Hysteresis: the mode goes on at the first burst or lift and off only after FF_MODE_QUIET_S
+        # without either (on the default step run it toggled in 3 of 5 windows; now 1 in 18).
+        active = out.burst or lift
+        ks.ff_quiet = 0 if active else ks.ff_quiet + 1
+        mode = active or (ks.ff_mode and ks.ff_quiet < math.ceil(FF_MODE_QUIET_S / window_s))
         if mode != ks.ff_mode:  # per-window chatter at DEBUG; the event below is the record
             log.debug(
                 "%s/%s feedforward mode %s (forecast %.1f rps, need %.1f replicas)",

@@ -37,6 +37,7 @@ def _window(
     ready: int = 4,
     starting: int = 0,
     p95: float = 300.0,
+    unfixable: float = 0.0,
 ) -> WindowRecord:
     return decode_window(
         {
@@ -48,6 +49,7 @@ def _window(
             "window_s": 10.0,
             "count": int(rate * 10),
             "violation_rate": eps,
+            "unfixable_rate": unfixable,
             "rate_rps": rate,
             "queue_len_mean": queue,
             "ttft_p95_ms": p95,
@@ -86,6 +88,40 @@ def test_feedforward_lifts_to_the_demand_at_once() -> None:
     assert cmd.target_replicas >= 20  # (10 + 40 arrivals/s) / (2 * 0.8) = 31 before limits
     assert cmd.detail["ff_mode"] is True
     assert any(e["kind"] == "feedforward_mode" and e["on"] for e in s.drain_events())
+
+
+def test_violations_no_replica_count_fixes_do_not_drive_the_feedback() -> None:
+    """4 % of requests miss even without waiting (prefill longer than the SLO): above eps_ref 2 %, but
+    the fleet can fix none of them.  Feedback on the raw rate adds replicas window after window;
+    on the fixable rate (here 0) it holds, and the command reports the unfixable share apart."""
+    raw, fixable = Scaler(_settings()), Scaler(_settings())
+    _run(raw, [_window(k, eps=0.04) for k in range(12)])
+    out = _run(fixable, [_window(k, eps=0.04, unfixable=0.04) for k in range(12)])
+    assert raw.targets()[(MODEL, "az-a")] > 4
+    assert fixable.targets().get((MODEL, "az-a"), 4) <= 4
+    level = fixable.states[(MODEL, "az-a")].ctrl.level
+    assert level is not None and level < 4.0  # nothing to fix: the feedback reclaims
+    # Misses the fleet can fix still count: 46 of the 96 servable requests, two windows running.
+    fixable.on_window(_window(12, eps=0.5, unfixable=0.04), 130_000)
+    (cmd,) = fixable.on_window(_window(13, eps=0.5, unfixable=0.04), 140_000)
+    assert cmd.reason == "scale_up" and abs(cmd.detail["violation_rate"] - 0.46 / 0.96) < 1e-9
+    assert cmd.detail["unfixable_rate"] == 0.04 and cmd.detail["window_violation_rate"] == 0.5
+    assert all(not cmds for cmds in out[1:])
+
+
+def test_feedforward_mode_goes_off_only_after_a_quiet_minute() -> None:
+    """The first window's lift (10 rps needs 6.25 replicas of 2 rps at 80 %) turns the mode on at
+    once; with the fleet then at its need, it goes off after 6 quiet windows (60 s), not at the
+    first one (it toggled in 3 of 5 windows of the default step run)."""
+    s = Scaler(_settings(capacity=2.0))
+    modes = []
+    for k in range(12):
+        ks = s.states.get((MODEL, "az-a"))
+        ready = ks.ctrl.last_target or 4 if ks is not None else 4
+        _run(s, [_window(k, rate=10.0, ready=ready)])
+        modes.append(s.states[(MODEL, "az-a")].ff_mode)
+    assert modes == [True] * 6 + [False] * 6
+    assert [e["on"] for e in s.drain_events() if e["kind"] == "feedforward_mode"] == [True, False]
 
 
 def test_rate_drift_is_reported_and_resets_the_forecaster() -> None:

@@ -92,6 +92,31 @@ def test_violation_and_error_counting(rows, violations, errors) -> None:
     assert out["error_rate"] == (errors / len(rows) if rows else 0.0)
 
 
+def test_unfixable_violations_are_those_over_the_limit_without_their_wait() -> None:
+    """TTFT limit 500 ms.  900 ms after a 500 ms wait would have made it on an idle fleet (fixable);
+    900 ms after a 100 ms wait would not (unfixable); a failed request, an ITL miss, a request in time
+    and an unmeasured TTFT are never unfixable."""
+    rows = [
+        (900.0, 20.0, True),
+        (900.0, 20.0, True),
+        (900.0, 20.0, False),
+        (100.0, 90.0, True),
+        (400.0, 20.0, True),
+        (np.nan, 20.0, True),
+    ]
+    queue = [500.0, 100.0, 0.0, 0.0, 0.0, 0.0]
+    agg = initialize()
+    add_requests(agg, req_cols(rows, queue_ms=np.array(queue)), SLO)
+    assert (agg.n_violations, agg.n_unfixable) == (4, 1)
+    out = result(agg, window_s=10.0)
+    assert out["unfixable_rate"] == 1 / 6
+    both = merge(agg, agg)
+    assert both.n_unfixable == 2
+    assert WindowAggregate.from_dict(agg.to_dict()) == agg
+    older = {k: v for k, v in agg.to_dict().items() if k != "n_unfixable"}  # a state saved before the field
+    assert WindowAggregate.from_dict(older).n_unfixable == 0
+
+
 def test_empty_window_result_is_json_null_not_nan() -> None:
     out = result(initialize(), window_s=10.0)
     for key in (
