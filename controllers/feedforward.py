@@ -47,6 +47,7 @@ True
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -148,7 +149,7 @@ def step(
         level = params.alpha * y + (1 - params.alpha) * prev
         trend = params.beta * (level - state.level) + (1 - params.beta) * state.trend
     ahead = max(0.0, level + trend * (params.horizon_s / dt_s) if meas.forecast_rps is None else meas.forecast_rps)
-    margin = params.error_margin * (meas.forecast_error_rps or 0.0)
+    margin = params.error_margin * _beyond_counting_noise(meas.forecast_error_rps or 0.0, y, dt_s)
     demand = max(y, ahead) + margin
     backlog = meas.queued / params.drain_s
     replicas = (demand + backlog) / (params.capacity_rps * params.target_util)
@@ -159,6 +160,26 @@ def step(
             replicas=replicas, arrival_rps=y, forecast_rps=ahead, demand_rps=demand, backlog_rps=backlog, burst=burst
         ),
     )
+
+
+POISSON_MAE = math.sqrt(2.0 / math.pi)  # mean absolute deviation of a normal, per unit of its sd
+
+
+def _beyond_counting_noise(mae_rps: float, rate_rps: float, dt_s: float) -> float:
+    """The forecast error left once the counting noise of a window's rate is taken out.
+
+    A window of ``dt_s`` seconds at ``rate_rps`` counts a Poisson number of
+    requests: its rate alone scatters by ``sqrt(rate / dt)`` (mean absolute
+    deviation ``0.8 x`` that) around a steady demand, and a queue absorbs that
+    scatter within a window.  Headroom is for the demand's own moves, so the
+    counting part leaves the error in quadrature.  On a busy model the
+    correction vanishes; on 1.5 req/s in 10 s windows it is ~0.3 req/s.
+
+    >>> round(_beyond_counting_noise(1.0, 0.0, 10.0), 3), _beyond_counting_noise(0.3, 1.5, 10.0)
+    (1.0, 0.0)
+    """
+    noise = POISSON_MAE * math.sqrt(max(rate_rps, 0.0) / dt_s)
+    return math.sqrt(max(0.0, mae_rps * mae_rps - noise * noise))
 
 
 def capped_lift(params: FeedforwardParams, level: float, need: float) -> float:

@@ -6,17 +6,21 @@ at five values of its main knob (:data:`KNOBS`), on the same workload, the
 same start fleet (the warm start of ``bench control``: every strategy starts
 at static's peak-minute size) and in the same fast loop; the oracle
 (:mod:`sim.oracle`, headroom swept) is the achievable limit and the lower
-bound on GPU-seconds the physical one.
+bound on GPU-seconds the physical one.  The causal oracle (the same schedule
+read only up to now: exact knowledge of the load so far, none of the future)
+splits governor's gap to the oracle into the price of not knowing the future
+(oracle -> causal oracle) and the price of measuring and controlling
+(causal oracle -> governor).
 
 Summary per scenario: the peer points governor's frontier dominates (some
 governor point has attainment >= and GPU-seconds <=, one of them strictly),
 and governor's GPU-seconds at 99.5 % of the ceiling (its cheapest point that
-reaches it) as a ratio to the oracle's and to the lower bound.  Writes
+reaches it) as a ratio to the oracle's, the causal oracle's and to the lower bound.  Writes
 ``<out>/frontier-<trace>-<scenario>.png``; ``--json`` prints one object.
 
 Defaults: 600 s runs, every scenario, five knob values for governor, static,
-hpa, keda, kpa, rayserve, dynamo-load and the oracle (40 runs a scenario,
-320 in all: 624 s for azure-conv on the 2-core development machine).
+hpa, keda, kpa, rayserve, dynamo-load, the oracle and the causal oracle
+(45 runs a scenario, 360 in all).
 ``dynamo-throughput`` has no SLO knob (it sizes by a forecast and the
 profiled capacity) and is left out unless named with ``--strategies``.
 """
@@ -53,8 +57,10 @@ KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     "dynamo-load": ("sla_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
     "dynamo-throughput": ("adjustment_interval_s", (30.0, 60.0, 120.0, 180.0, 300.0)),
     "oracle": ("headroom", (0.8, 0.9, 1.0, 1.2, 1.5)),
+    "oracle-causal": ("headroom", (0.8, 0.9, 1.0, 1.2, 1.5)),
 }
-DEFAULT_STRATEGIES = ("governor", "static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "oracle")
+DEFAULT_STRATEGIES = ("governor", "static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "oracle", "oracle-causal")
+LIMITS = ("oracle", "oracle-causal")  # references, not peers
 
 
 def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
@@ -65,9 +71,9 @@ def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
     if name == "governor":
         variant = {k: v for k, v in GOVERNOR_VARIANTS["governor"].items() if k != "feedforward"}
         return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, eps_ref=value, **variant)
-    if name == "oracle":
+    if name in LIMITS:
         sc = setup.scenario
-        return oracle_factory(sc.workload, cfg, cap, sc.faults, sc.duration_s, value), cfg
+        return oracle_factory(sc.workload, cfg, cap, sc.faults, sc.duration_s, value, causal=name != "oracle"), cfg
     common: dict[str, Any] = {
         "min_replicas": cfg.min_replicas,
         "max_replicas": cfg.max_replicas,
@@ -152,10 +158,11 @@ def run_scenario(
             )
     lb = lower_bound_gpu_seconds(sc.workload, cfg)
     gov = [p for p in points if p["strategy"] == "governor"]
-    peers = [p for p in points if p["strategy"] not in ("governor", "oracle")]
+    peers = [p for p in points if p["strategy"] not in ("governor", *LIMITS)]
     goal = TARGET_SHARE * ceil
     g_at = _cheapest_at(gov, goal)
     o_at = _cheapest_at([p for p in points if p["strategy"] == "oracle"], goal)
+    c_at = _cheapest_at([p for p in points if p["strategy"] == "oracle-causal"], goal)
     return {
         "scenario": scenario,
         "ceiling": round(ceil, 5),
@@ -168,6 +175,8 @@ def run_scenario(
         "governor_gpu_seconds_at_target": g_at,
         "oracle_gpu_seconds_at_target": o_at,
         "governor_over_oracle": round(g_at / o_at, 3) if g_at and o_at else None,
+        "causal_oracle_gpu_seconds_at_target": c_at,
+        "governor_over_causal_oracle": round(g_at / c_at, 3) if g_at and c_at else None,
         "governor_over_lower_bound": round(g_at / lb, 3) if g_at and lb > 0 else None,
     }
 
@@ -187,7 +196,9 @@ def plot(summary: Mapping[str, Any], path: Path, title: str) -> Path:
     for name, pts in by.items():
         pts = sorted(pts, key=lambda p: p["gpu_seconds"])
         xs, ys = [p["gpu_seconds"] for p in pts], [p["slo_attainment"] or 0.0 for p in pts]
-        style: dict[str, Any] = {"color": "black", "linestyle": "--"} if name == "oracle" else {}
+        style: dict[str, Any] = (
+            {"color": "black", "linestyle": "--" if name == "oracle" else ":"} if name in LIMITS else {}
+        )
         ax.plot(xs, ys, marker="o", label=name, linewidth=2.5 if name == "governor" else 1.2, **style)
     ax.axhline(summary["ceiling"], color="grey", linestyle=":", label="ceiling")
     ax.axhline(
@@ -252,6 +263,7 @@ def _line(s: Mapping[str, Any]) -> str:
         f"{s['scenario']:<13} ceiling {s['ceiling']:.2%}  lower bound {fmt(s['lower_bound_gpu_seconds'])} GPU-s  "
         f"governor @99.5% ceil {fmt(s['governor_gpu_seconds_at_target'])} GPU-s "
         f"(x{s['governor_over_oracle'] or '-'} oracle {fmt(s['oracle_gpu_seconds_at_target'])}, "
+        f"x{s['governor_over_causal_oracle'] or '-'} causal oracle {fmt(s['causal_oracle_gpu_seconds_at_target'])}, "
         f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {len(s['dominated_by_governor'])} peer points: "
         + ", ".join(s["dominated_by_governor"])
     )

@@ -22,6 +22,14 @@ on the GPU-seconds it needs, and an ``oracle`` schedule that knows the future.
   the same accounting as every other strategy: it is achievable.
   :func:`tuned_oracle` walks its headroom up to the cheapest run within
   99.5 % of the ceiling (``governor bench control``'s ``oracle`` row).
+- ``oracle_factory(..., causal=True)``: the same schedule read only up to
+  *now*: it knows every request that has arrived and its exact cost, but
+  nothing of the future, so it orders replicas for the load it has seen and
+  holds each for one start-up before releasing it.  No controller that
+  measures instead of foreseeing does better at the same headroom: the gap
+  between it and the oracle is the price of not knowing the future, the gap
+  between a controller and it the price of measuring and controlling
+  (``governor bench frontier``'s ``oracle-causal`` curve).
 
 Examples
 --------
@@ -67,6 +75,7 @@ MAX_BATCH = int(_FLEET_DEFAULTS["max_batch"])  # the fast loop's fleet: FleetCon
 MAX_PREFILL_TOKENS = int(_FLEET_DEFAULTS["max_prefill_tokens"])
 NETWORK_MS_MEDIAN = float(_FLEET_DEFAULTS["network_ms_median"])
 SQRT_STAFFING = 1.0  # square-root staffing: + beta * sqrt(load) replicas for arrival noise
+CAUSAL_WINDOW_S = 20.0  # the schedule's demand window (centred: half of it looks ahead)
 DEFAULT_HEADROOM = 1.0  # oracle: replicas over the profiled-capacity need (bench frontier sweeps it)
 
 
@@ -290,12 +299,21 @@ class OracleAutoscaler(BaselineBase):
         need: np.ndarray,
         lead_s: Callable[[float], float],
         delay_s: float,
+        causal_lag_s: float | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.need, self.lead_s, self.delay_s = need, lead_s, delay_s
+        self.causal_lag_s = causal_lag_s
 
     def decide(self, obs: Observation) -> int | None:
+        if self.causal_lag_s is not None:
+            # Causal: need[t] looks causal_lag_s ahead, so need[t - lag] is the load up to now;
+            # a replica is held for one start-up after its last needed second (it cannot come back sooner).
+            hi = int(math.floor(obs.t_s - self.causal_lag_s))
+            lo = int(math.floor(hi - self.lead_s(obs.t_s)))
+            seg = self.need[max(0, min(lo, len(self.need) - 1)) : max(0, min(hi + 1, len(self.need)))]
+            return self.changed(obs, int(seg.max())) if hi >= 0 and len(seg) else None  # nothing seen yet: hold
         lo = int(math.floor(obs.t_s + self.delay_s))
         hi = int(math.ceil(obs.t_s + self.delay_s + self.lead_s(obs.t_s))) + 1
         seg = self.need[min(lo, len(self.need) - 1) : min(hi, len(self.need))]
@@ -310,9 +328,14 @@ def oracle_factory(
     faults: Sequence[Fault] = (),
     duration_s: float | None = None,
     headroom: float = DEFAULT_HEADROOM,
+    causal: bool = False,
 ) -> Callable[[str], OracleAutoscaler]:
-    """zone -> :class:`OracleAutoscaler` over :func:`oracle_schedule` (for :func:`sim.fastloop.run`)."""
-    sched = oracle_schedule(workload, cfg, capacity_rps, faults, duration_s, headroom)
+    """zone -> :class:`OracleAutoscaler` over :func:`oracle_schedule` (for :func:`sim.fastloop.run`).
+
+    ``causal``: the schedule read only up to now (module docstring); a fault
+    is then known, exactly, half a demand window after it starts.
+    """
+    sched = oracle_schedule(workload, cfg, capacity_rps, faults, duration_s, headroom, window_s=CAUSAL_WINDOW_S)
     slow = [(f.at_s, f.factor) for f in faults if f.kind == "slow_start"]
 
     def lead_s(t: float) -> float:  # start-up at the time of the order (slow-start faults known)
@@ -332,6 +355,7 @@ def oracle_factory(
             slo_ttft_ms=cfg.ttft_slo_ms,
             slo_itl_ms=cfg.itl_slo_ms,
             replica_capacity_rps=capacity_rps,
+            causal_lag_s=CAUSAL_WINDOW_S / 2.0 if causal else None,
         )
 
     return make

@@ -17,13 +17,13 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "frontier", "--scenario", "step", "--qps", "2", "--duration-s", "120"]
-    argv += ["--strategies", "governor,static,oracle", "--json", "--out", str(tmp_path)]
+    argv += ["--strategies", "governor,static,oracle,oracle-causal", "--json", "--out", str(tmp_path)]
     assert run_frontier(build_parser().parse_args(argv)) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (sc,) = out["scenarios"]
     assert sc["scenario"] == "step" and 0 < sc["ceiling"] <= 1 and sc["lower_bound_gpu_seconds"] > 0
     points = sc["points"]
-    assert len(points) == 3 * 5
+    assert len(points) == 4 * 5
     for p in points:
         assert {"strategy", "scenario", "knob", "knob_value", "slo_attainment", "gpu_seconds"} <= set(p)
         assert p["knob"] == KNOBS[p["strategy"]][0] and p["scenario"] == "step"
@@ -34,6 +34,10 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
     goal = 0.995 * sc["ceiling"]
     gov = [p["gpu_seconds"] for p in points if p["strategy"] == "governor" and p["slo_attainment"] >= goal]
     assert sc["governor_gpu_seconds_at_target"] == (min(gov) if gov else None)
+    causal = [p["gpu_seconds"] for p in points if p["strategy"] == "oracle-causal" and p["slo_attainment"] >= goal]
+    assert sc["causal_oracle_gpu_seconds_at_target"] == (min(causal) if causal else None)
+    if gov and causal:
+        assert sc["governor_over_causal_oracle"] == round(min(gov) / min(causal), 3)
     for name in sc["dominated_by_governor"]:
         assert name.split("@")[0] == "static"
     assert Path(sc["plot"]).exists()

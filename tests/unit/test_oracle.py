@@ -106,6 +106,30 @@ def test_oracle_reaches_the_ceiling_on_a_step_at_no_less_than_the_bound() -> Non
     assert ready[: len(ready) // 10].max() < ready[-len(ready) // 10 :].min()
 
 
+def test_the_causal_oracle_follows_a_step_only_after_it_came_and_pays_for_not_knowing() -> None:
+    """Same schedule, read only up to now: the oracle orders for a step one start-up before it
+    arrives, the causal oracle only after it has seen it, so it never knows the step in advance
+    and at the same headroom it is no better than the oracle."""
+    cfg = LoopConfig(initial_replicas=1, actuation_delay_s=0.0)
+    rng = np.random.default_rng(3)
+    step_at, end = 150.0, 300.0
+    arrivals = np.sort(np.concatenate([rng.uniform(0, step_at, 150), rng.uniform(step_at, end, 1800)]))
+    n = len(arrivals)
+    w = Workload(arrivals, np.full(n, 512), np.full(n, 100), None, "step")
+    cap = 3.0
+    t_up = {}
+    results = {}
+    for causal in (False, True):
+        res = run(oracle_factory(w, cfg, cap, (), end, causal=causal), w, cfg, (), end)
+        t = np.asarray(res.timeline["t_s"])
+        desired = np.asarray(res.timeline["az-a.desired"])
+        t_up[causal] = float(t[desired > desired[(t > 20) & (t < 80)].max() + 1][0])
+        results[causal] = res.metrics["slo_attainment"]
+    assert t_up[False] < step_at - cfg.startup_s / 2  # ordered a start-up ahead (its window is 20 s)
+    assert step_at <= t_up[True] <= step_at + 20  # seen as it comes: half a window late at most
+    assert results[True] <= results[False]
+
+
 def test_bench_control_json_carries_the_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from governor.bench_control import run_bench
 
