@@ -3,7 +3,8 @@
 
     python3 dev.py demo          # the main job: closed loop on embedded Kafka + Redis
     python3 dev.py test          # every check: lint, format, types, import contracts,
-                                 # doctests and the test suite (what .ci/run calls)
+                                 # doctests and the test suite (what .ci/run calls;
+                                 # two test processes, GOVERNOR_TEST_WORKERS=0 for one)
     python3 dev.py lint          # the static checks alone
     python3 dev.py pytest ...    # pytest alone, with your arguments (doctests included)
     python3 dev.py governor ...  # any governor CLI command inside the project venv
@@ -91,7 +92,10 @@ def main(args: list[str]) -> int:
     if task == "test":
         failed = lint()
         _say("static checks " + ("FAILED" if failed else "passed") + "; running doctests and tests")
-        return pytest(rest) or failed
+        # Two processes, a test file each at a time (module fixtures stay in one process); the
+        # integration tests mostly wait on servers, so two share two cores well.
+        workers = os.environ.get("GOVERNOR_TEST_WORKERS", "2")
+        return pytest(["-n", workers, "--dist", "loadfile", *rest] if workers != "0" else rest) or failed
     return pytest(rest)
 
 
