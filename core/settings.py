@@ -622,6 +622,13 @@ class Settings:
         "1/0: scale-ups multiply ready replicas while capacity is in flight (delay compensation)",
         "bool",
     )
+    learn_capacity: bool = _setting(
+        True,
+        "GOVERNOR_LEARN_CAPACITY",
+        "1/0: the feedforward's replica capacity is learned online from saturated and idle windows, "
+        "the profiled replica_capacity_rps as its prior",
+        "bool",
+    )
     observer: bool = _setting(
         False,
         "GOVERNOR_OBSERVER",

@@ -46,6 +46,7 @@ TRACE_SLOS = {"azure-conv": (1000.0, 150.0), "mooncake": (6000.0, 150.0)}
 GOVERNOR_VARIANTS: dict[str, dict[str, Any]] = {
     "governor": {"feedforward": True},  # everything
     "governor-kf": {"feedforward": True, "observer": True},  # + Kalman observer over the loop delay
+    "governor-prior": {"feedforward": True, "learn_capacity": False},  # the profiled capacity alone, never learned
     "governor-fb": {"feedforward": False},  # feedback PID only
     "governor-fb-nodc": {"feedforward": False, "dead_time_comp": False},  # ... without delay comp.
     "governor-fpid": {
@@ -99,9 +100,14 @@ class Setup:
     trace: Trace
     cfg: LoopConfig
     scenario: Scenario
-    capacity: float  # profiled req/s per replica
+    capacity: float  # req/s per replica every strategy that reads a profile is given (x --capacity-error)
     static_n: int  # static's replicas per zone (the warm-start size)
     warm: bool
+    profiled: float = 0.0  # the profile's own value: the oracle's (it knows the truth); 0 = capacity
+
+    @property
+    def true_capacity(self) -> float:
+        return self.profiled or self.capacity
 
 
 def base_config(args: Namespace) -> LoopConfig:
@@ -129,12 +135,13 @@ def prepare(args: Namespace, scenario_name: str, trace: Trace | None = None, cap
     cfg = base_config(args)
     scenario = build(scenario_name, trace, args.qps, args.duration_s, cfg.zones)
     capacity = capacity if capacity is not None else replica_capacity_rps(trace, cfg)
+    profiled, capacity = capacity, capacity * float(getattr(args, "capacity_error", 1.0) or 1.0)
     peak = float(np.max(np.histogram(scenario.workload.arrival_s, bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
     static_n = getattr(args, "static_replicas", 0) or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
     warm = bool(getattr(args, "warm_start", True))
     if warm:  # every strategy starts from the fleet static holds
         cfg = dataclasses.replace(cfg, initial_replicas=min(max(static_n, cfg.min_replicas), cfg.max_replicas))
-    return Setup(trace, cfg, scenario, capacity, static_n, warm)
+    return Setup(trace, cfg, scenario, capacity, static_n, warm, profiled)
 
 
 def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
@@ -146,7 +153,9 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     for name in strategy_names(args.strategies):
         run_cfg = cfg
         if name == ORACLE:
-            h, res, tried = tuned_oracle(scenario.workload, cfg, capacity, scenario.faults, scenario.duration_s)
+            h, res, tried = tuned_oracle(
+                scenario.workload, cfg, setup.true_capacity, scenario.faults, scenario.duration_s
+            )
             oracle_info = {"oracle_headroom": h, "oracle_tried": [list(t) for t in tried]}
             results.append(res)
             continue
@@ -171,6 +180,7 @@ def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
         "seed": args.seed,
         "requests": len(scenario.workload),
         "replica_capacity_rps": round(capacity, 3),
+        "capacity_error": round(capacity / setup.true_capacity, 3),
         "static_replicas_per_zone": static_n,
         "ttft_slo_ms": cfg.ttft_slo_ms,
         "itl_slo_ms": cfg.itl_slo_ms,
@@ -266,8 +276,9 @@ def run_bench(args: Namespace) -> int:
     )
     print(
         f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
-        f"profiled capacity {meta['replica_capacity_rps']} req/s per replica; "
-        f"static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
+        f"profiled capacity {meta['replica_capacity_rps']} req/s per replica"
+        + (f" ({meta['capacity_error']}x the measured one)" if meta["capacity_error"] != 1.0 else "")
+        + f"; static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
         f"{len(meta['zones'])} zones, {meta['balancer']} balancer"
     )
     print(_limits(meta))
@@ -318,9 +329,20 @@ def add_parser(sub: Any) -> None:
     bc.add_argument(
         "--eps-ref", type=float, default=0.02, help="violation-rate reference of governor's PID (seed: 0.02)"
     )
+    add_capacity_error(bc)
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
+
+
+def add_capacity_error(parser: Any) -> None:
+    parser.add_argument(
+        "--capacity-error",
+        type=float,
+        default=1.0,
+        help="the profile every strategy is given, as a multiple of the measured one (e.g. 0.4 or 2.5: a profile "
+        "made on another workload); the oracles keep the truth",
+    )
 
 
 def _limits(meta: Mapping[str, Any]) -> str:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import GOVERNOR_VARIANTS, Setup, prepare
+from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps
@@ -71,9 +71,9 @@ def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
     if name == "governor":
         variant = {k: v for k, v in GOVERNOR_VARIANTS["governor"].items() if k != "feedforward"}
         return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, eps_ref=value, **variant)
-    if name in LIMITS:
-        sc = setup.scenario
-        return oracle_factory(sc.workload, cfg, cap, sc.faults, sc.duration_s, value, causal=name != "oracle"), cfg
+    if name in LIMITS:  # the references know the true capacity, whatever the profile says
+        sc, true = setup.scenario, setup.true_capacity
+        return oracle_factory(sc.workload, cfg, true, sc.faults, sc.duration_s, value, causal=name != "oracle"), cfg
     common: dict[str, Any] = {
         "min_replicas": cfg.min_replicas,
         "max_replicas": cfg.max_replicas,
@@ -244,6 +244,7 @@ def run_frontier(args: Namespace) -> int:
         "duration_s": args.duration_s,
         "seed": args.seed,
         "replica_capacity_rps": round(capacity, 3),
+        "capacity_error": args.capacity_error,
         "target_share_of_ceiling": TARGET_SHARE,
         "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
         "wall_s": round(time.perf_counter() - wall0, 1),
@@ -281,5 +282,6 @@ def add_parser(sub: Any) -> None:
     bf.add_argument("--startup-s", type=float, default=30.0)
     bf.add_argument("--window-s", type=float, default=10.0)
     bf.add_argument("--seed", type=int, default=0)
+    add_capacity_error(bf)
     bf.add_argument("--out", default="runs/bench-frontier")
     bf.add_argument("--json", action="store_true")

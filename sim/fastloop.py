@@ -104,6 +104,7 @@ class LoopConfig:
     dead_time_comp: bool = True
     drift: bool = True
     observer: bool = False
+    learn_capacity: bool = True  # GOVERNOR_LEARN_CAPACITY: the feedforward's capacity learned online
     zone_redundancy: int = 0  # GOVERNOR_ZONE_REDUNDANCY: zone losses sized for in standing capacity
     # The global balancer in front of the zones: "uniform" sends a zone its share as soon as
     # it is reachable (so a healed zone gets traffic while its replicas still start);
@@ -135,6 +136,7 @@ class LoopConfig:
             dead_time_comp=self.dead_time_comp,
             drift=self.drift,
             observer=self.observer,
+            learn_capacity=self.learn_capacity,
             zone_redundancy=self.zone_redundancy,
             zones=self.zones,
             models=(spec,),

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from controllers import capacity_learn as cap
 from controllers import feedforward as ff
 from controllers import fpid
 from controllers import observer as obs
@@ -167,6 +168,7 @@ class KeyState:
     last_basis_ms: int = -1
     queued: float | None = None
     sde: OnlineOuFit = field(default_factory=OnlineOuFit)  # OU fit of the window TTFT P50
+    capacity: cap.CapacityState = field(default_factory=cap.CapacityState)  # learned replica capacity
     kalman: obs.KalmanState | None = None
     delay: obs.LoopDelay = field(default_factory=obs.LoopDelay)
     # commands on their way: [basis_s, issued_s, target, applied_s | None]
@@ -186,6 +188,7 @@ class KeyState:
             "last_basis_ms": self.last_basis_ms,
             "queued": self.queued,
             "sde": self.sde.to_state(),
+            "capacity": self.capacity.to_dict(),
             "kalman": None if self.kalman is None else self.kalman.to_dict(),
             "delay": asdict(self.delay),
             "inflight": [list(c) for c in self.inflight],
@@ -211,6 +214,7 @@ class KeyState:
             last_basis_ms=int(data["last_basis_ms"]),
             queued=None if data["queued"] is None else float(data["queued"]),
             sde=OnlineOuFit.from_state(data["sde"]),
+            capacity=cap.CapacityState.from_dict(dict(data["capacity"])) if "capacity" in data else cap.CapacityState(),
             kalman=None if data["kalman"] is None else obs.KalmanState.from_dict(dict(data["kalman"])),
             delay=obs.LoopDelay(**data["delay"]),
             inflight=[list(c) for c in data["inflight"]],
@@ -313,7 +317,7 @@ class Scaler:
             ks.sde = ks.sde.update(w.ttft_p50_ms, window_s)
         self._drift(ks, model, zone, w, arrival, basis)
         limits = params.limits if isinstance(params, fpid.FpidParams) else params
-        ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits, floor)
+        ff_out = self._feedforward(model, zone, ks, rate, queued, window_s, meas, limits, floor, w)
         if ks.forecaster is not None:
             ks.forecaster.learn(arrival)
         previous = ks.ctrl.last_target
@@ -447,6 +451,10 @@ class Scaler:
         )
         return min(1.0, max(0.0, eps_pred, lead))
 
+    def _itl_slo(self, model: str) -> float | None:
+        spec = self.settings.model(model)
+        return spec.itl_slo_ms if spec else None
+
     def _slo(self, model: str) -> float:
         spec = self.settings.model(model)
         return spec.ttft_slo_ms if spec else 1000.0
@@ -557,12 +565,15 @@ class Scaler:
         meas: PidMeasurement,
         params: PidParams,
         floor_rps: float = 0.0,
+        w: WindowRecord | None = None,
     ) -> ff.FeedforwardOutput | None:
         """Size from demand (at least ``floor_rps``, the zone-aware floor); lift (or let
         decay) the feedback level before it steps."""
         ffp = self.ff_params.get(model)
         if ffp is None:
             return None
+        itl = (w.itl_p95_ms, w.itl_slo_ms or self._itl_slo(model)) if w is not None else (None, None)
+        ffp = self._learned(model, zone, ks, ffp, cap.CapacityWindow(rate, 0, queued, meas.violation_rate, *itl), meas)
         forecast = error = None
         if ks.forecaster is not None and ks.forecaster.ready:
             forecast = max(0.0, ks.forecaster.forecast(self.horizon_steps)[-1])
@@ -618,6 +629,64 @@ class Scaler:
             )
             ks.ff_mode = mode
         return out
+
+    def _learned(
+        self,
+        model: str,
+        zone: str,
+        ks: KeyState,
+        ffp: ff.FeedforwardParams,
+        window: cap.CapacityWindow,
+        meas: PidMeasurement,
+    ) -> ff.FeedforwardParams:
+        """The feedforward parameters with the replica capacity learned from this window (the profile as
+        prior); ``window`` carries the zone's completions, queued total, fixable rate and busy share."""
+        if not self.settings.learn_capacity:
+            return ffp
+        ready = meas.replicas_current - meas.replicas_pending
+        window = replace(
+            window,
+            ready=ready,
+            queue_per_replica=window.queue_per_replica / max(ready, 1),
+            starting=meas.replicas_pending,
+        )
+        eps_ref = self.settings.eps_ref
+        ks.capacity, change = cap.step(cap.CapacityParams(), ks.capacity, window, ffp.capacity_rps, eps_ref)
+        learned = cap.capacity(ks.capacity, ffp.capacity_rps)
+        if change is not None:
+            log.warning(
+                "%s/%s replica capacity: profile %.3f req/s, learned %.3f (%s)",
+                zone,
+                model,
+                ffp.capacity_rps,
+                learned,
+                "prior off" if change == "off" else "prior fine again",
+                extra={"model": model, "zone": zone},
+            )
+            self.events.append(
+                {
+                    "schema_version": 1,
+                    "kind": "capacity_prior",
+                    "model": model,
+                    "zone": zone,
+                    "prior_off": change == "off",
+                    "prior_rps": ffp.capacity_rps,
+                    "learned_rps": learned,
+                }
+            )
+        return replace(ffp, capacity_rps=learned)
+
+    def learned_capacity(self, model: str, zone: str) -> float | None:
+        """The replica capacity (req/s) the feedforward of ``(model, zone)`` sizes with now, or None without one."""
+        ffp = self.ff_params.get(model)
+        ks = self.states.get((model, zone))
+        if ffp is None:
+            return None
+        return (
+            ffp.capacity_rps
+            if ks is None or not self.settings.learn_capacity
+            else cap.capacity(ks.capacity, ffp.capacity_rps)
+        )
 
     def rate_forecast(self, model: str, zone: str, steps: int = 1) -> float | None:
         """Arrival-rate forecast (req/s) ``steps`` windows past the last window seen, or None
