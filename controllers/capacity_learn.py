@@ -19,10 +19,12 @@ moves it only by evidence a window gives about what a replica *did*:
   variation over ``spread``, at most 1): a fleet that ran at one load only
   cannot tell a slope from noise and keeps the prior.  A fit that does not
   fall with load says nothing.
-- **Saturation** (an upper bound).  The window's fixable violation rate is
-  above ``2 x eps_ref`` and requests wait (at least ``min_queue`` per ready
-  replica): the ready replicas could not serve the load in time, so what
-  they completed per replica, ``s``, bounds the capacity from above.  The
+- **Saturation** (an upper bound).  Two windows running, with no replica
+  starting, the fixable violation rate is above ``2 x eps_ref`` and requests
+  wait (at least ``min_queue`` per ready replica): the ready replicas could
+  not serve the load in time, so what they completed per replica, ``s`` (the
+  larger of the two: completions lag a sudden load by a request's
+  duration), bounds the capacity from above.  The
   bound moves ``down_gain`` of the way to ``s`` (in log space) and then
   rises by ``bound_forget`` a window: a few bad windows correct an
   optimistic profile, whatever limits the replica (prefill-bound TTFT
@@ -41,7 +43,7 @@ returns the change so the caller can publish it.
 ...     s, change = step(p, s, bad, prior_rps=3.0, eps_ref=0.02)
 ...     changes.append(change)
 >>> round(capacity(s, 3.0), 2), s.off, changes
-(1.28, True, ['off', None, None, None])
+(1.35, True, [None, 'off', None, None])
 >>> s = CapacityState()
 >>> for x, itl in ((0.5, 30.0), (4.0, 60.0), (6.0, 80.0), (5.0, 70.0)) * 10:  # ITL P95 against load
 ...     w = CapacityWindow(completions_rps=5 * x, ready=5, queue_per_replica=0.0, fixable_rate=0.0,
@@ -100,6 +102,7 @@ class CapacityState:
     saturated: int = 0  # windows that moved it: saturated ones, curve ones (evidence counts)
     curve: int = 0
     off: bool = False
+    last_saturated_rps: float | None = None  # the previous window's per-replica completions, if it was saturated
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -114,7 +117,11 @@ class CapacityState:
         sums = tuple(float(data["sums"][k]) for k in _SUMS)
         if not all(math.isfinite(v) for v in (log_k, *sums, 0.0 if bound is None else bound)):
             raise ValueError(f"capacity state {data!r}: numbers must be finite")
-        return cls(log_k, bound, sums, int(data["saturated"]), int(data["curve"]), bool(data["off"]))  # type: ignore[arg-type]
+        last = data.get("last_saturated_rps")
+        last = None if last is None else float(last)
+        if last is not None and not (math.isfinite(last) and last >= 0):
+            raise ValueError(f"last_saturated_rps={last!r}: must be finite and >= 0")
+        return cls(log_k, bound, sums, int(data["saturated"]), int(data["curve"]), bool(data["off"]), last)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -170,8 +177,10 @@ def step(
     log_bound = state.log_bound
     if log_bound is not None:
         log_bound += math.log1p(params.bound_forget)
-    if saturated and per_replica > 0.0:
-        target = math.log(per_replica / prior_rps)
+    previous = state.last_saturated_rps
+    state = replace(state, last_saturated_rps=per_replica if saturated and w.starting == 0 else None)
+    if saturated and w.starting == 0 and previous is not None and max(previous, per_replica) > 0.0:
+        target = math.log(max(previous, per_replica) / prior_rps)
         now = min(state.log_k, log_bound if log_bound is not None else math.inf)
         if target < now:
             log_bound = now + params.down_gain * (target - now)

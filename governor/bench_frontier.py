@@ -48,7 +48,9 @@ TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
 
 # strategy -> (knob, its values; "x" values scale a per-run reference: static's size, the TTFT SLO)
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
-    "governor": ("eps_ref", (0.005, 0.01, 0.02, 0.04, 0.08)),
+    # headroom = 1 / the feedforward's target utilisation (default 1.25); eps_ref moved governor's points
+    # little once the feedforward sizes the fleet (0.005 and 0.01 gave the same runs)
+    "governor": ("headroom", (1.0, 1.1, 1.25, 1.4, 1.6)),
     "static": ("replicas_x_peak", (0.6, 0.8, 1.0, 1.2, 1.5)),
     "hpa": ("target_utilization", (0.5, 0.6, 0.7, 0.8, 0.9)),
     "keda": ("threshold_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
@@ -70,7 +72,8 @@ def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
     cfg, cap = setup.cfg, setup.capacity
     if name == "governor":
         variant = {k: v for k, v in GOVERNOR_VARIANTS["governor"].items() if k != "feedforward"}
-        return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, eps_ref=value, **variant)
+        gains = {**cfg.pid_gains, "ff_target_util": 1.0 / value}
+        return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, pid_gains=gains, **variant)
     if name in LIMITS:  # the references know the true capacity, whatever the profile says
         sc, true = setup.scenario, setup.true_capacity
         return oracle_factory(sc.workload, cfg, true, sc.faults, sc.duration_s, value, causal=name != "oracle"), cfg

@@ -48,15 +48,21 @@ def test_the_latency_curve_brings_a_wrong_prior_to_the_true_capacity(prior_error
 
 
 def test_saturated_windows_bound_the_capacity_by_what_the_replicas_served() -> None:
-    """6 replicas with requests waiting and 30 % missing completed 1.5 req/s each: a 4 req/s prior
-    comes down towards 1.5 at once (half the log gap a window), and says so once."""
+    """6 replicas with requests waiting and 30 % missing completed 1.5 req/s each, two windows running
+    and more: a 4 req/s prior comes down towards 1.5 (half the log gap a window) and says so once.
+    One such window alone, or windows while replicas start, prove nothing (completions lag a burst)."""
     s, changes = CapacityState(), []
     bad = CapacityWindow(completions_rps=9.0, ready=6, queue_per_replica=3.0, fixable_rate=0.3)
-    for _ in range(5):
+    for _ in range(6):
         s, change = step(P, s, bad, 4.0, 0.02)
         changes.append(change)
-    assert 1.5 <= capacity(s, 4.0) < 1.6 and s.saturated == 5
-    assert changes == ["off", None, None, None, None]
+    assert 1.5 <= capacity(s, 4.0) < 1.62 and s.saturated == 5
+    assert changes == [None, "off", None, None, None, None]
+    starting = CapacityWindow(completions_rps=9.0, ready=6, queue_per_replica=3.0, fixable_rate=0.3, starting=2)
+    lone = CapacityState()
+    for w in (bad, starting, bad, starting):
+        lone, _ = step(P, lone, w, 4.0, 0.02)
+    assert capacity(lone, 4.0) == 4.0
     # a queue without misses, or misses without a queue, is not saturation
     for w in (
         CapacityWindow(9.0, 6, 3.0, 0.0),
@@ -124,7 +130,7 @@ def test_the_scaler_learns_publishes_and_snapshots_the_capacity() -> None:
     the learned value, publishes one capacity_prior event (and the profile stays the prior), and a
     restored worker keeps what was learned; with GOVERNOR_LEARN_CAPACITY=0 the profile stays."""
     on, off = Scaler(_settings(True)), Scaler(_settings(False))
-    for k in range(4):
+    for k in range(5):
         on.on_window(_saturated(k), (k + 1) * 10_000)
         off.on_window(_saturated(k), (k + 1) * 10_000)
     learned = on.learned_capacity("m", "az-a")
