@@ -24,7 +24,7 @@ SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json")
 # (outside the clone, e.g. /work/shared/...) are skipped altogether.
 EXCLUDED = frozenset(
     {
-        "python/ray/serve/autoscaling_policy.py",  # docs/model.md §23: a file of Ray's repository
+        "python/ray/serve/autoscaling_policy.py",  # docs/model.md §24: a file of Ray's repository
     }
 )
 
