@@ -174,7 +174,9 @@ def run_scenario(
         "initial_replicas_per_zone": cfg.initial_replicas,
         "requests": len(sc.workload),
         "points": points,
-        "dominated_by_governor": _dominated(gov, peers) if gov else [],
+        "dominated_by_governor": (dom := _dominated(gov, peers) if gov else []),
+        # the rest: peer points no governor point matches on both axes (the goal is none)
+        "not_dominated": [n for n in (f"{p['strategy']}@{p['knob_value']:g}" for p in peers) if n not in dom],
         "governor_gpu_seconds_at_target": g_at,
         "oracle_gpu_seconds_at_target": o_at,
         "governor_over_oracle": round(g_at / o_at, 3) if g_at and o_at else None,
@@ -252,11 +254,43 @@ def run_frontier(args: Namespace) -> int:
         "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
+    if args.markdown:
+        with Path(args.markdown).open("a", encoding="utf-8") as fh:
+            fh.write(markdown(meta, summaries) + "\n")
     if args.json:
         print(json.dumps({"meta": meta, "scenarios": summaries}))
     else:
         print(f"plots: {out}/frontier-{tname}-<scenario>.png  ({meta['wall_s']:.0f} s)")
     return 0
+
+
+def markdown(meta: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]]) -> str:
+    """The per-scenario summary as a markdown table (what docs/benchmarks.md shows), from a run's JSON."""
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
+    head = (
+        f"`governor bench frontier --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
+        f"--duration-s {meta['duration_s']:g} --seed {meta['seed']}"
+        + (f" --capacity-error {meta['capacity_error']:g}" if meta.get("capacity_error", 1.0) != 1.0 else "")
+        + f"` ({meta['wall_s']:.0f} s)\n\n"
+        "| scenario | ceiling | governor GPU-s at 99.5 % of it | / oracle | / causal oracle | / lower bound "
+        "| peer points dominated | not dominated |\n|---|---:|---:|---:|---:|---:|---:|---|\n"
+    )
+    rows = []
+    for s in summaries:
+        peers = len(s["dominated_by_governor"]) + len(s.get("not_dominated", []))
+        rows.append(
+            f"| {s['scenario']} | {s['ceiling']:.2%} | {fmt(s['governor_gpu_seconds_at_target'])} "
+            f"| {ratio(s['governor_over_oracle'])} | {ratio(s.get('governor_over_causal_oracle'))} "
+            f"| {ratio(s['governor_over_lower_bound'])} | {len(s['dominated_by_governor'])} of {peers} "
+            f"| {', '.join(s.get('not_dominated', [])) or '-'} |"
+        )
+    return head + "\n".join(rows) + "\n"
 
 
 def _line(s: Mapping[str, Any]) -> str:
@@ -268,8 +302,8 @@ def _line(s: Mapping[str, Any]) -> str:
         f"governor @99.5% ceil {fmt(s['governor_gpu_seconds_at_target'])} GPU-s "
         f"(x{s['governor_over_oracle'] or '-'} oracle {fmt(s['oracle_gpu_seconds_at_target'])}, "
         f"x{s['governor_over_causal_oracle'] or '-'} causal oracle {fmt(s['causal_oracle_gpu_seconds_at_target'])}, "
-        f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {len(s['dominated_by_governor'])} peer points: "
-        + ", ".join(s["dominated_by_governor"])
+        f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {len(s['dominated_by_governor'])} peer points"
+        + (f", not: {', '.join(s['not_dominated'])}" if s.get("not_dominated") else " (all)")
     )
 
 
@@ -288,3 +322,4 @@ def add_parser(sub: Any) -> None:
     add_capacity_error(bf)
     bf.add_argument("--out", default="runs/bench-frontier")
     bf.add_argument("--json", action="store_true")
+    bf.add_argument("--markdown", default="", help="append the summary table, as markdown, to this file")

@@ -18,6 +18,7 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
 ) -> None:
     argv = ["bench", "frontier", "--scenario", "step", "--qps", "2", "--duration-s", "120"]
     argv += ["--strategies", "governor,static,oracle,oracle-causal", "--json", "--out", str(tmp_path)]
+    argv += ["--markdown", str(tmp_path / "t.md")]
     assert run_frontier(build_parser().parse_args(argv)) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (sc,) = out["scenarios"]
@@ -40,4 +41,11 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
         assert sc["governor_over_causal_oracle"] == round(min(gov) / min(causal), 3)
     for name in sc["dominated_by_governor"]:
         assert name.split("@")[0] == "static"
+    assert sorted(sc["dominated_by_governor"] + sc["not_dominated"]) == sorted(
+        f"static@{p['knob_value']:g}" for p in static
+    )
     assert Path(sc["plot"]).exists()
+    table = (tmp_path / "t.md").read_text().splitlines()
+    assert table[0].startswith("`governor bench frontier --trace azure-conv --qps 2 --duration-s 120")
+    (row,) = [line for line in table if line.startswith("| step |")]
+    assert f"{len(sc['dominated_by_governor'])} of 5" in row
