@@ -9,7 +9,7 @@ injects faults into the fleet.  ``qps`` is the scenario's base rate.
 replay         the trace at ``qps`` (its own minute-to-minute swings kept)
 step           the design source's stepped load test: 50 -> 500 QPS in 10 equal steps
                (scaled by qps/50 so a smaller base keeps the 10x shape)
-burst          base rate with three 3x bursts of 60 s
+burst          base rate with three 3x bursts of 60 s (a fifth of a run shorter than 300 s)
 diurnal        a compressed day: rate follows 0.4 .. 1.6 x qps sinusoidally
 spike          the design source's injected I/O-delay spikes: service time x3
                on half of a zone's replicas for 120 s, twice
@@ -83,9 +83,10 @@ def build(
         w = from_trace(trace, qps, duration_s, segs)
     elif name == "burst":
         segs = [(0.0, 1.0)]
+        length = min(60.0, 0.2 * duration_s)  # bursts 60 s long; shorter runs keep them apart, in order
         for frac in (0.25, 0.5, 0.75):
             start = duration_s * frac
-            segs += [(start, 3.0), (start + 60.0, 1.0)]
+            segs += [(start, 3.0), (start + length, 1.0)]
         w = from_trace(trace, qps, duration_s, segs)
     elif name == "diurnal":
         w = from_trace(trace, qps, duration_s, _segments_sine(duration_s, 0.4, 1.6))

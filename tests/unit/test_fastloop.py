@@ -142,6 +142,27 @@ def test_step_scenario_rises_tenfold() -> None:
     assert 7.0 <= last / first <= 20.0
 
 
+@pytest.mark.parametrize("duration", [120.0, 600.0])
+def test_burst_scenario_has_three_threefold_bursts_in_order(duration: float) -> None:
+    """Three bursts at a quarter, a half and three quarters of the run, 60 s long (a fifth of a
+    short run: a 120 s run's bursts used to overlap and came out unsorted), each about 3x the
+    replay's rate in the same seconds (the warp moves later bursts onto other seconds of the trace,
+    whose own rate varies); the run before the first burst is the replay's."""
+    burst = build("burst", TRACE, 20.0, duration).workload.arrival_s
+    replay = build("replay", TRACE, 20.0, duration).workload.arrival_s
+    assert (burst[1:] >= burst[:-1]).all() and burst.max() < duration
+
+    def count(a, lo: float, hi: float) -> int:
+        return int(((a >= lo) & (a < hi)).sum())
+
+    first = duration * 0.25
+    assert count(burst, 0.0, first) == count(replay, 0.0, first)
+    for frac in (0.25, 0.5, 0.75):
+        lo = duration * frac
+        hi = lo + min(60.0, 0.2 * duration)
+        assert 1.6 <= count(burst, lo, hi) / count(replay, lo, hi) <= 4.5  # later seconds of the trace
+
+
 def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ScenarioError):
         build("nope", TRACE, 10.0, 100.0)
