@@ -367,6 +367,7 @@ def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namesp
         + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
         + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else "")
         + (" --no-warm-start" if not meta.get("warm_start", True) else "")
+        + (f" --capacity-error {meta['capacity_error']:g}" if meta.get("capacity_error", 1.0) != 1.0 else "")
     )
     lines = [
         f"### {meta['trace']} / {meta['scenario']}",
