@@ -89,8 +89,15 @@ def ready_log() -> logging.Logger:
     return logger
 
 
-def start_worker(settings: Settings, run_dir: Path) -> ChildProcess:
-    return ChildProcess("worker", ["worker"], settings, run_dir / "worker.log")
+def start_worker(settings: Settings, run_dir: Path, name: str = "worker") -> ChildProcess:
+    """``governor worker``, its log ``<run_dir>/<name>.log``.
+
+    Several workers may share the topics (they divide the partitions, :mod:`streams.ownership`);
+    each one named other than ``worker`` gets its own data directory, ``<data_dir>/<name>``.
+    """
+    if name != "worker":
+        settings = settings.replace(data_dir=str(Path(settings.data_dir) / name))
+    return ChildProcess(name, ["worker"], settings, run_dir / f"{name}.log")
 
 
 def start_executor(settings: Settings, zone: str, run_dir: Path, backend: str | None = "sim") -> ChildProcess:

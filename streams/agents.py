@@ -1,30 +1,28 @@
 """The Faust agents (thin): they move bytes between topics and call the pure
 processors in :mod:`streams.pipeline` and :mod:`streams.scaler_driver`.
 
-    telemetry --ingest--> metrics (+ deadletter)
-    metrics   --control--> commands
+    telemetry --ingest--> metrics (+ deadletter)   telemetry keyed model|zone
+    metrics   --control--> commands                window records keyed by model
     commands  --bridge--> Redis stream <prefix>:commands:<zone>
 
+Several workers share the partitions: every zone of a model meets at the one
+worker holding its metrics partition, which alone decides for it
+(:mod:`streams.ownership`, also for what a rebalance does).
 Delivery is at-least-once end to end.  The bridge writes a command to Redis
 before it takes the next event, so Faust commits the command's offset only
 after Redis has it; while Redis is down it retries with capped exponential
 backoff and the offset stays uncommitted.  Duplicates are dropped by the
 executors (deterministic ``command_id``).  Commands are signed
-(``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) twice: by the control agent
-when it publishes to the commands topic, and by the bridge after stamping the
-HLC (it is the last writer before Redis; executors refuse what is not
-signed).  The bridge dead-letters a command on the topic whose signature does
-not hold (``unauthenticated command: ...``), so writing to the commands topic
-does not get a command signed.
-Window records on the metrics topic carry a MAC header with the same keys
-(:meth:`ControlLoop.sign_window`); the control agent dead-letters the ones
-whose MAC does not hold, so a forged window cannot drive the controllers.
-
-The control agent's learned state -- the scaler, the routing driver, the
-circuit breakers, the KV policy and the agent weights -- is saved to Redis at
-most every 2 s, sealed with the same keys, one key per model and per routed
-family (:class:`streams.snapshots.SnapshotStore`), and restored when the agent
-starts; a snapshot that is not governor's own is refused and counted.
+(``GOVERNOR_COMMAND_KEYS``, :mod:`core.signing`) by the control agent and,
+after the HLC stamp, by the bridge (the last writer before Redis), which
+dead-letters a command on the topic whose signature does not hold
+(``unauthenticated command: ...``).  Window records carry a MAC header with
+the same keys (:meth:`ControlLoop.sign_window`); the control agent
+dead-letters the ones whose MAC does not hold.
+The control agent's learned state (scaler, routing, breakers, KV policy,
+agent weights) is saved to Redis at most every 2 s, sealed, one key per model
+and per routed family (:class:`streams.snapshots.SnapshotStore`), and
+restored for the models a worker gains when partitions are assigned.
 """
 
 from __future__ import annotations
@@ -33,13 +31,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from faust.types import TP
 from governor_telemetry.records import partition_key
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -57,6 +55,7 @@ from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
 from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
+from streams.ownership import Ownership, Rebalance
 from streams.pipeline import dead_letter
 from streams.side_redis import SideChannel
 from streams.snapshots import SnapshotStore
@@ -73,6 +72,8 @@ class Pipeline:
     loop: ControlLoop
     metrics: WorkerMetrics
     snapshots: SnapshotStore
+    ownership: Ownership
+    rebalance: Rebalance
 
 
 async def xadd_with_retry(
@@ -128,7 +129,7 @@ def build_pipeline(
     if keyring is None:
         raise MissingKeysError
     loop = ControlLoop(settings, metrics, keyring)  # window records carry a MAC header
-    parts = settings.partitions
+    loop.ingests.partitioned, parts = True, settings.partitions  # a watermark per telemetry partition
     telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
     metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
     commands = app.topic(settings.topic("commands"), partitions=parts)
@@ -149,13 +150,19 @@ def build_pipeline(
         metrics=metrics,
     )
 
+    # Window records keyed by model (family), on its partition: a model's zones meet at one worker.
+    ownership = Ownership(settings)
+
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         await deadletter.send(value=orjson.dumps(dl))
 
     async def publish_windows(closed: list[dict[str, Any]]) -> None:
         for m in closed:
             value, headers = loop.sign_window(m)
-            await metrics_topic.send(key=partition_key(m["model"], m["zone"]), value=value, headers=headers)
+            model = m["model"]
+            await metrics_topic.send(
+                key=ownership.key(model), partition=ownership.partition(model), value=value, headers=headers
+            )
 
     async def publish(cmd: Command, what: str) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()
@@ -164,20 +171,25 @@ def build_pipeline(
         # write to the commands topic cannot have the bridge sign a command of their own.
         await commands.send(key=cmd.zone.encode(), value=cmd.signed(keyring).encode())
 
-    # Telemetry is acknowledged (its offset committed) only once every window it fed has
-    # closed: a worker killed mid-window re-reads those records (ControlLoop.committable).
-    unacked: deque[tuple[Any, int | None]] = deque()
+    # Telemetry is acknowledged (its offset committed) only once every window it fed has closed:
+    # a worker killed mid-window re-reads those records (ControlLoop.committable). Rebalances
+    # (streams.ownership): on revocation drop open windows, save snapshots; on assignment
+    # release the models gone elsewhere, restore those gained (Faust resumes streams after).
+    rebalance = Rebalance(loop, ownership, snapshots, settings.topic("metrics"))
+    ack_closed = rebalance.ack_closed
 
-    def ack_closed() -> None:
-        while unacked and loop.committable(unacked[0][1]):
-            unacked.popleft()[0].ack()
+    def highwater(partition: int) -> int | None:  # of a telemetry partition; None: not known, not assigned
+        try:
+            return app.consumer.highwater(TP(settings.topic("telemetry"), partition))
+        except (AssertionError, KeyError, AttributeError):  # aiokafka asserts the partition is assigned
+            return None
 
     @app.agent(telemetry, name="ingest")
     async def ingest(stream: Any) -> None:
         async for event in stream.noack().events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            res = loop.ingest(event.value, source, clock.now_ms())
+            generation, res = rebalance.generation, loop.ingest(event.value, source, clock.now_ms())
             if res.dead_letters:
                 # One log line per message, not per record: a replay of old data or a broken
                 # producer must not become a flood of log lines (measured: the per-record line
@@ -193,18 +205,18 @@ def build_pipeline(
             for dl in res.dead_letters:
                 await send_dead_letter(dl)
             await publish_windows(res.windows)
-            unacked.append((event, res.max_ts_ms))
+            rebalance.hold(event, res.max_ts_ms, generation)
             ack_closed()
 
     @app.timer(  # type: ignore[untyped-decorator]  # Faust's timer decorator is untyped
         max(0.05, clock.to_wall_s(settings.window_s * 1000) / 10), name="close-windows"
     )
     async def close_windows() -> None:
-        await publish_windows(loop.close_due(clock.now_ms()))
-        ack_closed()
+        if not app.rebalancing:  # consumers paused: a window closed by the clock now would miss records
+            await publish_windows(loop.close_due(clock.now_ms(), highwater))
+            ack_closed()
         await watch_liveness()
-        # Saved here too, not only after a metrics record: the last decision before a quiet
-        # spell must reach Redis (a snapshot is at most every_s old, traffic or not).
+        # Saved here too: a snapshot is at most every_s old, traffic or not.
         await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
 
     # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
@@ -216,7 +228,12 @@ def build_pipeline(
     admission_key = names.admission(settings.topic_prefix)
 
     async def review_admission() -> None:
-        """Decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats)."""
+        """Decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats).
+
+        One writer: the worker holding metrics partition 0 (several workers would race on the registry).
+        """
+        if 0 not in ownership.assigned:
+            return
         entries = await side.call("admission", functools.partial(redis.hgetall, admission_key))
         if not entries:
             return
@@ -285,9 +302,26 @@ def build_pipeline(
         for cc in steps or []:
             await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
 
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust's receiver type requires signal=
+    async def _revoked(sender, revoked, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        try:
+            done = await rebalance.revoked(asyncio.get_running_loop().time())
+            log.info("rebalance: partitions revoked; %s", done)
+        except Exception:  # a rebalance that raises would crash the worker: logged, the next one retries
+            log.exception("rebalance: revocation failed")
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def _assigned(sender, assigned, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        try:
+            done = await rebalance.assigned((tp.topic, tp.partition) for tp in assigned)
+            log.info("control owns %d models: %s", len(done["models"]), done, extra={"ownership": done})
+            next_heartbeat_read[0] = 0.0  # executor heartbeats known before a gained model's first window:
+            await watch_liveness()  # its zones arrive with different lags, and a lag alone is no zone loss
+        except Exception:
+            log.exception("rebalance: assignment failed")
+
     @app.agent(metrics_topic, name="control")
     async def control(stream: Any) -> None:
-        await snapshots.restore()
         async for event in stream.events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
@@ -296,9 +330,22 @@ def build_pipeline(
                 assert dl is not None
                 await send_dead_letter(dl)
                 continue
+            if ownership.partition(w.model) != msg.partition:
+                # Authentic (MAC'd) but not on its model's partition: written by a worker of an earlier
+                # version (keyed model|zone). Deciding it here could decide a model another worker owns.
+                reason = f"misrouted window record: {w.model!r} belongs on partition {ownership.partition(w.model)}"
+                metrics.observe_dead_letter(reason)
+                raw = bytes(event.value or b"").decode("utf-8", "replace")[:4096]
+                await send_dead_letter(dead_letter(reason, source, raw, clock.now_ms()))
+                continue
+            if msg.partition not in ownership.assigned:  # read across a rebalance: its new owner decides it
+                log.debug("window record of partition %d skipped: not held since the rebalance", msg.partition)
+                continue
             if w.scope == "zone":
                 await drive_canary(w)
                 admission.on_window(w)
+            if msg.partition not in ownership.assigned:  # released while the canary step awaited Redis
+                continue
             decided = loop.decide(w, clock.now_ms())
             if w.scope == "zone":
                 await write_status(w, decided.events)
@@ -350,4 +397,4 @@ def build_pipeline(
             )
             metrics.bridged.labels(cmd.zone).inc()
 
-    return Pipeline(app=app, loop=loop, metrics=metrics, snapshots=snapshots)
+    return Pipeline(app=app, loop=loop, metrics=metrics, snapshots=snapshots, ownership=ownership, rebalance=rebalance)

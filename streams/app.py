@@ -94,6 +94,10 @@ def create_app(settings: Settings, app_id: str = "governor") -> GovernorApp:
         web_bind="127.0.0.1",
         datadir=settings.data_dir,
         table_standby_replicas=0,
+        # A rebalance does not wait for every event in flight to be acknowledged: the ingest agent
+        # holds telemetry unacknowledged until its windows close, which they do not while the
+        # consumers are paused (streams.agents); its records are re-read from the committed offsets.
+        stream_wait_empty=False,
         broker_credentials=broker_credentials(settings),
     )
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms

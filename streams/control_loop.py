@@ -4,8 +4,9 @@
 ingest processor and one driver per controller -- and exposes one method per
 event, so the loop can be driven, and tested, without a broker:
 
-- :meth:`ControlLoop.ingest` a telemetry message (dead letters, windows closed);
-- :meth:`ControlLoop.close_due` the windows whose lateness has passed;
+- :meth:`ControlLoop.ingest` a telemetry message (dead letters, windows closed), and
+  :meth:`ControlLoop.close_due` the windows whose lateness has passed (on a worker:
+  per telemetry partition, :mod:`streams.partitioned_ingest`);
 - :meth:`ControlLoop.decode` a metrics message into a :class:`WindowRecord`
   (or the dead letter that says why it is not one);
 - :meth:`ControlLoop.decide` a window record: the commands and events of every
@@ -21,11 +22,7 @@ methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
 simulator and the worker cannot drift apart.  The canary driver is the one
 driver outside: its rollouts live in Redis (the operator's ``governor canary``
 writes them), so the control agent awaits it before :meth:`decide`.
-
-Every driver follows one protocol (:class:`Driver`): ``on_window(record,
-now_ms) -> list[Command]``, ``snapshot(only=None) -> plain data`` (``only``: one
-model's or family's part) and ``restore(data) -> int`` (merged into memory; a
-version it does not read raises :class:`~streams.snapshots.SnapshotVersionError`).
+Every driver follows one protocol (:class:`Driver`).
 
 Window records are authenticated when the loop has a keyring (the worker:
 ``settings.keyring()``): :meth:`ControlLoop.sign_window` gives the bytes and
@@ -33,8 +30,8 @@ the Kafka headers (``governor-kid``, ``governor-sig``: HMAC-SHA256 over the
 exact value bytes, :meth:`core.signing.Keyring.sign_bytes`), and
 :meth:`ControlLoop.decode` dead-letters a record whose MAC is missing or wrong
 (``unauthenticated window record: ...``) -- whoever can write to the metrics
-topic cannot make the loop scale.  Without a keyring (the fast simulator,
-whose windows never cross a topic) nothing is signed or verified.
+topic cannot make the loop scale.  Without a keyring (the fast simulator)
+nothing is signed or verified.
 
 Examples
 --------
@@ -51,7 +48,7 @@ Examples
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +62,7 @@ from streams.breaker_driver import BreakerDriver
 from streams.commands import Command
 from streams.kv_policy_driver import KvPolicyDriver
 from streams.metrics_export import WorkerMetrics
+from streams.partitioned_ingest import PartitionedIngest
 from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
 from streams.platform_truth import PlatformTruth
 from streams.routing_driver import RoutingDriver
@@ -125,9 +123,8 @@ class Decisions:
 class ControlLoop:
     """The worker's processor and drivers, one method per event (see the module docstring).
 
-    ``metrics`` (optional) is updated as the events pass; the fast simulator
-    runs without it.  ``keyring`` (optional) signs and verifies window records
-    (see the module docstring); without it nothing is verified.
+    ``metrics`` (optional) is updated as the events pass (the fast simulator runs without it).
+    ``keyring`` (optional) signs and verifies window records; without it nothing is verified.
     """
 
     def __init__(
@@ -136,7 +133,7 @@ class ControlLoop:
         self.settings = settings
         self.metrics = metrics
         self.keyring = keyring
-        self.processor = TelemetryProcessor(settings)
+        self.ingests = PartitionedIngest(settings)  # one processor per partition on a worker (partitioned)
         self.scaler = Scaler(settings)
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
         self.breaker = BreakerDriver(settings)
@@ -170,6 +167,11 @@ class ControlLoop:
             "scaler": self.scaler,
         }
 
+    @property
+    def processor(self) -> TelemetryProcessor:
+        """The telemetry processor of messages without a partition (all of them unless partitioned)."""
+        return self.ingests.default
+
     # -- telemetry -----------------------------------------------------------------------
     def ingest(self, raw: Any, source: Mapping[str, Any], now_ms: int, *, close: bool = True) -> Ingested:
         """One telemetry message: its dead letters and the windows it closed.
@@ -178,10 +180,9 @@ class ControlLoop:
         worker); a caller that closes by its own clock right after (the fast
         simulator, every tick) passes False and calls :meth:`close_due`.
         """
-        res: ProcessResult = self.processor.process(raw, source, now_ms)
-        out = Ingested(
-            res.valid, res.dead_letters, self.processor.close_due(None, now_ms) if close else [], res.max_ts_ms
-        )
+        proc = self.ingests.of(source.get("partition"), source.get("offset"))
+        res: ProcessResult = proc.process(raw, source, now_ms)
+        out = Ingested(res.valid, res.dead_letters, proc.close_due(None, now_ms) if close else [], res.max_ts_ms)
         if self.metrics is not None:
             self.metrics.records.inc(res.valid + len(res.dead_letters))
             for dl in res.dead_letters:
@@ -190,19 +191,18 @@ class ControlLoop:
                 self.metrics.observe_window(m)
         return out
 
-    def committable(self, max_ts_ms: int | None) -> bool:
-        """Whether every window a message fed (its :attr:`Ingested.max_ts_ms`) has closed.
-
-        The worker acknowledges a telemetry message (Faust commits its offset) only
-        then, so a worker killed mid-window re-reads the records of its open windows
-        instead of losing them; the windows it had already closed come again and the
-        drivers drop them (their last basis).
+    def committable(self, max_ts_ms: int | None, partition: int | None = None) -> bool:
+        """Whether every window a message (of ``partition``) fed, its :attr:`Ingested.max_ts_ms`, has closed:
+        the worker acknowledges a telemetry message (Faust commits its offset) only then, so a
+        worker killed mid-window re-reads the records of its open windows instead of losing them;
+        the windows it had already closed come again and the drivers drop them (their last basis).
         """
-        return max_ts_ms is None or self.processor.closed_through(max_ts_ms)
+        proc = self.ingests.get(partition)  # None: its windows were dropped in a rebalance
+        return max_ts_ms is None or (proc is not None and proc.closed_through(max_ts_ms))
 
-    def close_due(self, now_ms: int) -> list[dict[str, Any]]:
-        """The windows whose end plus lateness has passed at ``now_ms``."""
-        closed = self.processor.close_due(now_ms, now_ms)
+    def close_due(self, now_ms: int, highwater: Callable[[int], int | None] | None = None) -> list[dict[str, Any]]:
+        """The windows whose end plus lateness has passed at ``now_ms`` (``highwater``: PartitionedIngest.close_due)."""
+        closed = self.ingests.close_due(now_ms, highwater)
         if self.metrics is not None:
             for m in closed:
                 self.metrics.observe_window(m)

@@ -8,9 +8,10 @@ never pickle: loading it can run nothing) and *sealed*:
 
 - **One key per scope** (:func:`core.names.snapshot`): ``model:<name>``
   holds every model-keyed driver's state for that model, ``family:<primary>``
-  the routing state of that family.  A worker writes only the scopes it has
-  decided on, so workers that own different models never overwrite each
-  other's state.
+  the routing state of that family.  A worker writes only the scopes of the
+  models whose metrics partition it holds (:mod:`streams.ownership`), so
+  workers that own different models never overwrite each other's state; on a
+  rebalance it saves them first and restores the scopes of the models it gains.
 - **Sealed value**: ``GSNAP <key id> <hex HMAC-SHA256>\\n<body>``, the MAC
   taken with the command keys (:class:`core.signing.Keyring`, domain
   :data:`core.signing.SNAPSHOT_DOMAIN`) over the Redis key, a NUL byte and
@@ -58,7 +59,7 @@ b'GSNAP k1'
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -175,6 +176,7 @@ class SnapshotStore:
     metrics: WorkerMetrics | None = None
     every_s: float = 2.0
     _last_s: float = field(default=-float("inf"), init=False)
+    _legacy_checked: bool = field(default=False, init=False)
     ignored: dict[str, int] = field(default_factory=dict, init=False)
 
     def key(self, scope: str) -> str:
@@ -186,15 +188,19 @@ class SnapshotStore:
             self.metrics.snapshots_ignored.labels(reason).inc()
         log.error("snapshot %s ignored (%s: %s); that state starts fresh", key, reason, detail)
 
-    async def restore(self) -> dict[str, dict[str, int]]:
-        """Restore every scope that has a valid snapshot; returns what each part of each scope restored."""
-        scopes = self.loop.scopes()
-        legacy = [self.key(p) for p in names.LEGACY_SNAPSHOT_PARTS]
+    async def restore(self, only: Collection[str] | None = None) -> dict[str, dict[str, int]]:
+        """Restore every scope (or those of ``only``: the models a worker gained in a rebalance)
+        that has a valid snapshot; returns what each part of each scope restored."""
+        scopes = [s for s in self.loop.scopes() if only is None or s in only]
+        if not scopes:
+            return {}
+        legacy = [] if self._legacy_checked else [self.key(p) for p in names.LEGACY_SNAPSHOT_PARTS]
         try:
             blobs = await self.redis.mget([self.key(s) for s in scopes] + legacy)
         except _REDIS_ERRORS as exc:
             log.warning("no snapshot restored (redis: %s); starting fresh", exc)
             return {}
+        self._legacy_checked = True
         for key, blob in zip(legacy, blobs[len(scopes) :], strict=True):
             if blob:
                 self._ignore(key, "version", "a per-driver snapshot of an earlier version")
@@ -220,9 +226,10 @@ class SnapshotStore:
                 log.info("state restored from %s: %s", key, restored)
         return done
 
-    async def save(self, now_s: float) -> bool:
-        """Write every owned scope's sealed snapshot unless the last write is under ``every_s`` old."""
-        if now_s - self._last_s < self.every_s:
+    async def save(self, now_s: float, *, force: bool = False) -> bool:
+        """Write every owned scope's sealed snapshot unless the last write is under ``every_s`` old
+        (``force``: now, whatever its age; before a rebalance hands scopes to another worker)."""
+        if now_s - self._last_s < self.every_s and not force:
             return False
         self._last_s = now_s
         scopes = self.loop.snapshot_scopes()
