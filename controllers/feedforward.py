@@ -14,7 +14,9 @@ completes at its capacity however fast requests arrive); the queue's growth
 is the rest of the arrival rate.  ``rate_forecast`` is Holt's linear-trend smoothing of the per-window arrival
 rate (level + trend, projected ``horizon_s`` ahead: replica start-up plus one
 control period), so a ramp is met by capacity that is ready when the ramp
-arrives.  The forecast's own running error at that horizon buys headroom
+arrives; it counts at most ``max_ahead`` (1.25) times the demand seen now,
+since a trend fitted across a jump projects the jump again (a 3x burst
+forecast at 6x).  The forecast's own running error at that horizon buys headroom
 (chance-constrained sizing): a workload whose bursts the forecast misses
 keeps spare replicas, a smooth one runs lean.  ``capacity_rps`` is one replica's sustainable request rate within
 the SLO (from profiling, as Dynamo's planner takes it; see
@@ -78,6 +80,7 @@ class FeedforwardParams:
     error_margin: float = 1.5  # headroom = error_margin x forecast MAE (about one sigma and a half)
     tolerance: float = 0.1  # lift only when the requirement exceeds the level by this share
     max_ff_step: float = 8.0  # a lift raises the level to at most this multiple of itself per window
+    max_ahead: float = 1.25  # the forecast counts at most this multiple of the current demand (a jump is not a ramp)
 
     def __post_init__(self) -> None:
         check_number("capacity_rps", self.capacity_rps, 0.0, strict=True)
@@ -91,6 +94,8 @@ class FeedforwardParams:
         if not 0.0 <= self.decay_per_step <= 1.0:
             raise ParameterError(f"decay_per_step={self.decay_per_step}: must lie in [0, 1]")
         check_number("burst_ratio", self.burst_ratio, 0.0, strict=True)
+        if check_number("max_ahead", self.max_ahead) < 1.0:
+            raise ParameterError(f"max_ahead={self.max_ahead}: must be >= 1 (a multiple of the current demand)")
         if check_number("max_ff_step", self.max_ff_step) < 1.0:
             raise ParameterError(f"max_ff_step={self.max_ff_step}: must be >= 1 (a multiple of the level)")
 
@@ -149,6 +154,9 @@ def step(
         level = params.alpha * y + (1 - params.alpha) * prev
         trend = params.beta * (level - state.level) + (1 - params.beta) * state.trend
     ahead = max(0.0, level + trend * (params.horizon_s / dt_s) if meas.forecast_rps is None else meas.forecast_rps)
+    # A trend fitted across a jump projects the jump again over the horizon (x2 at a 3x burst):
+    # the forecast may run ahead of the demand seen now by at most max_ahead.
+    ahead = min(ahead, params.max_ahead * max(y, level))
     margin = params.error_margin * _beyond_counting_noise(meas.forecast_error_rps or 0.0, y, dt_s)
     demand = max(y, ahead) + margin
     backlog = meas.queued / params.drain_s

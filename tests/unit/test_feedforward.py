@@ -57,6 +57,23 @@ def test_ramp_is_forecast_ahead_and_sized_before_it_arrives() -> None:
     assert out.replicas > 29.0 and out.burst is False
 
 
+def test_a_jump_is_not_projected_again_over_the_horizon() -> None:
+    """10 -> 30 req/s in one window (a 3x burst): a trend fitted across the jump projects it again
+    over the horizon (here to 70); the forecast counts at most max_ahead (1.25) x what is seen, an
+    external one (River's, as the scaler passes it) too, while a gentle ramp (above) is still met ahead."""
+    kw = {"capacity_rps": 1.0, "target_util": 1.0, "horizon_s": 40.0, "alpha": 0.8, "beta": 0.8}
+    out = {}
+    for name, p in (("bounded", FeedforwardParams(**kw)), ("unbounded", FeedforwardParams(**kw, max_ahead=100.0))):
+        s = FeedforwardState()
+        for _ in range(5):
+            s, _ = step(p, s, FeedforwardMeasurement(rate_rps=10.0, queued=0.0), 10.0)
+        _, out[name] = step(p, s, FeedforwardMeasurement(rate_rps=30.0, queued=0.0), 10.0)
+        _, out[name + " external"] = step(p, s, FeedforwardMeasurement(30.0, 0.0, forecast_rps=90.0), 10.0)
+    assert out["unbounded"].forecast_rps > 60.0 and out["unbounded external"].forecast_rps == 90.0
+    assert out["bounded"].forecast_rps == pytest.approx(37.5)
+    assert out["bounded external"].forecast_rps == pytest.approx(37.5)
+
+
 def test_backlog_adds_drain_capacity() -> None:
     p = FeedforwardParams(capacity_rps=2.0, target_util=0.5, horizon_s=0.0, drain_s=60.0)
     _, out = step(p, FeedforwardState(), FeedforwardMeasurement(rate_rps=4.0, queued=120.0), 10.0)
@@ -71,6 +88,7 @@ def test_backlog_adds_drain_capacity() -> None:
         ({"capacity_rps": 1.0, "target_util": 1.5}, "target_util"),
         ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"),
         ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step"),
+        ({"capacity_rps": 1.0, "max_ahead": 0.5}, "max_ahead"),
     ],
 )
 def test_parameters_are_validated(kwargs, name) -> None:
