@@ -30,11 +30,11 @@ Examples
 >>> batch = request_batch(cols)
 >>> int(batch.ok.size), batch.agent is None
 (2, True)
->>> cols["queue_ms"] = np.array([np.nan, 3.0])
+>>> cols["prompt_tokens"] = np.array([np.nan, 3.0])
 >>> request_batch(cols)
 Traceback (most recent call last):
 ...
-ValueError: queue_ms: NaN is only allowed for latency columns
+ValueError: prompt_tokens: NaN is only allowed for latency columns
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def request_batch(cols: Mapping[str, npt.ArrayLike]) -> RequestBatch:
     for name, arr in f.items():
         if np.any(np.isinf(arr)) or np.any(arr < 0.0):
             raise ValueError(f"{name}: values must be finite and >= 0")
-        if name not in ("ttft_ms", "itl_ms", "e2e_ms") and np.any(np.isnan(arr)):
+        if name not in ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms") and np.any(np.isnan(arr)):
             raise ValueError(f"{name}: NaN is only allowed for latency columns")
     classes = None
     if "request_class" in cols:

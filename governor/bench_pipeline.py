@@ -1,36 +1,59 @@
 """``governor bench pipeline``: how fast the stream worker ingests, next to a
-raw aiokafka consumer of the same messages on the same broker, and how long a
-telemetry record takes to become a command in Redis.
+raw aiokafka consumer of the same messages on the same broker; how that
+scales from one worker to two; what a worker's memory costs per key; and how
+long a telemetry record takes to become a command in Redis.
 
 All figures come from one run on one broker, side by side:
 
-* raw consumer: ``getmany`` + ``orjson.loads`` of every message (the floor
-  any Kafka consumer in Python pays);
-* pipeline: the real ``governor worker`` process (Faust) decoding, validating
-  and windowing the same messages; its progress is read from its Prometheus
-  ``governor_records_total`` counter;
-* batched (``--batch`` records per message, as the producer library sends)
-  and unbatched (one record per message), stamped with event times the
-  worker accepts (not late), so every record is validated and windowed;
-  ``dead_lettered`` counts any that were not (it must be 0);
+* ingest, per encoding (row batches and columnar batches of ``--batch``
+  records, :mod:`governor_telemetry.columnar`): the real ``governor worker``
+  process(es) -- one, then two in the same consumer group -- start on a
+  fresh telemetry topic; once their group settled the same bytes are loaded
+  at producer speed (``--preload``: before they start; the second worker's
+  join then pauses the first mid-backlog) and they read the backlog;
+  records/s is the backlog over the time from the first record counted to
+  the last (each worker's Prometheus
+  ``governor_records_total``, polled every 20 ms).  The CPU seconds of the
+  broker and of each worker over that time (``/proc/<pid>/stat``) say where
+  the cores went.  The raw consumer (``getmany`` + ``orjson.loads`` of every
+  message: the floor any Kafka consumer in Python pays) reads the same
+  topic after the workers.  Event times lie ahead of the clock and the throughput workers run
+  with ``lateness_s`` 60, so no record is late (``dead_lettered`` must be 0)
+  and no window closes while the backlog is read: the figure is ingest
+  (decode, validate, window), closing is timed by the decision latency;
+* unbatched (one record per message, one worker): the per-message cost;
+* memory: the RSS of a worker (window 1 s) holding ``--keys`` (model, zone,
+  node) windows -- one request and one GPU sample each -- against the same
+  worker idle just before, in KB per key; and after those windows closed;
 * decision latency: violating records for a fresh zone are sent, and the
   time until the resulting scale command is in that zone's Redis stream is
   measured -- in total, and after the window closed (total minus the wait
   for the window end and the allowed lateness, which is by design).
+
+``--profile`` runs one more columnar phase with the worker under cProfile
+and prints its top functions.
+
+Over 400 lines: one bench of the whole ingest path, its phases (load, raw
+consumer, workers, memory, decisions, profile) and its report side by side.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
 import os
+import pstats
 import re
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 import uuid
 from argparse import Namespace
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,20 +61,44 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import murmur2
+from governor_telemetry.columnar import encode_columns
 from governor_telemetry.records import encode_envelope, partition_key
 
 from core import names
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from governor.embedded import EmbeddedServers, free_port
-from governor.processes import WORKER_READY, start_worker
+from governor.embedded import EmbeddedServers, _die_with_parent, free_port
+from governor.processes import WORKER_READY, ChildProcess, start_worker
 from governor.topics import ensure_topics
 from streams.commands import Command
 
 MODEL = "llama2-70b"
+ENCODERS = {"rows": encode_envelope, "columns": encode_columns}
+NODES_PER_ZONE = 8  # nodes of a throughput zone; one message = one node's batch
+THROUGHPUT_LATENESS_S = 60.0  # no window closes, no record is late while a backlog is read
+EVENT_SPAN_MS = 20_000  # event time of a throughput backlog
+POLL_S = 0.02
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0) -> dict[str, Any]:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``governor bench pipeline``."""
+    p.add_argument("--events", type=int, default=500_000, help="request records per batched backlog")
+    p.add_argument("--unbatched-events", type=int, default=20_000, help="records of the unbatched run (0: skip)")
+    p.add_argument("--batch", type=int, default=100, help="records per Kafka message (batched runs)")
+    p.add_argument("--workers", type=int, default=2, help="most workers in the scaling runs (1: one only)")
+    p.add_argument("--keys", type=int, default=10_000, help="(model, zone, node) keys of the memory run (0: skip)")
+    p.add_argument("--decisions", type=int, default=20, help="decision-latency samples")
+    p.add_argument(
+        "--preload", action="store_true", help="load each backlog before the workers start (default: once they settle)"
+    )
+    p.add_argument("--profile", action="store_true", help="also profile a columnar worker (cProfile)")
+    p.add_argument("--profile-events", type=int, default=600_000, help="records of the profiled backlog")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0, queue_ms: float = 10.0) -> dict[str, Any]:
     return {
         "kind": "request",
         "request_id": f"b{i}",
@@ -62,16 +109,67 @@ def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0) -> dict[str,
         "ttft_ms": ttft_ms,
         "itl_ms": 40.0,
         "e2e_ms": ttft_ms + 4000.0,
-        "queue_ms": 10.0,
+        "queue_ms": queue_ms,
         "prompt_tokens": 1000,
         "output_tokens": 100,
         "status": "ok",
     }
 
 
-async def _produce(
-    settings: Settings, n: int, batch: int, zone: str, t0_ms: int, topic: str | None = None, span_ms: int = 60_000
-) -> int:
+def _gpu(zone: str, node: str, ts_ms: int) -> dict[str, Any]:
+    return {
+        "kind": "gpu",
+        "ts_ms": ts_ms,
+        "model": MODEL,
+        "zone": zone,
+        "node": node,
+        "state": "ready",
+        "gpu_util": 0.9,
+        "mem_used_bytes": 1,
+        "mem_total_bytes": 2,
+    }
+
+
+def spread_zones(partitions: int, per_partition: int = 2, prefix: str = "tz") -> list[str]:
+    """Zone names whose telemetry keys land ``per_partition`` on each partition (aiokafka's murmur2).
+
+    >>> len(spread_zones(4))
+    8
+    """
+    chosen: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    i = 0
+    while any(len(z) < per_partition for z in chosen.values()):
+        zone = f"{prefix}{i}"
+        part = (murmur2(partition_key(MODEL, zone)) & 0x7FFFFFFF) % partitions
+        if len(chosen[part]) < per_partition:
+            chosen[part].append(zone)
+        i += 1
+    return [z for p in range(partitions) for z in chosen[p]]
+
+
+def backlog(n: int, batch: int, zones: Sequence[str], t0_ms: int, encoding: str) -> list[tuple[bytes, bytes]]:
+    """(key, value) messages of ``n`` request records, ``batch`` per message, round-robin over
+    ``zones`` and their nodes, event times spread over EVENT_SPAN_MS from ``t0_ms``.
+
+    >>> msgs = backlog(10, 5, ["a", "b"], 0, "columns")
+    >>> [k for k, _ in msgs], orjson.loads(msgs[1][1])["request"]["node"][0]
+    ([b'llama2-70b|a', b'llama2-70b|b'], 'b/n0')
+    """
+    encode = ENCODERS[encoding]
+    out = []
+    for m, start in enumerate(range(0, n, batch)):
+        zone = zones[m % len(zones)]
+        node = f"{zone}/n{(m // len(zones)) % NODES_PER_ZONE}"
+        recs = [
+            {**_request(i, t0_ms + (i * EVENT_SPAN_MS) // n, zone), "node": node}
+            for i in range(start, min(n, start + batch))
+        ]
+        value = encode(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
+        out.append((partition_key(MODEL, zone), value))
+    return out
+
+
+async def _send(settings: Settings, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> None:
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         linger_ms=5,
@@ -80,26 +178,11 @@ async def _produce(
         **kafka_options(settings),
     )
     await producer.start()
-    messages = 0
     try:
-        pending = []
-        for start in range(0, n, batch):
-            # Spread event time over span_ms so windows open and close as in real traffic;
-            # one message = one node's batch, as the producer library on a node sends it.
-            node = f"{zone}/n{(start // batch) % 8}"
-            recs = [
-                {**_request(i, t0_ms + (i * span_ms) // n, zone), "node": node}
-                for i in range(start, min(n, start + batch))
-            ]
-            value = encode_envelope(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
-            pending.append(
-                await producer.send(topic or settings.topic("telemetry"), value, key=partition_key(MODEL, zone))
-            )
-            messages += 1
+        pending = [await producer.send(topic, value, key=key) for key, value in messages]
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
-    return messages
 
 
 async def _raw_consume(settings: Settings, topic: str, n_records: int, n_messages: int) -> float:
@@ -126,35 +209,189 @@ async def _raw_consume(settings: Settings, topic: str, n_records: int, n_message
 
 
 def _counters(port: int) -> tuple[float, float]:
-    """(records read, records dead-lettered) from the worker's Prometheus counters."""
+    """(records read, records dead-lettered) from a worker's Prometheus counters."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     m = re.search(r"^governor_records_total ([0-9.e+]+)$", text, re.M)
     dead = sum(float(v) for v in re.findall(r"^governor_deadletter_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
     return (float(m.group(1)) if m else 0.0), dead
 
 
-# Event time of the throughput phases.  The worker closes windows by its clock as well as by
-# event time (``lateness_s`` after the window end), so records stamped in the past would all be
-# dead-lettered as late and the bench would time the dead-letter path, not ingest.  Each phase
-# stamps its records from just ahead of the clock (EVENT_LEAD_MS) over its span, never before
-# the previous phase's last stamp (the watermark); ``dead_lettered`` in the result must be 0.
-EVENT_LEAD_MS = 2_000
-BATCHED_SPAN_MS = 20_000
-UNBATCHED_SPAN_MS = 10_000
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (0 when unknown or gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-async def _pipeline_rate(
-    settings: Settings, port: int, n: int, batch: int, zone: str, t0_ms: int, span_ms: int, timeout_s: float = 600.0
-) -> tuple[float, int]:
-    """Records/s from the first produce to the last record counted, and records dead-lettered."""
-    before, dead_before = _counters(port)
-    t0 = time.perf_counter()
-    await _produce(settings, n, batch, zone, t0_ms, span_ms=span_ms)
-    while (counts := _counters(port))[0] < before + n:
-        if time.perf_counter() - t0 > timeout_s:
-            raise TimeoutError(f"worker ingested {counts[0] - before:.0f} of {n} records")
-        await asyncio.sleep(0.1)
-    return n / (time.perf_counter() - t0), round(counts[1] - dead_before)
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process, in KB (/proc/<pid>/status VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class _ProfiledWorker(ChildProcess):
+    """``governor worker`` under cProfile: its stats are written to ``out`` when it stops (SIGTERM)."""
+
+    def __init__(self, settings: Settings, log_path: Path, out: Path) -> None:  # noqa: D107
+        self.name, self.log_path = "worker", log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "governor.cli", "worker"],
+            env={**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+
+
+class _Worker:
+    """One ``governor worker`` child with its own metrics port and data directory."""
+
+    def __init__(self, settings: Settings, run_dir: Path, name: str, profile_to: Path | None = None) -> None:
+        self.port = free_port()
+        self.settings = settings.replace(metrics_port=self.port, data_dir=str(run_dir / name / "state"))
+        (run_dir / name).mkdir(parents=True, exist_ok=True)
+        self.child = (
+            start_worker(self.settings, run_dir / name)
+            if profile_to is None
+            else _ProfiledWorker(self.settings, run_dir / name / "worker.log", profile_to)
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.child.proc.pid
+
+    def counts(self) -> tuple[float, float]:
+        return _counters(self.port)
+
+    def counts_or_zero(self) -> tuple[float, float]:
+        """The counters, or zeros while the worker does not serve them yet."""
+        try:
+            return _counters(self.port)
+        except OSError:
+            return 0.0, 0.0
+
+    def stop(self) -> None:
+        # A profiled worker must exit on its own to write its stats; the others need no grace
+        # (Faust's shutdown can hang in its fetcher for long seconds).
+        self.child.stop(timeout_s=30 if isinstance(self.child, _ProfiledWorker) else 5)
+
+
+async def _ingest(
+    settings: Settings,
+    run_dir: Path,
+    name: str,
+    messages: Sequence[tuple[bytes, bytes]],
+    n_records: int,
+    workers: int,
+    broker_pid: int | None,
+    *,
+    raw: bool = False,
+    profile_to: Path | None = None,
+    preload: bool = False,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Time ``workers`` workers reading ``messages`` from a fresh telemetry topic.
+
+    ``preload``: the messages are on the topic before the workers start (the first worker in
+    the group may read much of them before the second joins and the rebalance pauses both).
+    Otherwise the workers start on the empty topic, their group settles (every worker ready,
+    no rejoin for SETTLE_S), then the messages are loaded -- at producer speed, far above the
+    workers' rate, so they read a backlog all the same.  The raw consumer reads the same
+    messages after the workers.
+    """
+    s = settings.replace(topic_prefix=f"{settings.topic_prefix}-{name}")
+    await ensure_topics(s)
+    if preload:
+        await _send(s, s.topic("telemetry"), messages)
+    out: dict[str, Any] = {"records": n_records, "messages": len(messages), "workers": workers, "preload": preload}
+    procs = [_Worker(s, run_dir, f"{name}-w{i}", profile_to) for i in range(workers)]
+    try:
+        if not preload:
+            await _settle(procs)
+            load = asyncio.create_task(_send(s, s.topic("telemetry"), messages))
+        # Polled from the start: a worker reads the backlog as soon as it has partitions, which
+        # may be before its ready line.  The run starts at the last poll that saw no record.
+        pids = [w.pid for w in procs]
+        prev_t, prev_cpu = time.perf_counter(), [cpu_s(broker_pid), cpu_s(os.getpid()), *map(cpu_s, pids)]
+        t_first: float | None = None
+        cpu0: list[float] = []
+        done_at: list[float | None] = [None] * workers  # when each worker's count last grew
+        first_at: list[float | None] = [None] * workers  # the poll before its first record
+        counts_prev = [0.0] * workers
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            counts = [w.counts_or_zero() for w in procs]
+            now, cpu = time.perf_counter(), [cpu_s(broker_pid), cpu_s(os.getpid()), *map(cpu_s, pids)]
+            total = sum(c[0] for c in counts)
+            if t_first is None and total > 0:
+                t_first, cpu0 = prev_t, prev_cpu
+            for i, (c, _) in enumerate(counts):
+                if c > 0 and first_at[i] is None:
+                    first_at[i] = prev_t
+                if c > counts_prev[i]:
+                    done_at[i] = now
+            if total >= n_records:
+                break
+            if now > deadline:
+                raise TimeoutError(f"{name}: workers read {total:.0f} of {n_records} records")
+            for w in procs:
+                if not w.child.alive():
+                    raise RuntimeError(f"{name}: a worker exited:\n{w.child.tail()}")
+            counts_prev, prev_t, prev_cpu = [c[0] for c in counts], now, cpu
+            await asyncio.sleep(POLL_S)
+        assert t_first is not None
+        if not preload:
+            await load
+        wall = max(now - t_first, POLL_S)
+        used = [round((b - a) / wall, 2) for a, b in zip(cpu0, cpu, strict=True)]
+        out.update(
+            pipeline_rps=round(n_records / wall),
+            seconds=round(wall, 2),
+            dead_lettered=round(sum(c[1] for c in counts)),
+            per_worker=[
+                {
+                    "records": round(c[0]),
+                    "rps": round(c[0] / max((d or now) - (f or now), POLL_S)) if c[0] else 0,
+                    "cores": u,
+                    "rss_mb": round(rss_kb(pid) / 1024),
+                }
+                for c, f, d, u, pid in zip(counts, first_at, done_at, used[2:], pids, strict=True)
+            ],
+            broker_cores=used[0] if broker_pid is not None else None,
+            bench_cores=used[1],  # this process: polling, and loading the backlog unless preloaded
+        )
+    finally:
+        for w in procs:
+            w.stop()
+    if raw:
+        out["raw_consumer_rps"] = round(await _raw_consume(s, s.topic("telemetry"), n_records, len(messages)))
+    return out
+
+
+SETTLE_S = 3.0  # a group is settled when no worker rejoined for this long
+
+
+async def _settle(procs: Sequence[_Worker], timeout_s: float = 120.0) -> None:
+    """Wait until every worker is ready and none has rejoined the group for SETTLE_S."""
+    await asyncio.gather(*(asyncio.to_thread(w.child.wait_for_log, WORKER_READY, timeout_s) for w in procs))
+    deadline = time.monotonic() + timeout_s
+    joins, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_joins = sum(w.child.log_text().count("(Re-)joining group") for w in procs)
+        if now_joins != joins:
+            joins, quiet_since = now_joins, time.monotonic()
+        elif time.monotonic() - quiet_since >= SETTLE_S:
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"the workers' group did not settle within {timeout_s:.0f} s")
 
 
 async def _has_scale_command(redis: aioredis.Redis, key: str) -> bool:
@@ -174,23 +411,11 @@ async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[
     try:
         for k, zone in enumerate(zones):
             now = int(time.time() * 1000)
-            recs = [_request(k * 1000 + i, now, zone, ttft_ms=5000.0) for i in range(50)]
+            # misses from waiting (a fleet can fix those; a 5 s TTFT with no wait would be unfixable)
+            recs = [_request(k * 1000 + i, now, zone, ttft_ms=5000.0, queue_ms=4800.0) for i in range(50)]
             # Four ready replicas, all requests violating: the first decision scales up
             # (from one replica the slew-limited first step, x1.3, rounds back to 1).
-            recs += [
-                {
-                    "kind": "gpu",
-                    "ts_ms": now,
-                    "model": MODEL,
-                    "zone": zone,
-                    "node": f"{zone}/n{j}",
-                    "state": "ready",
-                    "gpu_util": 0.9,
-                    "mem_used_bytes": 1,
-                    "mem_total_bytes": 2,
-                }
-                for j in range(4)
-            ]
+            recs += [_gpu(zone, f"{zone}/n{j}", now) for j in range(4)]
             await producer.send_and_wait(
                 settings.topic("telemetry"), encode_envelope(recs, "bench", now), key=partition_key(MODEL, zone)
             )
@@ -213,109 +438,296 @@ async def _decision_latency(settings: Settings, zones: list[str]) -> tuple[list[
     return total, after_close
 
 
+async def _memory(settings: Settings, worker: _Worker, zones: list[str], keys: int) -> dict[str, Any]:
+    """RSS of ``worker`` idle, then holding ``keys`` (model, zone, node) windows, then after they closed."""
+    await asyncio.sleep(1.0)
+    idle = rss_kb(worker.pid)
+    before, _ = worker.counts()
+    # Stamped ahead of the clock (within GOVERNOR_MAX_FUTURE_S): the windows stay open while RSS is read.
+    ts = int(time.time() * 1000) + 5_000
+    by_zone: dict[str, list[str]] = {z: [] for z in zones}
+    for k in range(keys):
+        zone = zones[k % len(zones)]
+        by_zone[zone].append(f"{zone}/m{k // len(zones)}")
+    messages = []
+    for zone, nodes in by_zone.items():
+        for i in range(0, len(nodes), 100):
+            chunk = nodes[i : i + 100]
+            recs = [{**_request(j, ts, zone), "node": node} for j, node in enumerate(chunk)]
+            recs += [_gpu(zone, node, ts) for node in chunk]
+            messages.append((partition_key(MODEL, zone), encode_columns(recs, "bench", ts)))
+    await _send(settings, settings.topic("telemetry"), messages)
+    want = before + 2 * keys
+    deadline = time.monotonic() + 120
+    while (got := worker.counts())[0] < want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"memory run: worker read {got[0] - before:.0f} of {2 * keys} records")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    holding = rss_kb(worker.pid)
+    # Past the windows' end + lateness, and the closed windows through the control stage.
+    await asyncio.sleep(max(0.0, (ts + 1000 * (settings.window_s + settings.lateness_s)) / 1000 - time.time()) + 3.0)
+    after = rss_kb(worker.pid)
+    return {
+        "keys": keys,
+        "idle_rss_mb": round(idle / 1024, 1),
+        "holding_rss_mb": round(holding / 1024, 1),
+        "kb_per_key": round((holding - idle) / keys, 2),
+        "after_close_rss_mb": round(after / 1024, 1),
+        "after_close_kb_per_key": round((after - idle) / keys, 2),
+        "dead_lettered": round(worker.counts()[1] - got[1]),
+    }
+
+
 def _pct(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=float)
     return {"p50": round(float(np.percentile(arr, 50)), 1), "p99": round(float(np.percentile(arr, 99)), 1)}
 
 
-async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, Any]:
-    port = free_port()
-    decision_zones = [f"dz{i}" for i in range(args.decisions)]
-    settings = settings.replace(
-        topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
-        metrics_port=port,
-        window_s=1.0,
-        lateness_s=0.2,
-        partitions=4,
-        # 1 s windows: a gain that acts within one window, so the first
-        # violating window of a zone yields a command (x1.3, slew-limited).
-        pid_gains={"kp": 0.0, "ki": 1.0, "kd": 0.0},
-        zones=("az-a", "az-u", *decision_zones),
-        clock_origin_s=time.time(),
-        data_dir=str(run_dir / "state"),
-    )
-    await ensure_topics(settings)
-    worker = start_worker(settings, run_dir)
-    try:
-        await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 120)
-        t_batched = int(time.time() * 1000) + EVENT_LEAD_MS
-        batched, dead_batched = await _pipeline_rate(
-            settings, port, args.events, args.batch, "az-a", t_batched, BATCHED_SPAN_MS
+def _package(file: str, func: str) -> str:
+    """Where a profiled function lives: a package, a stdlib module, or a builtin."""
+    if "site-packages/" in file:
+        return file.split("site-packages/", 1)[1].split("/", 1)[0]
+    here = str(Path(__file__).resolve().parents[1]) + "/"
+    if file.startswith(here):
+        return file[len(here) :].split("/", 1)[0]
+    if file == "~":
+        return "builtin " + func.strip("<>").removeprefix("built-in method ").removeprefix("method ")[:40]
+    return "stdlib " + Path(file).name
+
+
+def profile_top(path: Path, baseline: Path | None = None, n: int = 20) -> dict[str, Any]:
+    """A cProfile dump of a worker: the ``n`` functions and packages with the most own time.
+
+    ``baseline``: the dump of the same worker started and left idle as long, subtracted
+    function by function (its start: imports, compiles, Faust's set-up; its timers), so
+    what remains is the ingest.  The wait in ``epoll`` (idle) is set apart.
+    """
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    base = pstats.Stats(str(baseline)).stats if baseline is not None else {}  # type: ignore[attr-defined]
+    rows: list[dict[str, Any]] = []
+    packages: dict[str, float] = {}
+    idle = 0.0
+    for key, (_, ncalls, tottime, cumtime, _) in stats.items():
+        file, line, func = key
+        if key in base:
+            _, bcalls, btot, bcum, _ = base[key]
+            ncalls, tottime, cumtime = max(0, ncalls - bcalls), max(0.0, tottime - btot), max(0.0, cumtime - bcum)
+        if "epoll" in func:
+            idle += tottime
+            continue
+        rows.append(
+            {
+                "function": f"{Path(file).name}:{line}({func})",
+                "calls": ncalls,
+                "tottime_s": tottime,
+                "cumtime_s": cumtime,
+            }
         )
-        t_unbatched = max(int(time.time() * 1000) + EVENT_LEAD_MS, t_batched + BATCHED_SPAN_MS)
-        unbatched, dead_unbatched = await _pipeline_rate(
-            settings, port, args.unbatched_events, 1, "az-u", t_unbatched, UNBATCHED_SPAN_MS
-        )
-        last_event_ms = t_unbatched + UNBATCHED_SPAN_MS
-        # The raw consumer reads the same messages, produced to topics of their own.
-        raw_rates = []
-        for name, n, batch in (("raw-batched", args.events, args.batch), ("raw-unbatched", args.unbatched_events, 1)):
-            topic = settings.topic(name)
-            msgs = await _produce(settings, n, batch, "az-r", int(time.time() * 1000), topic=topic)
-            raw_rates.append(await _raw_consume(settings, topic, n, msgs))
-        raw_batched, raw_unbatched = raw_rates
-        # Decision records carry the current time: wait until the watermark left by the
-        # throughput phases is behind the clock, or they would be late.
-        wait_s = (last_event_ms + 1000 * (settings.window_s + settings.lateness_s)) / 1000 - time.time()
-        if wait_s > 0:
-            await asyncio.sleep(wait_s)
-        total, after_close = await _decision_latency(settings, decision_zones)
-    finally:
-        worker.stop()
+        pkg = _package(file, func)
+        packages[pkg] = packages.get(pkg, 0.0) + tottime
+    rows.sort(key=lambda r: -r["tottime_s"])
+    for r in rows:
+        r["tottime_s"], r["cumtime_s"] = round(r["tottime_s"], 3), round(r["cumtime_s"], 3)
+    busy = sum(packages.values())
+    top = sorted(packages.items(), key=lambda kv: -kv[1])[:n]
     return {
-        "broker": settings.kafka_bootstrap,
-        "batch_records_per_message": args.batch,
-        "batched": {
-            "records": args.events,
-            "pipeline_rps": round(batched),
-            "raw_consumer_rps": round(raw_batched),
-            "ratio_pipeline_to_raw": round(batched / raw_batched, 3),
-            "dead_lettered": dead_batched,
-        },
-        "unbatched": {
-            "records": args.unbatched_events,
-            "pipeline_rps": round(unbatched),
-            "raw_consumer_rps": round(raw_unbatched),
-            "ratio_pipeline_to_raw": round(unbatched / raw_unbatched, 3),
-            "dead_lettered": dead_unbatched,
-        },
-        "batching_speedup_pipeline": round(batched / unbatched, 1),
-        "decision_latency_ms": {
-            "samples": len(total),
-            "record_to_command_in_redis": _pct(total),
-            "after_window_close": _pct(after_close),
-            "window_s": settings.window_s,
-            "lateness_s": settings.lateness_s,
-        },
+        "busy_s": round(busy, 2),
+        "idle_s": round(idle, 2),
+        "functions": rows[:n],
+        "packages": [{"package": k, "tottime_s": round(v, 3), "share": round(v / busy, 3)} for k, v in top],
     }
 
 
+@contextlib.contextmanager
+def _servers(settings: Settings, run_dir: Path, name: str, **params: Any) -> Iterator[tuple[Settings, int | None]]:
+    """A fresh embedded broker and Redis for one phase: (the phase's settings, the broker's pid).
+
+    Fresh per phase because every worker joins the consumer group ``governor``: a worker of an
+    earlier phase stopped without leaving it (Faust's shutdown can hang; it is killed) would
+    stall the next phase's join.  A broker named by KAFKA_BOOTSTRAP is shared by every phase.
+    """
+    with EmbeddedServers(settings, os.environ, log_dir=run_dir / name / "servers") as servers:
+        proc = servers.process("tansu")
+        yield servers.settings.replace(**params), (proc.pid if proc is not None else None)
+
+
+async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, Any]:
+    partitions = 4
+    zones = spread_zones(partitions)
+    mem_zones = [f"mz{i}" for i in range(10)]
+    decision_zones = [f"dz{i}" for i in range(args.decisions)]
+    params: dict[str, Any] = {
+        "topic_prefix": f"bench{uuid.uuid4().hex[:8]}",
+        "window_s": 1.0,
+        "lateness_s": 0.2,
+        "partitions": partitions,
+        # 1 s windows: a gain that acts within one window, so the first
+        # violating window of a zone yields a command (x1.3, slew-limited).
+        "pid_gains": {"kp": 0.0, "ki": 1.0, "kd": 0.0},
+        "clock_origin_s": time.time(),
+        "data_dir": str(run_dir / "state"),
+    }
+    fast = {**params, "lateness_s": THROUGHPUT_LATENESS_S, "zones": (*zones, "az-u")}
+    result: dict[str, Any] = {
+        "broker": settings.kafka_bootstrap if "KAFKA_BOOTSTRAP" in os.environ else "embedded, fresh per phase",
+        "batch_records_per_message": args.batch,
+        "partitions": partitions,
+        "cores": os.cpu_count(),
+        "preload": args.preload,
+    }
+    encodings: dict[str, Any] = {}
+    for encoding in ENCODERS:
+        t0 = int(time.time() * 1000) + 2_000
+        msgs = backlog(args.events, args.batch, zones, t0, encoding)
+        runs = {}
+        for workers in sorted({1, max(1, args.workers)}):
+            name = f"{encoding}{workers}"
+            with _servers(settings, run_dir, name, **fast) as (s, broker):
+                runs[f"{workers}w"] = await _ingest(
+                    s, run_dir, name, msgs, args.events, workers, broker, raw=workers == 1, preload=args.preload
+                )
+        encodings[encoding] = {"bytes_per_record": round(sum(len(v) for _, v in msgs) / args.events, 1), **runs}
+    raw_rows = encodings["rows"]["1w"]["raw_consumer_rps"]
+    for enc in encodings.values():
+        for run in (r for k, r in enc.items() if k.endswith("w")):
+            run["ratio_to_raw_rows"] = round(run["pipeline_rps"] / raw_rows, 3)
+    result["encodings"] = encodings
+    if args.unbatched_events:
+        msgs = backlog(args.unbatched_events, 1, ["az-u"], int(time.time() * 1000) + 2_000, "rows")
+        with _servers(settings, run_dir, "unbatched", **fast) as (s, broker):
+            result["unbatched"] = await _ingest(
+                s, run_dir, "unbatched", msgs, args.unbatched_events, 1, broker, raw=True, preload=args.preload
+            )
+    if args.profile:
+        prof = run_dir / "columns-profile.pstats"
+        n = args.profile_events  # enough that the ingest, not the worker's start, fills the profile
+        msgs = backlog(n, args.batch, zones, int(time.time() * 1000) + 2_000, "columns")
+        idle_prof = run_dir / "idle-profile.pstats"
+        with _servers(settings, run_dir, "profile", **fast) as (s, broker):
+            result["profile_run"] = run = await _ingest(s, run_dir, "profile", msgs, n, 1, broker, profile_to=prof)
+        with _servers(settings, run_dir, "profile-idle", **fast) as (s, _):
+            await ensure_topics(s)
+            idle = _Worker(s, run_dir, "profile-idle", idle_prof)
+            try:  # as long as the profiled worker ran from its ready line to its last record
+                await _settle([idle])
+                await asyncio.sleep(run["seconds"])
+            finally:
+                idle.stop()
+        if prof.exists():
+            result["profile_top"] = profile_top(prof, idle_prof if idle_prof.exists() else None)
+        else:  # the worker was killed before cProfile could write (a hung shutdown)
+            result["profile_error"] = f"no profile written to {prof}"
+    # One worker at lateness 0.2 s: decisions, then memory.
+    with _servers(settings, run_dir, "decide", **params, zones=(*mem_zones, *decision_zones)) as (s, _):
+        await ensure_topics(s)
+        worker = _Worker(s, run_dir, "decide")
+        try:
+            await asyncio.to_thread(worker.child.wait_for_log, WORKER_READY, 120)
+            result["fresh_worker_rss_mb"] = round(rss_kb(worker.pid) / 1024, 1)
+            if decision_zones:
+                try:
+                    total, after_close = await _decision_latency(worker.settings, decision_zones)
+                except TimeoutError as exc:  # reported, and the memory run still runs
+                    result["decision_latency_error"] = str(exc)
+                else:
+                    result["decision_latency_ms"] = {
+                        "samples": len(total),
+                        "record_to_command_in_redis": _pct(total),
+                        "after_window_close": _pct(after_close),
+                        "window_s": s.window_s,
+                        "lateness_s": s.lateness_s,
+                    }
+            if args.keys:
+                result["memory"] = await _memory(worker.settings, worker, mem_zones, args.keys)
+        finally:
+            worker.stop()
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    enc = result["encodings"]
+    raw_rows = enc["rows"]["1w"]["raw_consumer_rps"]
+    print(
+        f"pipeline ingest ({result['broker']}, {result['cores']} cores, {result['partitions']} partitions, "
+        f"x{result['batch_records_per_message']} records/message, backlog loaded "
+        f"{'before the workers start' if result['preload'] else 'once the workers group settled'})"
+    )
+    print(f"  raw consumer (getmany + orjson.loads), rows bytes: {raw_rows:>9,} rec/s")
+    for name, e in enc.items():
+        one = e["1w"]
+        print(f"  {name:<8} {e['bytes_per_record']:>6.1f} B/rec  raw consumer {one['raw_consumer_rps']:>9,} rec/s")
+        for key in (k for k in e if k.endswith("w")):
+            r = e[key]
+            cores = ", ".join(f"w{i} {w['cores']:.2f}" for i, w in enumerate(r["per_worker"]))
+            split = "/".join(f"{w['records']:,}" for w in r["per_worker"])
+            print(
+                f"    {r['workers']} worker{'s' if r['workers'] > 1 else ' '} {r['pipeline_rps']:>9,} rec/s "
+                f"({r['ratio_to_raw_rows']:.3f}x raw rows)  {r['seconds']:>5.2f} s  records {split}  "
+                f"cores: broker {r['broker_cores']}, bench {r['bench_cores']}, {cores}  dead {r['dead_lettered']}"
+            )
+        if "2w" in e:
+            print(f"    two workers / one: x{e['2w']['pipeline_rps'] / one['pipeline_rps']:.2f}")
+    if "unbatched" in result:
+        u = result["unbatched"]
+        print(
+            f"  unbatched rows, 1 worker {u['pipeline_rps']:>9,} rec/s   raw consumer {u['raw_consumer_rps']:>9,} "
+            f"rec/s   ratio {u['pipeline_rps'] / u['raw_consumer_rps']:.3f}   dead {u['dead_lettered']}"
+        )
+    if any(r["dead_lettered"] for e in enc.values() for k, r in e.items() if k.endswith("w")):
+        print("  WARNING: records were dead-lettered: the rates above time the dead-letter path, not ingest")
+    if "memory" in result:
+        m = result["memory"]
+        print(
+            f"worker memory: fresh {result['fresh_worker_rss_mb']} MB; idle {m['idle_rss_mb']} MB -> holding "
+            f"{m['keys']:,} (model, zone, node) windows {m['holding_rss_mb']} MB = {m['kb_per_key']} KB/key; "
+            f"after they closed {m['after_close_rss_mb']} MB ({m['after_close_kb_per_key']} KB/key)"
+            f"{'  dead ' + str(m['dead_lettered']) if m['dead_lettered'] else ''}"
+        )
+    if "decision_latency_ms" in result:
+        d = result["decision_latency_ms"]
+        r, a = d["record_to_command_in_redis"], d["after_window_close"]
+        print(f"decision latency, {d['samples']} samples (window {d['window_s']} s, lateness {d['lateness_s']} s)")
+        print(f"  record -> command in Redis   p50 {r['p50']:.0f} ms   p99 {r['p99']:.0f} ms")
+        print(f"  after the window closed      p50 {a['p50']:.0f} ms   p99 {a['p99']:.0f} ms")
+    if "decision_latency_error" in result:
+        print(f"decision latency: FAILED: {result['decision_latency_error']}")
+    if "profile_error" in result:
+        print(f"profile: FAILED: {result['profile_error']}")
+    if "profile_top" in result:
+        p, top = result["profile_run"], result["profile_top"]
+        print(
+            f"profile: a columnar worker under cProfile, {p['records']:,} records at {p['pipeline_rps']:,} rec/s "
+            f"(less an idle worker's profile: busy {top['busy_s']} s, idle in epoll {top['idle_s']} s)"
+        )
+        print("  own time by package: " + ", ".join(f"{r['package']} {r['share']:.0%}" for r in top["packages"][:12]))
+        for row in top["functions"]:
+            print(
+                f"  {row['tottime_s']:>7.3f} s own {row['cumtime_s']:>7.3f} s cum {row['calls']:>9} calls  {row['function']}"
+            )
+    sys.stdout.flush()
+
+
 def run_bench(settings: Settings, args: Namespace) -> int:
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    # Flags the CLI's parser does not define yet take their defaults.
+    args = Namespace(**{**vars(defaults.parse_args([])), **vars(args)})
     run_dir = Path(tempfile.mkdtemp(prefix="governor-bench-"))
-    with EmbeddedServers(settings, os.environ, log_dir=run_dir / "servers") as servers:
-        result = asyncio.run(_bench(servers.settings, args, run_dir))
+    result = asyncio.run(_bench(settings, args, run_dir))
     if args.json:
         print(json.dumps(result))
-        return 0
-    b, u, d = result["batched"], result["unbatched"], result["decision_latency_ms"]
-    print(f"pipeline ingest ({result['broker']}, one run, same messages)")
-    print(
-        f"  batched x{result['batch_records_per_message']:<4} pipeline {b['pipeline_rps']:>9,} rec/s   "
-        f"raw consumer {b['raw_consumer_rps']:>9,} rec/s   ratio {b['ratio_pipeline_to_raw']:.3f}"
-    )
-    print(
-        f"  unbatched    pipeline {u['pipeline_rps']:>9,} rec/s   raw consumer {u['raw_consumer_rps']:>9,} rec/s"
-        f"   ratio {u['ratio_pipeline_to_raw']:.3f}"
-    )
-    print(f"  batching speeds the pipeline up x{result['batching_speedup_pipeline']}")
-    if b["dead_lettered"] or u["dead_lettered"]:
-        print(
-            f"  WARNING: {b['dead_lettered']} batched / {u['dead_lettered']} unbatched records were "
-            "dead-lettered (late?): the rates above time the dead-letter path, not ingest"
-        )
-    r, a = d["record_to_command_in_redis"], d["after_window_close"]
-    print(f"decision latency, {d['samples']} samples (window {d['window_s']} s, lateness {d['lateness_s']} s)")
-    print(f"  record -> command in Redis   p50 {r['p50']:.0f} ms   p99 {r['p99']:.0f} ms")
-    print(f"  after the window closed      p50 {a['p50']:.0f} ms   p99 {a['p99']:.0f} ms")
-    sys.stdout.flush()
+    else:
+        _print(result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m governor.bench_pipeline`` (the same as ``governor bench pipeline``)."""
+    p = argparse.ArgumentParser(prog="governor bench pipeline")
+    add_arguments(p)
+    return run_bench(Settings.from_env(os.environ), p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

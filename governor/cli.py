@@ -178,12 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    bp = bsub.add_parser("pipeline", help="pipeline ingest throughput vs raw consumer, decision latency")
-    bp.add_argument("--events", type=int, default=200_000, help="request records in the batched run")
-    bp.add_argument("--unbatched-events", type=int, default=20_000)
-    bp.add_argument("--batch", type=int, default=100, help="records per Kafka message (batched run)")
-    bp.add_argument("--decisions", type=int, default=20, help="decision-latency samples")
-    bp.add_argument("--json", action="store_true", help="print one JSON object")
+    bp = bsub.add_parser(
+        "pipeline", help="pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency"
+    )
+    from governor.bench_pipeline import add_arguments as add_pipeline_arguments
+
+    add_pipeline_arguments(bp)
     from governor.bench_control import add_parser as add_control_parser
 
     add_control_parser(bsub)

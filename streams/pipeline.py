@@ -16,6 +16,14 @@ broker and reused by the fast simulator.  Per message it
    aggregated as numpy columns in blocks (``FLUSH_ROWS``) and at close, so the
    numpy cost is per block, not per message.
 
+A columnar message (:mod:`governor_telemetry.columnar`) takes the same steps a
+column at a time: :mod:`controllers.record_columns` checks every field of every
+row with numpy, the admission checks are vectorised, and the rows go to their
+windows as arrays, without a Python object per record; the rows a check refuses
+(or does not vouch for) take the per-record path, so each bad one is
+dead-lettered with :func:`validate_record`'s reason, its row index and its
+section (``source["section"]``), as a row batch's would be.
+
 A request record's ``request_class`` travels as an int code column
 (:data:`controllers.window_columns.REQUEST_CLASS_CODES`, 0 = none or unknown), so
 the window holds each request to its class's SLO (``ModelSpec.classes``) without
@@ -44,20 +52,22 @@ paths must stay side by side to stay equivalent.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
+from governor_telemetry.columnar import ColumnBatch, Section, decode_message
 from governor_telemetry.records import (
     EnvelopeError,
-    decode_envelope,
     request_columns,
     show,
     validate_record,
 )
 
+from controllers.record_columns import check_gpus, check_requests
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES
 from controllers.window_record import METRICS_SCHEMA_VERSION
 from controllers.window_result import node_result, result
@@ -92,6 +102,12 @@ def _hist(hist: list[Any] | None) -> list[int] | None:
     return None if hist is None else [int(v) for v in hist]
 
 
+def _nan_if_none(v: Any) -> Any:
+    """An absent ``queue_ms`` is *not measured* (NaN), never 0: a 0 wait would make every TTFT miss
+    of a producer that does not report waits look unfixable (controllers.windows)."""
+    return math.nan if v is None else v
+
+
 def _or(col: list[Any], default: Any) -> list[Any]:
     """``v or default`` for every value, as the per-record path reads optional fields."""
     return [v or default for v in col] if None in col else col
@@ -109,6 +125,9 @@ def _raw_text(raw: Any) -> Any:
 # closes: numpy's per-call cost (~0.3 ms for one add_requests) then no longer
 # scales with the number of messages, only with the number of windows.
 FLUSH_ROWS = 2048
+# Rows of a columnar message for one window below this many join the window's row lists (an
+# array per column costs ~100 bytes each: 10k windows of one row each would hold MBs of them).
+BLOCK_ROWS = 32
 
 _REQUEST_COLUMNS = (
     "ttft_ms",
@@ -141,6 +160,7 @@ _GPU_COLUMNS = (
 _AGENT_FIELDS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 _PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
 _NAN = float("nan")
+_KV_FIELDS = frozenset(_GPU_COLUMNS[-4:])  # reported or not (NaN), never read as 0
 
 
 def _slo_spec(model: ModelSpec) -> SloSpec:
@@ -155,6 +175,43 @@ def _class_codes(col: list[Any]) -> list[int]:
         return [0] * len(col)
     get = REQUEST_CLASS_CODES.get
     return [get(c, 0) for c in col]
+
+
+def _codes(col: list[Any], n: int) -> tuple[Any, list[str]]:
+    """A string column as int codes into its distinct values (-1: not a string; such rows are suspect)."""
+    first = col[0]
+    if type(first) is str and col.count(first) == n:  # the usual batch: one model, zone and node
+        return np.zeros(n, np.int64), [first]
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) if type(v) is str else -1 for v in col), np.int64, n)
+    return codes, list(index)
+
+
+def _groups(good: Any, *keys: Any) -> list[tuple[tuple[int, ...], Any]]:
+    """The rows ``good`` grouped by their key columns: (key, row indices) in order of first row."""
+    cols = [k[good] for k in keys]
+    # The usual batch is one key: a column is constant when its min and max agree.
+    lows, highs = np.min(cols, axis=1), np.max(cols, axis=1)
+    if (lows == highs).all():
+        return [(tuple(lows.tolist()), good)]
+    uniq, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    return [(tuple(int(v) for v in uniq[g]), good[inv == g]) for g in np.argsort(first, kind="stable").tolist()]
+
+
+def _zero_nan(arr: Any, zero: Any) -> Any:
+    """An optional column with absent values (NaN) as 0, as the per-record path reads ``get(name) or 0``."""
+    if arr is None:
+        return zero
+    return np.nan_to_num(arr, nan=0.0, posinf=np.inf, neginf=-np.inf) if np.isnan(arr).any() else arr
+
+
+def _gpu_column(num: Mapping[str, Any], name: str, n: int) -> Any:
+    """A GPU column for the windows: the KV allocator's absent as NaN, the other optional ones as 0."""
+    arr = num.get(name)
+    if name in _KV_FIELDS:
+        return np.full(n, np.nan) if arr is None else arr
+    return _zero_nan(arr, np.zeros(n))
 
 
 def _agent_row(get: Any) -> list[list[Any]] | None:
@@ -179,20 +236,30 @@ def _agent_columns(cols: Mapping[str, list[Any]]) -> list[list[Any]] | None:
 class _Pending:
     """Validated rows of one (model, zone, node) window not yet aggregated."""
 
-    __slots__ = ("agg", "slo", "requests", "agent", "gpus", "nodes", "states", "hists")
+    __slots__ = ("agg", "slo", "requests", "agent", "gpus", "blocks", "block_rows", "gblocks")
 
     def __init__(self, agg: WindowAggregate, slo: SloSpec) -> None:
         self.agg = agg
         self.slo = slo
-        self.requests: list[list[Any]] = [[] for _ in _REQUEST_COLUMNS]  # one list per column
+        # The buffers are made with their first row and dropped at each flush: an open window
+        # (one per (model, zone, node)) that holds no rows holds no empty lists either.
+        self.requests: list[list[Any]] | None = None  # one list per _REQUEST_COLUMNS
         # The AGENT_COLUMNS of the same rows, from the first row that carries one (NaN before).
         self.agent: list[list[Any]] | None = None
-        self.gpus: list[tuple[Any, ...]] = []
-        self.nodes: list[str] = []
-        self.states: list[str] = []
-        self.hists: list[list[int] | None] = []  # free_block_hist per GPU row (None: not reported)
+        # GPU rows: the _GPU_COLUMNS values, then node, state and free_block_hist (None: not reported).
+        self.gpus: list[tuple[Any, ...]] | None = None
+        # Rows of columnar messages, as arrays (after the rows above): request blocks (_REQUEST_COLUMNS
+        # arrays, AGENT_COLUMNS arrays or None) and GPU blocks (_GPU_COLUMNS arrays, nodes, states, hists).
+        self.blocks: list[tuple[list[Any], list[Any] | None]] | None = None
+        self.block_rows = 0
+        self.gblocks: list[tuple[list[Any], list[str], list[str], list[list[int] | None]]] | None = None
+
+    def _rows(self) -> int:
+        return len(self.requests[0]) if self.requests else 0
 
     def extend_requests(self, cols: list[list[Any]], agent: list[list[Any]] | None = None) -> None:
+        if self.requests is None:
+            self.requests = [[] for _ in _REQUEST_COLUMNS]
         if agent is not None and self.agent is None:
             self.agent = [[_NAN] * len(self.requests[0]) for _ in AGENT_COLUMNS]
         if self.agent is not None:
@@ -200,25 +267,86 @@ class _Pending:
                 buf.extend(col)
         for buf, col in zip(self.requests, cols, strict=True):
             buf.extend(col)
-        if len(self.requests[0]) >= FLUSH_ROWS:
+        if len(self.requests[0]) + self.block_rows >= FLUSH_ROWS:
             self.flush()
 
+    def add_gpu_row(self, row: tuple[Any, ...]) -> None:
+        """One GPU sample: its _GPU_COLUMNS values, node, state and histogram."""
+        if self.gpus is None:
+            self.gpus = []
+        self.gpus.append(row)
+        if len(self.gpus) >= FLUSH_ROWS:
+            self.flush()
+
+    def add_block(self, cols: list[Any], agent: list[Any] | None) -> None:
+        """Request rows of a columnar message: one float64 array per _REQUEST_COLUMNS (and AGENT_COLUMNS)."""
+        if self.blocks is None:
+            self.blocks = []
+        self.blocks.append((cols, agent))
+        self.block_rows += len(cols[0])
+        if self._rows() + self.block_rows >= FLUSH_ROWS:
+            self.flush()
+
+    def add_gpu_block(self, cols: list[Any], nodes: list[str], states: list[str], hists: list[Any]) -> None:
+        """GPU rows of a columnar message: one array per _GPU_COLUMNS (ts_ms int64), their labels."""
+        if self.gblocks is None:
+            self.gblocks = []
+        self.gblocks.append((cols, nodes, states, hists))
+        if len(self.gpus or ()) + sum(len(b[1]) for b in self.gblocks) >= FLUSH_ROWS:
+            self.flush()
+
+    def _request_arrays(self) -> dict[str, Any]:
+        """The buffered request rows as float64 columns: the per-record rows, then the blocks, in order."""
+        n_rows, blocks = self._rows(), self.blocks or []
+        parts: list[list[Any]] = [[] for _ in _REQUEST_COLUMNS]
+        if self.requests and n_rows:
+            for part, col in zip(parts, self.requests, strict=True):
+                part.append(np.array(col, dtype=np.float64))
+        for cols, _ in blocks:
+            for part, arr in zip(parts, cols, strict=True):
+                part.append(arr)
+        out = {name: np.concatenate(p) if len(p) > 1 else p[0] for name, p in zip(_REQUEST_COLUMNS, parts, strict=True)}
+        if self.agent is not None or any(agent is not None for _, agent in blocks):
+            aparts: list[list[Any]] = [[] for _ in AGENT_COLUMNS]
+            if n_rows:
+                for part, col in zip(aparts, self.agent or [[_NAN] * n_rows] * len(AGENT_COLUMNS), strict=True):
+                    part.append(np.array(col, dtype=np.float64))
+            for cols, agent in blocks:
+                for part, arr in zip(
+                    aparts, agent or [np.full(len(cols[0]), np.nan)] * len(AGENT_COLUMNS), strict=True
+                ):
+                    part.append(arr)
+            out.update((name, np.concatenate(p)) for name, p in zip(AGENT_COLUMNS, aparts, strict=True))
+        return out
+
     def flush(self) -> None:
-        if self.requests[0]:
-            cols = dict(zip(_REQUEST_COLUMNS, self.requests, strict=True))
+        if self._rows() or self.blocks:
+            cols = self._request_arrays()
             if not self.slo.class_limits:
                 del cols["request_class"]  # one SLO for every class: the codes change nothing
-            if self.agent is not None:
-                cols.update(zip(AGENT_COLUMNS, self.agent, strict=True))
-            add_requests(self.agg, {name: np.array(col, dtype=np.float64) for name, col in cols.items()}, self.slo)
-            self.requests = [[] for _ in _REQUEST_COLUMNS]
-            self.agent = None
-        if self.gpus:
-            gcols = np.array(self.gpus, dtype=np.float64).T
-            gpu = {name: gcols[i] for i, name in enumerate(_GPU_COLUMNS)}
-            gpu["ts_ms"] = np.array([row[0] for row in self.gpus], dtype=np.int64)
-            add_gpu(self.agg, gpu, self.nodes, self.states, self.hists)
-            self.gpus, self.nodes, self.states, self.hists = [], [], [], []
+            add_requests(self.agg, cols, self.slo)
+        self.requests, self.agent, self.blocks, self.block_rows = None, None, None, 0
+        if self.gpus or self.gblocks:
+            parts: list[list[Any]] = [[] for _ in _GPU_COLUMNS]
+            nodes: list[str] = []
+            states: list[str] = []
+            hists: list[list[int] | None] = []
+            if self.gpus:
+                k = len(_GPU_COLUMNS)
+                gcols = np.array([row[:k] for row in self.gpus], dtype=np.float64).T
+                for i, part in enumerate(parts):
+                    part.append(gcols[i])
+                parts[0][0] = np.array([row[0] for row in self.gpus], dtype=np.int64)
+                nodes = [row[k] for row in self.gpus]
+                states = [row[k + 1] for row in self.gpus]
+                hists = [row[k + 2] for row in self.gpus]
+            for gcols_b, bnodes, bstates, bhists in self.gblocks or ():
+                for part, arr in zip(parts, gcols_b, strict=True):
+                    part.append(arr)
+                nodes, states, hists = nodes + bnodes, states + bstates, hists + bhists
+            gpu = {name: np.concatenate(p) if len(p) > 1 else p[0] for name, p in zip(_GPU_COLUMNS, parts, strict=True)}
+            add_gpu(self.agg, gpu, nodes, states, hists)
+        self.gpus, self.gblocks = None, None
 
 
 class TelemetryProcessor:
@@ -287,9 +415,14 @@ class TelemetryProcessor:
     def _process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
         out = ProcessResult()
         try:
-            records = decode_envelope(raw)
+            records = decode_message(raw)
         except EnvelopeError as exc:
             self._dead(out, "bad envelope", f"bad envelope: {exc}", source, _raw_text(raw), now_ms)
+            return out
+        if isinstance(records, ColumnBatch):
+            self.records_in += records.rows()
+            for section in records.sections.values():
+                self._process_section(section, source, now_ms, out)
             return out
         self.records_in += len(records)
         rest = self._process_columns(records, now_ms, out) if len(records) > 1 else None
@@ -363,7 +496,7 @@ class TelemetryProcessor:
                         [rec["ttft_ms"]],
                         [get("itl_ms") or 0],
                         [rec["e2e_ms"]],
-                        [get("queue_ms") or 0],
+                        [_nan_if_none(get("queue_ms"))],
                         [get("prompt_tokens") or 0],
                         [get("output_tokens") or 0],
                         [get("kv_hit") or False],
@@ -373,7 +506,7 @@ class TelemetryProcessor:
                     _agent_row(get),
                 )
             else:
-                buf.gpus.append(
+                buf.add_gpu_row(
                     (
                         ts,
                         rec["gpu_util"],
@@ -388,13 +521,11 @@ class TelemetryProcessor:
                         get("kv_free_bytes"),
                         get("kv_waiting_bytes"),
                         get("kv_generation"),
+                        rec["node"],
+                        rec["state"],
+                        _hist(get("free_block_hist")),
                     )
                 )
-                buf.nodes.append(rec["node"])
-                buf.states.append(rec["state"])
-                buf.hists.append(_hist(get("free_block_hist")))
-                if len(buf.gpus) >= FLUSH_ROWS:
-                    buf.flush()
             if max_ts is None or ts > max_ts:
                 max_ts = ts
             out.valid += 1
@@ -433,7 +564,7 @@ class TelemetryProcessor:
             cols["ttft_ms"],
             _or(cols["itl_ms"], 0),
             cols["e2e_ms"],
-            _or(cols["queue_ms"], 0),
+            [_nan_if_none(v) for v in cols["queue_ms"]],
             _or(cols["prompt_tokens"], 0),
             _or(cols["output_tokens"], 0),
             _or(cols["kv_hit"], False),
@@ -468,6 +599,99 @@ class TelemetryProcessor:
         self._observe(max(ts_col), now_ms, out)
         out.valid += len(records)
         return rest
+
+    def _process_section(self, section: Section, source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> None:
+        """Columnar path: one section's rows checked, admitted and windowed a column at a time (numpy).
+
+        The rows the column checks do not vouch for, and the rows a vectorised admission check
+        refuses (unknown model or zone, future, late, past the node cap), take the per-record path:
+        it dead-letters each with its reason and its row index (``source`` gets ``section``), or
+        takes it when it is valid after all (an integral float in an int field, say).
+        """
+        n, cols = section.n, section.cols
+        checked = (check_requests if section.kind == "request" else check_gpus)(cols, n)
+        slow = checked.suspect.copy()
+        if not slow.all():
+            self._window_section(section, checked, slow, now_ms, out)
+        if slow.any():
+            rows = ((i, section.row(i)) for i in np.flatnonzero(slow).tolist())
+            self._process_records(rows, {**source, "section": section.kind}, now_ms, out)
+
+    def _window_section(self, section: Section, checked: Any, slow: Any, now_ms: int, out: ProcessResult) -> None:
+        """Admit and window the rows of a checked section not in ``slow``; adds to ``slow`` the rows it refuses."""
+        n, cols, num = section.n, section.cols, checked.num
+        (mcodes, models), (zcodes, zones), (ncodes, nodes) = (_codes(cols[k], n) for k in ("model", "zone", "node"))
+        for codes, vocab, known in ((mcodes, models, self.slos.keys()), (zcodes, zones, self.zones)):
+            unknown = [i for i, v in enumerate(vocab) if v not in known]
+            if unknown:
+                slow |= np.isin(codes, unknown)
+        ts, size = checked.ts, self.size_ms
+        latest = self._future_ms(now_ms)
+        if latest is not None:
+            slow |= ts > latest
+        starts = ts - ts % size
+        closed = self.tracker.closed_ms
+        if closed is not None:
+            slow |= starts + size <= closed
+        good = np.flatnonzero(~slow)
+        if not good.size:
+            return
+        groups = _groups(good, mcodes, zcodes, ncodes, starts)
+        keyed = [((models[m], zones[z], nodes[nd]), s, idx) for (m, z, nd, s), idx in groups]
+        new: dict[tuple[str, str, int], int] = {}  # new nodes per (model, zone, window)
+        for k, s, _ in keyed:
+            if (k, s) not in self._pending:
+                new[(k[0], k[1], s)] = new.get((k[0], k[1], s), 0) + 1
+        over = {zk for zk, k in new.items() if self._nodes_in.get(zk, 0) + k > self.max_nodes}
+        if over:  # the node cap: the per-record path takes the new nodes up to it, dead-letters the rest
+            for k, s, idx in keyed:
+                if (k[0], k[1], s) in over and (k, s) not in self._pending:
+                    slow[idx] = True
+            keyed = [(k, s, idx) for k, s, idx in keyed if not slow[idx[0]]]
+            if not keyed:
+                return
+        whole = len(keyed) == 1 and len(keyed[0][2]) == n
+        if section.kind == "request":
+            zero = np.zeros(n)
+            values = [
+                num["ttft_ms"],
+                *(_zero_nan(num.get(k), zero) for k in ("itl_ms",)),
+                num["e2e_ms"],
+                num.get("queue_ms", np.full(n, np.nan)),  # a wait not measured stays NaN: fixable (controllers.windows)
+                *(_zero_nan(num.get(k), zero) for k in ("prompt_tokens", "output_tokens", "kv_hit")),
+                num["ok"],
+                num.get("request_class", zero),
+            ]
+            agent = None
+            if any(k in num for k in AGENT_COLUMNS):
+                agent = [num.get(k, np.full(n, np.nan)) for k in AGENT_COLUMNS]
+            for key, start, idx in keyed:
+                buf = self._pending.get((key, start)) or self._open(key, start, self.slos[key[0]])
+                if len(idx) < BLOCK_ROWS:  # a few rows: as lists, an array each would cost more than they
+                    buf.extend_requests(
+                        [v[idx].tolist() for v in values], None if agent is None else [a[idx].tolist() for a in agent]
+                    )
+                elif whole:
+                    buf.add_block(values, agent)
+                else:
+                    buf.add_block([v[idx] for v in values], None if agent is None else [a[idx] for a in agent])
+        else:
+            gvalues = [ts, *(_gpu_column(num, k, n) for k in _GPU_COLUMNS[1:])]
+            states, hists = cols["state"], cols.get("free_block_hist")
+            for key, start, idx in keyed:
+                buf = self._pending.get((key, start)) or self._open(key, start, self.slos[key[0]])
+                rows = idx.tolist()
+                bstates = [states[i] for i in rows]
+                bhists = [None] * len(rows) if hists is None else [_hist(hists[i]) for i in rows]
+                if len(rows) < BLOCK_ROWS:
+                    values_ = [v[idx].tolist() for v in gvalues]
+                    for row in zip(*values_, [key[2]] * len(rows), bstates, bhists, strict=True):
+                        buf.add_gpu_row(row)
+                else:
+                    buf.add_gpu_block([v[idx] for v in gvalues], [key[2]] * len(rows), bstates, bhists)
+        windowed = np.concatenate([idx for _, _, idx in keyed]) if len(keyed) > 1 else keyed[0][2]
+        self._observe(int(ts[windowed].max()), now_ms, out)
+        out.valid += int(windowed.size)
 
     def flush(self) -> None:
         """Aggregate every buffered row into its window's aggregate."""

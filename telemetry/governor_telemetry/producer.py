@@ -3,7 +3,10 @@
 Records are buffered per partition key ((model, zone), so one key's records
 stay ordered on one partition) and shipped as one Kafka message per batch:
 a batch goes out when it holds ``max_batch`` records or its oldest record is
-``linger_ms`` old.  The buffer is bounded: when ``max_pending`` records are
+``linger_ms`` old.  ``encoding="columns"`` ships a batch as columns (one
+array per field, :mod:`governor_telemetry.columnar`), which the worker checks
+and aggregates with numpy instead of a Python object per record; the default
+``"rows"`` ships one JSON object per record.  The buffer is bounded: when ``max_pending`` records are
 waiting, :meth:`TelemetryProducer.send` waits (back-pressure) instead of
 growing memory without limit; :meth:`TelemetryProducer.send_nowait` raises
 :class:`BufferFull` instead, for callers that must never block.
@@ -37,6 +40,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from governor_telemetry.columnar import encode_columns
 from governor_telemetry.records import FIELDS_BY_KIND, encode_envelope, partition_key, show, validate_record
 from governor_telemetry.security import kafka_options_from_env, login_refused
 
@@ -77,6 +81,10 @@ class InvalidRecord(ValueError):
         super().__init__(f"invalid telemetry record{where}: {reason}")
 
 
+#: How a batch goes on the wire: one JSON object per record, or one array per field.
+ENCODINGS = {"rows": encode_envelope, "columns": encode_columns}
+
+
 class TelemetryProducer:
     def __init__(
         self,
@@ -90,9 +98,14 @@ class TelemetryProducer:
         clock_ms: Any = None,
         kafka_options: Mapping[str, Any] | None = None,
         validate: bool = True,
+        encoding: str = "rows",
     ) -> None:
         if linger_ms <= 0 or max_batch <= 0 or max_pending < max_batch:
             raise ValueError("need linger_ms > 0, max_batch > 0 and max_pending >= max_batch")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {show(encoding)}")
+        self.encoding = encoding
+        self._encode = ENCODINGS[encoding]
         self.bootstrap = bootstrap
         self.topic = topic
         self.source = source
@@ -156,6 +169,12 @@ class TelemetryProducer:
         return self._pending
 
     def _check(self, record: Mapping[str, Any]) -> None:
+        if self.encoding == "columns" and not self.validate:
+            # Even unchecked, a record must be one the columns can carry (encode_columns' rule).
+            try:
+                encode_columns([record], self.source, 0)
+            except (ValueError, TypeError, AttributeError) as exc:  # AttributeError: not a mapping
+                raise InvalidRecord(str(exc), record) from exc
         if self.validate:
             reason = validate_record(record)
             if reason is not None:
@@ -201,7 +220,7 @@ class TelemetryProducer:
         try:
             for i in range(0, len(batch), self.max_batch):
                 chunk = batch[i : i + self.max_batch]
-                payload = encode_envelope(chunk, self.source, self._clock_ms())
+                payload = self._encode(chunk, self.source, self._clock_ms())
                 await self._producer.send(self.topic, payload, key=key)
                 done += len(chunk)
                 self.sent_messages += 1

@@ -288,3 +288,22 @@ def test_bad_agent_fields_are_dead_lettered_and_the_good_ones_reach_the_zone_win
         (0.9, 0.9, 0.2)
     )
     assert zone["agent_path_counts"] == {"rag": 1, "tool": 0, "llm": 1}
+
+
+@pytest.mark.parametrize("encoding", ["rows", "columns"])
+def test_a_miss_without_a_reported_wait_counts_as_fixable(encoding: str) -> None:
+    """TTFT 3 s against a 1 s SLO: with the wait reported as 0 the miss is unfixable (its prefill
+    alone is too long); with no queue_ms at all (a producer that does not report waits) it is
+    fixable, in either encoding, so the scaler still acts on it."""
+    from governor_telemetry.columnar import encode_columns
+
+    p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
+    recs = [
+        _req(i, T0 + 10 * i, "n1", ttft_ms=3000.0, e2e_ms=6000.0, status="ok", queue_ms=0.0 if i % 2 else None)
+        for i in range(8)
+    ]
+    raw = encode_envelope(recs, "n", 0) if encoding == "rows" else encode_columns(recs, "n", 0)
+    res = p.process(raw, {"topic": "t", "partition": 0, "offset": 0}, 0)
+    assert not res.dead_letters
+    (zone,) = [w for w in p.close_due(T0 + 60_000, 0) if w["scope"] == "zone"]
+    assert zone["violation_rate"] == 1.0 and zone["unfixable_rate"] == 0.5

@@ -94,8 +94,8 @@ def test_violation_and_error_counting(rows, violations, errors) -> None:
 
 def test_unfixable_violations_are_those_over_the_limit_without_their_wait() -> None:
     """TTFT limit 500 ms.  900 ms after a 500 ms wait would have made it on an idle fleet (fixable);
-    900 ms after a 100 ms wait would not (unfixable); a failed request, an ITL miss, a request in time
-    and an unmeasured TTFT are never unfixable."""
+    900 ms after a 100 ms wait would not (unfixable); a failed request, an ITL miss, a request in time,
+    an unmeasured TTFT and a miss whose wait was not measured (NaN) are never unfixable."""
     rows = [
         (900.0, 20.0, True),
         (900.0, 20.0, True),
@@ -103,13 +103,14 @@ def test_unfixable_violations_are_those_over_the_limit_without_their_wait() -> N
         (100.0, 90.0, True),
         (400.0, 20.0, True),
         (np.nan, 20.0, True),
+        (900.0, 20.0, True),
     ]
-    queue = [500.0, 100.0, 0.0, 0.0, 0.0, 0.0]
+    queue = [500.0, 100.0, 0.0, 0.0, 0.0, 0.0, np.nan]
     agg = initialize()
     add_requests(agg, req_cols(rows, queue_ms=np.array(queue)), SLO)
-    assert (agg.n_violations, agg.n_unfixable) == (4, 1)
+    assert (agg.n_violations, agg.n_unfixable) == (5, 1)
     out = result(agg, window_s=10.0)
-    assert out["unfixable_rate"] == 1 / 6
+    assert out["unfixable_rate"] == 1 / 7 and out["queue_ms_mean"] == 600.0 / 7  # a NaN wait adds nothing
     both = merge(agg, agg)
     assert both.n_unfixable == 2
     assert WindowAggregate.from_dict(agg.to_dict()) == agg
@@ -160,7 +161,7 @@ def test_result_values_against_numpy() -> None:
     [
         ("ttft_ms", -1.0),  # negative latency
         ("e2e_ms", np.inf),  # infinite latency
-        ("queue_ms", np.nan),  # NaN allowed only for latencies
+        ("output_tokens", np.nan),  # NaN allowed only for latencies (the wait, queue_ms, is one)
         ("prompt_tokens", -5),  # negative count
     ],
 )
