@@ -77,7 +77,8 @@ def table_rows(snap: dict[str, Any]) -> list[list[str]]:
                 str(r.get("zone")),
                 _ago(r.get("window_age_s")),
                 _num(r.get("rate_rps"), ".1f", "/s"),
-                _num(r.get("violation_rate"), ".0%"),
+                _num(r.get("violation_rate"), ".0%")
+                + (f" ({_num(u, '.0%')} unfix.)" if (u := r.get("unfixable_rate")) else ""),
                 f"{_num(r.get('ttft_p95_ms'), '.0f')}/{_num(r.get('ttft_slo_ms'), '.0f')} ms",
                 f"{r.get('replicas_ready', '-')}/{r.get('replicas_starting', '-')}/{_num(r.get('target'), 'd')}",
                 {True: "on", False: "off"}.get(r.get("ff_mode"), "-"),

@@ -280,8 +280,8 @@ def build_pipeline(
                 last_drift[(ev["model"], ev["zone"])] = {k: ev.get(k) for k in ("signal", "direction", "window_end_ms")}
         ks, stale, spec = loop.scaler.states.get(key), loop.watch.stale.get(key), settings.model(w.model)
         record = {
-            **{f: getattr(w, f) for f in ("window_end_ms", "rate_rps", "violation_rate", "ttft_p95_ms")},
-            **{f: getattr(w, f) for f in ("replicas_ready", "replicas_starting")},
+            **{f: getattr(w, f) for f in ("window_end_ms", "rate_rps", "violation_rate", "unfixable_rate")},
+            **{f: getattr(w, f) for f in ("ttft_p95_ms", "replicas_ready", "replicas_starting")},
             "ttft_slo_ms": w.ttft_slo_ms or (spec.ttft_slo_ms if spec else None),
             "written_ms": clock.now_ms(),
             "target": None if ks is None else ks.ctrl.last_target,

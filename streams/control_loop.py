@@ -159,13 +159,8 @@ class ControlLoop:
     @property
     def drivers(self) -> dict[str, Driver]:
         """The drivers by snapshot name, in the order :meth:`decide` runs them on a zone window."""
-        return {
-            "kv": self.kv_policy,
-            "breaker": self.breaker,
-            "routing": self.routing,
-            "agents": self.agent_weights,
-            "scaler": self.scaler,
-        }
+        d: dict[str, Driver] = {"kv": self.kv_policy, "breaker": self.breaker, "routing": self.routing}
+        return {**d, "agents": self.agent_weights, "scaler": self.scaler}
 
     @property
     def processor(self) -> TelemetryProcessor:
@@ -310,12 +305,13 @@ class ControlLoop:
                     out.add(rc, f"route {rc.model} by zone")
 
     def export_targets(self, model: str | None = None, zone: str | None = None) -> None:
-        """``governor_replicas_target`` = the scaler's current target of each configured key
-        (:meth:`Scaler.targets`): every zone window, held or not, and right after a restore.
-        A key without a target stays absent, never 0 (the KEDA bridge, ``infra/k8s/keda/``)."""
+        """``governor_replicas_target`` (and the capacity it is sized with) of each configured key, every zone
+        window, held or not, and after a restore; absent without a target, never 0 (``infra/k8s/keda/``)."""
         if self.metrics is not None:
             for (m, z), target in self.scaler.targets(model, zone).items():
                 self.metrics.target.labels(m, z).set(float(target))
+                if (capacity := self.scaler.learned_capacity(m, z)) is not None:
+                    self.metrics.capacity.labels(m, z).set(capacity)
 
     # -- missing telemetry -----------------------------------------------------------------
     def set_heartbeats(self, alive: Collection[str] | None) -> None:

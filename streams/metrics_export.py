@@ -65,6 +65,12 @@ class WorkerMetrics:
         self.target = Gauge(  # set every zone window and on restore (ControlLoop.export_targets); KEDA follows it
             "governor_replicas_target", "the scaler's current replica target", _LABELS, registry=r
         )
+        self.capacity = Gauge(  # beside the target: the capacity the feedforward sized it with
+            "governor_replica_capacity_rps",
+            "one replica's capacity the feedforward sizes with (learned online, the profile as prior)",
+            _LABELS,
+            registry=r,
+        )
         self.admission_feasible = Gauge(
             "governor_admission_feasible",
             "1 while an orchestrator's admitted periodic tasks meet their deadlines at the measured P99",

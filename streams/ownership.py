@@ -139,8 +139,8 @@ def release(loop: ControlLoop, models: Collection[str], scopes: Collection[str])
     Their snapshot ``scopes`` are no longer written by this worker (the new
     owner's state must not be overwritten), their zones are no longer judged
     silent (:meth:`ControlLoop.check_silence`: a model whose windows go
-    elsewhere is not missing), and their ``governor_replicas_target`` and
-    ``governor_telemetry_stale`` series are removed (KEDA takes the max over
+    elsewhere is not missing), and their ``governor_replicas_target``,
+    ``governor_replica_capacity_rps`` and ``governor_telemetry_stale`` series are removed (KEDA takes the max over
     workers: an old owner's target must not linger).
     """
     loop.owned.difference_update(scopes)
@@ -152,7 +152,7 @@ def release(loop: ControlLoop, models: Collection[str], scopes: Collection[str])
         return
     for model in models:
         for zone in loop.settings.zones:
-            for gauge in (loop.metrics.target, loop.metrics.stale):
+            for gauge in (loop.metrics.target, loop.metrics.capacity, loop.metrics.stale):
                 try:
                     gauge.remove(model, zone)
                 except KeyError:  # no series for this key on this worker

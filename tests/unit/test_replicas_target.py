@@ -100,3 +100,21 @@ def test_only_configured_keys_are_exported() -> None:
     restarted.restore_scope(f"model:{MODEL}", parts)
     assert _target(metrics) == 3.0 and _target(metrics, "az-gone") is None
     assert restarted.scaler.targets() == {(MODEL, "az-a"): 3}
+
+
+def test_the_capacity_the_target_is_sized_with_is_exported_beside_it() -> None:
+    """With a profiled capacity the feedforward sizes the target; ``governor_replica_capacity_rps``
+    carries the capacity it used (learned, the profile as prior) for the same keys, and stays absent
+    for a model without one."""
+    spec = ModelSpec(MODEL, max_replicas=20, replica_capacity_rps=2.0)
+    metrics = WorkerMetrics()
+    loop = ControlLoop(Settings(models=(spec,), zones=("az-a", "az-b"), window_s=10.0), metrics)
+    loop.decide(_zone(1, count=100, rate_rps=10.0, violation_rate=0.0, replicas_ready=2, itl_p95_ms=40.0), T0 + 10_000)
+    value = metrics.registry.get_sample_value("governor_replica_capacity_rps", {"model": MODEL, "zone": "az-a"})
+    assert value is not None and value == loop.scaler.learned_capacity(MODEL, "az-a")
+    plain, plain_metrics = _loop()
+    plain.decide(_zone(1, count=100, violation_rate=0.5, replicas_ready=2), T0 + 10_000)
+    assert (
+        plain_metrics.registry.get_sample_value("governor_replica_capacity_rps", {"model": MODEL, "zone": "az-a"})
+        is None
+    )

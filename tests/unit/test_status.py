@@ -63,6 +63,9 @@ def test_a_row_shows_every_column_of_the_issue() -> None:
     assert a["FF"] == "on" and a["DRIFT"] == "latency_ms up" and a["STALE"] == "no" and a["ZONE ST"] == "up"
     assert a["LAST COMMAND"] == "scale->3 applied 2.1 s ago"
     assert a["BREAKER"] == "closed" and a["CANARY"] == "running 5%"
+    # the share no replica count fixes (docs/model.md §23) is shown beside the violation rate
+    u = dict(zip(COLUMNS, table_rows({**SNAP, "rows": [{**ROW, "unfixable_rate": 0.04}]})[0], strict=True))
+    assert u["VIOL"] == "100% (4% unfix.)"
 
 
 def test_missing_fields_are_dashes_and_a_refused_command_says_why() -> None:
