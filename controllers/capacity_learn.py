@@ -18,7 +18,9 @@ moves it only by evidence a window gives about what a replica *did*:
   its windows' weight scaled by how much the load varied (its coefficient of
   variation over ``spread``, at most 1): a fleet that ran at one load only
   cannot tell a slope from noise and keeps the prior.  A fit that does not
-  fall with load says nothing.
+  fall with load, or does not explain the points (correlation above
+  ``-min_corr``: replicas slowed by something other than load, as in a
+  latency spike, put slow windows at low load), says nothing.
 - **Saturation** (an upper bound).  Two windows running, with no replica
   starting, the fixable violation rate is above ``2 x eps_ref`` and requests
   wait (at least ``min_queue`` per ready replica): the ready replicas could
@@ -49,8 +51,8 @@ returns the change so the caller can publish it.
 ...     w = CapacityWindow(completions_rps=5 * x, ready=5, queue_per_replica=0.0, fixable_rate=0.0,
 ...                        itl_p95_ms=itl, itl_slo_ms=150.0)
 ...     s, change = step(p, s, w, prior_rps=3.0, eps_ref=0.02)
->>> round(capacity(s, 3.0), 1), s.off  # the fit meets 0.9 x 150 ms near 6.8; the prior keeps 6 of 40
-(5.9, True)
+>>> round(capacity(s, 3.0), 1), s.off  # where the fit meets 0.8 x 150 ms, the prior weighing 6 of 40
+(5.8, True)
 """
 
 from __future__ import annotations
@@ -70,16 +72,17 @@ class CapacityParams:
     bound_forget: float = 0.005  # the saturation bound rises by this share a window
     min_queue: float = 1.0  # waiting requests per ready replica that make a bad window a saturated one
     healthy_queue: float = 0.5  # at most this many waiting per replica in a window of the curve
-    itl_margin: float = 0.9  # the capacity is the load at which the ITL P95 reaches this share of the SLO
+    itl_margin: float = 0.8  # the capacity is the load at which the ITL P95 reaches this share of the SLO
     forget: float = 0.98  # weight of the curve fit's past per window (memory ~50 windows)
     prior_weight: float = 6.0  # the prior weighs as this many windows of the fit
     spread: float = 0.25  # the load's coefficient of variation at which a window counts fully
+    min_corr: float = 0.7  # the fit counts only while 1/ITL and load correlate at -0.7 or below
     max_factor: float = 4.0  # the estimate within [prior / max_factor, prior x max_factor]
     off_ratio: float = 1.5  # the prior is off beyond this factor ...
     ok_ratio: float = 1.25  # ... and fine again within this one
 
     def __post_init__(self) -> None:
-        for name in ("down_gain", "itl_margin", "forget"):
+        for name in ("down_gain", "itl_margin", "forget", "min_corr"):
             v = check_number(name, getattr(self, name), 0.0, strict=True)
             if v > 1.0:
                 raise ParameterError(f"{name}={v}: must lie in (0, 1]")
@@ -91,14 +94,14 @@ class CapacityParams:
             raise ParameterError("need 1 < ok_ratio <= off_ratio <= max_factor")
 
 
-_SUMS = ("w", "x", "y", "xx", "xy")
+_SUMS = ("w", "x", "y", "xx", "xy", "yy")
 
 
 @dataclass(frozen=True)
 class CapacityState:
     log_k: float = 0.0  # log of the estimate over the prior
     log_bound: float | None = None  # log of the saturation bound over the prior (None: never saturated)
-    sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)  # weighted w, x, y, xx, xy
+    sums: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # weighted w, x, y, xx, xy, yy
     saturated: int = 0  # windows that moved it: saturated ones, curve ones (evidence counts)
     curve: int = 0
     off: bool = False
@@ -114,14 +117,14 @@ class CapacityState:
         """Inverse of :meth:`to_dict`; a non-finite number is refused (``ValueError``)."""
         log_k = float(data["log_k"])
         bound = None if data["log_bound"] is None else float(data["log_bound"])
-        sums = tuple(float(data["sums"][k]) for k in _SUMS)
+        sums = tuple(float(data["sums"].get(k, 0.0)) for k in _SUMS)
         if not all(math.isfinite(v) for v in (log_k, *sums, 0.0 if bound is None else bound)):
             raise ValueError(f"capacity state {data!r}: numbers must be finite")
         last = data.get("last_saturated_rps")
         last = None if last is None else float(last)
         if last is not None and not (math.isfinite(last) and last >= 0):
             raise ValueError(f"last_saturated_rps={last!r}: must be finite and >= 0")
-        return cls(log_k, bound, sums, int(data["saturated"]), int(data["curve"]), bool(data["off"]), last)  # type: ignore[arg-type]
+        return cls(log_k, bound, sums, int(data["saturated"]), int(data["curve"]), bool(data["off"]), last)
 
 
 @dataclass(frozen=True)
@@ -144,20 +147,22 @@ def capacity(state: CapacityState, prior_rps: float) -> float:
 
 
 def _curve_capacity(
-    sums: tuple[float, float, float, float, float], y_target: float, spread: float
+    sums: tuple[float, ...], y_target: float, spread: float, min_corr: float
 ) -> tuple[float, float] | None:
     """Where the weighted least-squares line of ``1 / itl`` on load reaches ``y_target``, and the
-    fit's weight (its windows, scaled by the load's spread); None when the line does not fall."""
-    w, x, y, xx, xy = sums
+    fit's weight (its windows, scaled by the load's spread); None when the line does not fall
+    with load or does not explain the points (correlation above ``-min_corr``)."""
+    w, x, y, xx, xy, yy = sums
     if w <= 0.0:
         return None
-    mean = x / w
-    var = max(0.0, xx / w - mean * mean)
-    if mean <= 0.0 or var <= 0.0:
+    mean, mean_y = x / w, y / w
+    var, var_y = max(0.0, xx / w - mean * mean), max(0.0, yy / w - mean_y * mean_y)
+    if mean <= 0.0 or var <= 0.0 or var_y <= 0.0:
         return None
-    slope = (xy / w - mean * (y / w)) / var
-    if not slope < 0.0:
+    cov = xy / w - mean * mean_y
+    if cov / math.sqrt(var * var_y) > -min_corr:
         return None
+    slope = cov / var
     cap = mean + (y_target - y / w) / slope
     if not (math.isfinite(cap) and cap > 0.0):
         return None
@@ -197,13 +202,13 @@ def step(
         and w.queue_per_replica <= params.healthy_queue
     ):
         f = params.forget
-        sw, sx, sy, sxx, sxy = (f * v for v in sums)
-        y = 1.0 / itl
-        sums = (sw + 1.0, sx + per_replica, sy + y, sxx + per_replica * per_replica, sxy + per_replica * y)
+        sw, sx, sy, sxx, sxy, syy = (f * v for v in sums)
+        y, x = 1.0 / itl, per_replica
+        sums = (sw + 1.0, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y)
         state = replace(state, curve=state.curve + 1)
     log_k = state.log_k
     if slo is not None and slo > 0 and sums[0] > 0:
-        fit = _curve_capacity(sums, 1.0 / (params.itl_margin * slo), params.spread)
+        fit = _curve_capacity(sums, 1.0 / (params.itl_margin * slo), params.spread, params.min_corr)
         if fit is not None:
             cap_fit, weight = fit
             log_k = weight * math.log(cap_fit / prior_rps) / (weight + params.prior_weight)

@@ -71,24 +71,37 @@ log = logging.getLogger(__name__)
 SNAPSHOT_VERSION = 2  # 2: plain data (1 was a pickle, never read again)
 
 
-def fixable_violation_rate(w: WindowRecord) -> float:
+def fixable_violation_rate(w: WindowRecord, base: float | None = None) -> float:
     """The violation rate of the requests the fleet could have served in time (docs/model.md §23).
 
     A window's ``unfixable_rate`` counts requests over their TTFT limit even
     without their wait (their prefill alone is too long): no replica count
-    fixes them, so they leave both the violations and the population.
+    fixes them, so they leave both the violations and the population.  That
+    share is a property of the workload's prompts and moves slowly; with the
+    key's running ``base`` of it, a window's share beyond ``base`` plus its
+    binomial noise counts as fixable: replicas slowed by something else (a
+    latency spike, a bad node) also make TTFT without the wait long, and more
+    or other replicas do fix those.
 
     >>> w = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
     ...                  violation_rate=0.05, unfixable_rate=0.04)
     >>> round(fixable_violation_rate(w), 4)  # 1 of the 96 servable requests
     0.0104
+    >>> round(fixable_violation_rate(w, base=0.0), 4)  # none expected: only 0.5 % of them is let off
+    0.0452
     >>> fixable_violation_rate(WindowRecord(scope="zone", model="m", zone="z", window_end_ms=1, violation_rate=0.03))
     0.03
     """
     u = min(w.unfixable_rate, w.violation_rate)
+    if base is not None:
+        u = min(u, base + UNFIXABLE_SLACK + 2.0 * math.sqrt(base * (1.0 - base) / max(w.count, 1)))
     if u <= 0.0:
         return w.violation_rate
     return max(0.0, w.violation_rate - u) / (1.0 - u) if u < 1.0 else 0.0
+
+
+UNFIXABLE_SLACK = 0.005  # beyond the running share and its noise, an unfixable share counts as fixable
+UNFIXABLE_WEIGHT = 0.05  # the running share's EWMA weight per window (a running mean over the first 20)
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
@@ -155,6 +168,15 @@ def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
     )
 
 
+def _rate_or_none(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"unfixable_base={v!r}: must lie in [0, 1]")
+    return f
+
+
 @dataclass
 class KeyState:
     ctrl: PidState | fpid.FpidState = field(default_factory=PidState)
@@ -164,6 +186,8 @@ class KeyState:
     rate_drift: DriftDetector | None = None
     ff_mode: bool = False
     ff_quiet: int = 0  # consecutive windows with neither a burst nor a lift (the mode's hysteresis)
+    unfixable_base: float | None = None  # running unfixable share of the key's requests (fixable_violation_rate)
+    unfixable_n: int = 0
     mismatched_windows: int = 0
     last_basis_ms: int = -1
     queued: float | None = None
@@ -184,6 +208,8 @@ class KeyState:
             "rate_drift": None if self.rate_drift is None else self.rate_drift.to_state(),
             "ff_mode": self.ff_mode,
             "ff_quiet": self.ff_quiet,
+            "unfixable_base": self.unfixable_base,
+            "unfixable_n": self.unfixable_n,
             "mismatched_windows": self.mismatched_windows,
             "last_basis_ms": self.last_basis_ms,
             "queued": self.queued,
@@ -210,6 +236,8 @@ class KeyState:
             rate_drift=None if data["rate_drift"] is None else DriftDetector.from_state(data["rate_drift"]),
             ff_mode=bool(data["ff_mode"]),
             ff_quiet=int(data.get("ff_quiet", 0)),
+            unfixable_base=_rate_or_none(data.get("unfixable_base")),
+            unfixable_n=int(data.get("unfixable_n", 0)),
             mismatched_windows=int(data["mismatched_windows"]),
             last_basis_ms=int(data["last_basis_ms"]),
             queued=None if data["queued"] is None else float(data["queued"]),
@@ -299,7 +327,12 @@ class Scaler:
         ready, starting = w.replicas_ready, w.replicas_starting
         queued = (w.queue_len_mean or 0.0) * max(ready, 1)
         rate = w.rate_rps
-        fixable = fixable_violation_rate(w)
+        fixable = fixable_violation_rate(w, ks.unfixable_base)
+        if w.count > 0:
+            ks.unfixable_n += 1
+            a = max(UNFIXABLE_WEIGHT, 1.0 / ks.unfixable_n)
+            base = ks.unfixable_base if ks.unfixable_base is not None else w.unfixable_rate
+            ks.unfixable_base = base + a * (w.unfixable_rate - base)
         eps = ff.leading_violation_rate(
             w.count,
             fixable,
@@ -444,7 +477,7 @@ class Scaler:
         # Where the loop will be when a command lands: the predicted queue's doomed share.
         lead = ff.leading_violation_rate(
             w.count,
-            fixable_violation_rate(w),
+            fixable_violation_rate(w, ks.unfixable_base),
             max(0.0, q_pred) * max(ready, 1),
             rate,
             w.ttft_slo_ms or self._slo(model),

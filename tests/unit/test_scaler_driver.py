@@ -9,7 +9,7 @@ import pytest
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from streams.commands import Command
-from streams.scaler_driver import Scaler
+from streams.scaler_driver import Scaler, fixable_violation_rate
 from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import plain
 
@@ -107,6 +107,24 @@ def test_violations_no_replica_count_fixes_do_not_drive_the_feedback() -> None:
     assert cmd.reason == "scale_up" and abs(cmd.detail["violation_rate"] - 0.46 / 0.96) < 1e-9
     assert cmd.detail["unfixable_rate"] == 0.04 and cmd.detail["window_violation_rate"] == 0.5
     assert all(not cmds for cmds in out[1:])
+
+
+def test_a_jump_of_the_unfixable_share_counts_as_fixable() -> None:
+    """A key whose requests have never been unfixable: a window where 12 % suddenly are (replicas
+    slowed 3x make TTFT without the wait long) is not let off, the scaler scales up as on the raw
+    rate; a key that has always had 4 % unfixable (long prompts) keeps holding on them."""
+    steady, jump = Scaler(_settings()), Scaler(_settings())
+    _run(steady, [_window(k, eps=0.04, unfixable=0.04) for k in range(20)])
+    _run(jump, [_window(k) for k in range(20)])
+    ks = jump.states[(MODEL, "az-a")]
+    assert ks.unfixable_base == 0.0
+    assert fixable_violation_rate(_window(20, eps=0.12, unfixable=0.12), ks.unfixable_base) > 0.11
+    level = ks.ctrl.level
+    _run(jump, [_window(20 + k, eps=0.12, unfixable=0.12) for k in range(3)])
+    assert ks.ctrl.level is not None and level is not None and ks.ctrl.level > level * 1.1
+    base = steady.states[(MODEL, "az-a")].unfixable_base
+    assert base is not None and abs(base - 0.04) < 1e-9
+    assert fixable_violation_rate(_window(20, eps=0.04, unfixable=0.04), base) == 0.0
 
 
 def test_feedforward_mode_goes_off_only_after_a_quiet_minute() -> None:
