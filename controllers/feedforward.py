@@ -86,11 +86,14 @@ class FeedforwardParams:
         check_number("capacity_rps", self.capacity_rps, 0.0, strict=True)
         check_number("horizon_s", self.horizon_s, 0.0)
         check_number("drain_s", self.drain_s, 0.0, strict=True)
-        for name in ("target_util", "alpha", "beta"):
+        for name in ("alpha", "beta"):
             v = getattr(self, name)
             check_number(name, v, 0.0, strict=True)
             if v > 1.0:
                 raise ParameterError(f"{name}={v}: must lie in (0, 1]")
+        # Above 1: plan replicas hotter than the capacity says (bench frontier's cheap end); at most 2.
+        if not 0.0 < check_number("target_util", self.target_util, 0.0, strict=True) <= 2.0:
+            raise ParameterError(f"target_util={self.target_util}: must lie in (0, 2]")
         if not 0.0 <= self.decay_per_step <= 1.0:
             raise ParameterError(f"decay_per_step={self.decay_per_step}: must lie in [0, 1]")
         check_number("burst_ratio", self.burst_ratio, 0.0, strict=True)

@@ -129,8 +129,8 @@ class ZoneCapacityParams:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ParameterError(f"{name}={v!r}: must be a finite number > 0")
-        if self.target_util > 1.0:
-            raise ParameterError(f"target_util={self.target_util}: must lie in (0, 1]")
+        if self.target_util > 2.0:  # the feedforward's (above 1: replicas planned hotter than their capacity)
+            raise ParameterError(f"target_util={self.target_util}: must lie in (0, 2]")
         if not 0.0 < self.demand_alpha <= 1.0:
             raise ParameterError(f"demand_alpha={self.demand_alpha}: must lie in (0, 1]")
         if not 0.0 < self.return_ready_fraction <= 1.0:

@@ -18,9 +18,11 @@ and governor's GPU-seconds at 99.5 % of the ceiling (its cheapest point that
 reaches it) as a ratio to the oracle's, the causal oracle's and to the lower bound.  Writes
 ``<out>/frontier-<trace>-<scenario>.png``; ``--json`` prints one object.
 
-Defaults: 600 s runs, every scenario, five knob values for governor, static,
+Defaults: 600 s runs, every scenario, seven headroom values for governor
+(0.6-1.6: below 1 it plans replicas hotter than their capacity, the cheap
+end where the peers' cheapest points are) and five knob values for static,
 hpa, keda, kpa, rayserve, dynamo-load, the oracle and the causal oracle
-(45 runs a scenario, 360 in all).
+(47 runs a scenario, 376 in all).
 ``dynamo-throughput`` has no SLO knob (it sizes by a forecast and the
 profiled capacity) and is left out unless named with ``--strategies``.
 """
@@ -50,7 +52,9 @@ TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     # headroom = 1 / the feedforward's target utilisation (default 1.25); eps_ref moved governor's points
     # little once the feedforward sizes the fleet (0.005 and 0.01 gave the same runs)
-    "governor": ("headroom", (1.0, 1.1, 1.25, 1.4, 1.6)),
+    # (below 1 it runs replicas hotter than the capacity says: the frontier's cheap end, where the peers'
+    # cheapest points are)
+    "governor": ("headroom", (0.6, 0.8, 1.0, 1.1, 1.25, 1.4, 1.6)),
     "static": ("replicas_x_peak", (0.6, 0.8, 1.0, 1.2, 1.5)),
     "hpa": ("target_utilization", (0.5, 0.6, 0.7, 0.8, 0.9)),
     "keda": ("threshold_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),

@@ -85,7 +85,7 @@ def test_backlog_adds_drain_capacity() -> None:
     ("kwargs", "name"),
     [
         ({"capacity_rps": 0.0}, "capacity_rps"),
-        ({"capacity_rps": 1.0, "target_util": 1.5}, "target_util"),
+        ({"capacity_rps": 1.0, "target_util": 2.5}, "target_util"),
         ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"),
         ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step"),
         ({"capacity_rps": 1.0, "max_ahead": 0.5}, "max_ahead"),

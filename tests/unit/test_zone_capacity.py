@@ -258,7 +258,7 @@ def test_unknown_zone_is_ignored() -> None:
         {"zones": AB, "return_ready_fraction": 1.5},
         {"zones": AB, "capacity_rps": -1.0},
         {"zones": AB, "release_windows": -1},
-        {"zones": AB, "target_util": 1.2},
+        {"zones": AB, "target_util": 2.2},
     ],
 )
 def test_bad_parameters_are_refused(kw) -> None:
