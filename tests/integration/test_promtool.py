@@ -120,7 +120,9 @@ def _batch(records: list[Any]) -> bytes:
 
 @pytest.fixture(scope="module")
 def worker_text() -> bytes:
-    settings = Settings(models=(ModelSpec(MODEL, max_replicas=20),), zones=ZONES, window_s=1.0, lateness_s=0.2)
+    # a profiled capacity: the feedforward sizes with it, so governor_replica_capacity_rps has a sample
+    spec = ModelSpec(MODEL, max_replicas=20, replica_capacity_rps=2.0)
+    settings = Settings(models=(spec,), zones=ZONES, window_s=1.0, lateness_s=0.2)
     metrics = WorkerMetrics()
     loop = ControlLoop(settings, metrics)
     src = {"topic": "telemetry", "partition": 0, "offset": 1}

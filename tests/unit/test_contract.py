@@ -319,7 +319,7 @@ CONTROLLERS = [
         _ff_clamp,
         [
             (lambda: ff.FeedforwardParams(capacity_rps=0.0), "capacity_rps"),
-            (lambda: ff.FeedforwardParams(capacity_rps=1.0, target_util=1.5), "target_util"),
+            (lambda: ff.FeedforwardParams(capacity_rps=1.0, target_util=2.5), "target_util"),
         ],
     ),
     Case(
