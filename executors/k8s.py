@@ -52,6 +52,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from core.workload_api import MERGE_PATCH, WorkloadApi
 from core.workloads import Workload
 from executors.backends import BackendRejected, BackendUnavailable
 from streams.commands import Command
@@ -61,7 +62,6 @@ __all__ = ["ANNOTATION_PREFIX", "MERGE_PATCH", "KubernetesBackend", "api_client"
 log = logging.getLogger(__name__)
 
 ANNOTATION_PREFIX = "governor.io/"
-MERGE_PATCH = "application/merge-patch+json"
 _RETRIED = (409, 429)  # the 4xx worth another try; every 5xx is retried too
 _RNG = random.Random()
 
@@ -159,6 +159,7 @@ class KubernetesBackend:
         self.apps = k8s.AppsV1Api(api)
         self.autoscaling = k8s.AutoscalingV2Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.calls = WorkloadApi(self.apps, self.custom, timeout_s)
         self.timeout_s, self.max_wait_s, self.backoff_s = timeout_s, max_wait_s, backoff_s
         self.clock = clock
 
@@ -207,10 +208,10 @@ class KubernetesBackend:
                 "capped": floor != target,
             }
         previous = self._read_scale(w)
-        self._patch_scale(w, target)
+        self.calls.patch_scale(w, target)
         annotated = True
         try:
-            self._annotate(w, annotations)
+            self.calls.patch(w, {"metadata": {"annotations": annotations}})
         except Exception as exc:  # the scale is written; the annotation is a courtesy
             log.warning("annotating %s/%s/%s failed: %s", w.kind, w.namespace, w.name, exc)
             annotated = False
@@ -235,54 +236,13 @@ class KubernetesBackend:
         return None
 
     def _read_scale(self, w: Workload) -> int | None:
-        if w.kind == "Deployment":
-            scale = self.apps.read_namespaced_deployment_scale(w.name, w.namespace, _request_timeout=self.timeout_s)
-        elif w.kind == "StatefulSet":
-            scale = self.apps.read_namespaced_stateful_set_scale(w.name, w.namespace, _request_timeout=self.timeout_s)
-        else:
-            group, version, plural = w.api
-            raw = self._plain(
-                self.custom.get_namespaced_custom_object_scale(
-                    group, version, w.namespace, plural, w.name, _request_timeout=self.timeout_s
-                )
-            )
-            return int((raw.get("spec") or {}).get("replicas") or 0)
-        return None if scale.spec is None else scale.spec.replicas
-
-    def _patch_scale(self, w: Workload, target: int) -> None:
-        body = {"spec": {"replicas": target}}
-        kw: dict[str, Any] = {"_content_type": MERGE_PATCH, "_request_timeout": self.timeout_s}
-        if w.kind == "Deployment":
-            self.apps.patch_namespaced_deployment_scale(w.name, w.namespace, body, **kw)
-        elif w.kind == "StatefulSet":
-            self.apps.patch_namespaced_stateful_set_scale(w.name, w.namespace, body, **kw)
-        else:
-            group, version, plural = w.api
-            self.custom.patch_namespaced_custom_object_scale(group, version, w.namespace, plural, w.name, body, **kw)
-
-    def _annotate(self, w: Workload, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        kw: dict[str, Any] = {"_content_type": MERGE_PATCH, "_request_timeout": self.timeout_s}
-        if w.kind == "Deployment":
-            self.apps.patch_namespaced_deployment(w.name, w.namespace, body, **kw)
-        elif w.kind == "StatefulSet":
-            self.apps.patch_namespaced_stateful_set(w.name, w.namespace, body, **kw)
-        else:
-            group, version, plural = w.api
-            self.custom.patch_namespaced_custom_object(group, version, w.namespace, plural, w.name, body, **kw)
+        scale = self.calls.read_scale(w)
+        if w.kind in ("Deployment", "StatefulSet"):
+            return None if scale.spec is None else scale.spec.replicas
+        return int((self._plain(scale).get("spec") or {}).get("replicas") or 0)
 
     def _status(self, w: Workload) -> dict[str, Any]:
-        obj: object
-        if w.kind == "Deployment":
-            obj = self.apps.read_namespaced_deployment(w.name, w.namespace, _request_timeout=self.timeout_s)
-        elif w.kind == "StatefulSet":
-            obj = self.apps.read_namespaced_stateful_set(w.name, w.namespace, _request_timeout=self.timeout_s)
-        else:
-            group, version, plural = w.api
-            obj = self.custom.get_namespaced_custom_object(
-                group, version, w.namespace, plural, w.name, _request_timeout=self.timeout_s
-            )
-        return self._plain(obj)
+        return self._plain(self.calls.read(w))
 
     def _plain(self, obj: object) -> dict[str, Any]:
         """The API's JSON of a client model (camelCase keys, as on the wire); {} for anything else."""

@@ -22,17 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from kubernetes import client as k8s
 
+from core.workload_api import WorkloadApi
 from core.workloads import Workload
 
 __all__ = ["KubePlatform"]
 
 log = logging.getLogger(__name__)
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubePlatform:
@@ -42,53 +40,30 @@ class KubePlatform:
         self.api = api
         self.apps = k8s.AppsV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.calls = WorkloadApi(self.apps, self.custom, timeout_s)
         self.workloads = {w.key: w for w in workloads}
         self.timeout_s = timeout_s
         self.read_failures = 0
         self.write_failures = 0
 
     def _spec_replicas(self, w: Workload) -> int | None:
-        kw: dict[str, Any] = {"_request_timeout": self.timeout_s}
-        if w.kind == "Deployment":
-            scale = self.apps.read_namespaced_deployment_scale(w.name, w.namespace, **kw)
-        elif w.kind == "StatefulSet":
-            scale = self.apps.read_namespaced_stateful_set_scale(w.name, w.namespace, **kw)
-        else:
-            group, version, plural = w.api
-            raw = self.custom.get_namespaced_custom_object_scale(group, version, w.namespace, plural, w.name, **kw)
-            spec = raw.get("spec") if isinstance(raw, dict) else None
+        scale = self.calls.read_scale(w)
+        if isinstance(scale, dict):  # a custom resource's scale subresource
+            spec = scale.get("spec")
             value = spec.get("replicas") if isinstance(spec, dict) else None
             return value if isinstance(value, int) else None
         return None if scale.spec is None else scale.spec.replicas
 
     def _write_status(self, w: Workload, ready: int, starting: int) -> None:
         body = {"status": {"replicas": ready + starting, "readyReplicas": ready, "availableReplicas": ready}}
-        kw: dict[str, Any] = {"_content_type": MERGE_PATCH, "_request_timeout": self.timeout_s}
-        if w.kind == "Deployment":
-            self.apps.patch_namespaced_deployment_status(w.name, w.namespace, body, **kw)
-        elif w.kind == "StatefulSet":
-            self.apps.patch_namespaced_stateful_set_status(w.name, w.namespace, body, **kw)
-        else:
-            group, version, plural = w.api
-            self.custom.patch_namespaced_custom_object_status(group, version, w.namespace, plural, w.name, body, **kw)
-
-    def _patch_scale(self, w: Workload, replicas: int) -> None:
-        body = {"spec": {"replicas": replicas}}
-        kw: dict[str, Any] = {"_content_type": MERGE_PATCH, "_request_timeout": self.timeout_s}
-        if w.kind == "Deployment":
-            self.apps.patch_namespaced_deployment_scale(w.name, w.namespace, body, **kw)
-        elif w.kind == "StatefulSet":
-            self.apps.patch_namespaced_stateful_set_scale(w.name, w.namespace, body, **kw)
-        else:
-            group, version, plural = w.api
-            self.custom.patch_namespaced_custom_object_scale(group, version, w.namespace, plural, w.name, body, **kw)
+        self.calls.patch_status(w, body)
 
     async def scale_to(self, model: str, zone: str, replicas: int) -> None:
         """Set a workload's ``spec.replicas`` (the demo's starting fleet; errors propagate: nothing runs without it)."""
         w = self.workloads.get((model, zone))
         if w is None:
             raise KeyError(f"no workload mapped for ({model}, {zone}) in GOVERNOR_WORKLOADS")
-        await asyncio.to_thread(self._patch_scale, w, replicas)
+        await asyncio.to_thread(self.calls.patch_scale, w, replicas)
 
     async def desired(self, model: str, zone: str) -> int | None:
         """``spec.replicas`` of the workload of (model, zone); None when unmapped or unreadable (keep as is)."""
