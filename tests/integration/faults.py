@@ -318,9 +318,9 @@ def ledger_settles(settings: Settings, timeout_s: float, idle_s: float = 1.5) ->
         time.sleep(1.0)
 
 
-def records(settings: Settings, topic: str, idle_s: float = 1.0) -> list[dict[str, Any]]:
+def records(settings: Settings, topic: str, idle_s: float = 1.0, partition: bool = False) -> list[dict[str, Any]]:
     """Every record of ``<prefix>.<topic>`` so far: up to the topic's end offsets when called,
-    then until none came for ``idle_s``."""
+    then until none came for ``idle_s``; with ``partition`` each carries the partition it was on."""
 
     async def read() -> list[dict[str, Any]]:
         from aiokafka import AIOKafkaConsumer
@@ -343,9 +343,10 @@ def records(settings: Settings, topic: str, idle_s: float = 1.0) -> list[dict[st
             end = await consumer.end_offsets(list(parts)) if parts else {}
             last = time.monotonic()
             while time.monotonic() < deadline:
-                for msgs in (await consumer.getmany(timeout_ms=200)).values():
+                for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
                     last = time.monotonic()
-                    out += [orjson.loads(m.value) for m in msgs]
+                    extra = {"partition": tp.partition} if partition else {}
+                    out += [{**orjson.loads(m.value), **extra} for m in msgs]
                 caught_up = all([await consumer.position(tp) >= n for tp, n in end.items()])
                 if caught_up and time.monotonic() - last >= idle_s:
                     break

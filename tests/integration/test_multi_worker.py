@@ -28,11 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import redis
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 
 from controllers.window_record import decode_window
@@ -204,7 +202,7 @@ def test_two_workers_divide_the_models_and_the_survivor_of_a_sigkill_takes_over(
     # Every zone window counted every request (its fullest copy: windows come at least once),
     # and sits on its model's partition: all zones of a model meet at one worker.
     counted: dict[tuple[str, str, int], int] = {}
-    for w in _metrics_with_partitions(settings):
+    for w in records(settings, "metrics", 0.0, partition=True):
         assert w["partition"] == partition_of(w["model"], 2), w
         if w["scope"] == "zone":
             key = (w["model"], w["zone"], w["window_start_ms"])
@@ -218,36 +216,6 @@ def test_two_workers_divide_the_models_and_the_survivor_of_a_sigkill_takes_over(
     timings["test (s)"] = time.monotonic() - t0
     print(timings)
     r.close()
-
-
-def _metrics_with_partitions(settings: Settings) -> list[dict[str, Any]]:
-    """Every window record on the metrics topic, with the partition it was on."""
-
-    async def read() -> list[dict[str, Any]]:
-        consumer = AIOKafkaConsumer(
-            settings.topic("metrics"),
-            bootstrap_servers=settings.kafka_bootstrap,
-            group_id=None,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=100,
-        )
-        await consumer.start()
-        out: list[dict[str, Any]] = []
-        try:
-            deadline = time.monotonic() + 20
-            while not consumer.assignment() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            end = await consumer.end_offsets(list(consumer.assignment()))
-            while time.monotonic() < deadline:
-                for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
-                    out += [{**orjson.loads(m.value), "partition": tp.partition} for m in msgs]
-                if all([await consumer.position(tp) >= n for tp, n in end.items()]):
-                    break
-        finally:
-            await consumer.stop()
-        return out
-
-    return asyncio.run(read())
 
 
 async def test_the_store_restores_only_the_scopes_asked_and_saves_at_once_when_forced(settings: Settings) -> None:
