@@ -108,6 +108,11 @@ def _nan_if_none(v: Any) -> Any:
     return math.nan if v is None else v
 
 
+def _none_as_nan(col: list[Any]) -> list[Any]:
+    """:func:`_nan_if_none` for every value (the column itself when none is absent, as :func:`_or`)."""
+    return [math.nan if v is None else v for v in col] if None in col else col
+
+
 def _or(col: list[Any], default: Any) -> list[Any]:
     """``v or default`` for every value, as the per-record path reads optional fields."""
     return [v or default for v in col] if None in col else col
@@ -564,7 +569,7 @@ class TelemetryProcessor:
             cols["ttft_ms"],
             _or(cols["itl_ms"], 0),
             cols["e2e_ms"],
-            [_nan_if_none(v) for v in cols["queue_ms"]],
+            _none_as_nan(cols["queue_ms"]),
             _or(cols["prompt_tokens"], 0),
             _or(cols["output_tokens"], 0),
             _or(cols["kv_hit"], False),

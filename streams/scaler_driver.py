@@ -147,6 +147,7 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
 
 
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
+CAPACITY_PARAMS = cap.CapacityParams()  # the learned capacity's (controllers.capacity_learn)
 FF_MODE_QUIET_S = 60.0  # quiet time before the feedforward mode goes off (it goes on at once)
 
 
@@ -605,8 +606,18 @@ class Scaler:
         ffp = self.ff_params.get(model)
         if ffp is None:
             return None
-        itl = (w.itl_p95_ms, w.itl_slo_ms or self._itl_slo(model)) if w is not None else (None, None)
-        ffp = self._learned(model, zone, ks, ffp, cap.CapacityWindow(rate, 0, queued, meas.violation_rate, *itl), meas)
+        if self.settings.learn_capacity:
+            ready = meas.replicas_current - meas.replicas_pending
+            window = cap.CapacityWindow(
+                completions_rps=rate,
+                ready=ready,
+                queue_per_replica=queued / max(ready, 1),
+                fixable_rate=meas.violation_rate,
+                itl_p95_ms=None if w is None else w.itl_p95_ms,
+                itl_slo_ms=None if w is None else (w.itl_slo_ms or self._itl_slo(model)),
+                starting=meas.replicas_pending,
+            )
+            ffp = self._learned(model, zone, ks, ffp, window)
         forecast = error = None
         if ks.forecaster is not None and ks.forecaster.ready:
             forecast = max(0.0, ks.forecaster.forecast(self.horizon_steps)[-1])
@@ -664,27 +675,11 @@ class Scaler:
         return out
 
     def _learned(
-        self,
-        model: str,
-        zone: str,
-        ks: KeyState,
-        ffp: ff.FeedforwardParams,
-        window: cap.CapacityWindow,
-        meas: PidMeasurement,
+        self, model: str, zone: str, ks: KeyState, ffp: ff.FeedforwardParams, window: cap.CapacityWindow
     ) -> ff.FeedforwardParams:
-        """The feedforward parameters with the replica capacity learned from this window (the profile as
-        prior); ``window`` carries the zone's completions, queued total, fixable rate and busy share."""
-        if not self.settings.learn_capacity:
-            return ffp
-        ready = meas.replicas_current - meas.replicas_pending
-        window = replace(
-            window,
-            ready=ready,
-            queue_per_replica=window.queue_per_replica / max(ready, 1),
-            starting=meas.replicas_pending,
-        )
+        """The feedforward parameters with the replica capacity learned from this window (the profile as prior)."""
         eps_ref = self.settings.eps_ref
-        ks.capacity, change = cap.step(cap.CapacityParams(), ks.capacity, window, ffp.capacity_rps, eps_ref)
+        ks.capacity, change = cap.step(CAPACITY_PARAMS, ks.capacity, window, ffp.capacity_rps, eps_ref)
         learned = cap.capacity(ks.capacity, ffp.capacity_rps)
         if change is not None:
             log.warning(
