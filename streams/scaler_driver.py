@@ -58,6 +58,7 @@ from controllers import fpid
 from controllers import observer as obs
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
+from controllers.fixable import fixable_violation_rate, running_unfixable
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
@@ -69,39 +70,6 @@ from streams.snapshots import SnapshotVersionError
 log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 2  # 2: plain data (1 was a pickle, never read again)
-
-
-def fixable_violation_rate(w: WindowRecord, base: float | None = None) -> float:
-    """The violation rate of the requests the fleet could have served in time (docs/model.md §23).
-
-    A window's ``unfixable_rate`` counts requests over their TTFT limit even
-    without their wait (their prefill alone is too long): no replica count
-    fixes them, so they leave both the violations and the population.  That
-    share is a property of the workload's prompts and moves slowly; with the
-    key's running ``base`` of it, a window's share beyond ``base`` plus its
-    binomial noise counts as fixable: replicas slowed by something else (a
-    latency spike, a bad node) also make TTFT without the wait long, and more
-    or other replicas do fix those.
-
-    >>> w = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
-    ...                  violation_rate=0.05, unfixable_rate=0.04)
-    >>> round(fixable_violation_rate(w), 4)  # 1 of the 96 servable requests
-    0.0104
-    >>> round(fixable_violation_rate(w, base=0.0), 4)  # none expected: only 0.5 % of them is let off
-    0.0452
-    >>> fixable_violation_rate(WindowRecord(scope="zone", model="m", zone="z", window_end_ms=1, violation_rate=0.03))
-    0.03
-    """
-    u = min(w.unfixable_rate, w.violation_rate)
-    if base is not None:
-        u = min(u, base + UNFIXABLE_SLACK + 2.0 * math.sqrt(base * (1.0 - base) / max(w.count, 1)))
-    if u <= 0.0:
-        return w.violation_rate
-    return max(0.0, w.violation_rate - u) / (1.0 - u) if u < 1.0 else 0.0
-
-
-UNFIXABLE_SLACK = 0.005  # beyond the running share and its noise, an unfixable share counts as fixable
-UNFIXABLE_WEIGHT = 0.05  # the running share's EWMA weight per window (a running mean over the first 20)
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
@@ -330,10 +298,7 @@ class Scaler:
         rate = w.rate_rps
         fixable = fixable_violation_rate(w, ks.unfixable_base)
         if w.count > 0:
-            ks.unfixable_n += 1
-            a = max(UNFIXABLE_WEIGHT, 1.0 / ks.unfixable_n)
-            base = ks.unfixable_base if ks.unfixable_base is not None else w.unfixable_rate
-            ks.unfixable_base = base + a * (w.unfixable_rate - base)
+            ks.unfixable_base, ks.unfixable_n = running_unfixable(ks.unfixable_base, ks.unfixable_n, w.unfixable_rate)
         eps = ff.leading_violation_rate(
             w.count,
             fixable,

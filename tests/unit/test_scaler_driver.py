@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
+from controllers.fixable import fixable_violation_rate
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from streams.commands import Command
-from streams.scaler_driver import Scaler, fixable_violation_rate
+from streams.scaler_driver import Scaler
 from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import plain
 
