@@ -212,12 +212,10 @@ def step(
         if fit is not None:
             cap_fit, weight = fit
             log_k = weight * math.log(cap_fit / prior_rps) / (weight + params.prior_weight)
-    state = replace(state, sums=sums, log_bound=log_bound)
     limit = math.log(params.max_factor)
     log_k = min(max(log_k, -limit), limit)
     if log_bound is not None:
         log_bound = min(max(log_bound, -limit), limit)
-        state = replace(state, log_bound=log_bound)
     ratio = abs(min(log_k, log_bound) if log_bound is not None else log_k)
     off = state.off
     if not off and ratio > math.log(params.off_ratio):
@@ -225,4 +223,4 @@ def step(
     elif off and ratio < math.log(params.ok_ratio):
         off = False
     change = None if off == state.off else ("off" if off else "ok")
-    return replace(state, log_k=log_k, off=off), change
+    return replace(state, log_k=log_k, log_bound=log_bound, sums=sums, off=off), change
