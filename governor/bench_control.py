@@ -144,8 +144,12 @@ def prepare(args: Namespace, scenario_name: str, trace: Trace | None = None, cap
     return Setup(trace, cfg, scenario, capacity, static_n, warm, profiled)
 
 
-def run_all(args: Namespace) -> tuple[list[RunResult], dict[str, Any]]:
-    setup = prepare(args, args.scenario)
+def run_all(
+    args: Namespace, trace: Trace | None = None, capacity: float | None = None
+) -> tuple[list[RunResult], dict[str, Any]]:
+    """Every strategy of ``args.strategies`` on ``args.scenario`` (the trace and its profile loaded
+    and measured here unless given) and the run's meta."""
+    setup = prepare(args, args.scenario, trace, capacity)
     cfg, scenario, capacity, static_n, warm = setup.cfg, setup.scenario, setup.capacity, setup.static_n, setup.warm
     ceil = ceiling(scenario.workload, cfg)
     results = []

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_frontier import add_parser as add_frontier_parser
 
     add_frontier_parser(bsub)
+    from governor.bench_seeds import add_parser as add_seeds_parser
+
+    add_seeds_parser(bsub)
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
@@ -395,6 +398,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.bench_scrape import run_scrape_bench
 
         return run_scrape_bench(args)
+    if args.command == "bench" and args.bench == "seeds":
+        from governor.bench_seeds import run_seeds
+
+        return run_seeds(args)
     if args.command == "bench" and args.bench == "frontier":
         from governor.bench_frontier import run_frontier
 
