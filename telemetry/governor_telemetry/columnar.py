@@ -56,6 +56,7 @@ from governor_telemetry.records import (
     EnvelopeError,
     _supported,
     decode_envelope,
+    parse_message,
     show,
 )
 
@@ -181,13 +182,7 @@ def decode_message(raw: bytes | str | Any) -> list[Any] | ColumnBatch:
 
     Raises :class:`EnvelopeError` when the message is unusable as a whole.
     """
-    if isinstance(raw, bytes | bytearray | memoryview | str):
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise EnvelopeError(f"not JSON: {exc}") from exc
-    else:
-        obj = raw
+    obj = parse_message(raw)
     if isinstance(obj, dict) and obj.get("kind") == "columns":
         return decode_columns(obj)
     return decode_envelope(obj)

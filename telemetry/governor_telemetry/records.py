@@ -348,19 +348,26 @@ def encode_envelope(records: Sequence[Mapping[str, Any]], source: str, sent_ms: 
     )
 
 
+def parse_message(raw: bytes | str | Any) -> Any:
+    """A message's JSON value: bytes or text parsed, anything else taken as parsed already.
+
+    Raises :class:`EnvelopeError` when the text is not JSON.
+    """
+    if not isinstance(raw, bytes | bytearray | memoryview | str):
+        return raw
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(f"not JSON: {exc}") from exc
+
+
 def decode_envelope(raw: bytes | str | Any) -> list[Any]:
     """Decode a telemetry message into its list of (unvalidated) records.
 
     A single bare record (``kind`` request/gpu) is accepted as a batch of one,
     so simple producers need not batch.  Raises :class:`EnvelopeError`.
     """
-    if isinstance(raw, bytes | bytearray | memoryview | str):
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise EnvelopeError(f"not JSON: {exc}") from exc
-    else:
-        obj = raw
+    obj = parse_message(raw)
     if not isinstance(obj, dict):
         raise EnvelopeError(f"message must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("kind")
