@@ -36,11 +36,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import TRACE_SLOS, add_capacity_error, base_config, run_all, strategy_names
+from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS
 from sim.traces import load_trace
+
+__all__ = ["DEFAULT_STRATEGIES", "add_parser", "markdown", "parse_seeds", "run_seeds", "summarise"]
 
 DEFAULT_STRATEGIES = ("governor", "static", "oracle")
 MAX_SEEDS = 64
@@ -228,6 +230,3 @@ def add_parser(sub: Any) -> None:
     add_capacity_error(bs)
     bs.add_argument("--json", action="store_true")
     bs.add_argument("--markdown", default="", help="append the summary table, as markdown, to this file")
-
-
-__all__ = ["DEFAULT_STRATEGIES", "TRACE_SLOS", "add_parser", "markdown", "parse_seeds", "run_seeds", "summarise"]
