@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -241,20 +241,16 @@ def violating(i: int, now: int, zone: str, model: str, nodes: Iterable[str]) -> 
     return out
 
 
-class Telemetry:
-    """Violating telemetry, 5 ticks a second, from a background thread (its own event loop),
-    until :meth:`stop`: the test's main thread stays free to kill and start processes."""
+class Background:
+    """Runs :meth:`_produce` on a daemon thread with its own event loop until :meth:`stop`
+    (a context manager); what it raises lands in ``error`` for the test to report."""
 
-    def __init__(self, settings: Settings, zone: str, model: str, nodes: tuple[str, ...] = ("n1", "n2")) -> None:
-        self.settings, self.zone, self.model = settings, zone, model
-        self.nodes = tuple(f"{zone}/{n}" for n in nodes)
-        self.sent = 0
-        self.requests: dict[int, int] = {}  # requests sent per 1 s event-time window (start ms)
+    def __init__(self, name: str) -> None:
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> Telemetry:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -270,6 +266,21 @@ class Telemetry:
             asyncio.run(self._produce())
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+
+    async def _produce(self) -> None:
+        raise NotImplementedError
+
+
+class Telemetry(Background):
+    """Violating telemetry, 5 ticks a second, from a background thread (its own event loop),
+    until :meth:`stop`: the test's main thread stays free to kill and start processes."""
+
+    def __init__(self, settings: Settings, zone: str, model: str, nodes: tuple[str, ...] = ("n1", "n2")) -> None:
+        self.settings, self.zone, self.model = settings, zone, model
+        self.nodes = tuple(f"{zone}/{n}" for n in nodes)
+        self.sent = 0
+        self.requests: dict[int, int] = {}  # requests sent per 1 s event-time window (start ms)
+        super().__init__("telemetry")
 
     async def _produce(self) -> None:
         s = self.settings

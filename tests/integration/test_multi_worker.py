@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +40,7 @@ from governor.topics import ensure_topics
 from streams.control_loop import ControlLoop
 from streams.ownership import partition_of
 from streams.snapshots import SnapshotStore
-from tests.integration.faults import kill9, ledger_settles, records, results, tails, violating, wait_until
+from tests.integration.faults import Background, kill9, ledger_settles, records, results, tails, violating, wait_until
 from tests.integration.harness import with_models
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -60,45 +59,29 @@ def procs() -> Iterator[list[ChildProcess]]:
     print(tails(*started, n=40))
 
 
-class Load:
+class Load(Background):
     """Violating telemetry for every (model, zone), 5 ticks a second, from a thread; requests counted per window."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.requests: dict[tuple[str, str, int], int] = {}
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        super().__init__("load")
 
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(20)
-
-    async def _run(self) -> None:
+    async def _produce(self) -> None:
         s = self.settings
-        try:
-            async with TelemetryProducer(s.kafka_bootstrap, s.topic("telemetry"), source="mw", linger_ms=20) as p:
-                i = 0
-                while not self._stop.is_set():
-                    now = int(time.time() * 1000)
-                    for model in MODELS:
-                        for zone in ZONES:
-                            for rec in violating(i, now, zone, model, (f"{zone}/n1", f"{zone}/n2")):
-                                await p.send(rec)
-                                if rec["kind"] == "request":
-                                    key = (model, zone, now - now % 1000)
-                                    self.requests[key] = self.requests.get(key, 0) + 1
-                    i += 1
-                    await asyncio.sleep(0.2)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
+        async with TelemetryProducer(s.kafka_bootstrap, s.topic("telemetry"), source="mw", linger_ms=20) as p:
+            i = 0
+            while not self._stop.is_set():
+                now = int(time.time() * 1000)
+                for model in MODELS:
+                    for zone in ZONES:
+                        for rec in violating(i, now, zone, model, (f"{zone}/n1", f"{zone}/n2")):
+                            await p.send(rec)
+                            if rec["kind"] == "request":
+                                key = (model, zone, now - now % 1000)
+                                self.requests[key] = self.requests.get(key, 0) + 1
+                i += 1
+                await asyncio.sleep(0.2)
 
 
 def _owned(worker: ChildProcess) -> list[str] | None:
