@@ -17,7 +17,6 @@ the search returned its floor (0.1 req/s, half the truth).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from sim.fastloop import LoopConfig
@@ -63,7 +62,6 @@ def replica_capacity_rps(
     violations.
     """
     cfg = cfg or LoopConfig()
-    cfg = dataclasses.replace(cfg, seed=cfg.seed)
     lo, hi = 0.1 * replicas, 20.0 * replicas
 
     def span(qps: float) -> float:  # long enough for min_requests arrivals: attainment to ~0.4 points
