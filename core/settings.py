@@ -45,7 +45,7 @@ from typing import Any
 from core import names
 from core.signing import Keyring
 from core.transport import transport_reason
-from core.vocab import default_pid_gains
+from core.vocab import PID_GAIN_NAMES, default_pid_gains
 from core.workloads import GatewayRoute, Workload, parse_routes, parse_workloads, routes_schema, workloads_schema
 
 __all__ = [
@@ -324,7 +324,11 @@ CODECS: dict[str, _Codec] = {
     "gains": _Codec(
         _parse_gains,
         lambda v: json.dumps(dict(v)),
-        lambda: {"type": "object", "additionalProperties": {"type": "number"}},
+        lambda: {
+            "type": "object",
+            "properties": {n: {"type": "number"} for n in PID_GAIN_NAMES},
+            "additionalProperties": False,
+        },
         lambda v: {str(k): float(x) for k, x in v.items()},
     ),
     "pairs": _Codec(
@@ -464,7 +468,7 @@ class Settings:
     pid_gains: Mapping[str, float] = _setting(
         None,
         "GOVERNOR_PID_GAINS",
-        "JSON object with kp, ki, kd of the scaling PID",
+        "JSON object of the scaling controller's gains: kp, ki, kd, deadband; ff_target_util (1 / headroom), ff_error_margin, ff_decay_per_step; fpid alpha, eta, gamma, beta, memory",
         "gains",
         factory=default_pid_gains,
     )
@@ -883,6 +887,9 @@ class Settings:
                 what = f"model {w.model!r}" if w.model not in names_seen else f"zone {w.zone!r}"
                 reason = f"workloads[{i}]: {what} is not configured (GOVERNOR_MODELS / GOVERNOR_ZONES)"
                 raise SettingsError(f"GOVERNOR_WORKLOADS: {reason}", field="workloads", reason=reason)
+        gains_problem = _gains_reason(self.pid_gains)
+        if gains_problem:
+            raise SettingsError(f"GOVERNOR_PID_GAINS: {gains_problem}", field="pid_gains", reason=gains_problem)
         for i, r in enumerate(self.gateway_routes):
             if r.zone not in self.zones:
                 reason = f"gateway_routes[{i}]: zone {r.zone!r} is not in GOVERNOR_ZONES"
@@ -999,6 +1006,25 @@ def _bound_reason(meta: Mapping[str, Any], value: Any) -> str | None:
         if meta["lt"] is not None and not value < meta["lt"]:
             return f"must be < {meta['lt']}"
     return None
+
+
+def _gains_reason(gains: Mapping[str, float]) -> str:
+    """Why ``gains`` cannot be the controller's gains ('' when they can): a name no
+    controller reads (a typo would otherwise be ignored) or a value that is no finite number.
+
+    >>> _gains_reason({"ki": 0.05, "ff_target_util": 0.8})
+    ''
+    >>> _gains_reason({"ki": 0.05, "ff_eror_margin": 1.0})
+    "unknown gain 'ff_eror_margin' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)"
+    >>> _gains_reason({"kp": float("nan")})
+    'kp=nan: must be a finite number'
+    """
+    for name, value in gains.items():
+        if name not in PID_GAIN_NAMES:
+            return f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"{name}={value!r}: must be a finite number"
+    return ""
 
 
 def _load_gains_file(path: str) -> dict[str, float]:

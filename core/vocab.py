@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_COUPLING_WEIGHTS",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
+    "PID_GAIN_NAMES",
     "READY_STATES",
     "REQUEST_STATUSES",
     "STARTING_STATES",
@@ -38,6 +39,26 @@ __all__ = [
 #: The scaling PID's default gains (docs/model.md, velocity PID): integral
 #: action only, the velocity form's equivalent of a pure I controller.
 DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+
+#: Every name GOVERNOR_PID_GAINS may hold (a name outside it is refused, not
+#: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``; the fractional
+#: PID's ``alpha``, ``eta``, ``gamma``, ``beta`` and ``memory``; the
+#: feedforward's ``ff_target_util`` (1 / headroom), ``ff_error_margin`` and
+#: ``ff_decay_per_step`` (the names ``governor tune`` writes).
+PID_GAIN_NAMES = (
+    "kp",
+    "ki",
+    "kd",
+    "deadband",
+    "alpha",
+    "eta",
+    "gamma",
+    "beta",
+    "memory",
+    "ff_target_util",
+    "ff_error_margin",
+    "ff_decay_per_step",
+)
 
 #: Weights of the coupling of two nodes (docs/model.md (coupling), design source
 #: §2.3): ``path / (1 + shortest path) + cosine * cosine(embeddings)``; they sum to 1.

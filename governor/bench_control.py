@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from core.vocab import PID_GAIN_NAMES, default_pid_gains
 from sim.fastloop import LoopConfig, RunResult, run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
 from sim.profiling import replica_capacity_rps
@@ -126,6 +128,7 @@ def base_config(args: Namespace) -> LoopConfig:
         ttft_slo_ms=getattr(args, "ttft_slo_ms", 0.0) or slo[0],
         itl_slo_ms=getattr(args, "itl_slo_ms", 0.0) or slo[1],
         window_s=args.window_s,
+        pid_gains={**default_pid_gains(), **gains_of(args)},
     )
 
 
@@ -167,6 +170,8 @@ def run_all(
             # feedforward is sized by the same profiled capacity static and Dynamo are given
             variant = dict(GOVERNOR_VARIANTS[name])
             use_ff = variant.pop("feedforward")
+            if "pid_gains" in variant:  # the variant's own gains, under what --gain sets
+                variant["pid_gains"] = {**variant["pid_gains"], **gains_of(args)}
             run_cfg = dataclasses.replace(cfg, replica_capacity_rps=capacity if use_ff else None, **variant)
             strat: Any = "governor"
         else:
@@ -191,6 +196,7 @@ def run_all(
         "startup_s": cfg.startup_s,
         "window_s": cfg.window_s,
         "eps_ref": cfg.eps_ref,
+        "gains": gains_of(args),  # --gain: governor's gains over the shipped ones ({} = as shipped)
         "zones": list(cfg.zones),
         "balancer": cfg.balancer,
         "warm_start": warm,
@@ -334,9 +340,60 @@ def add_parser(sub: Any) -> None:
         "--eps-ref", type=float, default=0.02, help="violation-rate reference of governor's PID (seed: 0.02)"
     )
     add_capacity_error(bc)
+    add_gain(bc)
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
+
+
+def parse_gain(text: str) -> tuple[str, float]:
+    """One ``--gain NAME=VALUE``: a gain governor's controller reads (GOVERNOR_PID_GAINS), a finite number.
+
+    >>> parse_gain("ff_error_margin=0.5")
+    ('ff_error_margin', 0.5)
+    >>> parse_gain("ff_headroom=1.2")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: unknown gain 'ff_headroom' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)
+    """
+    name, sep, raw = (x.strip() for x in text.partition("="))
+    try:
+        value = float(raw) if sep else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not sep or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. ff_error_margin=0.5")
+    if name not in PID_GAIN_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})")
+    return name, value
+
+
+def add_gain(parser: Any, swept: str = "") -> None:
+    """``--gain NAME=VALUE`` (repeatable): governor's gains on top of the shipped ones (every variant)."""
+    note = f"; {swept} is what this command sweeps" if swept else ""
+    parser.add_argument(
+        "--gain",
+        type=parse_gain,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a gain of governor's controller as GOVERNOR_PID_GAINS would set it, e.g. ff_error_margin=0.5 or "
+        f"ff_target_util=0.9 (1 / headroom); repeatable{note}",
+    )
+
+
+def gains_of(args: Namespace) -> dict[str, float]:
+    """The ``--gain`` values of ``args`` as a gains mapping (later ones win)."""
+    return dict(getattr(args, "gain", None) or [])
+
+
+def gain_flags(gains: Mapping[str, float]) -> str:
+    """The ``--gain`` flags that give ``gains`` (for the command line a table prints).
+
+    >>> gain_flags({"ff_error_margin": 0.5, "ff_decay_per_step": 0.03})
+    ' --gain ff_error_margin=0.5 --gain ff_decay_per_step=0.03'
+    """
+    return "".join(f" --gain {k}={v:g}" for k, v in gains.items())
 
 
 def add_capacity_error(parser: Any) -> None:
@@ -372,6 +429,7 @@ def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namesp
         + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else "")
         + (" --no-warm-start" if not meta.get("warm_start", True) else "")
         + (f" --capacity-error {meta['capacity_error']:g}" if meta.get("capacity_error", 1.0) != 1.0 else "")
+        + gain_flags(meta.get("gains", {}))
     )
     lines = [
         f"### {meta['trace']} / {meta['scenario']}",

@@ -38,7 +38,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
+from governor.bench_control import (
+    GOVERNOR_VARIANTS,
+    Setup,
+    add_capacity_error,
+    add_gain,
+    gain_flags,
+    gains_of,
+    prepare,
+)
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps
@@ -235,6 +243,8 @@ def run_frontier(args: Namespace) -> int:
     unknown += [s for s in strategies if s not in KNOBS]
     if unknown:
         raise SystemExit(f"unknown scenarios/strategies {unknown}; scenarios {SCENARIOS}, strategies {sorted(KNOBS)}")
+    if "ff_target_util" in gains_of(args):
+        raise SystemExit("--gain ff_target_util: the frontier sweeps governor's headroom (1 / ff_target_util) itself")
     from governor.bench_control import base_config
 
     capacity = replica_capacity_rps(trace, base_config(args))
@@ -254,6 +264,7 @@ def run_frontier(args: Namespace) -> int:
         "seed": args.seed,
         "replica_capacity_rps": round(capacity, 3),
         "capacity_error": args.capacity_error,
+        "gains": gains_of(args),
         "target_share_of_ceiling": TARGET_SHARE,
         "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
         "wall_s": round(time.perf_counter() - wall0, 1),
@@ -281,6 +292,7 @@ def markdown(meta: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]]) ->
         f"`governor bench frontier --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seed {meta['seed']}"
         + (f" --capacity-error {meta['capacity_error']:g}" if meta.get("capacity_error", 1.0) != 1.0 else "")
+        + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | ceiling | governor GPU-s at 99.5 % of it | / oracle | / causal oracle | / lower bound "
         "| peer points dominated | not dominated |\n|---|---:|---:|---:|---:|---:|---:|---|\n"
@@ -324,6 +336,7 @@ def add_parser(sub: Any) -> None:
     bf.add_argument("--window-s", type=float, default=10.0)
     bf.add_argument("--seed", type=int, default=0)
     add_capacity_error(bf)
+    add_gain(bf, swept="ff_target_util")
     bf.add_argument("--out", default="runs/bench-frontier")
     bf.add_argument("--json", action="store_true")
     bf.add_argument("--markdown", default="", help="append the summary table, as markdown, to this file")

@@ -36,7 +36,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
+from governor.bench_control import (
+    add_capacity_error,
+    add_gain,
+    base_config,
+    gain_flags,
+    gains_of,
+    run_all,
+    strategy_names,
+)
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS
@@ -125,6 +133,7 @@ def markdown(meta: Mapping[str, Any], summary: Sequence[Mapping[str, Any]]) -> s
         f"`governor bench seeds --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seeds {meta['seeds_arg']}"
         + (f" --strategies {','.join(names)}" if tuple(names) != DEFAULT_STRATEGIES else "")
+        + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | "
         + " | ".join(f"{s}: of ceiling, mean [range] / seeds at 99.5 % / GPU-s / waste [max]" for s in names)
@@ -200,6 +209,7 @@ def run_seeds(args: argparse.Namespace) -> int:
         "seeds_arg": args.seeds,
         "strategies": names,
         "target_share_of_ceiling": TARGET_SHARE,
+        "gains": gains_of(args),
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
     if args.markdown:
@@ -228,5 +238,6 @@ def add_parser(sub: Any) -> None:
     bs.add_argument("--window-s", type=float, default=10.0)
     bs.add_argument("--eps-ref", type=float, default=0.02)
     add_capacity_error(bs)
+    add_gain(bs)
     bs.add_argument("--json", action="store_true")
     bs.add_argument("--markdown", default="", help="append the summary table, as markdown, to this file")

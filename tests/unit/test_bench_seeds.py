@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -48,11 +49,12 @@ def test_the_oracle_ratio_counts_only_seeds_where_both_reach_the_target() -> Non
     assert "1.40x (max 1.50x, 2 of 4 seeds)" in table
 
 
-def _cli(*args: str) -> dict[str, object]:
+def _cli(*args: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "governor.cli", *args, "--json"], capture_output=True, text=True, check=True, timeout=600
     )
-    return json.loads(out.stdout)
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
 
 
 def test_each_seed_is_the_bench_control_run_of_that_seed() -> None:
@@ -60,9 +62,47 @@ def test_each_seed_is_the_bench_control_run_of_that_seed() -> None:
     common = ["--trace", "mooncake", "--scenario", "replica-loss", "--qps", "4", "--duration-s", "90"]
     seeds = _cli("bench", "seeds", *common, "--seeds", "0-1", "--strategies", "governor,static")
     one = _cli("bench", "control", *common, "--seed", "1", "--strategies", "governor,static", "--out", "/tmp/gv-seeds")
-    runs = {(r["seed"], r["strategy"]): r for r in seeds["runs"]}  # type: ignore[index]
+    runs = {(r["seed"], r["strategy"]): r for r in seeds["runs"]}
     assert sorted(runs) == [(0, "governor"), (0, "static"), (1, "governor"), (1, "static")]
-    for s in one["strategies"]:  # type: ignore[attr-defined]
+    for s in one["strategies"]:
         mine = runs[(1, s["strategy"])]
         assert mine["gpu_seconds"] == s["gpu_seconds"] and mine["share"] == s["attainment_over_ceiling"]
-    assert [sc["scenario"] for sc in seeds["scenarios"]] == ["replica-loss"]  # type: ignore[index]
+    assert [sc["scenario"] for sc in seeds["scenarios"]] == ["replica-loss"]
+
+
+def test_gains_reach_every_governor_run_and_are_named_in_the_output() -> None:
+    """``--gain`` sets governor's gains as GOVERNOR_PID_GAINS would: the run changes, the output says so,
+    and ``bench seeds`` with the gain is ``bench control`` with it."""
+    common = ["--trace", "mooncake", "--scenario", "replica-loss", "--qps", "4", "--duration-s", "90"]
+    ctl = ["bench", "control", *common, "--seed", "1", "--strategies", "governor,static", "--out", "/tmp/gv-seeds"]
+    shipped = _cli(*ctl)
+    lean = _cli(*ctl, "--gain", "ff_error_margin=0", "--gain", "ff_target_util=1.5")
+    assert shipped["meta"]["gains"] == {} and lean["meta"]["gains"] == {
+        "ff_error_margin": 0.0,
+        "ff_target_util": 1.5,
+    }
+    by = {r["strategy"]: r for r in lean["strategies"]}
+    was = {r["strategy"]: r for r in shipped["strategies"]}
+    assert by["governor"]["gpu_seconds"] < was["governor"]["gpu_seconds"]  # a leaner plan, measured
+    assert by["static"]["gpu_seconds"] == was["static"]["gpu_seconds"]  # the peers are not governor
+    seeds = _cli("bench", "seeds", *common, "--seeds", "1", "--strategies", "governor,static",
+                 "--gain", "ff_error_margin=0", "--gain", "ff_target_util=1.5")  # fmt: skip
+    assert seeds["meta"]["gains"] == lean["meta"]["gains"]
+    mine = {r["strategy"]: r for r in seeds["runs"]}
+    assert mine["governor"]["gpu_seconds"] == by["governor"]["gpu_seconds"]
+    table = markdown({**seeds["meta"], "seeds_arg": "1"}, seeds["scenarios"])
+    assert "--gain ff_error_margin=0 --gain ff_target_util=1.5`" in table
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench", "control", "--gain", "ff_headroom=1.2"], "unknown gain 'ff_headroom' (known: kp, ki, kd"),
+        (["bench", "seeds", "--gain", "ki"], "'ki': expected NAME=NUMBER"),
+        (["bench", "seeds", "--gain", "ki=nan"], "'ki=nan': expected NAME=NUMBER"),
+        (["bench", "frontier", "--gain", "ff_target_util=0.9"], "the frontier sweeps governor's headroom"),
+    ],
+)
+def test_unusable_gains_are_refused_with_the_reason(args: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "governor.cli", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and message in out.stderr, out.stderr

@@ -133,6 +133,8 @@ ERRORS = [
      "models[0].classes.voice.ttf_slo_ms: unknown key (did you mean 'ttft_slo_ms'?)"),
     ("models:\n  - name: m\n    classes: {voice: 300}\n", "models[0].classes.voice: must be a mapping (got 300)"),
     ("pid_gains: {kp: high}\n", "pid_gains.kp: must be a number (got 'high')"),
+    ("pid_gains: {ff_eror_margin: 1}\n",  # a typo is refused, not ignored
+     "pid_gains.ff_eror_margin: unknown key (did you mean 'ff_error_margin'?)"),
     ("fallbacks: [[a, a]]\n", "fallbacks: 'a' falls back to itself"),
     ("fallbacks: [[a]]\n", 'fallbacks[0]: must have at least 2 items (got ["a"])'),
     ("kafka_security_protocol: SASL_PLAINTEXT\n",  # a cross-field rule of another module: the file's names
@@ -195,6 +197,27 @@ def test_files_named_in_the_file_are_read_like_the_environments(tmp_path: Path) 
     s, sources = Settings.load({}, _write(tmp_path, f"command:\n  keys_file: {keys}\ngains_file: {gains}\n"))
     assert s.command_keys == KEY and s.pid_gains == {"kp": 0.5, "ki": 0.1, "kd": 0.0}
     assert sources["command_keys"] == sources["pid_gains"] == "file"
+
+
+def test_gains_from_the_environment_and_a_gains_file_are_checked_by_name_and_value(tmp_path: Path) -> None:
+    ok = Settings.load({"GOVERNOR_PID_GAINS": '{"ki": 0.1, "ff_target_util": 0.9, "ff_error_margin": 1.0}'}, None)[0]
+    assert ok.pid_gains == {"ki": 0.1, "ff_target_util": 0.9, "ff_error_margin": 1.0}
+    with pytest.raises(SettingsError, match=r"^GOVERNOR_PID_GAINS: unknown gain 'kpp' \(known: kp, ki, "):
+        Settings.load({"GOVERNOR_PID_GAINS": '{"kpp": 0.1}'}, None)
+    with pytest.raises(SettingsError, match=r"^GOVERNOR_PID_GAINS: ki=inf: must be a finite number$"):
+        Settings.load({"GOVERNOR_PID_GAINS": '{"ki": Infinity}'}, None)
+    gains = tmp_path / "gains.json"
+    gains.write_text(json.dumps({"gains": {"ki": 0.1, "ff_headroom": 1.2}}))
+    with pytest.raises(SettingsError, match=r"unknown gain 'ff_headroom'"):
+        Settings.load({"GOVERNOR_GAINS_FILE": str(gains)}, None)
+
+
+def test_every_gain_a_controller_reads_is_a_known_name() -> None:
+    from core.vocab import PID_GAIN_NAMES
+    from streams.scaler_driver import FF_TUNABLES
+
+    fpid_names = {"alpha", "eta", "gamma", "beta", "memory"}  # what pid_params_for passes to FpidParams
+    assert {f"ff_{n}" for n in FF_TUNABLES} | fpid_names | {"kp", "ki", "kd", "deadband"} == set(PID_GAIN_NAMES)
 
 
 def test_classes_survive_the_child_process_round_trip(tmp_path: Path) -> None:
