@@ -227,9 +227,10 @@ def _tune_args(tmp_path: Path, plant_gain: float) -> Namespace:
         qps=20.0,
         duration_s=30.0,
         trials=3,
-        target_attainment=0.994,
+        target_share=0.995,
         penalty=50.0,
         seed=0,
+        seeds="0",
         out=str(tmp_path / f"gains-{plant_gain}.json"),
         plant_gain=plant_gain,
         delay_s=None,
@@ -249,3 +250,35 @@ def test_tune_writes_only_certified_gains_with_their_certificate(tmp_path: Path)
     assert run_tune(args) == 1
     assert not Path(args.out).exists()
     assert run_tune(_tune_args(tmp_path, -1.0)) == 2  # a bad --plant-gain stops before any simulation
+
+
+def test_tune_runs_are_bench_controls_and_weigh_the_share_of_the_ceiling(tmp_path: Path) -> None:
+    """Each (trace, scenario, seed) is set up as ``bench control`` sets it, and the objective weighs
+    attainment as a share of the ceiling: on Mooncake no fleet passes ~97 % raw, and a raw target would
+    make every trial miss (the tuner would buy GPU-seconds for requests no capacity can serve)."""
+    import subprocess
+    import sys
+
+    from governor.tune import _runs, evaluate
+
+    args = Namespace(trace=["mooncake"], scenarios="replica-loss", qps=0.0, duration_s=90.0, seeds="0-1")
+    runs = _runs(args)
+    assert [r.name for r in runs] == ["mooncake/replica-loss/0", "mooncake/replica-loss/1"]
+    assert all(r.cfg.ttft_slo_ms == 6000.0 for r in runs)  # the trace's SLO, as bench control uses
+    gains = {"kp": 0.0, "ki": 0.05, "deadband": 0.015}
+    score, detail = evaluate(gains, runs, None, 0.995, 50.0)
+    out = subprocess.run(
+        [sys.executable, "-m", "governor.cli", "bench", "control", "--trace", "mooncake", "--scenario", "replica-loss",
+         "--qps", "4", "--duration-s", "90", "--seed", "1", "--strategies", "governor", "--json",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    (control,) = json.loads(out.stdout)["strategies"]
+    mine = detail["mooncake/replica-loss/1"]
+    assert mine["gpu_seconds"] == control["gpu_seconds"]
+    assert mine["share_of_ceiling"] == pytest.approx(control["attainment_over_ceiling"], abs=1e-5)
+    assert mine["slo_attainment"] < 0.99 < mine["share_of_ceiling"]  # raw would miss; the share is what counts
+    shortfall = sum(max(0.0, 0.995 - d["share_of_ceiling"]) for d in detail.values()) / len(detail)
+    assert score == pytest.approx(1.0 + 50.0 * shortfall)  # each run is its own reference: 1.0 + the penalty
+    with pytest.raises(ParameterError, match="--scenarios 'replay,nope'"):
+        _runs(Namespace(trace=None, scenarios="replay,nope", qps=0.0, duration_s=30.0, seeds="0"))
