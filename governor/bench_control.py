@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from core.vocab import PID_GAIN_NAMES, default_pid_gains
+from core.vocab import default_pid_gains
+from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.fastloop import LoopConfig, RunResult, run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
 from sim.profiling import replica_capacity_rps
@@ -344,56 +344,6 @@ def add_parser(sub: Any) -> None:
     bc.add_argument("--out", default="runs/bench-control")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--markdown", default="", help="append the table, as markdown, to this file")
-
-
-def parse_gain(text: str) -> tuple[str, float]:
-    """One ``--gain NAME=VALUE``: a gain governor's controller reads (GOVERNOR_PID_GAINS), a finite number.
-
-    >>> parse_gain("ff_error_margin=0.5")
-    ('ff_error_margin', 0.5)
-    >>> parse_gain("ff_headroom=1.2")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: unknown gain 'ff_headroom' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)
-    """
-    name, sep, raw = (x.strip() for x in text.partition("="))
-    try:
-        value = float(raw) if sep else float("nan")
-    except ValueError:
-        value = float("nan")
-    if not sep or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. ff_error_margin=0.5")
-    if name not in PID_GAIN_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})")
-    return name, value
-
-
-def add_gain(parser: Any, swept: str = "") -> None:
-    """``--gain NAME=VALUE`` (repeatable): governor's gains on top of the shipped ones (every variant)."""
-    note = f"; {swept} is what this command sweeps" if swept else ""
-    parser.add_argument(
-        "--gain",
-        type=parse_gain,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a gain of governor's controller as GOVERNOR_PID_GAINS would set it, e.g. ff_error_margin=0.5 or "
-        f"ff_target_util=0.9 (1 / headroom); repeatable{note}",
-    )
-
-
-def gains_of(args: Namespace) -> dict[str, float]:
-    """The ``--gain`` values of ``args`` as a gains mapping (later ones win)."""
-    return dict(getattr(args, "gain", None) or [])
-
-
-def gain_flags(gains: Mapping[str, float]) -> str:
-    """The ``--gain`` flags that give ``gains`` (for the command line a table prints).
-
-    >>> gain_flags({"ff_error_margin": 0.5, "ff_decay_per_step": 0.03})
-    ' --gain ff_error_margin=0.5 --gain ff_decay_per_step=0.03'
-    """
-    return "".join(f" --gain {k}={v:g}" for k, v in gains.items())
 
 
 def add_capacity_error(parser: Any) -> None:

@@ -38,15 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import (
-    GOVERNOR_VARIANTS,
-    Setup,
-    add_capacity_error,
-    add_gain,
-    gain_flags,
-    gains_of,
-    prepare,
-)
+from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
+from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps

@@ -36,16 +36,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import (
-    add_capacity_error,
-    add_gain,
-    base_config,
-    gain_flags,
-    gains_of,
-    run_all,
-    strategy_names,
-)
+from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
+from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS
 from sim.traces import load_trace

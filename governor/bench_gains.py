@@ -1,0 +1,65 @@
+"""``--gain NAME=VALUE`` of the fast-loop benchmarks (``bench control``, ``seeds``, ``frontier``):
+governor's gains as GOVERNOR_PID_GAINS would set them, checked by name and value, and the
+flags that give them back in the command line a table prints."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from core.vocab import PID_GAIN_NAMES
+
+__all__ = ["add_gain", "gain_flags", "gains_of", "parse_gain"]
+
+
+def parse_gain(text: str) -> tuple[str, float]:
+    """One ``--gain NAME=VALUE``: a gain governor's controller reads (GOVERNOR_PID_GAINS), a finite number.
+
+    >>> parse_gain("ff_error_margin=0.5")
+    ('ff_error_margin', 0.5)
+    >>> parse_gain("ff_headroom=1.2")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: unknown gain 'ff_headroom' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)
+    """
+    name, sep, raw = (x.strip() for x in text.partition("="))
+    try:
+        value = float(raw) if sep else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not sep or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. ff_error_margin=0.5")
+    if name not in PID_GAIN_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})")
+    return name, value
+
+
+def add_gain(parser: Any, swept: str = "") -> None:
+    """``--gain NAME=VALUE`` (repeatable): governor's gains on top of the shipped ones (every variant)."""
+    note = f"; {swept} is what this command sweeps" if swept else ""
+    parser.add_argument(
+        "--gain",
+        type=parse_gain,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a gain of governor's controller as GOVERNOR_PID_GAINS would set it, e.g. ff_error_margin=0.5 or "
+        f"ff_target_util=0.9 (1 / headroom); repeatable{note}",
+    )
+
+
+def gains_of(args: Namespace) -> dict[str, float]:
+    """The ``--gain`` values of ``args`` as a gains mapping (later ones win)."""
+    return dict(getattr(args, "gain", None) or [])
+
+
+def gain_flags(gains: Mapping[str, float]) -> str:
+    """The ``--gain`` flags that give ``gains`` (for the command line a table prints).
+
+    >>> gain_flags({"ff_error_margin": 0.5, "ff_decay_per_step": 0.03})
+    ' --gain ff_error_margin=0.5 --gain ff_decay_per_step=0.03'
+    """
+    return "".join(f" --gain {k}={v:g}" for k, v in gains.items())
