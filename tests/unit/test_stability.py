@@ -24,6 +24,7 @@ from controllers.stability import (
     margins,
     solve_discrete_lyapunov,
 )
+from core.settings import Settings
 from governor.cli import main
 from governor.tune import run_tune
 
@@ -245,6 +246,8 @@ def test_tune_writes_only_certified_gains_with_their_certificate(tmp_path: Path)
     assert {m["mode"] for m in doc["certificate"]["modes"]} == {"up", "down"}
     assert all(m["certified"] for m in doc["certificate"]["modes"])
     assert all(isinstance(v, float) for v in doc["gains"].values())  # GOVERNOR_GAINS_FILE reads a flat object
+    loaded, _ = Settings.load({"GOVERNOR_GAINS_FILE": args.out}, None)  # every name one the worker accepts
+    assert loaded.pid_gains == doc["gains"] and "ff_target_util" in loaded.pid_gains
     # a plant so steep that no gain in the search range is certified: nothing is written, exit 1
     args = _tune_args(tmp_path, 1e4)
     assert run_tune(args) == 1
