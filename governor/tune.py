@@ -3,7 +3,11 @@ the fast simulator, on chosen traces and scenarios.
 
 Optuna's TPE sampler (seeded) proposes the feedback gains (ki, kp, deadband)
 and the feedforward sizing (target utilisation, forecast-error headroom,
-quiet decay).  The slew limit |a_k - a_{k-1}| <= 0.3 is not searched: it is
+quiet decay); ki and kp within a box scaled to the plant gain (the
+certificate bounds the loop gain b * k), the first trial the shipped
+feedforward.  By default every scenario but spike, on seeds 0-2: gains
+tuned on one seed or two scenarios overfit them (docs/benchmarks.md,
+"Tuned for the workload").  The slew limit |a_k - a_{k-1}| <= 0.3 is not searched: it is
 a hard constraint inside every controller step, so every trial honours it
 (the design source asks for tuning *subject to* it: docs/model.md §4 (pid)).
 Each trial runs every chosen (trace, scenario, seed) in :mod:`sim.fastloop`,
@@ -60,6 +64,12 @@ from sim.traces import load_trace
 
 log = logging.getLogger(__name__)
 
+#: what a trial runs by default: every scenario but ``spike`` (no strategy, the oracle
+#: included, reaches 99.5 % of its ceiling there, so it would weigh the same on every
+#: trial).  Tuned on burst and step alone (the default before), the gains held those on
+#: every seed and lost diurnal and zone-cut (docs/benchmarks.md, "Tuned for the workload").
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s != "spike")
+
 #: objective of a trial without a certificate (plus as much again per unit of
 #: spectral radius above 1): far above any certified trial's
 UNCERTIFIED = 1000.0
@@ -68,7 +78,11 @@ UNCERTIFIED = 1000.0
 def add_parser(sub: Any) -> None:
     t = sub.add_parser("tune", help="Bayesian optimisation of the gains on the fast simulator")
     t.add_argument("--trace", action="append", default=None, help="trace (repeatable; default azure-conv)")
-    t.add_argument("--scenarios", default="burst,step", help=f"comma-separated from {','.join(SCENARIOS)}")
+    t.add_argument(
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help=f"comma-separated from {','.join(SCENARIOS)} (default: all but spike, which no fleet meets)",
+    )
     t.add_argument("--qps", type=float, default=0.0, help="base rate (0 = azure-conv 20, mooncake 4, else 20)")
     t.add_argument("--duration-s", type=float, default=600.0)
     t.add_argument("--trials", type=int, default=20)
@@ -79,7 +93,11 @@ def add_parser(sub: Any) -> None:
         "--penalty", type=float, default=1000.0, help="objective per unit of share below the target (0.1 point = 1.0)"
     )
     t.add_argument("--seed", type=int, default=0, help="the optimiser's seed")
-    t.add_argument("--seeds", default="0", help="the runs' seeds: N, N-M or a comma list (each run on each seed)")
+    t.add_argument(
+        "--seeds",
+        default="0-2",
+        help="the runs' seeds: N, N-M or a comma list (each run on each seed; one seed's gains overfit its draw)",
+    )
     t.add_argument("--out", default="governor-gains.json", help="gains file to write")
     t.add_argument("--plant-gain", type=float, default=DEFAULT_PLANT_GAIN, help="b for the certificate")
     t.add_argument("--delay-s", type=float, default=None, help="loop delay for the certificate (start-up + window)")
@@ -188,10 +206,16 @@ def run_tune(args: Namespace) -> int:
     base_score, base = evaluate(default_gains, runs, reference, args.target_share, args.penalty)
     print(f"defaults: objective {base_score:.3f}  " + _figures(base))
 
+    # The certificate bounds the loop gain b * k: the box scales with the plant gain so that
+    # most trials fall where certificates exist (at b = 3.909: ki <= 0.031, kp <= 0.31; with
+    # the old fixed box, 0.005-0.5 and 0-1, two trials in three were refused unsimulated).
+    ki_hi = min(0.5, max(0.005, 0.12 / max(args.plant_gain, 1e-9)))
+    kp_hi = min(1.0, max(0.05, 1.2 / max(args.plant_gain, 1e-9)))
+
     def objective(trial: optuna.Trial) -> float:
         gains = {
-            "kp": trial.suggest_float("kp", 0.0, 1.0),
-            "ki": trial.suggest_float("ki", 0.005, 0.5, log=True),
+            "kp": trial.suggest_float("kp", 0.0, kp_hi),
+            "ki": trial.suggest_float("ki", ki_hi / 15.0, ki_hi, log=True),
             "deadband": trial.suggest_float("deadband", 0.0, 0.03),
             "ff_target_util": trial.suggest_float("ff_target_util", 0.6, 0.95),
             "ff_error_margin": trial.suggest_float("ff_error_margin", 0.0, 3.0),
@@ -213,7 +237,9 @@ def run_tune(args: Namespace) -> int:
         return score
 
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=args.seed))
-    study.enqueue_trial({**default_gains, "ff_target_util": 0.8, "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
+    # The first trial: the shipped feedforward with the shipped integral action, brought inside the box.
+    first = {**default_gains, "kp": 0.0, "ki": min(default_gains["ki"], ki_hi)}
+    study.enqueue_trial({**first, "ff_target_util": 0.8, "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
     study.optimize(objective, n_trials=args.trials)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("certified")]
     if not done:
@@ -239,6 +265,11 @@ def run_tune(args: Namespace) -> int:
         "constraint": "slew |a_k - a_{k-1}| <= 0.3 enforced inside every controller step",
     }
     Path(args.out).write_text(json.dumps(out, indent=2))
+    if best.value is not None and best.value > base_score:
+        print(
+            f"governor tune: the best certified trial scores {best.value:.3f}, worse than the (uncertified) "
+            f"defaults' {base_score:.3f}: more --trials, or fewer scenarios and seeds, may find better"
+        )
     print(
         f"best trial {best.number}: objective {best.value:.3f} (defaults {base_score:.3f}); "
         f"gains written to {args.out} (GOVERNOR_GAINS_FILE={args.out})"
