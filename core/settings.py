@@ -59,6 +59,7 @@ __all__ = [
     "Secret",
     "Settings",
     "SettingsError",
+    "gains_reason",
     "json_schema",
     "settings_table",
 ]
@@ -887,7 +888,7 @@ class Settings:
                 what = f"model {w.model!r}" if w.model not in names_seen else f"zone {w.zone!r}"
                 reason = f"workloads[{i}]: {what} is not configured (GOVERNOR_MODELS / GOVERNOR_ZONES)"
                 raise SettingsError(f"GOVERNOR_WORKLOADS: {reason}", field="workloads", reason=reason)
-        gains_problem = _gains_reason(self.pid_gains)
+        gains_problem = gains_reason(self.pid_gains)
         if gains_problem:
             raise SettingsError(f"GOVERNOR_PID_GAINS: {gains_problem}", field="pid_gains", reason=gains_problem)
         for i, r in enumerate(self.gateway_routes):
@@ -1008,15 +1009,15 @@ def _bound_reason(meta: Mapping[str, Any], value: Any) -> str | None:
     return None
 
 
-def _gains_reason(gains: Mapping[str, float]) -> str:
+def gains_reason(gains: Mapping[str, float]) -> str:
     """Why ``gains`` cannot be the controller's gains ('' when they can): a name no
     controller reads (a typo would otherwise be ignored) or a value that is no finite number.
 
-    >>> _gains_reason({"ki": 0.05, "ff_target_util": 0.8})
+    >>> gains_reason({"ki": 0.05, "ff_target_util": 0.8})
     ''
-    >>> _gains_reason({"ki": 0.05, "ff_eror_margin": 1.0})
+    >>> gains_reason({"ki": 0.05, "ff_eror_margin": 1.0})
     "unknown gain 'ff_eror_margin' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)"
-    >>> _gains_reason({"kp": float("nan")})
+    >>> gains_reason({"kp": float("nan")})
     'kp=nan: must be a finite number'
     """
     for name, value in gains.items():

@@ -10,7 +10,7 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from core.vocab import PID_GAIN_NAMES
+from core.settings import gains_reason
 
 __all__ = ["add_gain", "gain_flags", "gains_of", "parse_gain"]
 
@@ -32,8 +32,9 @@ def parse_gain(text: str) -> tuple[str, float]:
         value = float("nan")
     if not sep or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. ff_error_margin=0.5")
-    if name not in PID_GAIN_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})")
+    reason = gains_reason({name: value})  # the settings' own check: one list of names, one message
+    if reason:
+        raise argparse.ArgumentTypeError(reason)
     return name, value
 
 
