@@ -43,7 +43,7 @@ from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps
-from sim.scenarios import SCENARIOS
+from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
 
 TARGET_SHARE = 0.995  # of the ceiling: where governor's GPU-seconds are compared
@@ -230,8 +230,7 @@ def run_frontier(args: Namespace) -> int:
     tname = Path(str(args.trace)).name
     if not args.qps:
         args.qps = TRACE_QPS.get(tname, 20.0)
-    scenarios = list(SCENARIOS) if args.scenario == "all" else [s.strip() for s in args.scenario.split(",")]
-    unknown = [s for s in scenarios if s not in SCENARIOS]
+    scenarios, unknown = scenario_list(args.scenario)
     strategies = list(DEFAULT_STRATEGIES) if args.strategies == "default" else args.strategies.split(",")
     unknown += [s for s in strategies if s not in KNOBS]
     if unknown:

@@ -40,7 +40,7 @@ from governor.bench_control import add_capacity_error, base_config, run_all, str
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
 from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.profiling import replica_capacity_rps
-from sim.scenarios import SCENARIOS
+from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
 
 __all__ = ["DEFAULT_STRATEGIES", "add_parser", "markdown", "parse_seeds", "run_seeds", "summarise"]
@@ -164,8 +164,7 @@ def run_seeds(args: argparse.Namespace) -> int:
     if not args.qps:
         args.qps = TRACE_QPS.get(tname, 20.0)
     seeds = parse_seeds(args.seeds)
-    scenarios = list(SCENARIOS) if args.scenario == "all" else [s.strip() for s in args.scenario.split(",")]
-    unknown = [s for s in scenarios if s not in SCENARIOS]
+    scenarios, unknown = scenario_list(args.scenario)
     if unknown:
         raise SystemExit(f"unknown scenarios {unknown}; choose from {SCENARIOS}")
     names = strategy_names(args.strategies)

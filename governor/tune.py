@@ -59,7 +59,7 @@ from core.vocab import DEFAULT_PID_GAINS
 from governor.analyze_gains import DEFAULT_PLANT_GAIN
 from sim.fastloop import LoopConfig, run
 from sim.oracle import ceiling
-from sim.scenarios import SCENARIOS, Scenario
+from sim.scenarios import SCENARIOS, Scenario, scenario_list
 from sim.traces import load_trace
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,7 @@ def _runs(args: Namespace) -> list[TuneRun]:
     from governor.bench_frontier import TRACE_QPS
     from governor.bench_seeds import parse_seeds
 
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [s for s in scenarios if s not in SCENARIOS]
+    scenarios, unknown = scenario_list(args.scenarios)
     if unknown or not scenarios:
         raise ParameterError(f"--scenarios {args.scenarios!r}: choose from {', '.join(SCENARIOS)}")
     runs = []

@@ -47,6 +47,16 @@ class Scenario:
 SCENARIOS = ("replay", "step", "burst", "diurnal", "spike", "replica-loss", "zone-cut", "slow-start")
 
 
+def scenario_list(text: str) -> tuple[list[str], list[str]]:
+    """A command's ``--scenario`` value (``all`` or a comma list) as (the scenarios, the unknown names in it).
+
+    >>> scenario_list("all")[0] == list(SCENARIOS), scenario_list("replay, nope")
+    (True, (['replay', 'nope'], ['nope']))
+    """
+    chosen = list(SCENARIOS) if text == "all" else [s.strip() for s in text.split(",")]
+    return chosen, [s for s in chosen if s not in SCENARIOS]
+
+
 def _segments_sine(duration_s: float, lo: float, hi: float, n: int = 48) -> list[tuple[float, float]]:
     ts = np.linspace(0.0, duration_s, n, endpoint=False)
     mid, amp = (hi + lo) / 2, (hi - lo) / 2
