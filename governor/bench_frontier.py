@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
-from governor.bench_gains import add_gain, gain_flags, gains_of
+from governor.bench_gains import add_gain, gain_flags, gains_of, setup_flags, setup_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps
@@ -256,6 +256,8 @@ def run_frontier(args: Namespace) -> int:
         "seed": args.seed,
         "replica_capacity_rps": round(capacity, 3),
         "capacity_error": args.capacity_error,
+        "strategies": args.strategies,
+        "setup": setup_of(args),
         "gains": gains_of(args),
         "target_share_of_ceiling": TARGET_SHARE,
         "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
@@ -283,7 +285,8 @@ def markdown(meta: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]]) ->
     head = (
         f"`governor bench frontier --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seed {meta['seed']}"
-        + (f" --capacity-error {meta['capacity_error']:g}" if meta.get("capacity_error", 1.0) != 1.0 else "")
+        + (f" --strategies {meta['strategies']}" if meta.get("strategies", "default") != "default" else "")
+        + setup_flags({"capacity_error": meta.get("capacity_error", 1.0), **meta.get("setup", {})})
         + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | ceiling | governor GPU-s at 99.5 % of it | / oracle | / causal oracle | / lower bound "

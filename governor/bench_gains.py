@@ -12,7 +12,17 @@ from typing import Any
 
 from core.settings import gains_reason
 
-__all__ = ["add_gain", "gain_flags", "gains_of", "parse_gain"]
+__all__ = ["SETUP_DEFAULTS", "add_gain", "gain_flags", "gains_of", "parse_gain", "setup_flags", "setup_of"]
+
+# The run settings the fast-loop benchmarks share, with their defaults: a table's command line names
+# the ones a run changed, so the line printed above a table reruns that table.
+SETUP_DEFAULTS: dict[str, Any] = {
+    "scenario": "all",
+    "startup_s": 30.0,
+    "window_s": 10.0,
+    "eps_ref": 0.02,
+    "capacity_error": 1.0,
+}
 
 
 def parse_gain(text: str) -> tuple[str, float]:
@@ -64,3 +74,25 @@ def gain_flags(gains: Mapping[str, float]) -> str:
     ' --gain ff_error_margin=0.5 --gain ff_decay_per_step=0.03'
     """
     return "".join(f" --gain {k}={v:g}" for k, v in gains.items())
+
+
+def setup_of(args: Namespace) -> dict[str, Any]:
+    """The shared run settings of ``args`` (those of :data:`SETUP_DEFAULTS` it has), for a run's meta."""
+    return {k: getattr(args, k) for k in SETUP_DEFAULTS if hasattr(args, k)}
+
+
+def setup_flags(setup: Mapping[str, Any]) -> str:
+    """The flags that give the run settings of ``setup`` that differ from :data:`SETUP_DEFAULTS`.
+
+    >>> setup_flags({"scenario": "replay,diurnal", "startup_s": 30.0, "eps_ref": 0.01})
+    ' --scenario replay,diurnal --eps-ref 0.01'
+    >>> setup_flags({"scenario": "all", "capacity_error": 1.0})
+    ''
+    """
+    out = []
+    for key, default in SETUP_DEFAULTS.items():
+        value = setup.get(key, default)
+        if value != default:
+            flag = "--" + key.replace("_", "-")
+            out.append(f" {flag} {value:g}" if isinstance(value, float) else f" {flag} {value}")
+    return "".join(out)

@@ -38,7 +38,7 @@ from typing import Any
 
 from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
-from governor.bench_gains import add_gain, gain_flags, gains_of
+from governor.bench_gains import add_gain, gain_flags, gains_of, setup_flags, setup_of
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
@@ -126,6 +126,7 @@ def markdown(meta: Mapping[str, Any], summary: Sequence[Mapping[str, Any]]) -> s
         f"`governor bench seeds --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seeds {meta['seeds_arg']}"
         + (f" --strategies {','.join(names)}" if tuple(names) != DEFAULT_STRATEGIES else "")
+        + setup_flags(meta.get("setup", {}))
         + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | "
@@ -201,6 +202,7 @@ def run_seeds(args: argparse.Namespace) -> int:
         "seeds_arg": args.seeds,
         "strategies": names,
         "target_share_of_ceiling": TARGET_SHARE,
+        "setup": setup_of(args),
         "gains": gains_of(args),
         "wall_s": round(time.perf_counter() - wall0, 1),
     }

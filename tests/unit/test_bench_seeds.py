@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+from governor.bench_gains import gains_of, setup_of
 from governor.bench_seeds import markdown, parse_seeds, summarise
 
 
@@ -106,3 +108,34 @@ def test_gains_reach_every_governor_run_and_are_named_in_the_output() -> None:
 def test_unusable_gains_are_refused_with_the_reason(args: list[str], message: str) -> None:
     out = subprocess.run([sys.executable, "-m", "governor.cli", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_the_command_a_table_prints_reruns_that_table() -> None:
+    """The line above a seeds or frontier table names every setting the run changed (scenario,
+    start-up, window, eps_ref, capacity error, strategies, gains), so pasting it reruns the same runs:
+    parsed back by the CLI it gives the run's own arguments."""
+    from governor import bench_frontier
+    from governor.cli import build_parser
+
+    argv = ["bench", "seeds", "--trace", "mooncake", "--scenario", "replay,diurnal", "--qps", "4",
+            "--duration-s", "90", "--seeds", "1-2", "--strategies", "governor", "--startup-s", "45",
+            "--window-s", "15", "--eps-ref", "0.01", "--capacity-error", "0.5",
+            "--gain", "ff_error_margin=0.25"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    meta = {"trace": "mooncake", "qps": 4.0, "duration_s": 90.0, "seeds": [1, 2], "seeds_arg": "1-2",
+            "strategies": ["governor"], "setup": setup_of(args), "gains": gains_of(args), "wall_s": 1.0}  # fmt: skip
+    line = markdown(meta, []).splitlines()[0]
+    again = build_parser().parse_args(shlex.split(line.split("`")[1])[1:])
+    keys = ("trace", "scenario", "qps", "duration_s", "seeds", "strategies", "startup_s", "window_s", "eps_ref")
+    assert [getattr(again, k) for k in keys] == [getattr(args, k) for k in keys]
+    assert (again.capacity_error, gains_of(again)) == (args.capacity_error, gains_of(args))
+    fargv = ["bench", "frontier", "--trace", "azure-conv", "--scenario", "step", "--startup-s", "60",
+             "--strategies", "governor,static", "--gain", "kp=0.1"]  # fmt: skip
+    fargs = build_parser().parse_args(fargv)
+    fmeta = {"trace": "azure-conv", "qps": 20.0, "duration_s": 600.0, "seed": 0, "capacity_error": 1.0,
+             "strategies": fargs.strategies, "setup": setup_of(fargs), "gains": gains_of(fargs), "wall_s": 1.0}  # fmt: skip
+    fline = bench_frontier.markdown(fmeta, []).splitlines()[0]
+    fagain = build_parser().parse_args(shlex.split(fline.split("`")[1])[1:])
+    fkeys = ("scenario", "startup_s", "strategies", "window_s", "seed", "duration_s")
+    assert [getattr(fagain, k) for k in fkeys] == [getattr(fargs, k) for k in fkeys]
+    assert gains_of(fagain) == {"kp": 0.1}
