@@ -30,7 +30,6 @@ profiled capacity) and is left out unless named with ``--strategies``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from argparse import Namespace
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
-from governor.bench_gains import add_gain, gain_flags, gains_of, setup_flags, setup_of
+from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import replica_capacity_rps
@@ -263,13 +262,8 @@ def run_frontier(args: Namespace) -> int:
         "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
-    if args.markdown:
-        with Path(args.markdown).open("a", encoding="utf-8") as fh:
-            fh.write(markdown(meta, summaries) + "\n")
-    if args.json:
-        print(json.dumps({"meta": meta, "scenarios": summaries}))
-    else:
-        print(f"plots: {out}/frontier-{tname}-<scenario>.png  ({meta['wall_s']:.0f} s)")
+    text = f"plots: {out}/frontier-{tname}-<scenario>.png  ({meta['wall_s']:.0f} s)"
+    publish(args, markdown(meta, summaries), {"meta": meta, "scenarios": summaries}, text)
     return 0
 
 

@@ -1,18 +1,21 @@
 """``--gain NAME=VALUE`` of the fast-loop benchmarks (``bench control``, ``seeds``, ``frontier``):
 governor's gains as GOVERNOR_PID_GAINS would set them, checked by name and value, and the
-flags that give them back in the command line a table prints."""
+flags that give them back in the command line a table prints; and how those commands hand
+their result out (:func:`publish`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from argparse import Namespace
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from core.settings import gains_reason
 
-__all__ = ["SETUP_DEFAULTS", "add_gain", "gain_flags", "gains_of", "parse_gain", "setup_flags", "setup_of"]
+__all__ = ["SETUP_DEFAULTS", "add_gain", "gain_flags", "gains_of", "parse_gain", "publish", "setup_flags", "setup_of"]
 
 # The run settings the fast-loop benchmarks share, with their defaults: a table's command line names
 # the ones a run changed, so the line printed above a table reruns that table.
@@ -96,3 +99,12 @@ def setup_flags(setup: Mapping[str, Any]) -> str:
             flag = "--" + key.replace("_", "-")
             out.append(f" {flag} {value:g}" if isinstance(value, float) else f" {flag} {value}")
     return "".join(out)
+
+
+def publish(args: Namespace, table: str, doc: Mapping[str, Any], text: str | None = None) -> None:
+    """A benchmark's result: ``table`` appended to ``--markdown``'s file, and ``doc`` as JSON
+    (``--json``) or ``text`` (default: the table) on stdout."""
+    if getattr(args, "markdown", ""):
+        with Path(args.markdown).open("a", encoding="utf-8") as fh:
+            fh.write(table + "\n")
+    print(json.dumps(doc) if getattr(args, "json", False) else (table if text is None else text))

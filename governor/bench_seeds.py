@@ -29,7 +29,6 @@ that reaches 99.5 % of the ceiling).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ from typing import Any
 
 from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
-from governor.bench_gains import add_gain, gain_flags, gains_of, setup_flags, setup_of
+from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
 from sim.profiling import replica_capacity_rps
 from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
@@ -206,13 +205,7 @@ def run_seeds(args: argparse.Namespace) -> int:
         "gains": gains_of(args),
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
-    if args.markdown:
-        with Path(args.markdown).open("a", encoding="utf-8") as fh:
-            fh.write(markdown(meta_out, summary) + "\n")
-    if args.json:
-        print(json.dumps({"meta": meta_out, "runs": rows, "scenarios": summary}))
-    else:
-        print(markdown(meta_out, summary))
+    publish(args, markdown(meta_out, summary), {"meta": meta_out, "runs": rows, "scenarios": summary})
     return 0
 
 

@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_seeds import add_parser as add_seeds_parser
 
     add_seeds_parser(bsub)
+    from governor.bench_overload import add_parser as add_overload_parser
+
+    add_overload_parser(bsub)
     from governor.bench_kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
@@ -402,6 +405,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.bench_seeds import run_seeds
 
         return run_seeds(args)
+    if args.command == "bench" and args.bench == "overload":
+        from governor.bench_overload import run_overload
+
+        return run_overload(args)
     if args.command == "bench" and args.bench == "frontier":
         from governor.bench_frontier import run_frontier
 

@@ -27,6 +27,12 @@ from sim.workloads import from_trace
 
 
 def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, duration_s: float) -> float:
+    """SLO attainment of ``replicas`` replicas fed ``trace`` at ``qps`` for ``duration_s`` (then 600 s to drain).
+
+    A request still unserved when the drain ends counts as a miss: at a rate far beyond what the
+    replicas serve, the ones that finished are not the workload (an overloaded trial used to read
+    as the attainment of its lucky early requests, and a trial with nothing finished as 1.0).
+    """
     perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
     fleet = Fleet(
         FleetConfig(models={cfg.model: perf}, zones=("profile",), initial_replicas=replicas, seed=cfg.seed), epoch_ms0=0
@@ -37,10 +43,21 @@ def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, dura
             float(w.arrival_s[i]), "profile", cfg.model, int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"p{i}"
         )
     done = fleet.advance_to(duration_s + 600.0)
-    if not done:
+    if not len(w):
         return 1.0
     ok = sum(1 for r in done if r["ttft_ms"] <= cfg.ttft_slo_ms and r["itl_ms"] <= cfg.itl_slo_ms)
-    return ok / len(done)
+    return ok / len(w)
+
+
+def _span(qps: float, duration_s: float, min_requests: int) -> float:
+    """A trial long enough for ``min_requests`` arrivals at ``qps`` (attainment to ~0.4 points), at least ``duration_s``."""
+    return max(duration_s, min_requests / qps)
+
+
+def idle_attainment(trace: Trace, cfg: LoopConfig, replicas: int, duration_s: float, min_requests: int) -> float:
+    """Attainment of an almost idle fleet (0.1 req/s per replica): what load cannot improve."""
+    lo = 0.1 * replicas
+    return attainment_at(trace, lo, replicas, cfg, max(duration_s * 4, _span(lo, duration_s, min_requests)))
 
 
 def replica_capacity_rps(
@@ -63,15 +80,44 @@ def replica_capacity_rps(
     """
     cfg = cfg or LoopConfig()
     lo, hi = 0.1 * replicas, 20.0 * replicas
-
-    def span(qps: float) -> float:  # long enough for min_requests arrivals: attainment to ~0.4 points
-        return max(duration_s, min_requests / qps)
-
-    target = min(target, attainment_at(trace, lo, replicas, cfg, max(duration_s * 4, span(lo))) - 0.01)
+    target = min(target, idle_attainment(trace, cfg, replicas, duration_s, min_requests) - 0.01)
     for _ in range(iters):
         mid = math.sqrt(lo * hi)  # geometric: the same relative resolution at any capacity
-        if attainment_at(trace, mid, replicas, cfg, span(mid)) >= target:
+        if attainment_at(trace, mid, replicas, cfg, _span(mid, duration_s, min_requests)) >= target:
             lo = mid
         else:
             hi = mid
     return lo / replicas
+
+
+def overload_curve(
+    trace: Trace,
+    cfg: LoopConfig,
+    capacity_rps: float,
+    factors: tuple[float, ...],
+    *,
+    replicas: int = 4,
+    duration_s: float = 300.0,
+    min_requests: int = 2000,
+) -> tuple[float, list[tuple[float, float, float]]]:
+    """What running above (or below) the profiled capacity costs: ``(idle attainment, [(factor,
+    attainment, share of idle)])`` for the fleet fed ``factor x capacity_rps`` per replica.
+
+    The capacity is one point on a curve.  Its shape past that point decides
+    how much a short shortfall costs (a replica starting late, a forecast
+    that ran behind): where attainment falls off a cliff just past the
+    capacity, any shortfall costs violations at once and the fleet needs
+    headroom; where it slopes, the queue and the batches absorb a shortfall.
+    Each trial is the profile's (same fleet, seed and trial length: at least
+    ``min_requests`` arrivals), so the curve at 1.0 is what the bisection
+    accepted.
+    """
+    idle = idle_attainment(trace, cfg, replicas, duration_s, min_requests)
+    points = []
+    for f in factors:
+        if not math.isfinite(f) or f <= 0.0:
+            raise ValueError(f"load factor {f!r}: must be a positive number")
+        qps = f * capacity_rps * replicas
+        a = attainment_at(trace, qps, replicas, cfg, _span(qps, duration_s, min_requests))
+        points.append((f, a, a / idle if idle > 0 else 0.0))
+    return idle, points
