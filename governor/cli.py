@@ -305,6 +305,10 @@ def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
         return f"an embedded server did not start: {why}; see the server logs of the run (servers/)"
     if isinstance(exc, SettingsError):
         return f"bad setting: {why}"
+    from sim.traces import TraceError
+
+    if isinstance(exc, TraceError):  # a --trace that names no packaged trace, or a file it cannot read
+        return f"bad trace: {why}"
     return None
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,14 @@ def test_cli_json_names_each_seeds_capacity_and_points() -> None:
     (row,) = doc["seeds"]
     assert row["seed"] == 1 and row["capacity_rps"] > 0 and [p["factor"] for p in row["points"]] == [1.0, 1.3]
     assert doc["meta"]["ttft_slo_ms"] == 6000.0 and 0 < row["idle_attainment"] <= 1
+
+
+@pytest.mark.parametrize("bench", ["overload", "seeds", "control", "frontier"])
+def test_a_trace_that_does_not_exist_is_a_one_line_error_not_a_traceback(bench: str, tmp_path: Path) -> None:
+    bad = tmp_path / "nope.csv"
+    out = subprocess.run(
+        [sys.executable, "-m", "governor.cli", "bench", bench, "--trace", str(bad)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"governor bench {bench}: bad trace: {bad}" in out.stderr and "Traceback" not in out.stderr
