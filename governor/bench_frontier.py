@@ -280,7 +280,7 @@ def markdown(meta: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]]) ->
         f"`governor bench frontier --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seed {meta['seed']}"
         + (f" --strategies {meta['strategies']}" if meta.get("strategies", "default") != "default" else "")
-        + setup_flags({"capacity_error": meta.get("capacity_error", 1.0), **meta.get("setup", {})})
+        + setup_flags(meta.get("setup", {}))
         + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | ceiling | governor GPU-s at 99.5 % of it | / oracle | / causal oracle | / lower bound "

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.errors import ParameterError
+from controllers.feedforward import FeedforwardParams
 from controllers.pid import PidParams
 from controllers.stability import Assessment, OperatingPoint, assess
 from core.vocab import DEFAULT_PID_GAINS
@@ -234,7 +235,15 @@ def run_tune(args: Namespace) -> int:
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=args.seed))
     # The first trial: the shipped feedforward with the shipped integral action, brought inside the box.
     first = {**default_gains, "ki": min(default_gains["ki"], ki_hi)}
-    study.enqueue_trial({**first, "ff_target_util": 0.8, "ff_error_margin": 1.5, "ff_decay_per_step": 0.1})
+    shipped = FeedforwardParams(capacity_rps=1.0)  # the feedforward's own defaults, not a copy of them
+    study.enqueue_trial(
+        {
+            **first,
+            "ff_target_util": shipped.target_util,
+            "ff_error_margin": shipped.error_margin,
+            "ff_decay_per_step": shipped.decay_per_step,
+        }
+    )
     study.optimize(objective, n_trials=args.trials)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("certified")]
     if not done:
