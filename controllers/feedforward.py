@@ -251,7 +251,7 @@ def headroom_error(mae_rps: float, rate_rps: float, target_util: float, slack_s:
       that is within the SLO's slack (``slack_s``: the TTFT SLO less the
       window's TTFT P50) none misses.  ``rate / target_util x slack /
       horizon`` of the error is absorbed (Azure conversation: 1 s SLO, ~0.1 s
-      P50, ~2 % of the rate over 40 s; Mooncake: 6 s SLO, ~14 %).
+      P50, ~3 % of the rate over 40 s; Mooncake: 6 s SLO, ~0.7 s P50, ~16 %).
 
     >>> round(headroom_error(1.0, 0.0, 0.8, 0.0, 40.0), 3)  # no traffic, no slack: all of it
     1.0
