@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 # recent values, and warm up for 2 + 1 / beta steps (a version-2 forecaster's pending forecasts
 # would not fit), keys their in-system count and backlog history.
 SNAPSHOT_VERSION = 3
+# The scaler's forecaster (Holt, beta 0.1) warms up over its trend's memory: docs/model.md §7.
+SCALER_FORECAST_WARMUP = LoadForecaster("holtwinters", 1).warmup_steps
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
