@@ -35,7 +35,13 @@ from typing import Any
 from governor.bench_control import base_config
 from governor.bench_gains import publish
 from governor.bench_seeds import parse_seeds
-from sim.profiling import overload_curve, replica_capacity_rps
+from sim.profiling import (
+    PROFILE_DURATION_S,
+    PROFILE_MIN_REQUESTS,
+    idle_attainment,
+    overload_curve,
+    replica_capacity_rps,
+)
 from sim.traces import load_trace
 
 DEFAULT_FACTORS = "0.9,1,1.05,1.1,1.2,1.3"
@@ -88,8 +94,10 @@ def run_overload(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         cfg = base_config(argparse.Namespace(**{**vars(args), "seed": seed}))
-        capacity = replica_capacity_rps(trace, cfg, replicas=args.replicas)
-        idle, points = overload_curve(trace, cfg, capacity, factors, replicas=args.replicas)
+        # The idle fleet's trial is the profile's longest: run it once for the capacity and the curve.
+        idle = idle_attainment(trace, cfg, args.replicas, PROFILE_DURATION_S, PROFILE_MIN_REQUESTS)
+        capacity = replica_capacity_rps(trace, cfg, replicas=args.replicas, idle=idle)
+        idle, points = overload_curve(trace, cfg, capacity, factors, replicas=args.replicas, idle=idle)
         rows.append(
             {
                 "seed": seed,

@@ -25,6 +25,9 @@ from sim.perf_model import PerfModel
 from sim.traces import Trace
 from sim.workloads import from_trace
 
+PROFILE_DURATION_S = 300.0  # a profile trial's shortest length ...
+PROFILE_MIN_REQUESTS = 2000  # ... and its fewest arrivals (attainment to ~0.4 points)
+
 
 def attainment_at(trace: Trace, qps: float, replicas: int, cfg: LoopConfig, duration_s: float) -> float:
     """SLO attainment of ``replicas`` replicas fed ``trace`` at ``qps`` for ``duration_s`` (then 600 s to drain).
@@ -66,9 +69,10 @@ def replica_capacity_rps(
     *,
     replicas: int = 4,
     target: float = 0.98,
-    duration_s: float = 300.0,
+    duration_s: float = PROFILE_DURATION_S,
     iters: int = 12,
-    min_requests: int = 2000,
+    min_requests: int = PROFILE_MIN_REQUESTS,
+    idle: float | None = None,
 ) -> float:
     """Requests/s one replica sustains with attainment >= ``target`` (bisection).
 
@@ -76,11 +80,14 @@ def replica_capacity_rps(
     takes longer than a 6 s TTFT SLO to prefill on an idle replica), so the
     target is capped at the attainment an almost idle fleet reaches, minus
     one point: capacity is the load the fleet carries without *load* adding
-    violations.
+    violations.  ``idle``: that attainment when the caller has it already
+    (:func:`idle_attainment` with the same arguments), so it is not run twice.
     """
     cfg = cfg or LoopConfig()
     lo, hi = 0.1 * replicas, 20.0 * replicas
-    target = min(target, idle_attainment(trace, cfg, replicas, duration_s, min_requests) - 0.01)
+    if idle is None:
+        idle = idle_attainment(trace, cfg, replicas, duration_s, min_requests)
+    target = min(target, idle - 0.01)
     for _ in range(iters):
         mid = math.sqrt(lo * hi)  # geometric: the same relative resolution at any capacity
         if attainment_at(trace, mid, replicas, cfg, _span(mid, duration_s, min_requests)) >= target:
@@ -97,8 +104,9 @@ def overload_curve(
     factors: tuple[float, ...],
     *,
     replicas: int = 4,
-    duration_s: float = 300.0,
-    min_requests: int = 2000,
+    duration_s: float = PROFILE_DURATION_S,
+    min_requests: int = PROFILE_MIN_REQUESTS,
+    idle: float | None = None,
 ) -> tuple[float, list[tuple[float, float, float]]]:
     """What running above (or below) the profiled capacity costs: ``(idle attainment, [(factor,
     attainment, share of idle)])`` for the fleet fed ``factor x capacity_rps`` per replica.
@@ -110,9 +118,10 @@ def overload_curve(
     headroom; where it slopes, the queue and the batches absorb a shortfall.
     Each trial is the profile's (same fleet, seed and trial length: at least
     ``min_requests`` arrivals), so the curve at 1.0 is what the bisection
-    accepted.
+    accepted.  ``idle`` as for :func:`replica_capacity_rps`.
     """
-    idle = idle_attainment(trace, cfg, replicas, duration_s, min_requests)
+    if idle is None:
+        idle = idle_attainment(trace, cfg, replicas, duration_s, min_requests)
     points = []
     for f in factors:
         if not math.isfinite(f) or f <= 0.0:
