@@ -14,10 +14,22 @@ import math
 
 from controllers.window_record import WindowRecord
 
-__all__ = ["UNFIXABLE_SLACK", "UNFIXABLE_WEIGHT", "fixable_violation_rate", "running_unfixable"]
+__all__ = [
+    "BACKLOG_PER_REPLICA",
+    "BACKLOG_WINDOWS",
+    "DRAINED_PER_REPLICA",
+    "UNFIXABLE_SLACK",
+    "UNFIXABLE_WEIGHT",
+    "fixable_violation_rate",
+    "running_unfixable",
+    "stale_after_drain",
+]
 
 UNFIXABLE_SLACK = 0.005  # beyond the running share and its noise, an unfixable share counts as fixable
 UNFIXABLE_WEIGHT = 0.05  # the running share's EWMA weight per window (a running mean over the first 20)
+BACKLOG_PER_REPLICA = 1.0  # a backlog: at least one request waiting per ready replica (window mean) ...
+BACKLOG_WINDOWS = 3  # ... within this many windows before the current one
+DRAINED_PER_REPLICA = 0.05  # drained: at most this many waiting per ready replica now
 
 
 def fixable_violation_rate(w: WindowRecord, base: float | None = None) -> float:
@@ -64,3 +76,40 @@ def running_unfixable(base: float | None, n: int, rate: float) -> tuple[float, i
     n += 1
     start = rate if base is None else base
     return start + max(UNFIXABLE_WEIGHT, 1.0 / n) * (rate - start), n
+
+
+def stale_after_drain(
+    backlog_history: tuple[float, ...], queued: float, ready: int, arrival_rps: float, serving_rps: float
+) -> bool:
+    """Whether a window's violations are the wake of a backlog that has drained (docs/model.md §23).
+
+    Violations are counted when requests finish: after a burst the requests
+    that waited in its queue keep finishing late for a window or two after
+    the queue is gone and the fleet has caught up.  Acting on them adds
+    replicas for a cause that no longer exists (on the Azure trace's 3600 s
+    burst run the fleet peaked at 18-34 replicas a zone after each burst,
+    against 10-14 during it).  They are stale when a backlog (at least
+    :data:`BACKLOG_PER_REPLICA` waiting per ready replica) was seen in the
+    last :data:`BACKLOG_WINDOWS` windows (``backlog_history``: waiting per
+    ready replica, oldest first), the queue has drained (at most
+    :data:`DRAINED_PER_REPLICA` per replica) and the ready fleet serves the
+    arrivals at its planned utilisation (``serving_rps``).  Without a backlog
+    before, violations with an empty queue (slow batches, long prompts) are
+    never stale.
+
+    >>> stale_after_drain((0.0, 4.2, 2.5), 0.1, 12, 9.0, 29.8)  # the burst's queue is gone
+    True
+    >>> stale_after_drain((0.0, 0.1, 0.0), 0.1, 12, 9.0, 29.8)  # no backlog before: violations are current
+    False
+    >>> stale_after_drain((0.0, 4.2, 2.5), 30.0, 12, 9.0, 29.8)  # still waiting
+    False
+    >>> stale_after_drain((0.0, 4.2, 2.5), 0.1, 12, 31.0, 29.8)  # the fleet does not keep up
+    False
+    """
+    if ready <= 0 or not backlog_history:
+        return False
+    return (
+        max(backlog_history[-BACKLOG_WINDOWS:]) >= BACKLOG_PER_REPLICA
+        and queued / ready <= DRAINED_PER_REPLICA
+        and arrival_rps <= serving_rps
+    )

@@ -18,14 +18,23 @@ volume per interval, ...).  Models:
   0.3), flat forecast; the robust baseline.
 
 Any of the defaults can be overridden with ``**model_params``.  Until the
-model is warm (``warmup_steps``: 2, or ``2 * season_length + 2`` with
-seasons) :meth:`LoadForecaster.forecast` repeats the last value (naive).
+model is warm (``warmup_steps``) :meth:`LoadForecaster.forecast` repeats the
+last value (naive): ``2 * season_length + 2`` steps with seasons; for Holt's
+linear trend ``2 + ceil(1 / beta)`` (12 at the default ``beta=0.1``), since
+River starts the trend at the difference of the first two values and
+smoothing by ``beta`` forgets that guess over about ``1 / beta`` steps (fed
+6.6, 9.4, 8.3, 8.5 req/s it forecast 20 req/s four steps ahead, and the
+scaler's headroom, a running mean of such errors, carried that start for the
+rest of a run); 2 for the others.
 
 Error tracking is online: before each :meth:`~LoadForecaster.learn` the
 forecast made one step earlier and the one made ``horizon_steps`` earlier
 are scored against the new value (MAE; MAPE over non-zero values only,
-unlike River's MAPE which counts ``y = 0`` as a zero error).  Only forecasts
-made by a warm model are scored.
+unlike River's MAPE which counts ``y = 0`` as a zero error), and the mean of
+the ``horizon_steps`` forecasts made ``horizon_steps`` earlier against the
+mean of the values they forecast (``errors_hmean``: the error on the demand
+a replica ordered then serves, over its whole horizon).  Only forecasts made
+by a warm model are scored.
 
 On drift (:mod:`controllers.drift`) call :meth:`~LoadForecaster.reset`: the
 model is rebuilt empty and relearns from the next value (River's models have
@@ -157,6 +166,25 @@ class _Ewma:
         return [self.level if self.level is not None else 0.0] * horizon
 
 
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _warmup(model: Model, season: int | None, params: Mapping[str, Any]) -> int:
+    """Steps before the model's forecasts are used and scored (module doc).
+
+    >>> _warmup("holtwinters", None, {"alpha": 0.5, "beta": 0.1}), _warmup("holtwinters", 4, {})
+    (12, 10)
+    >>> _warmup("holtwinters", None, {"beta": 0.3}), _warmup("ewma", None, {})
+    (6, 2)
+    """
+    if season:
+        return 2 * season + 2
+    if model == "holtwinters":
+        return 2 + math.ceil(1.0 / float(params["beta"]) - 1e-9)
+    return 2
+
+
 def _defaults(model: Model, season: int | None) -> dict[str, Any]:
     if model == "holtwinters":
         if season:
@@ -214,9 +242,11 @@ class LoadForecaster:
         self.season_length = season_length
         self.params = {**_defaults(model, season_length), **model_params}
         _check_params(model, season_length, self.params)
-        self.warmup_steps = 2 * season_length + 2 if season_length else 2
+        self.warmup_steps = _warmup(model, season_length, self.params)
         self.errors_1 = ErrorStats()
         self.errors_h = ErrorStats()
+        self.errors_hmean = ErrorStats()
+        self._recent: deque[float] = deque(maxlen=horizon_steps)  # the last values, for errors_hmean
         self.n_seen = 0
         self.n_resets = 0
         self._model = self._build()
@@ -251,8 +281,11 @@ class LoadForecaster:
         y = float(y)
         if self._pending and self._pending[-1] is not None:
             self.errors_1.add(y, self._pending[-1][0])
+        self._recent.append(y)
         if len(self._pending) == self.horizon_steps and self._pending[0] is not None:
             self.errors_h.add(y, self._pending[0][-1])
+            if len(self._recent) == self.horizon_steps:
+                self.errors_hmean.add(math.fsum(self._recent) / self.horizon_steps, _mean(self._pending[0]))
         self._model.learn_one(y)
         self._n_model += 1
         self.n_seen += 1
@@ -290,7 +323,9 @@ class LoadForecaster:
         ``season_length``, ``params`` (the model parameters, defaults
         included), ``n_seen``, ``n_resets``, ``n_model`` (values learnt since
         the last reset), ``last`` (``None`` before any value), ``errors_1`` /
-        ``errors_h`` (:meth:`ErrorStats.to_state`), ``pending`` (the forecasts
+        ``errors_h`` / ``errors_hmean`` (:meth:`ErrorStats.to_state`),
+        ``recent`` (the last ``min(n_seen, horizon_steps)`` values),
+        ``pending`` (the forecasts
         awaiting scoring, oldest first, ``None`` where the model was cold) and
         ``learner``: the model, ``{"class": ..., ...}`` (see the module doc).
         Non-finite floats are the strings ``"nan"``, ``"inf"``, ``"-inf"``.
@@ -330,6 +365,8 @@ class LoadForecaster:
             "last": None if self._last is None else enc_float(self._last),
             "errors_1": self.errors_1.to_state(),
             "errors_h": self.errors_h.to_state(),
+            "errors_hmean": self.errors_hmean.to_state(),
+            "recent": [enc_float(v) for v in self._recent],
             "pending": [None if p is None else [enc_float(v) for v in p] for p in self._pending],
             "learner": learner,
         }
@@ -362,7 +399,13 @@ class LoadForecaster:
             raise ParameterError(f"state.last={show(o.raw('last'))}: must be null exactly when n_seen is 0")
         f.errors_1 = ErrorStats.from_state(o.raw("errors_1"), o.at("errors_1"))
         f.errors_h = ErrorStats.from_state(o.raw("errors_h"), o.at("errors_h"))
-        for name, stats in (("errors_1", f.errors_1), ("errors_h", f.errors_h)):
+        f.errors_hmean = ErrorStats.from_state(o.raw("errors_hmean"), o.at("errors_hmean"))
+        recent = float_list(o.raw("recent"), o.at("recent"), length=min(f.n_seen, horizon))
+        for i, v in enumerate(recent):
+            if not math.isfinite(v):
+                raise ParameterError(f"{o.at('recent')}[{i}]={show(v)}: must be a finite number")
+        f._recent.extend(recent)
+        for name, stats in (("errors_1", f.errors_1), ("errors_h", f.errors_h), ("errors_hmean", f.errors_hmean)):
             if stats.n > f.n_seen:
                 raise ParameterError(f"state.{name}.n={stats.n}: more scores than values seen ({f.n_seen})")
         pending = as_list(o.raw("pending"), o.at("pending"), length=min(n_model, horizon))
@@ -405,6 +448,8 @@ _STATE_KEYS = (
     "last",
     "errors_1",
     "errors_h",
+    "errors_hmean",
+    "recent",
     "pending",
     "learner",
 )

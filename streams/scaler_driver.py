@@ -58,7 +58,7 @@ from controllers import fpid
 from controllers import observer as obs
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
-from controllers.fixable import fixable_violation_rate, running_unfixable
+from controllers.fixable import BACKLOG_WINDOWS, fixable_violation_rate, running_unfixable, stale_after_drain
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
@@ -69,7 +69,12 @@ from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION = 2  # 2: plain data (1 was a pickle, never read again)
+# 2: plain data (1 was a pickle, never read again); 3: forecasters keep their horizon-mean error and
+# recent values, and warm up for 2 + 1 / beta steps (a version-2 forecaster's pending forecasts
+# would not fit), keys their in-system count and backlog history.
+SNAPSHOT_VERSION = 3
+# The scaler's forecaster (Holt, beta 0.1) warms up over its trend's memory: docs/model.md §7.
+SCALER_FORECAST_WARMUP = LoadForecaster("holtwinters", 1).warmup_steps
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
@@ -137,6 +142,15 @@ def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
     )
 
 
+def _non_negative_or_none(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    if not 0.0 <= f < math.inf:
+        raise ValueError(f"{v!r}: must be a finite number >= 0")
+    return f
+
+
 def _rate_or_none(v: Any) -> float | None:
     if v is None:
         return None
@@ -160,6 +174,8 @@ class KeyState:
     mismatched_windows: int = 0
     last_basis_ms: int = -1
     queued: float | None = None
+    in_system: float | None = None  # waiting + running (None: the window reported no running count)
+    backlog: tuple[float, ...] = ()  # waiting per ready replica, the last BACKLOG_WINDOWS windows
     sde: OnlineOuFit = field(default_factory=OnlineOuFit)  # OU fit of the window TTFT P50
     capacity: cap.CapacityState = field(default_factory=cap.CapacityState)  # learned replica capacity
     kalman: obs.KalmanState | None = None
@@ -182,6 +198,8 @@ class KeyState:
             "mismatched_windows": self.mismatched_windows,
             "last_basis_ms": self.last_basis_ms,
             "queued": self.queued,
+            "in_system": self.in_system,
+            "backlog": list(self.backlog),
             "sde": self.sde.to_state(),
             "capacity": self.capacity.to_dict(),
             "kalman": None if self.kalman is None else self.kalman.to_dict(),
@@ -210,6 +228,8 @@ class KeyState:
             mismatched_windows=int(data["mismatched_windows"]),
             last_basis_ms=int(data["last_basis_ms"]),
             queued=None if data["queued"] is None else float(data["queued"]),
+            in_system=_non_negative_or_none(data.get("in_system")),
+            backlog=tuple(_non_negative_or_none(v) or 0.0 for v in data.get("backlog", ()))[-BACKLOG_WINDOWS:],
             sde=OnlineOuFit.from_state(data["sde"]),
             capacity=cap.CapacityState.from_dict(dict(data["capacity"])) if "capacity" in data else cap.CapacityState(),
             kalman=None if data["kalman"] is None else obs.KalmanState.from_dict(dict(data["kalman"])),
@@ -306,12 +326,16 @@ class Scaler:
             rate,
             w.ttft_slo_ms or self._slo(model),
         )
-        arrival = max(0.0, rate + (0.0 if ks.queued is None else (queued - ks.queued) / window_s))
+        in_system = None if w.running_mean is None else queued + w.running_mean * max(ready, 1)
+        arrival = ff.arrival_rps(rate, queued, ks.queued, in_system, ks.in_system, window_s)
+        if eps > self.settings.eps_ref and self._stale(model, zone, ks, queued, ready, arrival):
+            eps = self.settings.eps_ref  # hold: the violations are the wake of a drained backlog
+        ks.backlog = (*ks.backlog, queued / max(ready, 1))[-BACKLOG_WINDOWS:]
         floor = self._zones(model, zone, basis, arrival, ready, starting)
         if self.settings.observer:
             eps = self._observe(ks, model, w, basis, window_s, ready, starting, queued, rate, arrival, eps)
         meas = PidMeasurement(violation_rate=eps, replicas_current=ready + starting, replicas_pending=starting)
-        ks.queued = queued
+        ks.queued, ks.in_system = queued, in_system
         if w.ttft_p50_ms is not None:
             ks.sde = ks.sde.update(w.ttft_p50_ms, window_s)
         self._drift(ks, model, zone, w, arrival, basis)
@@ -586,11 +610,18 @@ class Scaler:
         forecast = error = None
         if ks.forecaster is not None and ks.forecaster.ready:
             forecast = max(0.0, ks.forecaster.forecast(self.horizon_steps)[-1])
-            error = ks.forecaster.errors_h.mae
+            error = ks.forecaster.errors_hmean.mae
         ks.ff, out = ff.step(
             ffp,
             ks.ff,
-            ff.FeedforwardMeasurement(rate_rps=rate, queued=queued, forecast_rps=forecast, forecast_error_rps=error),
+            ff.FeedforwardMeasurement(
+                rate_rps=rate,
+                queued=queued,
+                forecast_rps=forecast,
+                forecast_error_rps=error,
+                running=None if w is None or w.running_mean is None else w.running_mean * max(w.replicas_ready, 1),
+                slack_s=None if w is None else self._slack_s(model, w),
+            ),
             window_s,
         )
         need = max(out.replicas, floor_rps / (ffp.capacity_rps * ffp.target_util))
@@ -638,6 +669,20 @@ class Scaler:
             )
             ks.ff_mode = mode
         return out
+
+    def _stale(self, model: str, zone: str, ks: KeyState, queued: float, ready: int, arrival: float) -> bool:
+        """Whether this window's violations are the wake of a drained backlog (:func:`stale_after_drain`)."""
+        ffp = self.ff_params.get(model)
+        capacity = self.learned_capacity(model, zone)
+        if ffp is None or capacity is None:
+            return False
+        return stale_after_drain(ks.backlog, queued, ready, arrival, ready * capacity * ffp.target_util)
+
+    def _slack_s(self, model: str, w: WindowRecord) -> float | None:
+        """The TTFT SLO's slack over the window's TTFT P50, seconds (None without a P50)."""
+        if w.ttft_p50_ms is None:
+            return None
+        return max(0.0, ((w.ttft_slo_ms or self._slo(model)) - w.ttft_p50_ms) / 1000.0)
 
     def _learned(
         self, model: str, zone: str, ks: KeyState, ffp: ff.FeedforwardParams, window: cap.CapacityWindow

@@ -70,6 +70,12 @@ ARGS = {
 # The negative control, a fast loop without the feedforward path the live
 # worker uses, against the same runs:
 #   within one replica 0.22-0.38;  replica-seconds 1.10-1.32;  final targets 5-9 apart
+# With the controller of b3e58df (running batches in the arrival rate, a 12-window
+# forecast warm-up), 5 live runs of 2 zones: within one replica 0.83-1.00 in the
+# 4 runs made beside a benchmark holding both CPUs (replica-seconds 0.96-1.02),
+# and 0.43 (replica-seconds 1.19) in one zone of the run made while the test
+# suite and a benchmark, four processes, shared the 2 CPUs: the paths split
+# after the step and did not rejoin within the 240 s.
 # The thresholds sit between the two: MIN_WITHIN_ONE about four windows from
 # either side, MAX_END_GAP three replicas from the wrong model and one from the
 # worst right run; MAX_AREA_ERROR bounds the cost the fast loop reports (what

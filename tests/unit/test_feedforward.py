@@ -11,6 +11,8 @@ from controllers.feedforward import (
     FeedforwardMeasurement,
     FeedforwardParams,
     FeedforwardState,
+    arrival_rps,
+    headroom_error,
     leading_violation_rate,
     step,
 )
@@ -97,5 +99,61 @@ def test_parameters_are_validated(kwargs, name) -> None:
 
 
 def test_state_round_trips() -> None:
-    s = FeedforwardState(level=3.0, trend=0.5, steps=4, queued=7.0)
+    s = FeedforwardState(level=3.0, trend=0.5, steps=4, queued=7.0, in_system=31.0)
     assert FeedforwardState.from_dict(s.to_dict()) == s
+
+
+def test_a_surge_into_the_running_batches_is_demand_before_any_queue() -> None:
+    """Continuous batching takes a burst into service before a queue forms (Azure, 3x burst: the
+    running count went from 81 to 117 in one window with the queue empty).  Counting what the
+    system gained sizes for it in that window; the queue's growth alone reads only completions."""
+    p = FeedforwardParams(capacity_rps=3.0, target_util=0.8, horizon_s=0.0, alpha=1.0, beta=1.0)
+
+    def two(running: float | None, running_after: float | None) -> float:
+        s, _ = step(p, FeedforwardState(), FeedforwardMeasurement(rate_rps=8.0, queued=0.0, running=running), 10.0)
+        _, out = step(p, s, FeedforwardMeasurement(rate_rps=8.6, queued=0.0, running=running_after), 10.0)
+        return out.arrival_rps
+
+    assert two(81.0, 117.0) == pytest.approx(8.6 + 3.6)
+    assert two(None, None) == pytest.approx(8.6)  # no running count: queue growth only
+    assert two(81.0, None) == pytest.approx(8.6)  # reported once only: no difference to take
+
+
+def test_a_draining_batch_is_not_read_as_new_demand() -> None:
+    """After a burst the batches drain: completions run at 28 req/s for a window while 8 req/s
+    arrive.  Counting the queue alone reads 28; conservation reads what arrived."""
+    assert arrival_rps(28.0, 0.0, 0.0, 40.0, 240.0, 10.0) == pytest.approx(8.0)
+    assert arrival_rps(28.0, 0.0, 0.0, None, None, 10.0) == pytest.approx(28.0)
+    assert arrival_rps(1.0, 0.0, 0.0, 0.0, 500.0, 10.0) == 0.0  # never negative
+    with pytest.raises(ParameterError, match="dt_s"):
+        arrival_rps(1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
+@given(st.floats(0, 50), st.floats(0, 100), st.floats(0.1, 2.0), st.floats(0, 30), st.floats(1, 300))
+def test_headroom_error_is_at_most_the_error_and_falls_with_slack(mae, rate, util, slack, horizon) -> None:
+    e = headroom_error(mae, rate, util, slack, horizon)
+    assert 0.0 <= e <= mae + 1e-12
+    assert headroom_error(mae, rate, util, slack + 1.0, horizon) <= e
+    assert headroom_error(mae, rate, util, 0.0, horizon) >= e
+
+
+def test_slack_of_a_loose_slo_absorbs_what_a_tight_one_must_cover() -> None:
+    """The same forecast error: with Azure's 1 s TTFT SLO (0.9 s slack) nearly all of it needs
+    replicas; with Mooncake's 6 s (4.5 s slack at its rate) a quarter less; the margin follows."""
+    p = FeedforwardParams(capacity_rps=0.2, target_util=0.8, horizon_s=40.0, error_margin=1.5)
+    tight = headroom_error(1.0, 2.0, 0.8, 0.9, 40.0)
+    loose = headroom_error(1.0, 2.0, 0.8, 4.5, 40.0)
+    assert tight == pytest.approx(0.984 - 0.05625, abs=1e-3) and loose == pytest.approx(0.984 - 0.28125, abs=1e-3)
+
+    def demand(slack: float | None) -> float:
+        meas = FeedforwardMeasurement(rate_rps=2.0, queued=0.0, forecast_rps=2.0, forecast_error_rps=1.0, slack_s=slack)
+        return step(p, FeedforwardState(), meas, 10.0)[1].demand_rps
+
+    assert demand(None) == pytest.approx(2.0 + 1.5 * 0.984, abs=2e-3)  # no P50: nothing absorbed
+    assert demand(4.5) == pytest.approx(2.0 + 1.5 * loose)
+
+
+@pytest.mark.parametrize(("field", "value"), [("running", -1.0), ("slack_s", -0.5), ("running", float("nan"))])
+def test_measurement_rejects_bad_running_and_slack(field: str, value: float) -> None:
+    with pytest.raises(ParameterError, match=field):
+        FeedforwardMeasurement(rate_rps=1.0, queued=0.0, **{field: value})

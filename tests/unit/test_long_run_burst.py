@@ -1,14 +1,17 @@
 """A known gap, pinned: governor's shipped defaults on a 3600 s run of three 3x bursts.
 
-On the 600 s runs the bursts come 150-450 s after the start, while the
-forecast-error margin (a running mean of the forecast's errors since the
-start) still holds the simulated cold start; on a 3600 s run that standing
-capacity is gone, the fleet decays to 5-6 replicas a zone between bursts and
-each burst fills the running batches before the arrival estimate sees it
-(docs/benchmarks.md, "Run length: the bursts at 3600 s").  The comparison
-with ``static`` below is the fact the docs state; the strict xfail turns into
-a failure the day the burst response holds on long runs, so the docs and
-this pin are updated together.
+Between bursts governor sizes each zone for the load it sees plus its
+forecast's error over the horizon; a 3x burst of 60 s with 30 s start-ups is
+met only from standing capacity (``static``, sized for the trace's busiest
+minute) or foresight.  governor sees a burst in its first window (the running
+batches grow before any queue, docs/model.md §6) and holds after it (the
+violations of a drained backlog are stale, §23), but what it orders arrives
+near the burst's end (docs/benchmarks.md, "Run length: the bursts at
+3600 s").  Before b3e58df the 600 s runs hid this: the forecast's error margin
+carried the errors of Holt's cold start.  The comparison with ``static``
+below is the fact the docs state; the strict xfail turns into a failure the
+day the burst response holds on long runs, so the docs and this pin are
+updated together.
 """
 
 from __future__ import annotations

@@ -188,7 +188,11 @@ def test_forecaster_round_trip_continues_identically(model: str, season: int | N
         tail_live, tail_restored = run_forecaster(live, xs, cut, rest), run_forecaster(restored, xs, cut, rest)
         assert tail_restored == tail_live == reference[cut:], cut
         assert restored.to_state() == live.to_state()
-        assert (restored.errors_1, restored.errors_h) == (live.errors_1, live.errors_h)
+        assert (restored.errors_1, restored.errors_h, restored.errors_hmean) == (
+            live.errors_1,
+            live.errors_h,
+            live.errors_hmean,
+        )
     assert reference[-1][4] is not None  # the errors were scored: the forecasts were real
 
 
@@ -367,6 +371,9 @@ def _set(state: dict[str, Any], path: tuple[Any, ...], value: object) -> dict[st
         ("snarimax", ("pending", 0), [1.0], "state.pending\\[0\\]"),
         ("snarimax", ("errors_1", "n_pct"), 10**6, "state.errors_1.n_pct"),
         ("snarimax", ("errors_h", "sum_abs"), -1.0, "state.errors_h.sum_abs"),
+        ("snarimax", ("errors_hmean", "n"), 10**7, "state.errors_hmean.n"),
+        ("snarimax", ("recent",), [1.0], "state.recent"),
+        ("snarimax", ("recent", 0), "nan", "state.recent\\[0\\]"),
         ("snarimax", ("learner", "y_hist"), [1.0], "state.learner.y_hist"),
         ("snarimax", ("learner", "scaler", "counts", 0, 0), "x-1", "state.learner.scaler.counts\\[0\\]\\[0\\]"),
         ("snarimax", ("learner", "scaler", "vars", 0, 1), -1.0, "state.learner.scaler.vars\\[0\\]\\[1\\]"),
