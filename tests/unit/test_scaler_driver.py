@@ -40,9 +40,15 @@ def _window(
     starting: int = 0,
     p95: float = 300.0,
     unfixable: float = 0.0,
+    running: float | None = None,
+    nodes: int | None = None,
 ) -> WindowRecord:
+    extra = {} if running is None else {"running_mean": running}
+    if nodes is not None:
+        extra["nodes"] = nodes
     return decode_window(
         {
+            **extra,
             "scope": "zone",
             "model": MODEL,
             "zone": "az-a",
@@ -394,3 +400,25 @@ def test_key_state_keeps_its_in_system_count_and_backlog_history() -> None:
     assert back.forecaster is not None and back.forecaster.to_state() == ks.forecaster.to_state()
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         KeyState.from_state({**ks.to_state(), "backlog": [1.0, -2.0]})
+
+
+def test_replicas_starting_do_not_read_as_a_change_of_load() -> None:
+    """8 requests in service on 4 ready replicas; 4 more start (GPU samples with nothing running)
+    and turn ready.  The per-sample mean halves while they start, but the work in the system does
+    not change, so neither the count in the system nor the arrival rate may move: scaled by the
+    ready count the mean read 4 then 8 in service, a dip and a surge of 0.4 rps that are only the
+    fleet's own start-up (in live runs it moved the feedforward at another window than the fast
+    loop's)."""
+    s = Scaler(_settings(capacity=2.0))
+    steady = [_window(k, rate=10.0, ready=4, running=2.0, nodes=4) for k in range(3)]
+    start = [_window(3 + k, rate=10.0, ready=4, starting=4, running=1.0, nodes=8) for k in range(2)]
+    ready = [_window(5 + k, rate=10.0, ready=8, running=1.0, nodes=8) for k in range(2)]
+    seen = []
+    for w in steady + start + ready:
+        s.on_window(w, w.window_end_ms)
+        seen.append(s.states[(MODEL, "az-a")].in_system)
+    assert seen == [8.0] * len(seen)
+    # Without a node count (an older producer) the ready replicas stand in, as before.
+    legacy = Scaler(_settings(capacity=2.0))
+    legacy.on_window(_window(0, ready=4, running=2.0), 10_000)
+    assert legacy.states[(MODEL, "az-a")].in_system == 8.0
