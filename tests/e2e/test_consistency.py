@@ -24,6 +24,15 @@ Why two runs differ, and what the test does about it:
   different fleets their paths can drift apart for a while.  The divergence
   is path-dependent, so there is no bound to derive: the thresholds below are
   set from measurements, between the right model and a wrong one.
+* So the fast loop is run as a small ensemble over the timing the live loop
+  has (``TIMINGS``: the command landing 1, 2 or 3 s after the window, fleet
+  ticks of 1, 0.5 or 0.25 s, windows closing 3 s late instead of 2), and each
+  zone is compared with the member closest to it: every zone's executor lands
+  its commands with its own delay.  The fast loop is as path-dependent against
+  itself: its members at 2 or 3 s of actuation delay agree with its 1 s run
+  about as badly (within one replica 0.35-0.6 on some seeds) as the worst
+  live runs did against the 1 s run alone.  A wrong model gets the same
+  ensemble and must still fail in every zone.
 
 The previous version of this test compared on unaligned grids and asserted
 70 % of windows within max(1 replica, 25 %), just under its measured 71-92 %.
@@ -76,13 +85,31 @@ ARGS = {
 # and 0.43 (replica-seconds 1.19) in one zone of the run made while the test
 # suite and a benchmark, four processes, shared the 2 CPUs: the paths split
 # after the step and did not rejoin within the 240 s.
-# The thresholds sit between the two: MIN_WITHIN_ONE about four windows from
-# either side, MAX_END_GAP three replicas from the wrong model and one from the
-# worst right run; MAX_AREA_ERROR bounds the cost the fast loop reports (what
-# `governor bench control` is used for) with 6 points of margin.
+# With the fix of the count in service (the GPU samples' mean times the nodes
+# sampled, not the ready replicas) and the controller of b3e58df, 10 live runs of
+# 2 zones, two at a time on the 2 CPUs: against the 1 s fast run alone, within one
+# replica 0.35-1.00 (3 of the 20 zones under 0.55), replica-seconds 0.85-1.17,
+# final targets 0-3 apart; against the closest member of TIMINGS per zone,
+# within one replica 0.78-1.00, replica-seconds 0.96-1.08, final targets 0-1
+# apart; the wrong model against the closest member of its TIMINGS, within one
+# replica 0.17-0.35, replica-seconds 1.31-1.85, final targets 5-11 apart.
+# The thresholds sit between the two (the closest-member figures): MIN_WITHIN_ONE
+# about five windows from either side, MAX_END_GAP three replicas from the wrong
+# model and one from the worst right run; MAX_AREA_ERROR bounds the cost the fast
+# loop reports (what `governor bench control` is used for) with 7 points of margin
+# to the right runs and 16 to the wrong model.
 MIN_WITHIN_ONE = 0.55
 MAX_AREA_ERROR = 0.15
 MAX_END_GAP = 2
+#: The live loop's timing, as fast-loop settings (each varied alone from the 1 s run).
+TIMINGS: tuple[dict[str, float], ...] = (
+    {},
+    {"actuation_delay_s": 2.0},
+    {"actuation_delay_s": 3.0},
+    {"tick_s": 0.5},
+    {"tick_s": 0.25},
+    {"lateness_s": 3.0},
+)
 
 
 def _live_grid_phase_s(decisions: Sequence[Sequence[Any]], window_s: float) -> float:
@@ -153,6 +180,21 @@ def compare(
     return out
 
 
+def closest(live: Mapping[str, Any], phase_s: float, **overrides: Any) -> dict[str, dict[str, Any]]:
+    """Per zone, the comparison with the ``TIMINGS`` member that agrees best (agreement first,
+    then the share of windows within one replica, then the replica-seconds)."""
+    best: dict[str, dict[str, Any]] = {}
+    for timing in TIMINGS:
+        cfg, fast = _fast_decisions(live, phase_s, **(timing | overrides))
+        for zone, c in compare(live, fast, cfg.zones).items():
+            c["timing"] = timing
+            key = (agrees(c), c["within_one"], -abs(c["area_ratio"] - 1.0))
+            old = best.get(zone)
+            if old is None or key > (agrees(old), old["within_one"], -abs(old["area_ratio"] - 1.0)):
+                best[zone] = c
+    return best
+
+
 def agrees(c: Mapping[str, Any]) -> bool:
     return bool(
         c["within_one"] >= MIN_WITHIN_ONE
@@ -177,12 +219,10 @@ def test_fast_loop_reproduces_the_real_pipelines_decisions(tmp_path: Path) -> No
     assert live["decisions"], "the live loop took no decision"
     phase_s = _live_grid_phase_s(live["decisions"], live["window_s"])
 
-    cfg, fast = _fast_decisions(live, phase_s)
-    for zone, c in compare(live, fast, cfg.zones).items():
+    for zone, c in closest(live, phase_s).items():
         assert agrees(c), (zone, c)
 
     # Negative control: the check can fail.  A fast loop missing a mechanism the live
-    # worker has (feedforward sizing) must not pass it in any zone.
-    cfg, no_feedforward = _fast_decisions(live, phase_s, replica_capacity_rps=None)
-    for zone, c in compare(live, no_feedforward, cfg.zones).items():
+    # worker has (feedforward sizing) must not pass it in any zone, with any timing.
+    for zone, c in closest(live, phase_s, replica_capacity_rps=None).items():
         assert not agrees(c), (zone, c)
