@@ -142,15 +142,15 @@ def zone_params_for(settings: Settings, model: str) -> zc.ZoneCapacityParams:
     )
 
 
-def _sampled_nodes(w: WindowRecord) -> int:
-    """How many replicas ``w.running_mean`` averages over: every node that reported in the window.
+def _running(w: WindowRecord) -> float | None:
+    """The requests in service in the window: ``running_mean`` times every node that reported.
 
     The mean is taken over all GPU samples, a starting replica's (running 0) among them, so the
-    total in service is the mean times the nodes sampled, not times the ready replicas: scaled by
+    total is the mean times the nodes sampled, not times the ready replicas: scaled by
     ``replicas_ready`` it would read low while replicas start and jump when they turn ready (a
     surge that is only a change of count).  Windows without ``nodes`` fall back to ready.
     """
-    return max(w.nodes or w.replicas_ready, 1)
+    return None if w.running_mean is None else w.running_mean * max(w.nodes or w.replicas_ready, 1)
 
 
 def _non_negative_or_none(v: Any) -> float | None:
@@ -337,7 +337,8 @@ class Scaler:
             rate,
             w.ttft_slo_ms or self._slo(model),
         )
-        in_system = None if w.running_mean is None else queued + w.running_mean * _sampled_nodes(w)
+        running = _running(w)
+        in_system = None if running is None else queued + running
         arrival = ff.arrival_rps(rate, queued, ks.queued, in_system, ks.in_system, window_s)
         if eps > self.settings.eps_ref and self._stale(model, zone, ks, queued, ready, arrival):
             eps = self.settings.eps_ref  # hold: the violations are the wake of a drained backlog
@@ -630,7 +631,7 @@ class Scaler:
                 queued=queued,
                 forecast_rps=forecast,
                 forecast_error_rps=error,
-                running=None if w is None or w.running_mean is None else w.running_mean * _sampled_nodes(w),
+                running=None if w is None else _running(w),
                 slack_s=None if w is None else self._slack_s(model, w),
             ),
             window_s,

@@ -183,16 +183,14 @@ def compare(
 def closest(live: Mapping[str, Any], phase_s: float, **overrides: Any) -> dict[str, dict[str, Any]]:
     """Per zone, the comparison with the ``TIMINGS`` member that agrees best (agreement first,
     then the share of windows within one replica, then the replica-seconds)."""
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, tuple[tuple[bool, float, float], dict[str, Any]]] = {}
     for timing in TIMINGS:
         cfg, fast = _fast_decisions(live, phase_s, **(timing | overrides))
         for zone, c in compare(live, fast, cfg.zones).items():
-            c["timing"] = timing
             key = (agrees(c), c["within_one"], -abs(c["area_ratio"] - 1.0))
-            old = best.get(zone)
-            if old is None or key > (agrees(old), old["within_one"], -abs(old["area_ratio"] - 1.0)):
-                best[zone] = c
-    return best
+            if zone not in best or key > best[zone][0]:
+                best[zone] = (key, c | {"timing": timing})
+    return {zone: c for zone, (_, c) in best.items()}
 
 
 def agrees(c: Mapping[str, Any]) -> bool:
