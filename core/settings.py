@@ -136,6 +136,9 @@ class ModelSpec:
     # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
     # Set = the feedforward path sizes the fleet from demand; None = feedback only.
     replica_capacity_rps: float | None = None
+    # The feedforward's headroom over that capacity (1 / target_util; profiling, see
+    # sim.profiling.replica_headroom); None = 1.25.  The gain ff_target_util overrides it.
+    replica_headroom: float | None = None
     # Replicas of this model summed over every zone (a fleet budget); None = no budget.
     max_replicas_total: int | None = None
     # Request class -> SLO overrides ({} = every class has the model's SLO); not hashed.
@@ -147,6 +150,12 @@ class ModelSpec:
         object.__setattr__(self, "classes", _class_slos(self.name, self.classes))
         if self.replica_capacity_rps is not None and not self.replica_capacity_rps > 0:
             raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
+        if self.replica_headroom is not None and not (
+            isinstance(self.replica_headroom, (int, float))
+            and not isinstance(self.replica_headroom, bool)
+            and 0.5 <= self.replica_headroom <= 10.0
+        ):
+            raise SettingsError(f"model {self.name}: replica_headroom must lie in [0.5, 10] or be null")
         if not (self.ttft_slo_ms > 0 and self.itl_slo_ms > 0):
             raise SettingsError(f"model {self.name}: SLOs must be positive")
         if self.max_replicas_total is not None and (
@@ -281,6 +290,7 @@ _MODEL_SCHEMA = {
         "min_replicas": {"type": "integer", "minimum": 0},
         "max_replicas": {"type": "integer", "minimum": 0},
         "replica_capacity_rps": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "replica_headroom": {"type": ["number", "null"], "minimum": 0.5, "maximum": 10},
         "max_replicas_total": {"type": ["integer", "null"], "minimum": 0},
         "classes": {
             "type": "object",
@@ -440,7 +450,8 @@ class Settings:
         DEFAULT_MODELS,
         "GOVERNOR_MODELS",
         "JSON list of model specs (name, ttft_slo_ms, itl_slo_ms, min/max_replicas, "
-        "replica_capacity_rps: set = feedforward on, max_replicas_total: the model's budget over every zone)",
+        "replica_capacity_rps: set = feedforward on, replica_headroom: its headroom (default 1.25), "
+        "max_replicas_total: the model's budget over every zone)",
         "models",
         min_items=1,
     )

@@ -34,7 +34,7 @@ from core.vocab import default_pid_gains
 from governor.bench_gains import add_gain, gain_flags, gains_of
 from sim.fastloop import LoopConfig, RunResult, run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
-from sim.profiling import replica_capacity_rps
+from sim.profiling import PLANNED_SHORTFALL, profile, replica_headroom
 from sim.scenarios import SCENARIOS, Scenario, build
 from sim.traces import Trace, load_trace
 
@@ -106,6 +106,7 @@ class Setup:
     static_n: int  # static's replicas per zone (the warm-start size)
     warm: bool
     profiled: float = 0.0  # the profile's own value: the oracle's (it knows the truth); 0 = capacity
+    headroom: float = PLANNED_SHORTFALL  # the profile's headroom governor's feedforward plans with
 
     @property
     def true_capacity(self) -> float:
@@ -132,27 +133,36 @@ def base_config(args: Namespace) -> LoopConfig:
     )
 
 
-def prepare(args: Namespace, scenario_name: str, trace: Trace | None = None, capacity: float | None = None) -> Setup:
-    """Build the scenario, profile the capacity (unless given), size static and set the start fleet."""
+def prepare(
+    args: Namespace,
+    scenario_name: str,
+    trace: Trace | None = None,
+    capacity: float | None = None,
+    headroom: float | None = None,
+) -> Setup:
+    """Build the scenario, profile the capacity and headroom (unless given), size static and set the start fleet."""
     trace = trace if trace is not None else load_trace(args.trace)
     cfg = base_config(args)
     scenario = build(scenario_name, trace, args.qps, args.duration_s, cfg.zones)
-    capacity = capacity if capacity is not None else replica_capacity_rps(trace, cfg)
+    if capacity is None:
+        capacity, headroom = profile(trace, cfg)
+    elif headroom is None:
+        headroom = replica_headroom(trace, cfg, capacity)
     profiled, capacity = capacity, capacity * float(getattr(args, "capacity_error", 1.0) or 1.0)
     peak = float(np.max(np.histogram(scenario.workload.arrival_s, bins=max(1, int(args.duration_s // 60)))[0])) / 60.0
     static_n = getattr(args, "static_replicas", 0) or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
     warm = bool(getattr(args, "warm_start", True))
     if warm:  # every strategy starts from the fleet static holds
         cfg = dataclasses.replace(cfg, initial_replicas=min(max(static_n, cfg.min_replicas), cfg.max_replicas))
-    return Setup(trace, cfg, scenario, capacity, static_n, warm, profiled)
+    return Setup(trace, cfg, scenario, capacity, static_n, warm, profiled, headroom)
 
 
 def run_all(
-    args: Namespace, trace: Trace | None = None, capacity: float | None = None
+    args: Namespace, trace: Trace | None = None, capacity: float | None = None, headroom: float | None = None
 ) -> tuple[list[RunResult], dict[str, Any]]:
     """Every strategy of ``args.strategies`` on ``args.scenario`` (the trace and its profile loaded
     and measured here unless given) and the run's meta."""
-    setup = prepare(args, args.scenario, trace, capacity)
+    setup = prepare(args, args.scenario, trace, capacity, headroom)
     cfg, scenario, capacity, static_n, warm = setup.cfg, setup.scenario, setup.capacity, setup.static_n, setup.warm
     ceil = ceiling(scenario.workload, cfg)
     results = []
@@ -172,7 +182,12 @@ def run_all(
             use_ff = variant.pop("feedforward")
             if "pid_gains" in variant:  # the variant's own gains, under what --gain sets
                 variant["pid_gains"] = {**variant["pid_gains"], **gains_of(args)}
-            run_cfg = dataclasses.replace(cfg, replica_capacity_rps=capacity if use_ff else None, **variant)
+            run_cfg = dataclasses.replace(
+                cfg,
+                replica_capacity_rps=capacity if use_ff else None,
+                replica_headroom=setup.headroom if use_ff else None,
+                **variant,
+            )
             strat: Any = "governor"
         else:
             strat = _factory(name, cfg, capacity, static_n)
@@ -190,6 +205,7 @@ def run_all(
         "requests": len(scenario.workload),
         "replica_capacity_rps": round(capacity, 3),
         "capacity_error": round(capacity / setup.true_capacity, 3),
+        "replica_headroom": round(setup.headroom, 3),
         "static_replicas_per_zone": static_n,
         "ttft_slo_ms": cfg.ttft_slo_ms,
         "itl_slo_ms": cfg.itl_slo_ms,
@@ -288,7 +304,7 @@ def run_bench(args: Namespace) -> int:
         f"SLO: TTFT <= {meta['ttft_slo_ms']:.0f} ms and ITL <= {meta['itl_slo_ms']:.0f} ms; "
         f"profiled capacity {meta['replica_capacity_rps']} req/s per replica"
         + (f" ({meta['capacity_error']}x the measured one)" if meta["capacity_error"] != 1.0 else "")
-        + f"; static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
+        + f", headroom {meta['replica_headroom']}; static = {meta['static_replicas_per_zone']} per zone; start-up {meta['startup_s']:.0f} s; "
         f"{len(meta['zones'])} zones, {meta['balancer']} balancer"
     )
     print(_limits(meta))
@@ -386,7 +402,8 @@ def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namesp
         "",
         f"`{cmd}` -- {meta['requests']:,} requests; SLO TTFT <= {meta['ttft_slo_ms']:.0f} ms and "
         f"ITL <= {meta['itl_slo_ms']:.0f} ms; profiled capacity {meta['replica_capacity_rps']} req/s "
-        f"per replica; static = {meta['static_replicas_per_zone']} per zone. {_limits(meta)}",
+        f"per replica, headroom {meta['replica_headroom']}; static = {meta['static_replicas_per_zone']} per zone. "
+        f"{_limits(meta)}",
         "",
         "| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),

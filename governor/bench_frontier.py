@@ -41,7 +41,7 @@ from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error,
 from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
-from sim.profiling import replica_capacity_rps
+from sim.profiling import PLANNED_SHORTFALL, replica_capacity_rps
 from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
 
@@ -141,7 +141,8 @@ def run_scenario(
     args: Namespace, scenario: str, trace: Any, capacity: float, strategies: Sequence[str]
 ) -> dict[str, Any]:
     """Every strategy at every knob value on one scenario, and the scenario's summary."""
-    setup = prepare(args, scenario, trace=trace, capacity=capacity)
+    # governor's points set their headroom (ff_target_util) themselves: the profile's is not needed
+    setup = prepare(args, scenario, trace=trace, capacity=capacity, headroom=PLANNED_SHORTFALL)
     sc, cfg = setup.scenario, setup.cfg
     ceil = ceiling(sc.workload, cfg)
     points: list[dict[str, Any]] = []

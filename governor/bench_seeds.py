@@ -38,7 +38,7 @@ from typing import Any
 from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
 from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
 from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
-from sim.profiling import replica_capacity_rps
+from sim.profiling import profile
 from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace
 
@@ -171,10 +171,10 @@ def run_seeds(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         run_args = argparse.Namespace(**{**vars(args), "seed": seed, "strategies": ",".join(names)})
-        capacity = replica_capacity_rps(trace, base_config(run_args))  # each seed's fleet is profiled
+        capacity, headroom = profile(trace, base_config(run_args))  # each seed's fleet is profiled
         for sc in scenarios:
             run_args.scenario = sc
-            results, meta = run_all(run_args, trace, capacity)
+            results, meta = run_all(run_args, trace, capacity, headroom)
             for r in results:
                 share = r.metrics.get("attainment_over_ceiling")
                 rows.append(
@@ -186,11 +186,14 @@ def run_seeds(args: argparse.Namespace) -> int:
                         "gpu_seconds": r.metrics["gpu_seconds"],
                         "waste": r.metrics.get("waste"),
                         "replica_capacity_rps": meta["replica_capacity_rps"],
+                        "replica_headroom": meta["replica_headroom"],
                     }
                 )
             if not args.json:
                 line = "  ".join(f"{r.strategy} {r.metrics.get('attainment_over_ceiling') or 0:.2%}" for r in results)
-                print(f"seed {seed} {sc:<13} capacity {meta['replica_capacity_rps']}  {line}")
+                print(
+                    f"seed {seed} {sc:<13} capacity {meta['replica_capacity_rps']} headroom {meta['replica_headroom']}  {line}"
+                )
                 sys.stdout.flush()
     summary = summarise(rows)
     meta_out = {

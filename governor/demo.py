@@ -351,17 +351,21 @@ def run_demo(settings: Settings, args: Namespace) -> int:
     if args.feedforward and settings.models[0].replica_capacity_rps is None:
         # Dynamo-style profiling step: one replica's capacity within the SLO on this trace.
         from sim.fastloop import LoopConfig
-        from sim.profiling import replica_capacity_rps
+        from sim.profiling import profile
 
         spec = settings.models[0]
-        capacity = replica_capacity_rps(
+        capacity, headroom = profile(
             load_trace(args.trace),
             LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms),
         )
-        print(f"[governor] profiled capacity {capacity:.2f} req/s per replica: feedforward on", file=sys.stderr)
-        settings = settings.replace(
-            models=(dataclasses.replace(spec, replica_capacity_rps=capacity), *settings.models[1:])
+        print(
+            f"[governor] profiled capacity {capacity:.2f} req/s per replica, headroom {headroom:.2f}: feedforward on",
+            file=sys.stderr,
         )
+        spec = dataclasses.replace(
+            spec, replica_capacity_rps=capacity, replica_headroom=spec.replica_headroom or headroom
+        )
+        settings = settings.replace(models=(spec, *settings.models[1:]))
     settings = settings.replace(
         clock_speed=args.speed,
         clock_origin_s=time.time(),

@@ -145,11 +145,11 @@ def _runs(args: Namespace) -> list[TuneRun]:
             ns = Namespace(
                 trace=trace_name, qps=qps, duration_s=args.duration_s, seed=seed, startup_s=30.0, window_s=10.0
             )
-            capacity = None
+            capacity = headroom = None
             for scenario in scenarios:
-                setup = prepare(ns, scenario, trace, capacity)
-                capacity = setup.capacity  # profiled once per trace and seed
-                cfg = dataclasses.replace(setup.cfg, replica_capacity_rps=setup.capacity)
+                setup = prepare(ns, scenario, trace, capacity, headroom)
+                capacity, headroom = setup.capacity, setup.headroom  # profiled once per trace and seed
+                cfg = dataclasses.replace(setup.cfg, replica_capacity_rps=capacity, replica_headroom=headroom)
                 ceil = ceiling(setup.scenario.workload, setup.cfg)
                 runs.append(TuneRun(f"{trace_name}/{scenario}/{seed}", setup.scenario, cfg, ceil))
     return runs

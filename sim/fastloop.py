@@ -100,6 +100,7 @@ class LoopConfig:
     hardware: str = "h100-80gb"
     tensor_parallel: int = 8
     replica_capacity_rps: float | None = None  # set = governor uses its feedforward path
+    replica_headroom: float | None = None  # the profile's (sim.profiling.replica_headroom); None = 1.25
     controller: str = "pid"
     dead_time_comp: bool = True
     drift: bool = True
@@ -129,6 +130,7 @@ class LoopConfig:
             min_replicas=self.min_replicas,
             max_replicas=self.max_replicas,
             replica_capacity_rps=self.replica_capacity_rps,
+            replica_headroom=self.replica_headroom,
         )
         return Settings(
             startup_hint_s=self.startup_s,

@@ -114,6 +114,8 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     # Tuned values (``governor tune``) come in the gains under ff_* names.
     g = settings.pid_gains
     tuned = {name: float(g[f"ff_{name}"]) for name in FF_TUNABLES if f"ff_{name}" in g}
+    if "target_util" not in tuned and spec.replica_headroom is not None:  # the profile's, under the gain
+        tuned["target_util"] = 1.0 / spec.replica_headroom
     return ff.FeedforwardParams(
         capacity_rps=spec.replica_capacity_rps, horizon_s=settings.startup_hint_s + settings.window_s, **tuned
     )

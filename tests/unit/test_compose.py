@@ -268,10 +268,10 @@ def test_environment_builds_settings(services: dict[str, Any], name: str) -> Non
 
 
 def test_compose_runs_with_feedforward_at_the_profiled_capacity(services: dict[str, Any]) -> None:
-    """Every model of the stack carries replica_capacity_rps (feedforward on), and the number is the
-    profile `governor demo` would compute for that model's SLO on the trace the fleet replays."""
+    """Every model of the stack carries replica_capacity_rps (feedforward on), and it and the headroom
+    are the profile `governor demo` would compute for that model's SLO on the trace the fleet replays."""
     from sim.fastloop import LoopConfig
-    from sim.profiling import replica_capacity_rps
+    from sim.profiling import profile
     from sim.traces import load_trace
 
     fleet = services["fleet"]["command"]
@@ -281,7 +281,9 @@ def test_compose_runs_with_feedforward_at_the_profiled_capacity(services: dict[s
             assert spec.replica_capacity_rps is not None, f"{name}: {spec.name} has no replica_capacity_rps"
     for spec in Settings.from_env(_env(services["worker"])).models:
         cfg = LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
-        assert spec.replica_capacity_rps == round(replica_capacity_rps(trace, cfg), 4), spec.name
+        capacity, headroom = profile(trace, cfg)
+        assert spec.replica_capacity_rps == round(capacity, 4), spec.name
+        assert spec.replica_headroom == round(headroom, 4), spec.name
 
 
 def test_k8s_executor_backends_exist() -> None:

@@ -254,6 +254,7 @@ def test_models_without_classes_keep_their_json_form() -> None:
         "min_replicas": 1,
         "max_replicas": 64,
         "replica_capacity_rps": None,
+        "replica_headroom": None,
         "max_replicas_total": None,
     }
     assert hash(ModelSpec("m", classes={"voice": ClassSlo()})) == hash(ModelSpec("m"))  # classes are not hashed

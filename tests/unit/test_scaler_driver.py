@@ -363,3 +363,30 @@ def test_a_budget_never_clamps_below_min_replicas() -> None:
     assert a.target_replicas == 3  # the budget, minus nothing yet
     (b,) = s.on_window(_zw("az-b", 0, eps=0.9, ready=4), 10_000)
     assert b.target_replicas == 2 and "budget: " in b.reason  # min_replicas wins over the budget
+
+
+@pytest.mark.parametrize(
+    ("headroom", "gains", "target_util"),
+    [
+        (None, {}, 0.8),  # no profile headroom: the feedforward's own default, 1.25
+        (1.0, {}, 1.0),  # the profile's: a trace whose queue absorbs a replica short
+        (1.1, {"ff_target_util": 0.7}, 0.7),  # the operator's gain wins over the profile
+    ],
+)
+def test_the_feedforward_plans_with_the_profiles_headroom_under_the_gain(
+    headroom: float | None, gains: dict[str, float], target_util: float
+) -> None:
+    from streams.scaler_driver import ff_params_for
+
+    spec = ModelSpec(MODEL, replica_capacity_rps=2.0, replica_headroom=headroom)
+    s = Settings(models=(spec,), zones=("az-a",), pid_gains={**Settings().pid_gains, **gains})
+    ffp = ff_params_for(s, MODEL)
+    assert ffp is not None and ffp.target_util == pytest.approx(target_util)
+
+
+@pytest.mark.parametrize("bad", [0.4, 11.0, float("nan"), True, "1.2"])
+def test_an_unusable_headroom_is_refused(bad: object) -> None:
+    from core.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="replica_headroom"):
+        ModelSpec(MODEL, replica_capacity_rps=2.0, replica_headroom=bad)  # type: ignore[arg-type]
