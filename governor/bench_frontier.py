@@ -50,7 +50,7 @@ TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
 
 # strategy -> (knob, its values; "x" values scale a per-run reference: static's size, the TTFT SLO)
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
-    # headroom = 1 / the feedforward's target utilisation (default 1.25); eps_ref moved governor's points
+    # headroom = 1 / the feedforward's target utilisation (default: the profile's); eps_ref moved governor's points
     # little once the feedforward sizes the fleet (0.005 and 0.01 gave the same runs)
     # (below 1 it runs replicas hotter than the capacity says: the frontier's cheap end, where the peers'
     # cheapest points are)

@@ -8,18 +8,21 @@ curve around it: where attainment falls off a cliff just past the capacity,
 a replica short for one start-up costs violations at once; where it slopes,
 the queue and the batches absorb the shortfall.  This command prints that
 curve: the profile fleet's attainment, as a share of the idle fleet's, at
-load factors around the capacity, each trial the profile's own.
+load factors around the capacity, each trial the profile's own, and the
+headroom the feedforward plans with on that curve
+(:func:`sim.profiling.replica_headroom`: 1.25 over the factor where the
+share falls to 95 %).
 
 >>> meta = {"trace": "azure-conv", "seeds_arg": "0", "factors": [1.0, 1.1], "replicas": 4, "wall_s": 3.0}
->>> rows = [{"seed": 0, "capacity_rps": 3.1, "idle_attainment": 1.0,
+>>> rows = [{"seed": 0, "capacity_rps": 3.1, "idle_attainment": 1.0, "headroom": 1.245,
 ...          "points": [{"factor": 1.0, "attainment": 0.986, "share": 0.986},
 ...                     {"factor": 1.1, "attainment": 0.22, "share": 0.22}]}]
 >>> print(markdown(meta, rows))  # doctest: +NORMALIZE_WHITESPACE
 `governor bench overload --trace azure-conv --seeds 0 --factors 1,1.1` (3 s)
 <BLANKLINE>
-| seed | capacity, req/s per replica | idle attainment | share of idle at 1x | 1.1x |
-|---|---:|---:|---:|---:|
-| 0 | 3.100 | 100.00% | 98.60% | 22.00% |
+| seed | capacity, req/s per replica | idle attainment | headroom | share of idle at 1x | 1.1x |
+|---|---:|---:|---:|---:|---:|
+| 0 | 3.100 | 100.00% | 1.245 | 98.60% | 22.00% |
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from sim.profiling import (
     idle_attainment,
     overload_curve,
     replica_capacity_rps,
+    replica_headroom,
 )
 from sim.traces import load_trace
 
@@ -70,13 +74,13 @@ def markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         f"--factors {','.join(f'{f:g}' for f in factors)}"
         + (f" --replicas {meta['replicas']}" if meta.get("replicas", 4) != 4 else "")
         + f"` ({meta['wall_s']:.0f} s)\n\n"
-        "| seed | capacity, req/s per replica | idle attainment | "
+        "| seed | capacity, req/s per replica | idle attainment | headroom | "
         + " | ".join(("share of idle at " if i == 0 else "") + f"{f:g}x" for i, f in enumerate(factors))
-        + " |\n|---|---:|---:|"
+        + " |\n|---|---:|---:|---:|"
         + "---:|" * len(factors)
     )
     lines = [
-        f"| {r['seed']} | {r['capacity_rps']:.3f} | {r['idle_attainment']:.2%} | "
+        f"| {r['seed']} | {r['capacity_rps']:.3f} | {r['idle_attainment']:.2%} | {r['headroom']:.3f} | "
         + " | ".join(f"{p['share']:.2%}" for p in r["points"])
         + " |"
         for r in rows
@@ -98,16 +102,21 @@ def run_overload(args: argparse.Namespace) -> int:
         idle = idle_attainment(trace, cfg, args.replicas, PROFILE_DURATION_S, PROFILE_MIN_REQUESTS)
         capacity = replica_capacity_rps(trace, cfg, replicas=args.replicas, idle=idle)
         idle, points = overload_curve(trace, cfg, capacity, factors, replicas=args.replicas, idle=idle)
+        headroom = replica_headroom(trace, cfg, capacity, replicas=args.replicas, idle=idle)
         rows.append(
             {
                 "seed": seed,
                 "capacity_rps": capacity,
                 "idle_attainment": idle,
+                "headroom": headroom,
                 "points": [{"factor": f, "attainment": a, "share": s} for f, a, s in points],
             }
         )
         if not args.json:
-            print(f"seed {seed} capacity {capacity:.3f}  " + "  ".join(f"{f:g}x {s:.2%}" for f, _, s in points))
+            print(
+                f"seed {seed} capacity {capacity:.3f} headroom {headroom:.3f}  "
+                + "  ".join(f"{f:g}x {s:.2%}" for f, _, s in points)
+            )
             sys.stdout.flush()
     meta = {
         "trace": str(args.trace),

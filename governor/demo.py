@@ -359,7 +359,7 @@ def run_demo(settings: Settings, args: Namespace) -> int:
             LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms),
         )
         print(
-            f"[governor] profiled capacity {capacity:.2f} req/s per replica, headroom {headroom:.2f}: feedforward on",
+            f"[governor] profiled capacity {capacity:.2f} req/s per replica, headroom {headroom:.3f}: feedforward on",
             file=sys.stderr,
         )
         spec = dataclasses.replace(

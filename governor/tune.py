@@ -63,6 +63,8 @@ from sim.oracle import ceiling
 from sim.scenarios import SCENARIOS, Scenario, scenario_list
 from sim.traces import load_trace
 
+TARGET_UTIL_BOX = (0.6, 1.0)  # ff_target_util's range: headroom 1.0 (a slope the queue absorbs) to 1.67
+
 log = logging.getLogger(__name__)
 
 #: what a trial runs by default: every scenario but ``spike`` (no strategy, the oracle
@@ -213,7 +215,7 @@ def run_tune(args: Namespace) -> int:
             "kp": trial.suggest_float("kp", 0.0, kp_hi),
             "ki": trial.suggest_float("ki", ki_hi / 15.0, ki_hi, log=True),
             "deadband": trial.suggest_float("deadband", 0.0, 0.03),
-            "ff_target_util": trial.suggest_float("ff_target_util", 0.6, 0.95),
+            "ff_target_util": trial.suggest_float("ff_target_util", *TARGET_UTIL_BOX),
             "ff_error_margin": trial.suggest_float("ff_error_margin", 0.0, 3.0),
             "ff_decay_per_step": trial.suggest_float("ff_decay_per_step", 0.02, 0.5),
         }
@@ -236,10 +238,13 @@ def run_tune(args: Namespace) -> int:
     # The first trial: the shipped feedforward with the shipped integral action, brought inside the box.
     first = {**default_gains, "ki": min(default_gains["ki"], ki_hi)}
     shipped = FeedforwardParams(capacity_rps=1.0)  # the feedforward's own defaults, not a copy of them
+    # ... and the profile's headroom (each run's, averaged), as the defaults run plan with it
+    heads = [r.cfg.replica_headroom for r in runs if r.cfg.replica_headroom is not None]
+    util = 1.0 / (sum(heads) / len(heads)) if heads else shipped.target_util
     study.enqueue_trial(
         {
             **first,
-            "ff_target_util": shipped.target_util,
+            "ff_target_util": min(max(util, TARGET_UTIL_BOX[0]), TARGET_UTIL_BOX[1]),
             "ff_error_margin": shipped.error_margin,
             "ff_decay_per_step": shipped.decay_per_step,
         }

@@ -44,6 +44,7 @@ def test_cli_json_names_each_seeds_capacity_and_points() -> None:
     (row,) = doc["seeds"]
     assert row["seed"] == 1 and row["capacity_rps"] > 0 and [p["factor"] for p in row["points"]] == [1.0, 1.3]
     assert doc["meta"]["ttft_slo_ms"] == 6000.0 and 0 < row["idle_attainment"] <= 1
+    assert 1.0 <= row["headroom"] <= 1.25  # the profile's, on Mooncake's slope
 
 
 @pytest.mark.parametrize("bench", ["overload", "seeds", "control", "frontier"])
