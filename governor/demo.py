@@ -354,17 +354,13 @@ def run_demo(settings: Settings, args: Namespace) -> int:
         from sim.profiling import profile
 
         spec = settings.models[0]
-        capacity, headroom = profile(
-            load_trace(args.trace),
-            LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms),
-        )
+        cfg = LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
+        capacity, headroom = profile(load_trace(args.trace), cfg)
+        headroom = spec.replica_headroom or headroom  # a spec's own headroom wins over the profile's
         print(
-            f"[governor] profiled capacity {capacity:.2f} req/s per replica, headroom {headroom:.3f}: feedforward on",
-            file=sys.stderr,
+            f"[governor] profiled capacity {capacity:.2f} req/s per replica, headroom {headroom:.3f}", file=sys.stderr
         )
-        spec = dataclasses.replace(
-            spec, replica_capacity_rps=capacity, replica_headroom=spec.replica_headroom or headroom
-        )
+        spec = dataclasses.replace(spec, replica_capacity_rps=capacity, replica_headroom=headroom)
         settings = settings.replace(models=(spec, *settings.models[1:]))
     settings = settings.replace(
         clock_speed=args.speed,
