@@ -1,0 +1,61 @@
+"""Issue 17, item 5, pinned: the shipped defaults at the knee on both traces.
+
+The feedforward plans with the profile's headroom (``sim.profiling.replica_headroom``:
+1.237-1.246 on Azure conversation's cliff, 1.000-1.007 on Mooncake's slope).  On seed 0
+(the runs the frontier is made of) every replay-like run, on both traces, holds 99.5 % of
+the ceiling with at most 11 % waste: the seed's 99.4 % / 11 %.  Over seeds 0-4 Mooncake's
+slow-start holds 99.5 % on every seed but wastes 11.3 % on the mean (a 3x slower start-up
+holds a starting replica's GPUs three times as long): the strict xfail turns into a
+failure the day it holds, so docs/benchmarks.md ("The knee over seeds") and this pin are
+updated together.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+
+from governor.bench_control import base_config, run_all
+from sim.profiling import profile
+from sim.traces import load_trace
+
+REPLAY_LIKE = ("replay", "replica-loss", "slow-start")
+QPS = {"azure-conv": 20.0, "mooncake": 4.0}
+
+
+def _governor(trace: str, scenario: str, seed: int, prof: tuple[float, float]) -> dict[str, float]:
+    args = Namespace(trace=trace, scenario=scenario, qps=QPS[trace], duration_s=600.0, seed=seed, startup_s=30.0,
+                     window_s=10.0, strategies="governor")  # fmt: skip
+    (result,), meta = run_all(args, load_trace(trace), *prof)
+    assert meta["replica_headroom"] == pytest.approx(prof[1], abs=1e-3)
+    return result.metrics
+
+
+def _profile(trace: str, seed: int) -> tuple[float, float]:
+    args = Namespace(trace=trace, qps=QPS[trace], seed=seed, startup_s=30.0, window_s=10.0)
+    return profile(load_trace(trace), base_config(args))
+
+
+@pytest.mark.parametrize("trace", sorted(QPS))
+def test_the_defaults_hold_the_knee_on_seed_0(trace: str) -> None:
+    prof = _profile(trace, 0)
+    for scenario in REPLAY_LIKE:
+        m = _governor(trace, scenario, 0, prof)
+        assert m["attainment_over_ceiling"] >= 0.995, (trace, scenario, m["attainment_over_ceiling"])
+        assert m["waste"] <= 0.11, (trace, scenario, m["waste"])
+
+
+@pytest.fixture(scope="module")
+def mooncake_slow_start() -> list[dict[str, float]]:
+    return [_governor("mooncake", "slow-start", seed, _profile("mooncake", seed)) for seed in range(5)]
+
+
+def test_mooncake_slow_start_holds_the_ceiling_on_every_seed(mooncake_slow_start: list[dict[str, float]]) -> None:
+    assert all(m["attainment_over_ceiling"] >= 0.995 for m in mooncake_slow_start), mooncake_slow_start
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17: Mooncake slow-start wastes 11.3 % on the mean of seeds 0-4")
+def test_mooncake_slow_start_wastes_at_most_11_percent_over_seeds(mooncake_slow_start: list[dict[str, float]]) -> None:
+    wastes = [m["waste"] for m in mooncake_slow_start]
+    assert sum(wastes) / len(wastes) <= 0.11, wastes  # what item 5 asks (measured: 11.3 %)
