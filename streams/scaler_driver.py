@@ -645,7 +645,7 @@ class Scaler:
             if ks.ctrl.level is not None
             else float(ks.ctrl.last_target if ks.ctrl.last_target is not None else meas.replicas_current)
         )
-        lift = need > level * (1.0 + ffp.tolerance)
+        lift = ff.lifts(ffp, level, need, out.arrival_rps, window_s)  # beyond tolerance and counting noise
         if lift:
             # Bumpless: the integrator starts at the demand, at most max_ff_step x the level per window.
             lifted = ff.capped_lift(ffp, level, need)

@@ -14,6 +14,7 @@ from controllers.feedforward import (
     arrival_rps,
     headroom_error,
     leading_violation_rate,
+    lifts,
     step,
 )
 
@@ -91,6 +92,8 @@ def test_backlog_adds_drain_capacity() -> None:
         ({"capacity_rps": 1.0, "drain_s": -1.0}, "drain_s"),
         ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step"),
         ({"capacity_rps": 1.0, "max_ahead": 0.5}, "max_ahead"),
+        ({"capacity_rps": 1.0, "lift_z": -1.0}, "lift_z"),
+        ({"capacity_rps": 1.0, "tolerance": float("nan")}, "tolerance"),
     ],
 )
 def test_parameters_are_validated(kwargs, name) -> None:
@@ -157,3 +160,29 @@ def test_slack_of_a_loose_slo_absorbs_what_a_tight_one_must_cover() -> None:
 def test_measurement_rejects_bad_running_and_slack(field: str, value: float) -> None:
     with pytest.raises(ParameterError, match=field):
         FeedforwardMeasurement(rate_rps=1.0, queued=0.0, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("rate", "capacity", "util", "level", "needs_beyond"),
+    [
+        (1.75, 0.2, 1.0, 10.0, 2.0 * (1.75 / 10) ** 0.5 / 0.2),  # Mooncake-like: the counting noise decides
+        (10.0, 2.5, 0.8, 5.0, 2.0 * (10.0 / 10) ** 0.5 / 2.0),  # Azure replay-like: noise (1 replica) over 10 %
+        (100.0, 2.5, 0.8, 50.0, 5.0),  # a step's 100 req/s: 1.6 replicas of noise, the 10 % tolerance decides
+        (0.0, 1.0, 1.0, 3.0, 0.3),  # no traffic: no noise, the tolerance alone
+    ],
+)
+def test_a_lift_needs_the_larger_of_tolerance_and_counting_noise(rate, capacity, util, level, needs_beyond) -> None:
+    p = FeedforwardParams(capacity_rps=capacity, target_util=util)
+    assert not lifts(p, level, level + needs_beyond * 0.99, rate, 10.0)
+    assert lifts(p, level, level + needs_beyond * 1.01, rate, 10.0)
+
+
+def test_without_the_noise_term_the_tolerance_alone_decides() -> None:
+    p = FeedforwardParams(capacity_rps=0.2, target_util=1.0, lift_z=0.0)
+    assert lifts(p, 10.0, 11.01, 1.75, 10.0) and not lifts(p, 10.0, 10.99, 1.75, 10.0)
+
+
+def test_a_burst_lifts_in_its_first_window_at_a_low_rate() -> None:
+    """3x a Mooncake zone's 1.75 req/s is 8 sd of one window's counting noise: no waiting for evidence."""
+    p = FeedforwardParams(capacity_rps=0.2, target_util=1.0)
+    assert lifts(p, 8.75, 3 * 8.75, 3 * 1.75, 10.0)
