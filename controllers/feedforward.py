@@ -235,6 +235,11 @@ def arrival_rps(
     return max(0.0, completions_rps + growth)
 
 
+def _rate_sd(rate_rps: float, seconds: float) -> float:
+    """The sd of a Poisson stream's mean rate counted over ``seconds`` (> 0): ``sqrt(rate / seconds)``."""
+    return math.sqrt(max(rate_rps, 0.0) / seconds)
+
+
 POISSON_MAE = math.sqrt(2.0 / math.pi)  # mean absolute deviation of a normal, per unit of its sd
 
 
@@ -264,7 +269,7 @@ def headroom_error(mae_rps: float, rate_rps: float, target_util: float, slack_s:
     >>> round(headroom_error(1.0, 2.0, 0.8, 4.0, 40.0), 3)  # a 4 s slack absorbs 0.25 req/s of it
     0.734
     """
-    noise = POISSON_MAE * math.sqrt(max(rate_rps, 0.0) / horizon_s) if horizon_s > 0 else 0.0
+    noise = POISSON_MAE * _rate_sd(rate_rps, horizon_s) if horizon_s > 0 else 0.0
     beyond = math.sqrt(max(0.0, mae_rps * mae_rps - noise * noise))
     absorbed = max(rate_rps, 0.0) / target_util * max(slack_s, 0.0) / horizon_s if horizon_s > 0 else 0.0
     return max(0.0, beyond - absorbed)
@@ -294,7 +299,7 @@ def lifts(params: FeedforwardParams, level: float, need: float, arrival_rps: flo
     (False, True)
     """
     check_number("window_s", window_s, 0.0, strict=True)
-    noise = params.lift_z * math.sqrt(max(arrival_rps, 0.0) / window_s) / (params.capacity_rps * params.target_util)
+    noise = params.lift_z * _rate_sd(arrival_rps, window_s) / (params.capacity_rps * params.target_util)
     return need > level + max(level * params.tolerance, noise)
 
 
