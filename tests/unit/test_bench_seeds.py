@@ -47,8 +47,31 @@ def test_the_oracle_ratio_counts_only_seeds_where_both_reach_the_target() -> Non
     meta = {"trace": "t", "qps": 4, "duration_s": 60, "seeds": [0, 1, 2, 3], "seeds_arg": "0-3",
             "strategies": ["governor", "oracle"], "wall_s": 1.0}  # fmt: skip
     table = markdown(meta, [s])
-    assert "| step | 99.6" in table and "[99.00%-99.90%] / 3 of 4 / 120 / 10.0% [10.0%]" in table
+    assert "| step | 99.6" in table and "[99.00%-99.90%] / 3 of 4 / - / 120 / 10.0% [10.0%]" in table
     assert "1.40x (max 1.50x, 2 of 4 seeds)" in table
+
+
+def test_the_pooled_share_counts_requests_and_the_noise_count_separates_short_from_unlucky() -> None:
+    """Pooled: every seed's met requests over every seed's servable ones.  Seed 3 of Mooncake's
+    replica-loss (2,121 requests, 96.65 % met, ceiling 97.22 %: 99.42 %, sd 0.17 points over its
+    2,062 servable ones) is within two sd of 99.5 %; a seed at 97.94 % of the ceiling on 5,000
+    requests (sd 0.20 points) is not."""
+    rows = [
+        {**_row(0, "governor", 0.9942, 100.0), "attainment": 0.9665, "ceiling": 0.9722, "requests": 2121},
+        {**_row(1, "governor", 0.9794, 100.0), "attainment": 0.95, "ceiling": 0.97, "requests": 5000},
+        {**_row(2, "governor", 0.999, 100.0), "attainment": 0.999, "ceiling": 1.0, "requests": 1000},
+    ]
+    (s,) = summarise(rows)
+    g = s["strategies"]["governor"]
+    met = 0.9665 * 2121 + 0.95 * 5000 + 0.999 * 1000
+    servable = 0.9722 * 2121 + 0.97 * 5000 + 1.0 * 1000
+    assert g["share_pooled"] == round(met / servable, 5) and g["at_target"] == 1 and g["within_noise"] == 2
+    meta = {"trace": "t", "qps": 4, "duration_s": 60, "seeds": [0, 1, 2], "seeds_arg": "0-2",
+            "strategies": ["governor"], "wall_s": 1.0}  # fmt: skip
+    assert f"/ 1 of 3 (2) / {met / servable:.2%} / 100 /" in markdown(meta, [s])
+    # one row without its counts: no pooled share rather than a share of part of the seeds
+    (t,) = summarise([*rows, _row(3, "governor", 0.999, 100.0)])
+    assert t["strategies"]["governor"]["share_pooled"] is None and t["strategies"]["governor"]["within_noise"] is None
 
 
 def _cli(*args: str) -> dict[str, Any]:
@@ -69,6 +92,11 @@ def test_each_seed_is_the_bench_control_run_of_that_seed() -> None:
     for s in one["strategies"]:
         mine = runs[(1, s["strategy"])]
         assert mine["gpu_seconds"] == s["gpu_seconds"] and mine["share"] == s["attainment_over_ceiling"]
+        assert (mine["requests"], mine["attainment"], mine["ceiling"]) == (
+            s["requests"],
+            s["slo_attainment"],
+            s["ceiling"],
+        )  # what the pooled share is made of
     assert [sc["scenario"] for sc in seeds["scenarios"]] == ["replica-loss"]
 
 
