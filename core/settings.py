@@ -480,7 +480,7 @@ class Settings:
     pid_gains: Mapping[str, float] = _setting(
         None,
         "GOVERNOR_PID_GAINS",
-        "JSON object of the scaling controller's gains: kp, ki, kd, deadband; ff_target_util (1 / headroom), ff_error_margin, ff_decay_per_step; fpid alpha, eta, gamma, beta, memory",
+        "JSON object of the scaling controller's gains: kp, ki, kd, deadband; ff_target_util (1 / headroom), ff_error_margin, ff_decay_per_step, ff_lift_z; fpid alpha, eta, gamma, beta, memory",
         "gains",
         factory=default_pid_gains,
     )
@@ -1027,7 +1027,7 @@ def gains_reason(gains: Mapping[str, float]) -> str:
     >>> gains_reason({"ki": 0.05, "ff_target_util": 0.8})
     ''
     >>> gains_reason({"ki": 0.05, "ff_eror_margin": 1.0})
-    "unknown gain 'ff_eror_margin' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step)"
+    "unknown gain 'ff_eror_margin' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step, ff_lift_z)"
     >>> gains_reason({"kp": float("nan")})
     'kp=nan: must be a finite number'
     """

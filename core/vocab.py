@@ -44,7 +44,8 @@ DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 #: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``; the fractional
 #: PID's ``alpha``, ``eta``, ``gamma``, ``beta`` and ``memory``; the
 #: feedforward's ``ff_target_util`` (1 / headroom), ``ff_error_margin`` and
-#: ``ff_decay_per_step`` (the names ``governor tune`` writes).
+#: ``ff_decay_per_step`` (the names ``governor tune`` writes) and ``ff_lift_z``
+#: (the sd of counting noise a lift must clear, controllers.feedforward.lifts).
 PID_GAIN_NAMES = (
     "kp",
     "ki",
@@ -58,6 +59,7 @@ PID_GAIN_NAMES = (
     "ff_target_util",
     "ff_error_margin",
     "ff_decay_per_step",
+    "ff_lift_z",
 )
 
 #: Weights of the coupling of two nodes (docs/model.md (coupling), design source

@@ -111,7 +111,7 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     if spec is None or spec.replica_capacity_rps is None:
         return None
     # Look ahead over what a new replica needs to become useful: start-up plus a period.
-    # Tuned values (``governor tune``) come in the gains under ff_* names.
+    # Tuned values (``governor tune``; ``ff_lift_z`` set by hand) come in the gains under ff_* names.
     g = settings.pid_gains
     tuned = {name: float(g[f"ff_{name}"]) for name in FF_TUNABLES if f"ff_{name}" in g}
     if "target_util" not in tuned and spec.replica_headroom is not None:  # the profile's, under the gain
@@ -121,7 +121,7 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     )
 
 
-FF_TUNABLES = ("target_util", "error_margin", "decay_per_step")
+FF_TUNABLES = ("target_util", "error_margin", "decay_per_step", "lift_z")
 CAPACITY_PARAMS = cap.CapacityParams()  # the learned capacity's (controllers.capacity_learn)
 FF_MODE_QUIET_S = 60.0  # quiet time before the feedforward mode goes off (it goes on at once)
 

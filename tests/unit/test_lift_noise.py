@@ -8,9 +8,11 @@ noise's upper envelope; a 3x surge is 8 sd and must still lift in its first wind
 
 from __future__ import annotations
 
-import dataclasses
+import pytest
 
+from controllers.errors import ParameterError
 from core.settings import ModelSpec, Settings
+from core.vocab import DEFAULT_PID_GAINS
 from streams.scaler_driver import Scaler
 from tests.unit.test_scaler_driver import MODEL, _window
 
@@ -19,12 +21,18 @@ NOISY = [MEAN + d * SD for d in (0, 1, -1, 1.2, 0, -1, 1, 0, -1.2, 1)] * 4  # a 
 
 
 def _scaler(lift_z: float | None = None) -> Scaler:
+    """The shipped controller; ``lift_z`` as an operator sets it: the gain ``ff_lift_z`` of GOVERNOR_PID_GAINS."""
     spec = ModelSpec(MODEL, ttft_slo_ms=6000.0, itl_slo_ms=150.0, min_replicas=1, max_replicas=200,
                      replica_capacity_rps=0.2, replica_headroom=1.0)  # fmt: skip
-    s = Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a",), learn_capacity=False))
-    if lift_z is not None:
-        s.ff_params[MODEL] = dataclasses.replace(s.ff_params[MODEL], lift_z=lift_z)
+    gains = dict(DEFAULT_PID_GAINS) if lift_z is None else {**DEFAULT_PID_GAINS, "ff_lift_z": lift_z}
+    s = Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a",), learn_capacity=False, pid_gains=gains))
+    assert s.ff_params[MODEL].lift_z == (2.0 if lift_z is None else lift_z)
     return s
+
+
+def test_a_negative_lift_z_gain_is_refused_by_name() -> None:
+    with pytest.raises(ParameterError, match="lift_z"):
+        _scaler(lift_z=-1.0)
 
 
 def _levels(s: Scaler, rates: list[float]) -> list[int]:
