@@ -109,6 +109,7 @@ class FeedforwardParams:
         check_number("burst_ratio", self.burst_ratio, 0.0, strict=True)
         if check_number("max_ahead", self.max_ahead) < 1.0:
             raise ParameterError(f"max_ahead={self.max_ahead}: must be >= 1 (a multiple of the current demand)")
+        check_number("error_margin", self.error_margin, 0.0)  # negative would plan below the demand
         check_number("tolerance", self.tolerance, 0.0)
         check_number("lift_z", self.lift_z, 0.0)
         if check_number("max_ff_step", self.max_ff_step) < 1.0:

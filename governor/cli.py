@@ -326,7 +326,12 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return run_analyze(settings, args)
     if args.command == "worker":
         from governor.worker import run_worker
+        from streams.scaler_driver import controller_problem
 
+        problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
+        if problem:
+            print(f"governor worker: bad setting: {problem}", file=sys.stderr)
+            return 2
         return run_worker(settings)
     if args.command == "executor":
         from governor.executor_main import run_executor

@@ -6,7 +6,9 @@ override it (``--no-env``: the file alone).  It exits 0 with a one-line
 summary (models and their class overrides, zones, which source set which
 fields), or 2 with the first error: the file, the value's path in it and
 why, in plain words (``governor.yaml: models[1].ttft_slo_ms: must be > 0
-(got -5)``).
+(got -5)``), including a gain the controllers refuse (``governor.yaml:
+pid_gains (model m): lift_z=-1.0: must be >= 0``, as the worker would at
+its start).
 
 ``show`` prints the effective settings as a config file (one field a line,
 each with its source: default, file or env).  Secrets are never printed: a
@@ -57,6 +59,12 @@ def run_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     if args.config == "check":
+        from streams.scaler_driver import controller_problem  # the controllers' own ranges, not a copy
+
+        problem = controller_problem(settings)
+        if problem:
+            print(f"{path or '(environment)'}: {problem}", file=sys.stderr)
+            return 2
         print(summary(path or "", settings, sources))
     else:
         print(show(settings, sources, path))

@@ -58,6 +58,7 @@ from controllers import fpid
 from controllers import observer as obs
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
+from controllers.errors import ParameterError
 from controllers.fixable import BACKLOG_WINDOWS, fixable_violation_rate, running_unfixable, stale_after_drain
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
@@ -119,6 +120,30 @@ def ff_params_for(settings: Settings, model: str) -> ff.FeedforwardParams | None
     return ff.FeedforwardParams(
         capacity_rps=spec.replica_capacity_rps, horizon_s=settings.startup_hint_s + settings.window_s, **tuned
     )
+
+
+def controller_problem(settings: Settings) -> str:
+    """Why the scaler cannot be built from ``settings`` ('' when it can): the first model whose
+    controller parameters (its PID's, its feedforward's, its zones') refuse a value.
+
+    Settings check each gain's name and that it is a number; the ranges (and the fractional
+    PID's ``ki / kp < 0.5 alpha``) are the controllers' own, so ``governor config check`` and
+    the worker ask them here rather than keep a second copy.
+
+    >>> from core.settings import ModelSpec
+    >>> spec = ModelSpec("m", replica_capacity_rps=2.0)
+    >>> controller_problem(Settings(models=(spec,), zones=("az-a",)))
+    ''
+    >>> controller_problem(Settings(models=(spec,), zones=("az-a",), pid_gains={"ki": 0.05, "ff_lift_z": -1.0}))
+    'pid_gains (model m): lift_z=-1.0: must be >= 0'
+    """
+    for spec in settings.models:
+        try:
+            pid_params_for(settings, spec.name)
+            zone_params_for(settings, spec.name)  # builds the feedforward's too
+        except ParameterError as exc:
+            return f"pid_gains (model {spec.name}): {exc}"
+    return ""
 
 
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step", "lift_z")

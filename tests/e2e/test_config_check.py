@@ -58,3 +58,30 @@ def test_every_command_reads_governor_config(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         f"governor: bad setting: {bad}: zone_redundancy: must be below the number of zones (1) (got 1)"
     )
+
+
+def test_check_and_the_worker_refuse_a_gain_the_controllers_refuse(tmp_path: Path) -> None:
+    """Settings check a gain's name and that it is a number; its range is the controller's.  Both
+    ``config check`` and the worker ask the controllers before any server, so a gain out of range
+    is a bad setting with its reason, not a worker that dies building its loop."""
+    bad = tmp_path / "governor.yaml"
+    bad.write_text(
+        "zones: [a, b]\nmodels:\n  - name: m\n    replica_capacity_rps: 2.0\npid_gains: {ki: 0.05, ff_lift_z: -1}\n"
+    )
+    proc = _run("config", "check", str(bad))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == f"{bad}: pid_gains (model m): lift_z=-1.0: must be >= 0"
+    key = "k1:" + "ab" * 32
+    proc = _run("worker", GOVERNOR_CONFIG=str(bad), GOVERNOR_COMMAND_KEYS=key)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "governor worker: bad setting: pid_gains (model m): lift_z=-1.0: must be >= 0"
+    # a constraint between gains: the fractional PID's ki / kp < 0.5 alpha
+    fpid = tmp_path / "fpid.yaml"
+    fpid.write_text(
+        "zones: [a, b]\nmodels:\n  - name: m\ncontroller: fpid\npid_gains: {kp: 0.1, ki: 0.2, alpha: 0.5}\n"
+    )
+    proc = _run("config", "check", str(fpid))
+    assert proc.returncode == 2 and "ki=0.2: need ki/kp < 0.5*alpha" in proc.stderr, proc.stderr
+    # the environment's gains are checked the same way
+    proc = _run("config", "check", str(EXAMPLE), GOVERNOR_PID_GAINS='{"ki": 0.05, "ff_error_margin": -2}')
+    assert proc.returncode == 2 and "ff_error_margin" not in proc.stderr and "error_margin=-2" in proc.stderr

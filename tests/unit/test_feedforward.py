@@ -93,6 +93,7 @@ def test_backlog_adds_drain_capacity() -> None:
         ({"capacity_rps": 1.0, "decay_per_step": 2.0}, "decay_per_step"),
         ({"capacity_rps": 1.0, "max_ahead": 0.5}, "max_ahead"),
         ({"capacity_rps": 1.0, "lift_z": -1.0}, "lift_z"),
+        ({"capacity_rps": 1.0, "error_margin": -0.5}, "error_margin"),
         ({"capacity_rps": 1.0, "tolerance": float("nan")}, "tolerance"),
     ],
 )
