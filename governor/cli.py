@@ -305,6 +305,10 @@ def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
         return f"an embedded server did not start: {why}; see the server logs of the run (servers/)"
     if isinstance(exc, SettingsError):
         return f"bad setting: {why}"
+    from controllers.errors import ParameterError
+
+    if isinstance(exc, ParameterError):  # a value the controllers refuse, e.g. from --gain
+        return f"bad parameter: {why}"
     from sim.traces import TraceError
 
     if isinstance(exc, TraceError):  # a --trace that names no packaged trace, or a file it cannot read

@@ -169,3 +169,15 @@ def test_the_command_a_table_prints_reruns_that_table() -> None:
     fkeys = ("scenario", "startup_s", "strategies", "window_s", "seed", "duration_s")
     assert [getattr(fagain, k) for k in fkeys] == [getattr(fargs, k) for k in fkeys]
     assert gains_of(fagain) == {"kp": 0.1}
+
+
+def test_a_gain_the_controller_refuses_is_a_one_line_error_not_a_traceback() -> None:
+    """``--gain`` checks the name and the number; the range is the controller's, refused by name."""
+    out = subprocess.run(
+        [sys.executable, "-m", "governor.cli", "bench", "control", "--trace", "mooncake", "--scenario", "replay",
+         "--duration-s", "60", "--strategies", "governor", "--gain", "ff_lift_z=-1", "--out", "/tmp/gv-bad-gain"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "governor bench control: bad parameter: lift_z=-1.0: must be >= 0" in out.stderr
+    assert "Traceback" not in out.stderr
