@@ -458,9 +458,9 @@ class Settings:
     window_s: float = _setting(
         10.0,
         "GOVERNOR_WINDOW_S",
-        "tumbling window length in (trace) seconds; also the control period",
+        "tumbling window length in (trace) seconds; also the control period (windows are whole milliseconds)",
         "float",
-        gt=0,
+        ge=0.001,
     )
     lateness_s: float = _setting(
         2.0,

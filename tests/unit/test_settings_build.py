@@ -1,0 +1,56 @@
+"""Every setting the validation accepts builds the worker's loop: no value passes ``Settings``
+and then stops the worker while it builds its drivers.
+
+Each numeric field is set, alone, to the ends of its declared range (just inside an open end)
+and to a thousand times its default; whatever ``Settings`` accepts must build a
+:class:`streams.control_loop.ControlLoop` and pass :func:`streams.scaler_driver.controller_problem`.
+(Found this way: ``GOVERNOR_WINDOW_S=1e-6`` passed ``> 0`` and made a 0 ms window.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from core.settings import ModelSpec, Settings, SettingsError
+from streams.control_loop import ControlLoop
+from streams.scaler_driver import controller_problem
+
+BASE = Settings(models=(ModelSpec("m", replica_capacity_rps=2.0),), zones=("az-a", "az-b"))
+
+
+def _candidates(field: dataclasses.Field[object]) -> list[object]:
+    v0 = getattr(BASE, field.name)
+    meta = field.metadata or {}
+    gt, ge, lt, le = (meta.get(k) for k in ("gt", "ge", "lt", "le"))
+    step = 1e-6 if isinstance(v0, float) else 1
+    out: list[object] = []
+    if gt is not None or ge is not None:
+        out.append(gt + step if gt is not None else ge)
+    if lt is not None or le is not None:
+        out.append(lt - step if lt is not None else le)
+    out.append(v0 * 1000 if v0 else 1000)
+    return [type(v0)(c) for c in out]
+
+
+NUMERIC = [
+    f
+    for f in dataclasses.fields(Settings)
+    if not isinstance(getattr(BASE, f.name), bool) and isinstance(getattr(BASE, f.name), int | float)
+]
+
+
+def test_the_sweep_covers_the_numeric_settings() -> None:
+    assert len(NUMERIC) >= 20 and "window_s" in {f.name for f in NUMERIC}
+
+
+@pytest.mark.parametrize("field", NUMERIC, ids=lambda f: f.name)
+def test_an_accepted_value_builds_the_loop(field: dataclasses.Field[object]) -> None:
+    for value in _candidates(field):
+        try:
+            settings = BASE.replace(**{field.name: value})
+        except SettingsError:
+            continue  # refused with its reason: what a bad value should get
+        ControlLoop(settings)
+        assert controller_problem(settings) == "", (field.name, value)
