@@ -148,22 +148,28 @@ class ModelSpec:
         if not isinstance(self.name, str) or not self.name:
             raise SettingsError(f"model name must be a non-empty string, got {self.name!r}")
         object.__setattr__(self, "classes", _class_slos(self.name, self.classes))
-        if self.replica_capacity_rps is not None and not self.replica_capacity_rps > 0:
-            raise SettingsError(f"model {self.name}: replica_capacity_rps must be > 0")
+        if self.replica_capacity_rps is not None and not (
+            _finite_number(self.replica_capacity_rps) and self.replica_capacity_rps > 0
+        ):
+            raise SettingsError(f"model {self.name}: replica_capacity_rps must be a finite number > 0 or null")
         if self.replica_headroom is not None and not (
             isinstance(self.replica_headroom, (int, float))
             and not isinstance(self.replica_headroom, bool)
             and 0.5 <= self.replica_headroom <= 10.0
         ):
             raise SettingsError(f"model {self.name}: replica_headroom must lie in [0.5, 10] or be null")
-        if not (self.ttft_slo_ms > 0 and self.itl_slo_ms > 0):
-            raise SettingsError(f"model {self.name}: SLOs must be positive")
+        if not all(_finite_number(v) and v > 0 for v in (self.ttft_slo_ms, self.itl_slo_ms)):
+            raise SettingsError(f"model {self.name}: SLOs must be finite numbers > 0")
         if self.max_replicas_total is not None and (
             isinstance(self.max_replicas_total, bool)
             or not isinstance(self.max_replicas_total, int)
             or self.max_replicas_total < 0
         ):
             raise SettingsError(f"model {self.name}: max_replicas_total must be an int >= 0 or null")
+        for bound in ("min_replicas", "max_replicas"):
+            v = getattr(self, bound)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SettingsError(f"model {self.name}: {bound} must be an int (got {v!r})")
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise SettingsError(
                 f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
@@ -188,6 +194,11 @@ class ModelSpec:
                 c: {k: v for k, v in dataclasses.asdict(o).items() if v is not None} for c, o in self.classes.items()
             }
         return out
+
+
+def _finite_number(v: Any) -> bool:
+    """A finite int or float (not a bool): what a rate or an SLO in the settings must be."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _class_slos(model: str, classes: Any) -> dict[str, ClassSlo]:

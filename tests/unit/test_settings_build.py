@@ -54,3 +54,26 @@ def test_an_accepted_value_builds_the_loop(field: dataclasses.Field[object]) -> 
             continue  # refused with its reason: what a bad value should get
         ControlLoop(settings)
         assert controller_problem(settings) == "", (field.name, value)
+
+
+MODEL_VALUES = (1e-9, 0.5, 1, 64, 1e6, float("inf"), float("nan"), -1, 0, 64.0, True)
+MODEL_FIELDS = ("ttft_slo_ms", "itl_slo_ms", "min_replicas", "max_replicas", "replica_capacity_rps",
+                "replica_headroom", "max_replicas_total")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MODEL_FIELDS)
+def test_a_model_spec_the_settings_accept_builds_the_loop(name: str) -> None:
+    """A model's numbers: ``.inf`` (YAML) or ``Infinity`` (JSON) SLOs and capacities, and
+    fractional or boolean replica counts, are refused by the settings, not by the loop."""
+    accepted = []
+    for value in MODEL_VALUES:
+        try:
+            spec = ModelSpec("m", **{"replica_capacity_rps": 2.0, name: value})  # type: ignore[arg-type]
+            settings = Settings(models=(spec,), zones=("az-a", "az-b"))
+        except SettingsError:
+            continue
+        ControlLoop(settings)
+        assert controller_problem(settings) == "", (name, value)
+        accepted.append(value)
+    assert accepted, name  # the sweep reaches at least one accepted value per field
+    assert not any(isinstance(v, float) and v != v or v == float("inf") for v in accepted), (name, accepted)
