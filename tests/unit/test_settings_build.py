@@ -15,7 +15,8 @@ import pytest
 
 from core.settings import ModelSpec, Settings, SettingsError
 from streams.control_loop import ControlLoop
-from streams.scaler_driver import controller_problem
+from streams.scaler_driver import Scaler, controller_problem
+from tests.unit.test_scaler_driver import MODEL, _window
 
 BASE = Settings(models=(ModelSpec("m", replica_capacity_rps=2.0),), zones=("az-a", "az-b"))
 
@@ -77,3 +78,31 @@ def test_a_model_spec_the_settings_accept_builds_the_loop(name: str) -> None:
         accepted.append(value)
     assert accepted, name  # the sweep reaches at least one accepted value per field
     assert not any(isinstance(v, float) and v != v or v == float("inf") for v in accepted), (name, accepted)
+
+
+@pytest.mark.parametrize(
+    ("controller", "gains"),
+    [
+        ("pid", {"kp": 1e300, "ki": 1e300, "kd": 1e300}),
+        ("pid", {"ki": 1e-300}),
+        ("pid", {"kp": 1e300, "ki": 0.0, "kd": 1e300, "deadband": 1e300}),
+        ("fpid", {"kp": 1e300, "ki": 1e299, "alpha": 0.5, "eta": 1e300, "gamma": 1e300, "beta": 1e300}),
+        ("pid", {"ki": 0.05, "ff_error_margin": 1e300, "ff_decay_per_step": 1.0, "ff_lift_z": 1e300}),
+    ],
+)
+def test_extreme_but_valid_gains_keep_every_target_within_the_model_bounds(
+    controller: str, gains: dict[str, float]
+) -> None:
+    """Accepted gains at the edge of float arithmetic: bursts, misses and queues for 40 windows,
+    and every command targets a replica count within [min_replicas, max_replicas]."""
+    spec = ModelSpec(MODEL, replica_capacity_rps=2.0, min_replicas=1, max_replicas=200)
+    settings = Settings(models=(spec,), window_s=10.0, zones=("az-a",), controller=controller, pid_gains=gains)
+    assert controller_problem(settings) == ""
+    scaler, ready, targets = Scaler(settings), 4, []
+    for k in range(40):
+        w = _window(k, rate=50.0 if k % 7 < 3 else 1.0, ready=ready, eps=0.5 if k % 5 == 0 else 0.0,
+                    queue=5.0 if k % 7 == 0 else 0.0)  # fmt: skip
+        for cmd in scaler.on_window(w, (k + 1) * 10_000):
+            ready = cmd.target_replicas
+            targets.append(ready)
+    assert targets and all(1 <= t <= 200 for t in targets), targets
