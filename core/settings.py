@@ -99,6 +99,11 @@ class Secret(str):
         return "Secret('**********')" if self else "Secret('')"
 
 
+def _finite_number(v: Any) -> bool:
+    """A finite int or float (not a bool): what a rate or an SLO in the settings must be."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass(frozen=True)
 class ClassSlo:
     """One request class's SLO overrides of a model (None: the model's own)."""
@@ -109,7 +114,7 @@ class ClassSlo:
     def __post_init__(self) -> None:
         for name in ("ttft_slo_ms", "itl_slo_ms"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            if v is not None and not (_finite_number(v) and v > 0):
                 raise SettingsError(f"{name} must be a finite number > 0 or null (got {v!r})")
 
 
@@ -194,11 +199,6 @@ class ModelSpec:
                 c: {k: v for k, v in dataclasses.asdict(o).items() if v is not None} for c, o in self.classes.items()
             }
         return out
-
-
-def _finite_number(v: Any) -> bool:
-    """A finite int or float (not a bool): what a rate or an SLO in the settings must be."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _class_slos(model: str, classes: Any) -> dict[str, ClassSlo]:
@@ -1045,7 +1045,7 @@ def gains_reason(gains: Mapping[str, float]) -> str:
     for name, value in gains.items():
         if name not in PID_GAIN_NAMES:
             return f"unknown gain {name!r} (known: {', '.join(PID_GAIN_NAMES)})"
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if not _finite_number(value):
             return f"{name}={value!r}: must be a finite number"
     return ""
 

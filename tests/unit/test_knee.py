@@ -73,7 +73,7 @@ def test_mooncake_replay_like_holds_the_knee_pooled_and_within_noise_on_every_se
             "attainment": m["slo_attainment"],
             "ceiling": m["ceiling"],
             "requests": m["requests"],
-        }  # fmt: skip
+        }
         for m in runs
     ]
     share, within = pooled(rows)
