@@ -505,8 +505,9 @@ class Settings:
     command_keys: Secret = _setting(
         Secret(""),
         "GOVERNOR_COMMAND_KEYS",
-        "command signing keys, comma-separated kid:hexkey (each >= 32 bytes; the first signs, "
-        "all verify); worker and executor refuse to start without one",
+        "command signing keys, comma-separated kid:hexkey (each >= 32 random bytes; the first signs, "
+        "all verify); every process refuses a short, all-one-value or placeholder key (REPLACE-ME, "
+        "changeme, ...), and worker and executor refuse to start without one",
         "secret",
     )
     command_keys_file: str = _setting(
