@@ -505,8 +505,9 @@ class Settings:
     command_keys: Secret = _setting(
         Secret(""),
         "GOVERNOR_COMMAND_KEYS",
-        "command signing keys, comma-separated kid:hexkey (each >= 32 bytes; the first signs, "
-        "all verify); worker and executor refuse to start without one",
+        "command signing keys, comma-separated kid:hexkey (each >= 32 random bytes; the first signs, "
+        "all verify); every process refuses a short, all-one-value or placeholder key (REPLACE-ME, "
+        "changeme, ...), and worker and executor refuse to start without one",
         "secret",
     )
     command_keys_file: str = _setting(
@@ -573,10 +574,10 @@ class Settings:
         lt=65536,
     )
     metrics_addr: str = _setting(
-        "0.0.0.0",
+        "127.0.0.1",
         "GOVERNOR_METRICS_ADDR",
-        "address the Prometheus exporters (worker, executors) bind; 0.0.0.0 lets a scraper in another "
-        "container reach them, 127.0.0.1 keeps them on the host",
+        "address the /metrics, /healthz and /readyz listener (worker, executors) binds; they have no auth, "
+        "so loopback by default: compose and the k8s manifests set 0.0.0.0 for their scrapers and probes",
         "str",
     )
     max_future_s: float = _setting(

@@ -23,9 +23,15 @@ Learned-state snapshots in Redis use :data:`SNAPSHOT_DOMAIN` the same way
 Keys are written ``kid:hexkey`` (comma-separated in ``GOVERNOR_COMMAND_KEYS``,
 one per line in ``GOVERNOR_COMMAND_KEYS_FILE``), each key at least
 :data:`MIN_KEY_BYTES` bytes.  Key material never appears in a repr or an
-error message.
+error message.  A key that cannot be a secret is refused like a short one
+(:func:`weak_key_reason`): a key id or value marked as a placeholder
+(:data:`PLACEHOLDER_MARKS`, e.g. ``REPLACE-ME:00...0`` as once shipped in
+docker-compose.yml), or bytes with fewer than :data:`MIN_DISTINCT_BYTES`
+distinct values (all one value, ``deadbeef`` repeated, ...): 32 random bytes
+take about 30, and fewer than 8 with a probability below 1e-36.
 
->>> ring = Keyring.parse("new:" + "22" * 32 + ",old:" + "11" * 32)
+>>> NEW, OLD = bytes(range(32, 64)).hex(), bytes(range(32)).hex()  # fixed keys for the examples only
+>>> ring = Keyring.parse("new:" + NEW + ",old:" + OLD)
 >>> ring
 Keyring(active='new', key_ids=('new', 'old'))
 >>> cmd = ring.sign({"kind": "scale", "target_replicas": 4, "hlc": 7})
@@ -35,7 +41,7 @@ Keyring(active='new', key_ids=('new', 'old'))
 True
 >>> ring.verify({**cmd, "target_replicas": 400})
 'bad signature (key id new)'
->>> Keyring.parse("old:" + "11" * 32).verify(Keyring.parse("old:" + "11" * 32).sign({"a": 1})) is None
+>>> Keyring.parse("old:" + OLD).verify(Keyring.parse("old:" + OLD).sign({"a": 1})) is None
 True
 >>> kid, sig = ring.sign_bytes(b'{"window":1}')
 >>> ring.verify_bytes(b'{"window":1}', kid, sig) is None
@@ -46,6 +52,14 @@ True
 Traceback (most recent call last):
 ...
 ValueError: key 'k': must be at least 32 bytes (got 2)
+>>> Keyring.parse("REPLACE-ME:" + OLD)
+Traceback (most recent call last):
+...
+ValueError: key id 'REPLACE-ME' is marked as a placeholder ('replaceme'): generate a key, e.g. k1:$(openssl rand -hex 32)
+>>> Keyring.parse("k1:" + "00" * 32)
+Traceback (most recent call last):
+...
+ValueError: key 'k1': its bytes are all one value, not a secret: generate a key, e.g. k1:$(openssl rand -hex 32)
 """
 
 from __future__ import annotations
@@ -59,8 +73,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MIN_DISTINCT_BYTES",
     "MIN_KEY_BYTES",
     "NO_KEYS",
+    "PLACEHOLDER_MARKS",
     "SIGNATURE_FIELDS",
     "SNAPSHOT_DOMAIN",
     "WINDOW_DOMAIN",
@@ -68,10 +84,27 @@ __all__ = [
     "MissingKeysError",
     "canonical_bytes",
     "generate_keys",
+    "weak_key_reason",
 ]
 
 SIGNATURE_FIELDS = ("key_id", "signature")
 MIN_KEY_BYTES = 32
+#: Fewer distinct byte values than this and a key is not random (32 random bytes take ~30).
+MIN_DISTINCT_BYTES = 8
+#: A key id or value containing one of these (case-insensitive, ignoring ``-``, ``_``, ``.`` and
+#: spaces) is a placeholder copied from a shipped file or a how-to, never a key.
+PLACEHOLDER_MARKS = (
+    "replaceme",
+    "changeme",
+    "placeholder",
+    "example",
+    "dummy",
+    "insecure",
+    "fixme",
+    "yourkey",
+    "notasecret",
+)
+_GENERATE = "generate a key, e.g. k1:$(openssl rand -hex 32)"
 WINDOW_DOMAIN = b"governor-window\0"
 SNAPSHOT_DOMAIN = b"governor-snapshot\0"
 NO_KEYS = (
@@ -100,6 +133,44 @@ def canonical_bytes(obj: Mapping[str, Any]) -> bytes:
 def generate_keys() -> str:
     """A fresh random keyring value (one key, ``kid:hexkey``) for runs that configure none."""
     return f"gen-{secrets.token_hex(4)}:{secrets.token_hex(MIN_KEY_BYTES)}"
+
+
+def _placeholder_mark(text: str) -> str | None:
+    flat = "".join(c for c in text.lower() if c not in "-_. ")
+    return next((m for m in PLACEHOLDER_MARKS if m in flat), None)
+
+
+def weak_key_reason(kid: str, hexkey: str) -> str | None:
+    """Why ``kid:hexkey`` cannot be a secret signing key, or None; never quotes the key.
+
+    >>> weak_key_reason("k1", "CHANGE_ME")
+    "key 'k1': its value is marked as a placeholder ('changeme'): generate a key, e.g. k1:$(openssl rand -hex 32)"
+    >>> weak_key_reason("k1", "deadbeef" * 8).split(",")[0]
+    "key 'k1': its bytes take only 4 distinct values (fewer than 8)"
+    >>> weak_key_reason("k1", bytes(range(32)).hex()) is None
+    True
+    """
+    mark = _placeholder_mark(kid)
+    if mark:
+        return f"key id {kid!r} is marked as a placeholder ({mark!r}): {_GENERATE}"
+    mark = _placeholder_mark(hexkey)
+    if mark:
+        return f"key {kid!r}: its value is marked as a placeholder ({mark!r}): {_GENERATE}"
+    try:
+        key = bytes.fromhex(hexkey)
+    except ValueError:
+        return f"key {kid!r}: not hexadecimal"
+    if len(key) < MIN_KEY_BYTES:
+        return f"key {kid!r}: must be at least {MIN_KEY_BYTES} bytes (got {len(key)})"
+    distinct = len(set(key))
+    if distinct == 1:
+        return f"key {kid!r}: its bytes are all one value, not a secret: {_GENERATE}"
+    if distinct < MIN_DISTINCT_BYTES:
+        return (
+            f"key {kid!r}: its bytes take only {distinct} distinct values (fewer than {MIN_DISTINCT_BYTES}), "
+            f"not a secret: {_GENERATE}"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -133,13 +204,10 @@ class Keyring:
                 raise ValueError(f"key id {kid!r}: must not contain ',', ':' or control characters")
             if kid in keys:
                 raise ValueError(f"key id {kid!r} appears twice")
-            try:
-                key = bytes.fromhex(hexkey)
-            except ValueError:
-                raise ValueError(f"key {kid!r}: not hexadecimal") from None
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(f"key {kid!r}: must be at least {MIN_KEY_BYTES} bytes (got {len(key)})")
-            keys[kid] = key
+            why = weak_key_reason(kid, hexkey)
+            if why:
+                raise ValueError(why)
+            keys[kid] = bytes.fromhex(hexkey)
         if not keys:
             raise ValueError("no key given (kid:hexkey)")
         return cls(active=next(iter(keys)), keys=keys)

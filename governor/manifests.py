@@ -97,6 +97,9 @@ def executor_deployment(zone: str, image: str = IMAGE) -> dict[str, Any]:
         "command": ["governor", "executor", "--zone", zone],
         "envFrom": [{"configMapRef": {"name": "governor-env"}}],
         "env": [
+            # /metrics and the probes have no auth and bind loopback by default; the kubelet's probes and
+            # Prometheus dial the pod IP, so bind it here (networkpolicy.yaml admits only Prometheus).
+            {"name": "GOVERNOR_METRICS_ADDR", "value": "0.0.0.0"},
             {
                 "name": "REDIS_URL",
                 "valueFrom": {"secretKeyRef": {"name": f"governor-redis-exec-{zone}", "key": "REDIS_URL"}},

@@ -293,7 +293,7 @@ class Command:
         """The same command signed with the keyring's active key (:mod:`core.signing`).
 
         >>> from core.signing import Keyring
-        >>> ring = Keyring.parse("k1:" + "ab" * 32)
+        >>> ring = Keyring.parse("k1:" + bytes(range(32)).hex())
         >>> c = Command(kind="scale", zone="z", model="m", target_replicas=2, reason="",
         ...             issued_at_ms=0, expires_at_ms=1, basis_ms=0).with_hlc(5 << 16).signed(ring)
         >>> c.key_id, ring.verify(asdict(Command.decode(c.encode())))

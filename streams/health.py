@@ -137,7 +137,7 @@ class HealthServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port``, in a daemon thread."""
 
     def __init__(
-        self, registry: CollectorRegistry, readiness: Readiness | None, port: int, addr: str = "0.0.0.0"
+        self, registry: CollectorRegistry, readiness: Readiness | None, port: int, addr: str = "127.0.0.1"
     ) -> None:
         self._server = (_Server6 if ":" in addr else _Server)((addr, port), _Handler)
         self._server.registry = registry

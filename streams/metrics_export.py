@@ -186,7 +186,7 @@ class WorkerMetrics:
         """
         self.deadletters.labels(dead_letter_kind(reason)).inc()
 
-    def serve(self, port: int, addr: str = "0.0.0.0", readiness: Readiness | None = None) -> HealthServer | None:
+    def serve(self, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None) -> HealthServer | None:
         """Serve /metrics, /healthz and /readyz on ``addr:port`` (GOVERNOR_METRICS_ADDR,
         GOVERNOR_METRICS_PORT; 0 = off); see :mod:`streams.health`."""
         return HealthServer(self.registry, readiness, port, addr) if port > 0 else None
@@ -207,6 +207,6 @@ class ExecutorMetrics:
             "governor_executor_paused", "1 while governor pause holds this zone's commands", ("zone",), registry=r
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0", readiness: Readiness | None = None) -> HealthServer | None:
+    def serve(self, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None) -> HealthServer | None:
         """As :meth:`WorkerMetrics.serve`."""
         return HealthServer(self.registry, readiness, port, addr) if port > 0 else None

@@ -41,7 +41,7 @@ back an older sealed one of the same scope (a replay, bounded by the maximum
 age); they cannot make the loop load state of their choosing.
 
 >>> from core.signing import Keyring
->>> ring = Keyring.parse("k1:" + "11" * 32)
+>>> ring = Keyring.parse("k1:" + bytes(range(32)).hex())
 >>> blob = seal_snapshot(ring, "p:snapshot:model:m", "model:m", {"scaler": {"version": 2}}, now_ms=1_000)
 >>> blob[:8]
 b'GSNAP k1'

@@ -71,7 +71,7 @@ def test_check_and_the_worker_refuse_a_gain_the_controllers_refuse(tmp_path: Pat
     proc = _run("config", "check", str(bad))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == f"{bad}: pid_gains (model m): lift_z=-1.0: must be >= 0"
-    key = "k1:" + "ab" * 32
+    key = "k1:" + bytes(range(32)).hex()
     proc = _run("worker", GOVERNOR_CONFIG=str(bad), GOVERNOR_COMMAND_KEYS=key)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "governor worker: bad setting: pid_gains (model m): lift_z=-1.0: must be >= 0"

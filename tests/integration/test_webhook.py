@@ -28,7 +28,7 @@ from streams.commands import Command
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 KEY_HEX = "5a" * 32
-RING = Keyring.parse("k1:" + "11" * 32)
+RING = Keyring.parse("k1:" + bytes(range(32)).hex())
 
 
 def _cmd(target: int = 4) -> Command:

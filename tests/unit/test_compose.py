@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from core.settings import ENV_VARS, Settings
+from core.signing import Keyring, generate_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -132,10 +133,34 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
     return compose["services"]
 
 
-def _env(service: dict[str, Any]) -> dict[str, str]:
+# What a user's shell or .env gives compose for ${...} interpolation: docker-compose.yml ships no
+# signing key and demands one (README: `echo "GOVERNOR_COMMAND_KEYS=k1:$(openssl rand -hex 32)" >> .env`).
+USER_ENV = {"GOVERNOR_COMMAND_KEYS": generate_keys()}
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[?-])([^}]*))?\}")
+
+
+def _interpolate(value: str, user_env: dict[str, str]) -> str:
+    """``value`` as compose interpolates it: ``${X}``, ``${X:-default}``, ``${X:?error}`` (LookupError)."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        if user_env.get(name) or (name in user_env and not op.startswith(":")):
+            return user_env[name]
+        if op.endswith("?"):
+            raise LookupError(f"{name}: {arg}")
+        return arg if op.endswith("-") else ""
+
+    return INTERPOLATION.sub(one, value)
+
+
+def _raw_env(service: dict[str, Any]) -> dict[str, str]:
     env = service.get("environment") or {}
     assert isinstance(env, dict), "use the mapping form of `environment` (with the anchor)"
     return env
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    return {k: _interpolate(v, USER_ENV) if isinstance(v, str) else v for k, v in _raw_env(service).items()}
 
 
 def _is_governor(service: dict[str, Any]) -> bool:
@@ -265,6 +290,50 @@ def test_environment_builds_settings(services: dict[str, Any], name: str) -> Non
     if "--zone" in cmd:
         zone = cmd[cmd.index("--zone") + 1]
         assert zone in settings.zones, f"{name}: zone {zone!r} not in GOVERNOR_ZONES"
+
+
+@pytest.mark.parametrize("name", GOVERNOR_SERVICES)
+def test_compose_demands_a_signing_key_and_ships_none(services: dict[str, Any], name: str) -> None:
+    """Issue 31, item 2: the shipped REPLACE-ME key was public and worked.  Compose now stops with
+    a message until the user sets GOVERNOR_COMMAND_KEYS; it has no default to fall back on."""
+    raw = _raw_env(services[name])["GOVERNOR_COMMAND_KEYS"]
+    assert re.fullmatch(r"\$\{GOVERNOR_COMMAND_KEYS:\?[^}]+\}", raw), f"{name}: demand the key, ship none: {raw}"
+    with pytest.raises(LookupError, match="GOVERNOR_COMMAND_KEYS"):
+        _interpolate(raw, {})
+    with pytest.raises(LookupError):
+        _interpolate(raw, {"GOVERNOR_COMMAND_KEYS": ""})  # an empty value is no key either
+    ring = Settings.from_env(_env(services[name])).keyring()
+    assert ring is not None and ring.key_ids == Keyring.parse(USER_ENV["GOVERNOR_COMMAND_KEYS"]).key_ids
+
+
+def _published_host_ips(entry: Any) -> str:
+    """The host address a `ports:` entry (short or long syntax) publishes on; "" for every interface."""
+    if isinstance(entry, dict):
+        return str(entry.get("host_ip", ""))
+    parts = str(entry).split(":")
+    return parts[0] if len(parts) == 3 else ""
+
+
+def test_compose_publishes_ports_on_loopback_only(services: dict[str, Any]) -> None:
+    """Issue 31, item 8: Grafana (anonymous Viewer) and Prometheus (no auth) were published on every
+    interface of the host.  Every published port binds 127.0.0.1."""
+    published = [(name, p) for name, svc in services.items() for p in svc.get("ports", [])]
+    assert {n for n, _ in published} == {"prometheus", "grafana"}
+    wide = [(n, p) for n, p in published if _published_host_ips(p) != "127.0.0.1"]
+    assert not wide, f"ports published beyond loopback: {wide}"
+
+
+def test_exporters_bind_the_compose_network_explicitly(services: dict[str, Any]) -> None:
+    """The default bind is loopback; compose's exporters, scraped by service name, set 0.0.0.0 (in
+    their own container) in so many words, and publish nothing on the host."""
+    assert Settings().metrics_addr == "127.0.0.1"
+    scraped = _scrape_targets()
+    for name in GOVERNOR_SERVICES:
+        raw, settings = _raw_env(services[name]), Settings.from_env(_env(services[name]))
+        if settings.metrics_port:
+            assert raw.get("GOVERNOR_METRICS_ADDR") == "0.0.0.0", name
+            assert (name, settings.metrics_port) in scraped, name
+            assert not services[name].get("ports"), f"{name}: its exporter is not published on the host"
 
 
 def test_compose_runs_with_feedforward_at_the_profiled_capacity(services: dict[str, Any]) -> None:
@@ -554,6 +623,21 @@ def test_k8s_env_names_are_read_by_settings_and_build_settings() -> None:
     assert settings.metrics_port > 0 and settings.web_port == 0
 
 
+# Secrets the pods read that the bundle does not ship: the operator creates them (secret.yaml says how).
+OUT_OF_BAND_SECRETS = {"governor-command-keys": {"GOVERNOR_COMMAND_KEYS"}}
+
+
+def test_k8s_signing_key_secret_is_created_by_the_operator_not_shipped() -> None:
+    """A Secret in the bundle would hold a public key, and `kubectl apply -k` would overwrite the real one."""
+    shipped = {d["metadata"]["name"] for _, d in _k8s_docs() if d["kind"] == "Secret"}
+    assert not shipped & set(OUT_OF_BAND_SECRETS)
+    text = (K8S / "secret.yaml").read_text()
+    for name, keys in OUT_OF_BAND_SECRETS.items():
+        assert f"create secret generic {name}" in text, f"secret.yaml: say how to create {name}"
+        for key in keys:
+            assert f'--from-literal={key}="k1:$(openssl rand -hex 32)"' in text
+
+
 def test_k8s_deployments_are_consistent() -> None:
     docs = _k8s_docs()
     configmaps = {d["metadata"]["name"] for _, d in docs if d["kind"] == "ConfigMap"}
@@ -581,7 +665,8 @@ def test_k8s_deployments_are_consistent() -> None:
             for e in c.get("env", []):
                 key = e.get("valueFrom", {}).get("secretKeyRef")
                 if key:
-                    assert key["key"] in secrets.get(key["name"], set()), f"{name}: {key}"
+                    shipped = secrets.get(key["name"], set()) | OUT_OF_BAND_SECRETS.get(key["name"], set())
+                    assert key["key"] in shipped, f"{name}: {key}"
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
             assert ports.get("metrics") == metrics_port, name
     # One executor Deployment per zone, no more, no less.
@@ -618,3 +703,62 @@ def test_every_executor_backend_of_the_cli_is_built() -> None:
         for name, cls in want.items():
             built = make_backend(name, None, "p", zone, "http://gw/cmd", settings=settings)  # type: ignore[arg-type]
             assert isinstance(built, cls), (zone, name)
+
+
+# -- no shipped file holds a usable signing key ------------------------------------------------
+
+
+def _shipped_files() -> list[Path]:
+    """What a user gets and copies from: compose, the Dockerfile, README, docs/ and infra/."""
+    trees = [p for d in ("docs", "infra") for p in sorted((ROOT / d).rglob("*")) if p.is_file()]
+    return [COMPOSE, DOCKERFILE, DOCKERIGNORE, ROOT / "README.md", *trees]
+
+
+KEY_LIKE = re.compile(r"([^\s\"'`=:,;{}()\[\]<>|]+):([0-9A-Fa-f]{32,})(?![0-9A-Za-z])")
+ASSIGNED = re.compile(r"\bGOVERNOR_COMMAND_KEYS[\"']?\s*[:=]\s*[\"']?([^\s\"'`]+)")
+
+
+def _key_candidates(text: str) -> set[str]:
+    """Everything in ``text`` that could be read as a GOVERNOR_COMMAND_KEYS value: any kid:hex with
+    at least 16 bytes, and any literal assigned to the variable; base64 values of a Secret's
+    ``data`` are decoded first."""
+    import base64
+    import binascii
+
+    found = {f"{m[1]}:{m[2]}" for m in KEY_LIKE.finditer(text)} | {m[1] for m in ASSIGNED.finditer(text)}
+    for blob in re.findall(r"GOVERNOR_COMMAND_KEYS\s*:\s*([A-Za-z0-9+/=]{40,})", text):
+        try:
+            found |= _key_candidates("GOVERNOR_COMMAND_KEYS=" + base64.b64decode(blob, validate=True).decode())
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    return found
+
+
+def test_the_key_scan_finds_the_keys_once_shipped() -> None:
+    placeholder = "REPLACE-ME:" + "00" * 32  # docker-compose.yml and secret.yaml at ac0d19c
+    assert placeholder in _key_candidates(f'  GOVERNOR_COMMAND_KEYS: "{placeholder}"')
+    assert placeholder in _key_candidates(
+        f"  GOVERNOR_COMMAND_KEYS: {__import__('base64').b64encode(placeholder.encode()).decode()}"
+    )
+    assert "k1:" + "ab" * 32 in _key_candidates("run with GOVERNOR_COMMAND_KEYS=k1:" + "ab" * 32 + " governor worker")
+    assert "gen-1:" + "0f" * 20 in _key_candidates("| `gen-1:" + "0f" * 20 + "` |")
+
+
+def test_no_shipped_file_holds_a_usable_signing_key() -> None:
+    """Issue 31, item 2: every key-like string of a shipped file is refused by the keyring check
+    that every process runs (core.signing.Keyring.parse), so copying it configures nothing."""
+    files = _shipped_files()
+    assert COMPOSE in files and K8S / "secret.yaml" in files and len(files) > 20
+    usable = []
+    for path in files:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # not text (an image): no key to copy
+        for candidate in sorted(_key_candidates(text)):
+            try:
+                Keyring.parse(candidate)
+            except ValueError:
+                continue
+            usable.append(f"{path.relative_to(ROOT)}: {candidate.split(':')[0]}:...")
+    assert not usable, f"shipped files hold usable signing keys: {usable}"

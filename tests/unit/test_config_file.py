@@ -15,7 +15,7 @@ from governor.config_cmd import show
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "infra" / "governor.example.yaml"
-KEY = "k1:" + "ab" * 32  # a valid command signing key (32 bytes)
+KEY = "k1:" + bytes(range(32)).hex()  # a valid command signing key (32 distinct bytes)
 
 
 def _write(tmp_path: Path, text: str | bytes, name: str = "governor.yaml") -> str:

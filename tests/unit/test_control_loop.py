@@ -240,7 +240,7 @@ def test_metrics_follow_the_events() -> None:
 
 
 # -- authenticated window records ---------------------------------------------------------
-KEYS = "k1:" + "11" * 32
+KEYS = "k1:" + bytes(range(32)).hex()
 WINDOW = {
     "scope": "zone",
     "model": MODEL,
@@ -286,10 +286,10 @@ def test_an_unauthenticated_window_record_is_a_dead_letter(case: str, why: str) 
     if case == "unsigned":
         h = None
     elif case == "wrong key":
-        value, headers = _keyed("k1:" + "22" * 32).sign_window(WINDOW)
+        value, headers = _keyed("k1:" + bytes(range(32, 64)).hex()).sign_window(WINDOW)
         h = dict(headers)
     elif case == "unknown key id":
-        value, headers = _keyed("k9:" + "11" * 32).sign_window(WINDOW)
+        value, headers = _keyed("k9:" + bytes(range(32)).hex()).sign_window(WINDOW)
         h = dict(headers)
     elif case == "tampered value":
         value = value.replace(b'"replicas_ready":2', b'"replicas_ready":1')

@@ -65,6 +65,7 @@ OBJECTS = _objects()
 def test_there_are_manifests_of_every_expected_kind() -> None:
     kinds = {d["kind"] for _, d in OBJECTS}
     assert {"Deployment", "Role", "RoleBinding", "ServiceAccount", "ServiceMonitor", "PrometheusRule"} <= kinds
+    assert "NetworkPolicy" in kinds
 
 
 @pytest.mark.parametrize(("where", "doc"), OBJECTS, ids=[w for w, _ in OBJECTS])
@@ -350,3 +351,56 @@ def test_servicemonitor_scrapes_every_governor_pod() -> None:
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
     for name, tmpl, _ in _pods():
         assert _matches(svc["spec"]["selector"], tmpl["metadata"]["labels"]), f"{name} is not scraped"
+
+
+# -- listeners: who may connect (issue 31, item 8) ----------------------------------------------
+
+
+def _ingress_policies() -> list[dict[str, Any]]:
+    return [p for p in _kind("NetworkPolicy") if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+
+
+def test_every_deployment_is_isolated_by_an_ingress_network_policy() -> None:
+    """A pod no NetworkPolicy selects accepts every connection: each Deployment's pods are selected."""
+    policies = _ingress_policies()
+    assert policies
+    for name, tmpl, doc in _pods():
+        labels = tmpl["metadata"]["labels"]
+        selecting = [
+            p
+            for p in policies
+            if p["metadata"]["namespace"] == doc["metadata"]["namespace"]
+            and not p["spec"]["podSelector"].get("matchExpressions")
+            and _matches(p["spec"]["podSelector"].get("matchLabels", {}), labels)
+        ]
+        assert selecting, f"{name}: no NetworkPolicy selects its pods"
+
+
+def test_network_policies_admit_only_prometheus_to_the_metrics_port() -> None:
+    """Each rule names its peers (no empty `from`, no ipBlock, no empty selector) and only the
+    port every selected container calls `metrics`: /metrics, /healthz and /readyz."""
+    for policy in _ingress_policies():
+        rules = policy["spec"].get("ingress", [])
+        assert rules, "a policy that admits nothing would fail Prometheus (the kubelet is exempt)"
+        for rule in rules:
+            assert rule.get("ports") == [{"port": "metrics", "protocol": "TCP"}], rule
+            assert rule.get("from"), "an empty `from` admits every source"
+            for peer in rule["from"]:
+                assert set(peer) == {"namespaceSelector", "podSelector"}, peer
+                assert peer["namespaceSelector"].get("matchLabels") and peer["podSelector"].get("matchLabels"), peer
+                assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+        for name, tmpl, _ in _pods():
+            if _matches(policy["spec"]["podSelector"].get("matchLabels", {}), tmpl["metadata"]["labels"]):
+                for c in tmpl["spec"]["containers"]:
+                    assert {p["name"] for p in c.get("ports", [])} == {"metrics"}, f"{name}: a port no rule admits"
+
+
+def test_pods_bind_the_metrics_port_on_the_pod_ip_explicitly() -> None:
+    """The default is loopback (no auth); the probes and Prometheus dial the pod IP, so each pod
+    spec sets GOVERNOR_METRICS_ADDR itself (not a shared ConfigMap another process could read)."""
+    for cm in _kind("ConfigMap"):
+        assert "GOVERNOR_METRICS_ADDR" not in (cm.get("data") or {}), cm["metadata"]["name"]
+    for name, tmpl, _ in _pods():
+        for c in tmpl["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert env.get("GOVERNOR_METRICS_ADDR") == "0.0.0.0", f"{name}: set GOVERNOR_METRICS_ADDR in the pod spec"

@@ -17,8 +17,9 @@ from governor.cli import main
 from streams.commands import COMMAND_KINDS, Command
 from tests.unit.test_command_payloads import cmd_of, make_cmd
 
-OLD = "old:" + "11" * 32
-NEW = "new:" + "22" * 32
+OLD_HEX, NEW_HEX = bytes(range(32)).hex(), bytes(range(32, 64)).hex()  # fixed, not uniform: weak keys are refused
+OLD = "old:" + OLD_HEX
+NEW = "new:" + NEW_HEX
 
 
 def _signed(ring: Keyring, **changes: Any) -> Command:
@@ -56,7 +57,7 @@ def test_unsigned_and_unknown_key_ids_are_refused() -> None:
     assert _verify(ring, make_cmd().encode()) == "unsigned command"
     other = _signed(Keyring.parse(OLD))
     assert _verify(ring, other.encode()) == "unknown key id 'old'"
-    same_kid_other_key = _signed(Keyring.parse("new:" + "33" * 32))
+    same_kid_other_key = _signed(Keyring.parse("new:" + bytes(range(64, 96)).hex()))
     assert _verify(ring, same_kid_other_key.encode()) == "bad signature (key id new)"
 
 
@@ -112,7 +113,7 @@ def test_keys_come_from_the_setting_and_never_print() -> None:
     s = Settings.from_env({"GOVERNOR_COMMAND_KEYS": f"{NEW}, {OLD}"})
     ring = s.keyring()
     assert ring is not None and ring.key_ids == ("new", "old")
-    assert "22" * 32 not in repr(s) and "22" * 32 not in repr(ring)
+    assert NEW_HEX not in repr(s) and NEW_HEX not in repr(ring)
     assert Settings.from_env(s.to_env()) == s
     assert Settings().keyring() is None
 
@@ -124,19 +125,29 @@ def test_keys_come_from_the_setting_and_never_print() -> None:
         ("k:" + "zz" * 32, "not hexadecimal"),
         ("nokey", "kid:hexkey"),
         (f"{NEW},{NEW}", "appears twice"),
+        # Issue 31, item 2: keys that are public or not random, in any position of the ring.
+        ("REPLACE-ME:" + "00" * 32, "key id 'REPLACE-ME' is marked as a placeholder ('replaceme')"),
+        (f"{NEW},change-me:{OLD_HEX}", "key id 'change-me' is marked as a placeholder ('changeme')"),
+        ("k1:ChangeMe", "key 'k1': its value is marked as a placeholder ('changeme')"),
+        ("Example_Key:" + NEW_HEX, "placeholder ('example')"),
+        ("k1:" + "00" * 32, "key 'k1': its bytes are all one value"),
+        (f"{NEW},k2:" + "ff" * 64, "key 'k2': its bytes are all one value"),
+        ("k1:" + "deadbeef" * 8, "key 'k1': its bytes take only 4 distinct values (fewer than 8)"),
     ],
 )
 def test_a_bad_key_is_a_settings_error_naming_the_variable_not_the_key(raw: str, why: str) -> None:
     with pytest.raises(SettingsError, match="GOVERNOR_COMMAND_KEYS") as err:
         Settings.from_env({"GOVERNOR_COMMAND_KEYS": raw})
     assert why in str(err.value)
-    assert "22" * 32 not in str(err.value) and "zz" * 32 not in str(err.value)
+    assert NEW_HEX not in str(err.value) and "zz" * 32 not in str(err.value)
 
 
 def test_the_keys_file_wins(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(f"# rotated 2026-12-01\n{NEW}\n{OLD}\n")
-    s = Settings.from_env({"GOVERNOR_COMMAND_KEYS": "other:" + "44" * 32, "GOVERNOR_COMMAND_KEYS_FILE": str(path)})
+    s = Settings.from_env(
+        {"GOVERNOR_COMMAND_KEYS": "other:" + bytes(range(96, 128)).hex(), "GOVERNOR_COMMAND_KEYS_FILE": str(path)}
+    )
     ring = s.keyring()
     assert ring is not None and ring.key_ids == ("new", "old")
     path.write_text("short:abcd\n")
