@@ -33,7 +33,12 @@ commands for other models apply meanwhile; a later command for the same
 ``kind:model`` (``Command.order_field``) that is not older by the HLC rule
 (:func:`supersedes`) ends the held one as ``stale`` (``superseded by ...``),
 and an older one is itself ``stale``.  Commands without ``apply_at_ms`` (the
-default) apply at once.
+default) apply at once.  While it waits, XAUTOCLAIM (this executor's, every
+``retry_idle_ms``; a peer's likewise) claims the pending entry again: this
+executor skips its own held entries, a peer holds the command too and the
+later of the two to apply finds the marker (``duplicate``); each claim
+raises the entry's delivery counter, so an executor that dies mid-hold may
+leave it to end as ``failed`` (``delivery limit``) rather than late.
 """
 
 from __future__ import annotations
