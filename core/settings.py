@@ -519,7 +519,7 @@ class Settings:
     max_clock_skew_s: float = _setting(
         30.0,
         "GOVERNOR_MAX_CLOCK_SKEW_S",
-        "executors refuse a command whose basis_ms, hlc or apply_at_ms is this far ahead of their clock",
+        "executors refuse a command whose issued_at_ms, basis_ms, hlc or apply_at_ms is this far ahead of their clock",
         "float",
         ge=0,
     )

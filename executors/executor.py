@@ -13,17 +13,25 @@ pending commands are claimed by the others) and, for each command:
   than last applied``; unstamped commands (``hlc == 0``) skip this check;
 * ``advisory`` -- ``governor pause`` set ``<prefix>:paused`` (read before
   each command reaches the backend, so it acts on the next one, no
-  restart): acknowledged, not applied, no marker, ``last_basis`` or
-  ``last_hlc``; after ``governor resume`` the scaler's reconcile re-issues
-  a target the fleet does not show.  Gauge ``governor_executor_paused``;
+  restart): acknowledged, not applied, no ``last_basis`` or ``last_hlc``;
+  its marker is set, so a replay after ``governor resume`` is a
+  ``duplicate``, and the scaler's reconcile re-issues (a new decision, a
+  new ``command_id``) a target the fleet does not show.  Gauge
+  ``governor_executor_paused``;
 * ``rejected`` ``budget: ...`` / ``no backend for ...`` -- refused by a backend (:class:`~executors.errors.BackendRefused`);
 * ``applied`` / ``failed`` -- what the backend did.
 
-Before all of these, :class:`executors.guard.CommandGuard` checks the
+Before anything else, :class:`executors.intake.Intake` screens each batch
+read: entries with no valid key id (unsigned, an unknown key id, not a JSON
+object) are acknowledged with one ``XACK`` and reported as one summary
+record per batch, counted on ``governor_executor_entries_refused_total``, so
+a flood of junk entries cannot delay a real command past its TTL.
+
+Then :class:`executors.guard.CommandGuard` checks the
 command: ``rejected`` -- unsigned, unknown key id, bad signature, a
 ``command_id`` that does not match its content, an unknown target, a scale
 target outside the model's replica bounds, a lifetime above the command TTL,
-or a ``basis_ms`` / ``hlc`` / ``apply_at_ms`` too far ahead of this
+or an ``issued_at_ms`` / ``basis_ms`` / ``hlc`` / ``apply_at_ms`` too far ahead of this
 executor's clock.  A refused command changes nothing but the results topic.
 
 Every outcome is acknowledged (XACK) and reported to the results topic.  A
@@ -55,7 +63,9 @@ command's ``hlc`` and the executor's ``executor_hlc`` after the merge.  A
 estimates the zone's RTT and the clock offset against Redis ``TIME``.
 
 Apply at a compensated time: a command whose ``detail`` has ``apply_at_ms``
-is held (:func:`executors.timing.hold_until`, see there) holding the poll loop.
+is held (:class:`executors.timing.Held`, see there), its entry pending; the
+poll loop goes on meanwhile, and a later command for the same ``kind:model``
+supersedes it by the HLC rule.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any, cast
 
 import orjson
@@ -80,16 +91,26 @@ from executors.backends import Backend, BackendRefused, BackendRejected, Backend
 from executors.entry import apply_at, decode_entry, echo, stored_int, valid_int
 from executors.guard import CommandGuard
 from executors.heartbeat import Heartbeat
+from executors.intake import Intake, JunkBatch
 from executors.loop import TRANSPORT, is_nogroup, retry_until_ok, run_until_stopped
 from executors.outcomes import OutcomeRelay
 from executors.results import ExecutorStats, ResultPublisher, result_record
-from executors.timing import ZoneTiming, hold_until
+from executors.timing import Held, ZoneTiming, supersedes
 from streams.commands import Command, CommandError, hlc_stale
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)
 
 GROUP = "executors"
+#: The reason of a ``duplicate``: the command's marker exists (it was applied, or reported advisory).
+SEEN = "command_id already applied (or reported advisory while paused)"
+#: The marker's value for a command reported ``advisory`` (an applied one holds its apply time).
+ADVISORY_MARK = "advisory"
+
+
+def _basis_field(cmd: Command) -> str:
+    """The ``last_basis`` field of a command: the model for ``scale``, ``kind:model`` for the others."""
+    return cmd.model if cmd.kind == "scale" else cmd.order_field
 
 
 class ZoneExecutor:
@@ -140,6 +161,8 @@ class ZoneExecutor:
         self.probe_interval_s = probe_interval_s
         reg = self.metrics.registry
         self.publisher = ResultPublisher(results, results_topic, zone, reg)
+        self.intake = Intake(zone, guard.keyring.key_ids, guard.settings.accept_unsigned_v1, reg)
+        self.held: dict[str, Held] = {}  # by Command.order_field: commands waiting for apply_at_ms
         self.timing = timing or ZoneTiming(
             zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor
         )
@@ -190,18 +213,48 @@ class ZoneExecutor:
         """This executor's clock corrected to the reference (Redis) clock: ``now + offset``."""
         return self.clock.now_ms() + self.timing.offset_ms() * self.clock.speed
 
-    async def wait_apply_at(self, cmd: Command) -> None:
-        """Hold a command with ``detail.apply_at_ms`` until the corrected clock reaches it, but never
-        past its expiry nor longer than ``GOVERNOR_MAX_CLOCK_SKEW_S`` of wall time (or stop)."""
+    def _hold(self, entry_id: bytes | str, fields: Any, cmd: Command) -> Held | None:
+        """A :class:`Held` for a command whose ``detail.apply_at_ms`` is still ahead of the corrected
+        clock, due then but never past its expiry nor after ``GOVERNOR_MAX_CLOCK_SKEW_S`` of wall time;
+        None when it applies now."""
         at, now = apply_at(cmd), self.clock.now_ms()
-        if at is None:
-            return
+        target = None if at is None else min(at, float(cmd.expires_at_ms))
+        if target is None or target <= self.corrected_now_ms():
+            return None
         room_ms = min(self.guard.settings.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
-        target = min(at, float(cmd.expires_at_ms))
-        if not await hold_until(
-            target, self.corrected_now_ms, self.clock.to_wall_s, self.clock.to_wall_s(room_ms), self._stopping
-        ):
-            log.info("executor %s: %s held %.0f ms, apply_at_ms %s not reached", self.zone, cmd.command_id, room_ms, at)
+        return Held(entry_id, fields, cmd, target, time.monotonic() + self.clock.to_wall_s(max(0.0, room_ms)))
+
+    def _block_ms(self) -> int:
+        """XREADGROUP's block: ``block_ms``, shorter when a held command is due sooner (never 0: forever)."""
+        if not self.held:
+            return self.block_ms
+        now, mono = self.corrected_now_ms(), time.monotonic()
+        wait_s = min(h.wait_s(now, self.clock.to_wall_s, mono) for h in self.held.values())
+        return max(1, min(self.block_ms, int(wait_s * 1000) + 1))
+
+    async def release_due(self) -> int:
+        """Apply (or refuse) each held command that is due; the number acknowledged.  Not while
+        stopping: a held entry left pending is handled again by the zone's next executor."""
+        done = 0
+        for key, h in list(self.held.items()):
+            if self._stopping.is_set() or not h.due(self.corrected_now_ms(), time.monotonic()):
+                continue
+            del self.held[key]
+            n = await self._guarded(h.entry_id, h.fields, self._release(h))
+            if n == 0 and self._transport_error is not None and key not in self.held:
+                self.held[key] = h  # Redis trouble: kept, tried again after the back-off
+            done += n
+            self._check_transport()
+        return done
+
+    async def _release(self, h: Held) -> int:
+        if apply_at(h.cmd) is not None and h.target_ms > self.corrected_now_ms():
+            log.info("executor %s: %s held to its limit, apply_at_ms not reached", self.zone, h.cmd.command_id)
+        refused = await self._order_refusal(h.cmd)  # a peer may have applied something meanwhile
+        if refused is not None:
+            await self._finish(h.entry_id, h.cmd, *refused)
+            return 1
+        return await self._apply(h.entry_id, h.cmd)
 
     async def paused(self) -> dict[str, Any] | None:
         """The pause set by ``governor pause`` (``{"reason", "paused_at_ms"}``), or None; sets the gauge."""
@@ -228,32 +281,58 @@ class ZoneExecutor:
         return n if isinstance(n, int) else 1
 
     async def poll_once(self) -> int:
-        """Handle what is pending for too long (ours or a dead peer's), then new entries."""
-        handled = 0
+        """Release held commands that are due, handle what is pending for too long (ours or a dead
+        peer's; not our held ones), then new entries; junk is refused in bulk (:mod:`executors.intake`)."""
+        handled = await self.release_due()
         if time.monotonic() - self._pause_checked >= 1.0:
             await self.paused()  # the gauge, at most once a second
         claimed = await self.redis.xautoclaim(
             self.stream, GROUP, self.consumer, min_idle_time=self.retry_idle_ms, start_id="0-0", count=100
         )
-        for entry_id, fields in claimed[1] if claimed else []:
-            handled += await self.handle(entry_id, fields, await self._deliveries(entry_id))
-            self._check_transport()
+        held_ids = {h.entry_id for h in self.held.values()}
+        handled += await self._handle_batch([e for e in (claimed[1] if claimed else []) if e[0] not in held_ids], True)
         # redis-py types the reply for every protocol/decoding mode; ours is RESP2, undecoded
         resp = cast(
             "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]]]] | None",
-            await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=100, block=self.block_ms),
+            await self.redis.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=100, block=self._block_ms()),
         )
         for _stream, entries in resp or []:
-            for entry_id, fields in entries:
-                handled += await self.handle(entry_id, fields)
-                self._check_transport()
+            handled += await self._handle_batch(entries, False)
+        return handled + await self.release_due()
+
+    async def _handle_batch(self, entries: list[Any], claimed: bool) -> int:
+        """Junk refused in bulk, then each other entry handled (its delivery count read when ``claimed``)."""
+        keep, junk = self.intake.split(entries)
+        if junk.ids:
+            await self._refuse(junk)
+        handled = len(junk.ids)
+        for entry_id, fields in keep:
+            handled += await self.handle(entry_id, fields, await self._deliveries(entry_id) if claimed else 1)
+            self._check_transport()
         return handled
 
-    async def handle(self, entry_id: bytes | str, fields: Any, deliveries: int = 1) -> int:
-        """Handle one stream entry; 1 when it was acknowledged, 0 when it stays pending.  Never raises:
-        Redis transport errors leave the entry pending (and make :meth:`poll_once` back off)."""
+    async def _refuse(self, junk: JunkBatch) -> None:
+        """Acknowledge a batch's junk entries at once; one summary result and log line for them all."""
         try:
-            return await self._handle(entry_id, fields, deliveries)
+            await self.redis.xack(self.stream, GROUP, *junk.ids)
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+        self.intake.count(junk)
+        self.stats.count("refused_in_bulk", len(junk.ids))
+        if self.results is not None:
+            await self._report(junk.record(self.zone, applied_by(self.backend, None), self.clock.now_ms()))
+
+    async def handle(self, entry_id: bytes | str, fields: Any, deliveries: int = 1) -> int:
+        """Handle one stream entry; 1 when it was acknowledged, 0 when it stays pending (held until its
+        ``apply_at_ms``, or retried).  Never raises: Redis transport errors leave the entry pending
+        (and make :meth:`poll_once` back off)."""
+        return await self._guarded(entry_id, fields, self._handle(entry_id, fields, deliveries))
+
+    async def _guarded(self, entry_id: bytes | str, fields: Any, step: Awaitable[int]) -> int:
+        """``await step``, never raising (see :meth:`handle`)."""
+        try:
+            return await step
         except TRANSPORT as exc:
             self._transport_error = exc
             return 0
@@ -299,7 +378,7 @@ class ZoneExecutor:
             await self._finish(entry_id, cmd, "rejected", refused, now)
             return 1
         if await self.redis.exists(names.applied_marker(self.prefix, self.zone, cmd.command_id)):
-            await self._finish(entry_id, cmd, "duplicate", "command_id already applied", now)
+            await self._finish(entry_id, cmd, "duplicate", SEEN, now)
             return 1
         if cmd.hlc:
             self.hlc = self.hlc.receive(Hlc.decode(cmd.hlc), now)  # HLC receive rule
@@ -310,16 +389,46 @@ class ZoneExecutor:
             self.metrics.expired.labels(self.zone).inc()
             await self._finish(entry_id, cmd, "expired", f"now {now} >= expires_at_ms {cmd.expires_at_ms}", now)
             return 1
+        refused_order = await self._order_refusal(cmd, check_marker=False)
+        if refused_order is not None:
+            await self._finish(entry_id, cmd, *refused_order)
+            return 1
+        prev = self.held.get(cmd.order_field)
+        if prev is not None:
+            if prev.entry_id == entry_id:
+                return 0  # already held here
+            if prev.cmd.command_id == cmd.command_id:
+                await self._finish(entry_id, cmd, "duplicate", "command_id already held for its apply_at_ms", now)
+                return 1
+            if not supersedes(cmd, prev.cmd):
+                await self._finish(entry_id, cmd, "stale", f"older than held {prev.cmd.command_id}", now)
+                return 1
+            del self.held[cmd.order_field]
+            await self._finish(prev.entry_id, prev.cmd, "stale", f"superseded by {cmd.command_id}", now)
+        held = self._hold(entry_id, fields, cmd)
+        if held is not None:
+            self.held[cmd.order_field] = held
+            log.info("executor %s: %s held until apply_at_ms %s", self.zone, cmd.command_id, apply_at(cmd))
+            return 0  # pending; release_due applies it
+        return await self._apply(entry_id, cmd)
+
+    async def _order_refusal(self, cmd: Command, check_marker: bool = True) -> tuple[str, str, int, Any] | None:
+        """``(outcome, reason, now, detail)`` when ``cmd`` was seen (its marker) or is older than what was
+        applied for its (zone, kind, model) by HLC or ``basis_ms``; None when it may apply."""
+        now = self.clock.now_ms()
+        if check_marker and await self.redis.exists(names.applied_marker(self.prefix, self.zone, cmd.command_id)):
+            return "duplicate", SEEN, now, None
         last_hlc = await self._stored(self._hlc_key, cmd.order_field)
         if hlc_stale(cmd.hlc, last_hlc):
-            await self._finish(entry_id, cmd, "stale", "hlc older than last applied", now, {"last_hlc": last_hlc})
-            return 1
-        basis_field = cmd.model if cmd.kind == "scale" else cmd.order_field
-        last_basis = await self._stored(self._basis_key, basis_field)
+            return "stale", "hlc older than last applied", now, {"last_hlc": last_hlc}
+        last_basis = await self._stored(self._basis_key, _basis_field(cmd))
         if last_basis is not None and cmd.basis_ms < last_basis:
-            await self._finish(entry_id, cmd, "stale", f"basis {cmd.basis_ms} older than applied {last_basis}", now)
-            return 1
-        await self.wait_apply_at(cmd)
+            return "stale", f"basis {cmd.basis_ms} older than applied {last_basis}", now, None
+        return None
+
+    async def _apply(self, entry_id: bytes | str, cmd: Command) -> int:
+        """The last steps of an admitted command: expiry after a hold, the pause, the backend, the marker."""
+        now = self.clock.now_ms()
         if apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
             self.metrics.expired.labels(self.zone).inc()
             why = f"apply_at_ms {apply_at(cmd)} not reached before expires_at_ms {cmd.expires_at_ms}"
@@ -327,7 +436,10 @@ class ZoneExecutor:
             return 1
         pause = await self.paused()
         if pause is not None:
-            # Kill switch: acknowledged and reported, nothing applied or remembered.
+            # Kill switch: acknowledged and reported, nothing applied; only its marker is kept, so a
+            # replay after resume is a duplicate (a new decision has a new command_id).
+            marker = names.applied_marker(self.prefix, self.zone, cmd.command_id)
+            await self.redis.set(marker, ADVISORY_MARK, ex=self.marker_ttl_s)
             why = f"paused: {echo(pause.get('reason', ''), 500)}"
             await self._finish(entry_id, cmd, "advisory", why, self.clock.now_ms(), {"paused": pause})
             return 1
@@ -346,7 +458,7 @@ class ZoneExecutor:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(names.applied_marker(self.prefix, self.zone, cmd.command_id), applied_at, ex=self.marker_ttl_s)
             if valid_int(cmd.basis_ms):
-                pipe.hset(self._basis_key, basis_field, cmd.basis_ms)
+                pipe.hset(self._basis_key, _basis_field(cmd), cmd.basis_ms)
             if cmd.hlc and valid_int(cmd.hlc):
                 pipe.hset(self._hlc_key, cmd.order_field, cmd.hlc)
             await pipe.execute()

@@ -19,8 +19,8 @@ as ``rejected``, acknowledges the entry and touches nothing else):
   ``GOVERNOR_FALLBACKS``);
 * **bounds** -- a scale target within the model's [min_replicas, max_replicas];
 * **time** -- a lifetime (``expires_at_ms - issued_at_ms``) no longer than
-  ``GOVERNOR_COMMAND_TTL_S``; ``basis_ms``, the HLC's physical part
-  (``Hlc.decode(hlc).l``) and ``detail.apply_at_ms`` at most
+  ``GOVERNOR_COMMAND_TTL_S``; ``issued_at_ms``, ``basis_ms``, the HLC's
+  physical part (``Hlc.decode(hlc).l``) and ``detail.apply_at_ms`` at most
   ``GOVERNOR_MAX_CLOCK_SKEW_S`` (wall seconds, times the clock speed) ahead
   of the executor's clock.
 """
@@ -112,7 +112,11 @@ class CommandGuard:
             return f"lifetime {life} ms above the command TTL ({ttl_ms} ms, GOVERNOR_COMMAND_TTL_S)"
         limit = now_ms + self.settings.max_clock_skew_s * 1000 * self.clock_speed
         apply_at = cmd.detail.get("apply_at_ms")
-        stamps: list[tuple[str, float]] = [("basis_ms", cmd.basis_ms), ("hlc", Hlc.decode(cmd.hlc).l)]
+        stamps: list[tuple[str, float]] = [
+            ("issued_at_ms", cmd.issued_at_ms),  # else a lifetime within the TTL could start years ahead
+            ("basis_ms", cmd.basis_ms),
+            ("hlc", Hlc.decode(cmd.hlc).l),
+        ]
         if isinstance(apply_at, int | float) and not isinstance(apply_at, bool):
             stamps.append(("detail.apply_at_ms", apply_at))
         for name, value in stamps:

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 class ExecutorStats:
     outcomes: dict[str, int] = field(default_factory=dict)
 
-    def count(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+    def count(self, outcome: str, n: int = 1) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
 
 def result_record(

@@ -27,9 +27,18 @@ offset is Redis minus local, scaled by the clock speed) reaches it, but never
 past ``expires_at_ms`` -- if the wait reaches the expiry the command is
 refused as ``expired`` -- and never longer than ``GOVERNOR_MAX_CLOCK_SKEW_S``
 (wall time; the guard refuses an ``apply_at_ms`` further ahead anyway).
-The wait (:func:`hold_until`) holds the zone executor's poll loop (commands
-of one zone apply in order).  Commands without ``apply_at_ms`` (the default)
-apply at once.
+A held command holds only itself: the executor keeps it as a :class:`Held`
+(its stream entry stays pending, unacknowledged) and goes on polling, so
+commands for other models apply meanwhile; a later command for the same
+``kind:model`` (``Command.order_field``) that is not older by the HLC rule
+(:func:`supersedes`) ends the held one as ``stale`` (``superseded by ...``),
+and an older one is itself ``stale``.  Commands without ``apply_at_ms`` (the
+default) apply at once.  While it waits, XAUTOCLAIM (this executor's, every
+``retry_idle_ms``; a peer's likewise) claims the pending entry again: this
+executor skips its own held entries, a peer holds the command too and the
+later of the two to apply finds the marker (``duplicate``); each claim
+raises the entry's delivery counter, so an executor that dies mid-hold may
+leave it to end as ``failed`` (``delivery limit``) rather than late.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -48,6 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controllers.hlc import ClockOffsetEstimator, RttEstimator
+from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
@@ -156,24 +167,36 @@ class ZoneTiming:
                 pass
 
 
-async def hold_until(
-    target_ms: float,
-    now_ms: Callable[[], float],
-    to_wall_s: Callable[[float], float],
-    max_wall_s: float,
-    stopping: asyncio.Event,
-) -> bool:
-    """Wait until ``now_ms()`` reaches ``target_ms``, at most ``max_wall_s`` wall seconds (or until
-    ``stopping``); whether the target was reached.  Sleeps in steps of at most 1 s, so a clock
-    correction meanwhile is seen.
+@dataclass(frozen=True)
+class Held:
+    """A command waiting for its ``apply_at_ms``: due once the corrected clock reaches ``target_ms``
+    (``min(apply_at_ms, expires_at_ms)``) or the wall clock (``time.monotonic()``) ``until_s``."""
 
-    >>> asyncio.run(hold_until(1e18, lambda: 0.0, lambda ms: ms / 1000, 0.01, asyncio.Event()))
-    False
+    entry_id: Any
+    fields: Any
+    cmd: Command
+    target_ms: float
+    until_s: float
+
+    def due(self, corrected_now_ms: float, monotonic_s: float) -> bool:
+        return corrected_now_ms >= self.target_ms or monotonic_s >= self.until_s
+
+    def wait_s(self, corrected_now_ms: float, to_wall_s: Callable[[float], float], monotonic_s: float) -> float:
+        """Wall seconds until this is due (0 when it is)."""
+        return max(0.0, min(to_wall_s(self.target_ms - corrected_now_ms), self.until_s - monotonic_s))
+
+
+def supersedes(new: Command, held: Command) -> bool:
+    """Whether ``new`` replaces ``held`` (same ``order_field``): by HLC when both are stamped
+    (:func:`~streams.commands.hlc_stale`'s rule: an equal stamp is not older), else by ``basis_ms``.
+
+    >>> from streams.commands import Command
+    >>> def c(basis, hlc=0):
+    ...     return Command(kind="scale", zone="z", model="m", target_replicas=1, reason="", issued_at_ms=0,
+    ...                    expires_at_ms=1, basis_ms=basis).with_hlc(hlc)
+    >>> supersedes(c(5, 7 << 16), c(9, 6 << 16)), supersedes(c(5, 5 << 16), c(1, 6 << 16)), supersedes(c(2), c(1))
+    (True, False, True)
     """
-    deadline = time.monotonic() + max(0.0, max_wall_s)
-    while (gap := target_ms - now_ms()) > 0:
-        left = deadline - time.monotonic()
-        if left <= 0 or stopping.is_set():
-            return False
-        await asyncio.sleep(max(0.001, min(to_wall_s(gap), 1.0, left)))
-    return True
+    if new.hlc and held.hlc:
+        return new.hlc >= held.hlc
+    return new.basis_ms >= held.basis_ms

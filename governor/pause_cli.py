@@ -3,7 +3,8 @@
 ``pause`` writes ``<prefix>:paused`` (JSON ``{"reason", "paused_at_ms"}``) to
 the Redis at ``REDIS_URL``; every executor reads it before it applies a
 command and, while it is set, reports the command as ``advisory`` instead
-(acknowledged, not applied, nothing remembered; see
+(acknowledged, not applied, only its marker kept, so a replay after
+``resume`` is a ``duplicate``; see
 :mod:`executors.executor`).  ``resume`` deletes the key.  No restart of any
 process is needed either way.  Exit 0 on success, 2 when Redis cannot be
 reached (one line on stderr naming ``REDIS_URL``).

@@ -113,6 +113,7 @@ async def test_a_float_basis_poison_entry_then_a_good_command_applies(settings: 
         good = _scale(7)
         poison = orjson.loads(good.encode())
         poison["basis_ms"] = float(good.basis_ms) + 0.5  # a float where an int belongs
+        poison["key_id"] = ex.guard.keyring.active  # a key id of the ring: past the bulk refusal, to the decoder
         await redis.xadd(stream, {"cmd": orjson.dumps(poison)})
         # What an older executor stored from such an entry: must count as absent, not crash.
         await redis.hset(basis_key, MODEL, str(float(good.basis_ms) + 0.5))
@@ -140,6 +141,7 @@ async def test_an_entry_over_1_mib_is_acked_with_a_capped_result(settings: Setti
         await ex.ensure_group()
         obj = orjson.loads(_scale(2).encode())
         obj["bogus"] = "x" * (1536 * 1024)  # 1.5 MiB, malformed (unknown field)
+        obj["key_id"] = ex.guard.keyring.active  # a key id of the ring: its own result (executors.intake)
         await redis.xadd(stream, {"cmd": orjson.dumps(obj)})
         assert await asyncio.wait_for(ex.poll_once(), 10) == 1
         (res,) = await _results(settings, 1, timeout_s=10)

@@ -1,8 +1,9 @@
 """Guardrails on the real Redis: the runtime kill switch and the fleet budget.
 
 * ``governor pause`` makes every executor report a valid signed command as
-  ``advisory`` (acknowledged, the desired state unchanged, nothing
-  remembered); ``governor resume`` lets the next one apply, no restart.
+  ``advisory`` (acknowledged, the desired state unchanged, only its marker
+  kept); ``governor resume`` lets the next one apply, no restart, and a
+  replay of the advisory one is a ``duplicate``.
 * Two zones' executors racing for 60 replicas each under a budget of 100:
   the Lua check-and-write lets one through and refuses the other as
   ``rejected`` (``budget: ...``); the sum stays within the budget.
@@ -96,21 +97,29 @@ async def test_pause_turns_a_valid_command_advisory_and_resume_applies_the_next(
         await ex.ensure_group()
         await redis.hset(desired, MODEL, 3)
         assert await asyncio.to_thread(_pause, settings, "pause") == 0
-        res = await _send(ex, signed(settings, _scale("az-a", 8, basis_ms=1_000)))
+        held_back = signed(settings, _scale("az-a", 8, basis_ms=1_000))
+        res = await _send(ex, held_back)
         assert (res["outcome"], res["reason"]) == ("advisory", "paused: incident 42")
         assert res["detail"]["paused"]["reason"] == "incident 42"
         assert await redis.hget(desired, MODEL) == b"3"  # the desired state is untouched
-        # Nothing remembered: no applied marker, no last_basis / last_hlc.
-        assert not await redis.exists(names.applied_marker(settings.topic_prefix, "az-a", res["command_id"]))
+        # Only its marker is remembered (no last_basis / last_hlc): the command was seen.
+        assert await redis.get(names.applied_marker(settings.topic_prefix, "az-a", res["command_id"])) == b"advisory"
         assert await redis.hgetall(names.executor_last_basis(settings.topic_prefix, "az-a")) == {}
         assert ex.metrics.registry.get_sample_value("governor_executor_paused", {"zone": "az-a"}) == 1.0
-        # Resume, no restart: the next command applies (the advisory one would too: nothing remembered it).
+        # Resume, no restart: the advisory command replayed is a duplicate (issue 31 item 7), not applied...
         assert await asyncio.to_thread(_pause, settings, "resume") == 0
+        res = await _send(ex, held_back)
+        assert (res["outcome"], res["reason"]) == (
+            "duplicate",
+            "command_id already applied (or reported advisory while paused)",
+        ), res
+        assert await redis.hget(desired, MODEL) == b"3"
+        # ... and the next decision applies.
         res = await _send(ex, signed(settings, _scale("az-a", 9, basis_ms=2_000)))
         assert res["outcome"] == "applied", res
         assert await redis.hget(desired, MODEL) == b"9"
         assert ex.metrics.registry.get_sample_value("governor_executor_paused", {"zone": "az-a"}) == 0.0
-        assert ex.stats.outcomes == {"advisory": 1, "applied": 1}
+        assert ex.stats.outcomes == {"advisory": 1, "duplicate": 1, "applied": 1}
     finally:
         await redis.aclose()
 

@@ -235,3 +235,19 @@ def test_the_guard_refuses_stamps_beyond_the_clock_skew() -> None:
     assert (_check(make_cmd(basis_ms=1_001 + skew)) or "").startswith("basis_ms ")
     assert (_check(make_cmd().with_hlc(Hlc(1_001 + skew, 0).encode())) or "").startswith("hlc ")
     assert (_check(make_cmd(detail={"apply_at_ms": 1_001 + skew})) or "").startswith("detail.apply_at_ms ")
+
+
+@pytest.mark.parametrize(
+    ("issued_at_ms", "refused"),
+    [
+        (1_000 + 30_000, False),  # exactly the skew ahead: admitted
+        (1_001 + 30_000, True),  # one ms beyond it
+        (1_000 + 10 * 365 * 86_400_000, True),  # ten years ahead, basis and hlc ordinary (issue 31, item 7)
+    ],
+)
+def test_the_guard_refuses_an_issued_at_beyond_the_clock_skew(issued_at_ms: int, refused: bool) -> None:
+    why = _check(make_cmd(issued_at_ms=issued_at_ms, expires_at_ms=issued_at_ms + 60_000))
+    if refused:
+        assert (why or "").startswith("issued_at_ms ") and "GOVERNOR_MAX_CLOCK_SKEW_S=30" in (why or ""), why
+    else:
+        assert why is None
