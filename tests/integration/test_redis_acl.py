@@ -291,6 +291,9 @@ def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
         # Each zone's share of the fleet budget, written at start (governor/worker.py).
         budgeted = acl.settings.replace(max_replicas_total=100)
         assert write_default_allowances(w, budgeted, 1) == list(ZONES)
+        # What the worker reads every second: the heartbeats and the allowances, in one MGET (streams/agents.py).
+        beats = [names.executor_heartbeat(PREFIX, z) for z in ZONES]
+        assert all(w.mget(beats + [names.zone_allowance(PREFIX, z) for z in ZONES])[len(ZONES) :])
         w.set(names.worker_heartbeat(PREFIX), b"{}", px=15_000)
         with pytest.raises(NoPermissionError):
             w.hset(names.executor_last_result(PREFIX, "az-a"), MODEL, b"{}")  # the executor's
