@@ -121,7 +121,8 @@ def test_every_backend_that_scales_enforces_the_fleet_budget() -> None:
     wrapped = {k: isinstance(b, BudgetedBackend) for k, b in chain.routes.items()}
     assert wrapped == {"scale": True, "relocate": True, "route": False, "canary": False}
     assert [applied_by(chain, k) for k in ("scale", "relocate")] == ["k8s", "webhook"]
-    assert replica_source(chain) is cast(Any, chain.routes["scale"])  # the k8s backend's replica truth, through the wrapper
+    # The k8s backend's replica truth, through the wrapper.
+    assert replica_source(chain) is cast(Any, chain.routes["scale"])
     assert isinstance(
         build_backend(dataclasses.replace(ctx, settings=ctx.settings.replace(executor_backends="")), "sim"),
         SimFleetBackend,
