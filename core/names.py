@@ -34,6 +34,7 @@ __all__ = [
     "topic",
     "topics",
     "worker_heartbeat",
+    "zone_allowance",
 ]
 
 #: The topics governor creates, in creation order.
@@ -124,6 +125,13 @@ def relocate_queue(prefix: str, zone: str) -> str:
 def relocated_outcomes(prefix: str, zone: str) -> str:
     """List where the fleet reports each relocation's outcome."""
     return f"{prefix}:fleet:{zone}:relocated"
+
+
+def zone_allowance(prefix: str, zone: str) -> str:
+    """JSON ``{"total", "models", "fleet_total", "fleet_models", "by", "at_ms"}``: the zone's share of the
+    fleet budget (:class:`core.budget.Allowance`), written by the worker or ``governor budget`` and only
+    read by the zone's executor, which keeps its zone's desired replicas within it."""
+    return f"{prefix}:budget:{zone}:allowance"
 
 
 # -- the gateway contract (routing backend <-> gateway) -----------------------------------

@@ -19,17 +19,15 @@ command they can never apply (acknowledged and reported as failed).
   ``<prefix>:fleet:<zone>:relocated`` (:attr:`SimFleetBackend.outcomes_key`),
   which the executor relays to the results topic
   (:mod:`executors.outcomes`).
-  *Fleet budget* (:class:`FleetBudget`: ``GOVERNOR_MAX_REPLICAS_TOTAL`` over
-  every model and zone, a model's ``max_replicas_total`` over its zones):
-  a scale write is one Lua script (:data:`BUDGET_LUA`, one ``EVAL`` over
-  the desired hash of every zone of ``GOVERNOR_ZONES``) that sums the
-  desired replicas with the new value in place of this zone's current one
-  and refuses an *increase* that would end above a budget
-  (:class:`BudgetExceeded`, reported as ``rejected``, reason ``budget:
-  ...``); a decrease is always written, so a fleet above a lowered budget
-  can come down.  Read, check and write are atomic, so executors of
-  different zones racing for the last replicas cannot overshoot together.
-  All zones' hashes must live on one Redis (no cluster slots).
+  *Fleet budget* (:class:`~executors.budget.FleetBudget`: ``GOVERNOR_MAX_REPLICAS_TOTAL``
+  over every model and zone, a model's ``max_replicas_total`` over its
+  zones): a scale write is checked against this zone's allowance and
+  written in one optimistic transaction on this zone's keys alone
+  (:class:`~executors.budget.ZoneBudget`); an *increase* that would end above
+  it is refused (:class:`BudgetExceeded`, reported as ``rejected``, reason
+  ``budget: ...``); a decrease is always written.  No script, no other
+  zone's key: :mod:`executors.budget` says how the allowances keep the
+  fleet within the budget.
 * :class:`DryRunBackend` only records and logs what it would do, in each
   kind's words (for rehearsals): ``would set az-a/m to 4 replicas``,
   ``would open breaker on m|az-b``, ``would send 10% of m's requests to
@@ -93,8 +91,6 @@ are :mod:`executors.errors`'s (re-exported here).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -104,7 +100,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from core import names
-from core.settings import Settings
+from executors.budget import BudgetExceeded, FleetBudget, ZoneBudget
 from executors.errors import BackendRefused, BackendRejected, BackendUnavailable
 from executors.webhook import WebhookBackend
 from streams.command_payloads import (
@@ -118,7 +114,6 @@ from streams.command_payloads import (
 from streams.commands import Command
 
 __all__ = [
-    "BUDGET_LUA",
     "Backend",
     "BackendRefused",
     "BackendRejected",
@@ -134,55 +129,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class BudgetExceeded(BackendRefused):
-    """Permanent: the write would take the fleet above a replica budget (outcome ``rejected``)."""
-
-
-#: KEYS = every zone's desired hash, this zone's first; ARGV = model, desired,
-#: model budget, total budget (-1 = none).  Returns {1, previous} when written,
-#: {0, "model"|"total", sum, budget} when refused.
-BUDGET_LUA = """
-local model, desired = ARGV[1], tonumber(ARGV[2])
-local model_budget, total_budget = tonumber(ARGV[3]), tonumber(ARGV[4])
-local previous = redis.call('HGET', KEYS[1], model)
-local model_sum, total_sum = desired, desired
-for i, key in ipairs(KEYS) do
-  local flat = redis.call('HGETALL', key)
-  for j = 1, #flat, 2 do
-    if not (i == 1 and flat[j] == model) then
-      local n = tonumber(flat[j + 1]) or 0
-      total_sum = total_sum + n
-      if flat[j] == model then model_sum = model_sum + n end
-    end
-  end
-end
-if desired > (tonumber(previous) or 0) then
-  if model_budget >= 0 and model_sum > model_budget then return {0, 'model', model_sum, model_budget} end
-  if total_budget >= 0 and total_sum > total_budget then return {0, 'total', total_sum, total_budget} end
-end
-redis.call('HSET', KEYS[1], model, ARGV[2])
-return {1, previous or ''}
-"""
-
-
-@dataclass(frozen=True)
-class FleetBudget:
-    """Replica budgets the sim backend enforces across ``zones`` (see the module docstring)."""
-
-    zones: Sequence[str]
-    total: int | None = None  # every model, every zone; None = no budget
-    per_model: Mapping[str, int] = field(default_factory=dict)  # model -> replicas over its zones
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> FleetBudget | None:
-        """The deployment's budgets, or None when it has none."""
-        per_model = {m.name: m.max_replicas_total for m in settings.models if m.max_replicas_total is not None}
-        total = settings.max_replicas_total or None
-        if total is None and not per_model:
-            return None
-        return cls(tuple(settings.zones), total, per_model)
 
 
 class Backend(Protocol):
@@ -212,7 +158,7 @@ class SimFleetBackend:
         self.key = names.desired_replicas(prefix, zone)
         self.zone = zone
         self.prefix = prefix
-        self.budget = budget
+        self.budget = None if budget is None else ZoneBudget(redis, prefix, zone, budget)
         self.outcomes_key = names.relocated_outcomes(prefix, zone)  # the fleet's relocation outcomes (relayed)
 
     async def apply(self, cmd: Command) -> dict[str, Any]:
@@ -225,35 +171,14 @@ class SimFleetBackend:
         desired = cmd.payload_as(ScalePayload).target_replicas
         try:
             if self.budget is None:
-                previous = await self.redis.hget(self.key, cmd.model)
+                raw = await self.redis.hget(self.key, cmd.model)
+                previous = None if raw is None else int(raw)
                 await self.redis.hset(self.key, cmd.model, desired)
             else:
-                previous = await self._budgeted(cmd.model, desired, self.budget)
+                previous = await self.budget.write(cmd.model, desired)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise BackendUnavailable(f"redis: {exc}") from exc
-        return {"previous_desired": int(previous) if previous is not None else None, "desired": desired}
-
-    async def _budgeted(self, model: str, desired: int, budget: FleetBudget) -> bytes | None:
-        """Write ``desired`` through :data:`BUDGET_LUA`; the previous value, or :class:`BudgetExceeded`."""
-        keys = [self.key, *(names.desired_replicas(self.prefix, z) for z in budget.zones if z != self.zone)]
-        model_budget = budget.per_model.get(model)
-        total = budget.total
-        reply = await self.redis.eval(
-            BUDGET_LUA,
-            len(keys),
-            *keys,
-            model,
-            desired,
-            -1 if model_budget is None else model_budget,
-            -1 if total is None else total,
-        )
-        if int(reply[0]) == 1:
-            return reply[1] or None
-        scope = "model" if reply[1] in (b"model", "model") else "total"
-        what = f"{model}'s max_replicas_total" if scope == "model" else "GOVERNOR_MAX_REPLICAS_TOTAL"
-        raise BudgetExceeded(
-            f"budget: {desired} replicas of {model} in {self.zone} would make {int(reply[2])}, above {what}={int(reply[3])}"
-        )
+        return {"previous_desired": previous, "desired": desired}
 
     async def _relocate(self, cmd: Command) -> dict[str, Any]:
         req = {**cmd.payload, "model": cmd.model, "command_id": cmd.command_id, "basis_ms": cmd.basis_ms}

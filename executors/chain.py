@@ -33,12 +33,21 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from core.settings import Settings, SettingsError
-from executors.backends import Backend, DryRunBackend, FleetBudget, RoutingBackend, SimFleetBackend
+from executors.backends import Backend, DryRunBackend, RoutingBackend, SimFleetBackend
+from executors.budget import BudgetedBackend, FleetBudget, ZoneBudget
 from executors.errors import BackendRefused
 from executors.webhook import WebhookBackend
 from streams.commands import COMMAND_KINDS, Command
 
-__all__ = ["REGISTRY", "BackendContext", "ChainBackend", "build_backend", "close_backend", "parse_spec"]
+__all__ = [
+    "REGISTRY",
+    "BackendContext",
+    "ChainBackend",
+    "build_backend",
+    "close_backend",
+    "parse_spec",
+    "with_budget",
+]
 
 MAX_SPEC_CHARS = 2000
 
@@ -82,6 +91,18 @@ REGISTRY: dict[str, Callable[[BackendContext], Backend]] = {
     "k8s": _k8s,
     "gateway": _gateway,
 }
+
+
+#: Backends that enforce the fleet budget themselves (sim: its desired hash is the budget's ledger) or that
+#: change no replicas (dry-run, routing); every other one is wrapped in :class:`BudgetedBackend`.
+SELF_BUDGETED = ("sim", "dry-run", "routing")
+
+
+def with_budget(backend: Backend, ctx: BackendContext) -> Backend:
+    """``backend`` with the zone's fleet budget enforced on its scale commands (:mod:`executors.budget`)."""
+    if ctx.budget is None or backend.name in SELF_BUDGETED or "scale" not in getattr(backend, "KINDS", ("scale",)):
+        return backend
+    return BudgetedBackend(backend, ZoneBudget(ctx.redis, ctx.prefix, ctx.zone, ctx.budget))
 
 
 def parse_spec(raw: str, backends: Mapping[str, object] = REGISTRY) -> dict[str, str]:
@@ -186,8 +207,8 @@ def build_backend(
         name = backend_name or "sim"
         if name not in registry:
             raise SettingsError(f"unknown backend {name!r} (known: {', '.join(sorted(registry))})")
-        return registry[name](ctx)
+        return with_budget(registry[name](ctx), ctx)
     kinds = parse_spec(spec, registry)
     # Built once each (a backend shared by several kinds is one instance); none opens a connection yet.
-    built = {name: registry[name](ctx) for name in sorted(set(kinds.values()))}
+    built = {name: with_budget(registry[name](ctx), ctx) for name in sorted(set(kinds.values()))}
     return ChainBackend({k: built[n] for k, n in kinds.items()}, spec)

@@ -7,9 +7,11 @@ intervals, JSON ``{"ts_ms", "executor", "backend"}`` (``executor``: a unique
 id of this process, ``ts_ms``: its clock).  While the key exists some
 executor of the zone is alive; it disappears at most three intervals after
 the last one stopped or lost Redis.  A clean stop expires the key at once
-when this executor wrote it last (atomic compare-and-expire, one ``EVAL``
-of ``GET`` / ``SET ... PX 1``: the ACL grants no ``DEL``); another replica
-of the zone writes it again within one interval.
+when this executor wrote it last (an optimistic compare-and-expire:
+``WATCH``, ``GET``, then ``MULTI`` / ``SET ... PX 1`` / ``EXEC``, which
+Redis refuses when another replica wrote the key in between; no script:
+the ACL grants neither ``EVAL`` nor ``DEL``); another replica of the zone
+writes it again within one interval.
 
 A write that fails is logged (one line per failure) and counted on
 ``governor_executor_heartbeat_failures_total{zone}``; the gauge
@@ -26,18 +28,11 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import WatchError
 
 from core import names
 
 log = logging.getLogger(__name__)
-
-#: Expire the key only if it still holds our own record.
-EXPIRE_IF_OURS = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[1], 'PX', 1) and 1 or 0
-end
-return 0
-"""
 
 
 class Heartbeat:
@@ -104,6 +99,14 @@ class Heartbeat:
         if not self._last:
             return
         try:
-            await self.redis.eval(EXPIRE_IF_OURS, 1, self.key, self._last)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(self.key)
+                if await pipe.get(self.key) != self._last:
+                    return  # another replica of the zone wrote it since: its key, not ours
+                pipe.multi()
+                pipe.set(self.key, self._last, px=1)
+                await pipe.execute()
+        except WatchError:
+            return  # written by another replica in between: left alone
         except Exception as exc:  # noqa: BLE001 - the TTL removes it anyway
             log.warning("executor %s: heartbeat %s not cleared (%s); it expires by TTL", self.zone, self.key, exc)

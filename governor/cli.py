@@ -16,6 +16,7 @@
     governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
+    governor budget show|set|reset each zone's share of the fleet replica budget
     governor status               per (model, zone) state, liveness, lag, dead letters (--watch, --json)
     governor shadow-report        governor's targets vs the replicas an incumbent autoscaler ran
     governor redis-acl            least-privilege Redis ACL users (per-zone executors, worker, operator)
@@ -57,6 +58,7 @@ _NEEDS: dict[tuple[str, str | None], tuple[bool | str, bool | str]] = {
     ("canary", None): (False, True),
     ("pause", None): (False, True),
     ("resume", None): (False, True),
+    ("budget", None): (False, True),
     ("ingest", None): (True, False),  # the ingest receivers produce to Kafka
 }
 
@@ -147,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.pause_cli import add_parser as add_pause_parser
 
     add_pause_parser(sub)
+    from governor.budget_cli import add_parser as add_budget_parser
+
+    add_budget_parser(sub)
     from governor.status import add_parser as add_status_parser
 
     add_status_parser(sub)
@@ -362,6 +367,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.pause_cli import run_pause
 
         return run_pause(settings, args)
+    if args.command == "budget":
+        from governor.budget_cli import run_budget
+
+        return run_budget(settings, args)
     if args.command == "status":
         from governor.status import run_status
 

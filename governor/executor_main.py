@@ -26,7 +26,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from executors.backends import Backend, FleetBudget
-from executors.chain import REGISTRY, BackendContext, build_backend, close_backend
+from executors.chain import REGISTRY, BackendContext, build_backend, close_backend, with_budget
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
@@ -56,7 +56,8 @@ def make_backend(
     has each contract)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown backend {name!r}")
-    return REGISTRY[name](BackendContext(redis, prefix, zone, settings or Settings(), webhook_url, budget))
+    ctx = BackendContext(redis, prefix, zone, settings or Settings(), webhook_url, budget)
+    return with_budget(REGISTRY[name](ctx), ctx)
 
 
 async def run_executor(settings: Settings, zone: str, backend_name: str | None, webhook_url: str = "") -> int:

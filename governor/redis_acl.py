@@ -37,33 +37,33 @@ characters in names are escaped):
   (``HGET``, ``HSET``); ``P:executor:Z:relocated:inflight`` -- relocation
   outcomes being relayed (``LMOVE``, ``LRANGE``, ``LREM``);
   ``P:executor:Z:heartbeat`` -- its liveness key (``SET ... PX``; on a
-  clean stop one ``EVAL`` of ``GET`` + ``SET ... PX 1``, no ``DEL``);
-  ``P:executor:Z:last_result`` -- the last result per model (``HSET``).
+  clean stop ``WATCH``, ``GET``, ``MULTI``/``SET ... PX 1``/``EXEC``, no
+  ``DEL``); ``P:executor:Z:last_result`` -- the last result per model
+  (``HSET``).
 * ``XPENDING`` on its stream: the delivery counter of a claimed entry
   (``GOVERNOR_MAX_DELIVERIES``).
-* ``P:fleet:Z:desired`` (``HGET``, ``HSET``), ``P:fleet:Z:relocate``
+* ``P:fleet:Z:desired`` (``WATCH``, ``HGET``, ``HGETALL``, ``HSET`` in
+  ``MULTI``/``EXEC``: the zone's desired replicas, the fleet budget's ledger
+  of every backend, :mod:`executors.budget`), ``P:fleet:Z:relocate``
   (``RPUSH``), ``P:fleet:Z:relocated`` (``LMOVE`` source), ``P:routing:Z``
   and ``P:breaker:Z`` (``HSET``) -- the sim and routing backends' desired
   state of its own zone; ``P:platform:Z:replicas`` (``HSET``) -- the replica
   truth it reads from its platform (``k8s`` backend).
-* ``P:fleet:Y:desired`` of every *other* zone ``Y`` -- the fleet-budget
-  script (:data:`executors.backends.BUDGET_LUA`, one ``EVAL`` whose KEYS
-  are every zone's desired hash; it runs ``HGET``/``HGETALL``/``HSET`` and
-  Redis checks each of them, and EVAL's KEYS, against the caller's ACL).
-  Redis 6.2 has no read-only key selectors (``%R~`` is Redis 7), and even
-  on Redis 7 ``EVAL`` declares its KEYS read-write, so ``%R~`` would refuse
-  the script: these hashes are granted read-write, on both.  This is the one
-  cross-zone grant, and it is the replica numbers only: never another
-  zone's stream, markers, staleness, routing or breaker keys.
-* ``P:paused`` -- the kill switch, read with ``GET`` before each command.
-  On 6.2 it is read-write (``SET`` is needed for the markers and Redis 6.2
-  cannot say "read only" for one key); ``--redis-version 7.0`` (or later)
-  grants it with ``%R~`` (read only) instead.
+* read only (``%R~``): ``P:paused`` -- the kill switch, ``GET`` before each
+  command; ``P:budget:Z:allowance`` -- its zone's share of the fleet budget
+  (``GET``), written by the worker or ``governor budget set``.
+* No key of another zone, not even its desired replicas: the fleet budget
+  is split into per-zone allowances, so no executor needs one
+  (:mod:`core.budget`).  No ``EVAL``, ``FCALL`` or ``SCRIPT`` (a looping
+  script would stall Redis for every client), no ``DEL``.
+* commands: the above plus ``XPENDING``, ``TIME`` and ``PING`` (the RTT /
+  clock-offset probes), ``WATCH``/``UNWATCH``/``MULTI``/``EXEC``/``DISCARD``.
 
-By default the rules load on any Redis from 6.2 (``--redis-version``
-tailors them to one).
-* commands: the above plus ``XPENDING``, ``EVAL``, ``TIME`` and ``PING`` (the RTT /
-  clock-offset probes), ``MULTI``/``EXEC``/``DISCARD``.
+Redis 7.0 or later is required: Redis 6.2 has no read-only key patterns
+(``%R~``), so a key an executor may read it could also write, and its user
+could set the pause key or its own allowance.  ``--redis-version 6.2`` is
+refused (exit 2); ``--redis-version`` tailors the connection rules to one
+7.x (below).
 
 ``governor-worker`` -- ``governor worker``:
 
@@ -72,9 +72,10 @@ tailors them to one).
 * ``P:canary:*`` -- the rollouts it advances (``GET``, ``WATCH``,
   ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
 * ``P:snapshot:*`` -- the drivers' learned state (``GET``, ``MGET``, ``MSET``).
-* ``P:executor:Y:heartbeat`` of every zone -- ``GET``: whether the zone's
-  executor is alive.  Read only with ``--redis-version 7.0`` or later
-  (``%R~``); on 6.2 read-write, like ``P:paused`` for the executors.
+* ``P:executor:Y:heartbeat`` of every zone -- ``GET`` (read only, ``%R~``):
+  whether the zone's executor is alive.
+* ``P:budget:Y:allowance`` of every zone -- ``GET``, ``SET``: the default
+  split of the fleet budget it writes at start (:mod:`core.budget`).
 * ``P:status`` (``HSET``) and ``P:worker:heartbeat`` (``SET ... PX``): what
   ``governor status`` shows.
 * ``P:admission`` -- periodic agent tasks (``HGETALL``, ``HSET``): the worker
@@ -83,13 +84,15 @@ tailors them to one).
   zone's executor reads from its platform (read only from 7.0, like the heartbeats).
 
 ``governor-operator`` -- ``governor pause|resume``, ``governor canary
-start|status|abort`` and ``governor status``:
+start|status|abort``, ``governor budget`` and ``governor status``:
 
-* ``P:paused`` (``SET``, ``DEL``) and ``P:canary:*`` (``GET``, ``WATCH``,
-  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``).
-* read only (``%R~`` from 7.0): ``P:status``, ``P:worker:heartbeat`` and,
-  of every zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``
-  and ``P:breaker:Y`` (``GET``, ``MGET``, ``HGETALL``).
+* ``P:paused`` (``SET``, ``DEL``), ``P:canary:*`` (``GET``, ``WATCH``,
+  ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``) and every zone's
+  ``P:budget:Y:allowance`` (``GET``, ``SET``: ``governor budget set``).
+* read only (``%R~``): ``P:status``, ``P:worker:heartbeat`` and, of every
+  zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``,
+  ``P:breaker:Y`` and ``P:fleet:Y:desired`` (``GET``, ``MGET``,
+  ``HGETALL``).
 
 ``governor-admission`` -- the agent orchestrators' ``governor admission
 add|list|check|remove``: ``P:admission`` only (``HSET``, ``HGET``,
@@ -100,9 +103,8 @@ only the commands above plus the connection basics ``AUTH``, ``HELLO``
 (redis-py 8 connects with RESP3), ``PING``, ``SELECT`` (a ``/N`` database
 in the URL) and the ``CLIENT`` subcommands redis-py sends on connect
 (``SETINFO``, ``MAINT_NOTIFICATIONS``) only with a ``--redis-version``
-whose ACL loads the rule: Redis 6.x takes any subcommand name (both), 7.x
-refuses the whole ``SETUSER`` for a subcommand it does not have (7.0: none,
-7.2+: ``SETINFO``).  Without them redis-py's connect-time ``CLIENT`` calls
+whose ACL loads the rule: 7.x refuses the whole ``SETUSER`` for a
+subcommand it does not have (7.0: none, 7.2+: ``SETINFO``).  Without them redis-py's connect-time ``CLIENT`` calls
 are refused, which it ignores: one ``ACL LOG`` entry (``object: client``)
 per connection, nothing more.  Never ``@dangerous``, ``KEYS``,
 ``SCAN``, ``FLUSHALL``, ``CONFIG`` or ``CLIENT KILL``; no Pub/Sub channels
@@ -168,7 +170,7 @@ CLIENT_INFO = (
 
 def connection_commands(version: tuple[int, int] | None) -> tuple[str, ...]:
     """:data:`CONNECTION` plus the CLIENT subcommands a Redis of ``version`` accepts in a rule
-    (None: any Redis 6.2 or later, so none of them)."""
+    (None: any Redis 7.0 or later, so none of them)."""
     if version is None:
         return CONNECTION
     extra = [name for name, *spans in CLIENT_INFO if any(lo <= version < hi for lo, hi in spans)]
@@ -176,13 +178,16 @@ def connection_commands(version: tuple[int, int] | None) -> tuple[str, ...]:
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    """``"7.0"`` or ``"7.0.15"`` -> ``(7, 0)``."""
+    """``"7.0"`` or ``"7.0.15"`` -> ``(7, 0)``; :class:`RedisAclError` below :data:`MIN_VERSION`."""
     try:
         major, minor = (int(p) for p in (text.split(".") + ["0"])[:2])
     except ValueError as exc:
-        raise RedisAclError(f"--redis-version {text!r}: expected MAJOR.MINOR, e.g. 6.2 or 7.0") from exc
-    if major < 6:
-        raise RedisAclError(f"--redis-version {text}: ACL users need Redis 6 or later")
+        raise RedisAclError(f"--redis-version {text!r}: expected MAJOR.MINOR, e.g. 7.0 or 7.2") from exc
+    if (major, minor) < MIN_VERSION:
+        raise RedisAclError(
+            f"--redis-version {text}: needs Redis 7.0 or later: Redis {major}.{minor} has no read-only key "
+            "patterns (%R~), so each executor could write the pause key and its own budget allowance"
+        )
     return major, minor
 
 
@@ -198,11 +203,12 @@ EXECUTOR_COMMANDS = (
     "hget",
     "hset",
     "hgetall",
-    "eval",
     "rpush",
     "lmove",
     "lrange",
     "lrem",
+    "watch",
+    "unwatch",
     "multi",
     "exec",
     "discard",
@@ -211,6 +217,8 @@ EXECUTOR_COMMANDS = (
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
 WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", *TRANSACTION)
 OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
+#: The first Redis whose ACL has read-only key patterns (``%R~``): what the rules need.
+MIN_VERSION = (7, 0)
 ADMISSION_COMMANDS = ("hget", "hset", "hgetall", "hdel")
 
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -242,7 +250,7 @@ class AclUser:
         """The ``ACL SETUSER`` rules after the name (``reset`` first: applying twice is a no-op)."""
         out = ["reset", "on", f"#{password_sha256}", "resetchannels"]
         out += [f"~{k}" for k in self.keys]
-        out += [f"%R~{k}" if version and version >= (7, 0) else f"~{k}" for k in self.read_keys]
+        out += [f"%R~{k}" for k in self.read_keys]
         out.append("-@all")
         out += [f"+{c}" for c in dict.fromkeys((*connection_commands(version), *self.commands))]
         return out
@@ -280,12 +288,12 @@ def executor_user(prefix: str, zone: str, zones: Sequence[str]) -> AclUser:
     keys = [glob_escape(k) for k in own]
     marker = names.applied_marker(prefix, zone, "")  # "<prefix>:applied:<zone>:"
     keys.append(glob_escape(marker) + "*")
-    # The fleet budget's EVAL names every zone's desired hash (read-write: see the docstring).
-    keys += [glob_escape(names.desired_replicas(prefix, z)) for z in zones if z != zone]
+    # Read only (%R~): the kill switch and its zone's share of the fleet budget; no other zone's key.
+    read = (names.paused(prefix), names.zone_allowance(prefix, zone))
     return AclUser(
         executor_user_name(zone),
         keys=tuple(keys),
-        read_keys=(glob_escape(names.paused(prefix)),),
+        read_keys=tuple(glob_escape(k) for k in read),
         commands=EXECUTOR_COMMANDS,
     )
 
@@ -299,6 +307,7 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
     keys += [glob_escape(names.status(prefix)), glob_escape(names.worker_heartbeat(prefix))]
     keys.append(glob_escape(names.admission(prefix)))
+    keys += [glob_escape(names.zone_allowance(prefix, z)) for z in zones]  # the default split, at start
     beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
     platform = tuple(glob_escape(names.platform_replicas(prefix, z)) for z in zones)
     return AclUser(WORKER, keys=tuple(keys), read_keys=beats + platform, commands=WORKER_COMMANDS)
@@ -307,8 +316,12 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
 def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
     """The ACL of ``governor pause|resume``, ``governor canary ...`` and ``governor status``."""
     _check_names(prefix, zones)
-    keys = (glob_escape(names.paused(prefix)), glob_escape(names.canary_state(prefix, "")) + "*")
-    per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash)
+    keys = (
+        glob_escape(names.paused(prefix)),
+        glob_escape(names.canary_state(prefix, "")) + "*",
+        *(glob_escape(names.zone_allowance(prefix, z)) for z in zones),  # governor budget set
+    )
+    per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash, names.desired_replicas)
     read = [names.status(prefix), names.worker_heartbeat(prefix), *(f(prefix, z) for z in zones for f in per_zone)]
     return AclUser(OPERATOR, keys=keys, read_keys=tuple(glob_escape(k) for k in read), commands=OPERATOR_COMMANDS)
 
@@ -386,7 +399,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--redis-version",
         default="",
-        help="the Redis the rules are for (default: any 6.2 or later); 7.0 or later: the pause key read-only (%%R~)",
+        help="the Redis the rules are for (default: any 7.0 or later; older ones are refused: no %%R~ read-only keys)",
     )
     p.add_argument("--keep-default", action="store_true", help="do not disable the 'default' user")
 

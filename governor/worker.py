@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -26,6 +27,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from executors.loop import MAX_DELAY_S, MIN_DELAY_S
+from governor.budget_cli import write_default_allowances
 from governor.processes import WORKER_READY, ready_log
 from streams.agents import build_pipeline
 from streams.app import create_app
@@ -45,6 +47,7 @@ def run_worker(settings: Settings) -> int:
     pipeline.metrics.serve(settings.metrics_port, settings.metrics_addr, readiness)
     if not wait_for_servers(settings, readiness):
         return 0  # stopped while waiting
+    _default_allowances(settings)
     probe = aioredis.Redis.from_url(
         str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
     )
@@ -76,6 +79,22 @@ def run_worker(settings: Settings) -> int:
     )
     worker.execute_from_commandline()
     return 0
+
+
+def _default_allowances(settings: Settings) -> None:
+    """Each zone's share of the fleet budget where none is set (governor/budget_cli.py); a failure is logged:
+    the executors then hold scale-ups of a zone without an allowance (fail safe)."""
+    client = redis.Redis.from_url(
+        str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
+    )
+    try:
+        written = write_default_allowances(client, settings, int(time.time() * 1000))
+        if written:
+            log.info("fleet budget: default allowances written for %s", ", ".join(written))
+    except Exception as exc:  # noqa: BLE001 - never stops the worker
+        log.error("fleet budget: allowances not written (%s); executors hold scale-ups without one", exc)
+    finally:
+        client.close()
 
 
 def _kafka_problem(settings: Settings) -> str | None:

@@ -222,6 +222,7 @@ def build_pipeline(
     # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
     side = SideChannel()
     heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
+    allowance_keys = [names.zone_allowance(settings.topic_prefix, z) for z in settings.zones]  # core/budget.py
     platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
     platform_refused: dict[str, list[str]] = {}
     admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (streams/admission_driver.py)
@@ -252,9 +253,11 @@ def build_pipeline(
         if now_s < next_heartbeat_read[0]:
             return
         next_heartbeat_read[0] = now_s + 1.0
-        beats = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys))
+        read = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys + allowance_keys))
+        n = len(settings.zones)
         # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
-        loop.set_heartbeats(None if beats is None else [z for z, b in zip(settings.zones, beats, strict=True) if b])
+        loop.set_heartbeats(None if read is None else [z for z, b in zip(settings.zones, read[:n], strict=True) if b])
+        loop.set_allowances(None if read is None else dict(zip(settings.zones, read[n:], strict=True)))
         await review_admission()
         for zone, key in platform_keys:  # replica truth from the platform (streams/platform_truth.py)
             fields = await side.call("platform replicas", functools.partial(redis.hgetall, key))

@@ -55,6 +55,7 @@ from typing import Any, Protocol
 import orjson
 
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
+from core.budget import Allowance
 from core.settings import Settings
 from core.signing import Keyring
 from streams.agent_weights_driver import AgentWeightsDriver
@@ -314,6 +315,13 @@ class ControlLoop:
                     self.metrics.capacity.labels(m, z).set(capacity)
 
     # -- missing telemetry -----------------------------------------------------------------
+    def set_allowances(self, raw: Mapping[str, Any] | None) -> None:
+        """Each zone's stored share of the fleet budget (None: no view, the last one kept); the scaler caps a
+        zone's targets at it (:meth:`streams.scaler_driver.Scaler._budget_cap`); a malformed one is unknown."""
+        if raw is not None:
+            decoded = {z: Allowance.decode(v) for z, v in raw.items()}
+            self.scaler.allowances = {z: a for z, a in decoded.items() if a is not None}
+
     def set_heartbeats(self, alive: Collection[str] | None) -> None:
         """The zones whose executor heartbeat is present (None: unknown); zone loss needs it gone."""
         self.scaler.alive = None if alive is None else frozenset(alive)

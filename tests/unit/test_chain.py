@@ -4,8 +4,9 @@ refusal, the dry-run backend's words per kind, the webhook's Retry-After parser.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -95,6 +96,37 @@ def test_build_backend_keeps_the_single_backend_flag() -> None:
         build_backend(_ctx(executor_backends="route=gateway"), None)
     with pytest.raises(SettingsError, match="needs GOVERNOR_WEBHOOK_URL"):  # validated at start, not per command
         build_backend(_ctx(executor_backends="relocate=webhook"), None)
+
+
+def test_every_backend_that_scales_enforces_the_fleet_budget() -> None:
+    """k8s and webhook (any backend taking scale commands) are wrapped in the zone's budget; sim checks it itself;
+    dry-run, routing and gateway change no replicas.  The wrapper keeps the backend's name and replica source."""
+    from core.settings import ModelSpec
+    from core.workloads import parse_workloads
+    from executors.budget import BudgetedBackend, FleetBudget
+    from executors.platform import replica_source
+
+    workloads = parse_workloads([{"model": "m", "zone": "az-a", "kind": "Deployment", "name": "vllm-m"}])
+    spec = "scale=k8s,relocate=webhook,route=routing,canary=dry-run"
+    ctx = _ctx(
+        executor_backends=spec,
+        models=(ModelSpec("m"),),
+        workloads=workloads,
+        k8s_api_url="http://127.0.0.1:1",
+        webhook_url="http://127.0.0.1:1/cmd",
+    )
+    ctx = dataclasses.replace(ctx, budget=FleetBudget(("az-a", "az-b"), total=100, models=("m",)))
+    chain = build_backend(ctx, None)
+    assert isinstance(chain, ChainBackend)
+    wrapped = {k: isinstance(b, BudgetedBackend) for k, b in chain.routes.items()}
+    assert wrapped == {"scale": True, "relocate": True, "route": False, "canary": False}
+    assert [applied_by(chain, k) for k in ("scale", "relocate")] == ["k8s", "webhook"]
+    # The k8s backend's replica truth, through the wrapper.
+    assert replica_source(chain) is cast(Any, chain.routes["scale"])
+    assert isinstance(
+        build_backend(dataclasses.replace(ctx, settings=ctx.settings.replace(executor_backends="")), "sim"),
+        SimFleetBackend,
+    )
 
 
 def test_chain_builds_each_backend_once_and_names_it_per_kind() -> None:

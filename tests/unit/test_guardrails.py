@@ -18,7 +18,7 @@ def test_budgets_are_read_from_the_environment_and_validated() -> None:
     )
     assert s.max_replicas_total == 100 and s.models[0].max_replicas_total == 40
     assert Settings.from_env(s.to_env()) == s
-    assert FleetBudget.from_settings(s) == FleetBudget(("az-a", "az-b"), 100, {"a": 40})
+    assert FleetBudget.from_settings(s) == FleetBudget(("az-a", "az-b"), 100, {"a": 40}, ("a", "b"))
     assert FleetBudget.from_settings(Settings()) is None  # no budget: the plain write
     with pytest.raises(SettingsError, match="GOVERNOR_MAX_REPLICAS_TOTAL=-1"):
         Settings.from_env({"GOVERNOR_MAX_REPLICAS_TOTAL": "-1"})

@@ -390,3 +390,28 @@ def test_an_unusable_headroom_is_refused(bad: object) -> None:
 
     with pytest.raises(SettingsError, match="replica_headroom"):
         ModelSpec(MODEL, replica_capacity_rps=2.0, replica_headroom=bad)  # type: ignore[arg-type]
+
+
+def test_a_zones_allowance_caps_its_targets_so_its_executor_is_not_asked_for_more() -> None:
+    """The executors refuse a scale-up above their zone's share (executors/budget.py): the scaler, once it has
+    read the allowances, asks for no more, so a zone that wants more gets its share, not refusals."""
+    from core import names
+    from core.budget import default_allowances
+    from streams.control_loop import ControlLoop
+
+    s = _budget_scaler(total=12)
+    shares = default_allowances(("az-a", "az-b"), 12, {})
+    loop = ControlLoop.__new__(ControlLoop)  # only set_allowances, on this scaler
+    loop.scaler = s
+    loop.set_allowances({z: a.encode() for z, a in shares.items()} | {"az-b": b"junk"})
+    assert set(s.allowances) == {"az-a"} and names.zone_allowance("p", "az-a").endswith("az-a:allowance")
+    target, reasons = 4, []
+    for k in range(4):
+        w = _zw("az-a", k, eps=0.9, ready=target)
+        for cmd in s.on_window(w, w.window_end_ms):
+            target = cmd.target_replicas
+            reasons.append(cmd.reason)
+            assert target <= 6, cmd.reason  # az-a's share of 12, not the whole 12
+    assert target == 6 and any("budget:" in r for r in reasons)
+    loop.set_allowances(None)  # no view: the last one kept
+    assert set(s.allowances) == {"az-a"}

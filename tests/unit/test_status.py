@@ -118,7 +118,7 @@ def test_the_acl_grants_the_status_keys() -> None:
     op = operator_user("g", zones)
     expected = {names.status("g"), names.worker_heartbeat("g")}
     expected |= {f("g", z) for z in zones for f in (names.executor_heartbeat, names.executor_last_result)}
-    expected |= {names.breaker_hash("g", z) for z in zones}
+    expected |= {f("g", z) for z in zones for f in (names.breaker_hash, names.desired_replicas)}
     assert set(op.read_keys) == expected and {"hgetall", "mget", "get"} <= set(op.commands)
     assert not {"hset", "xadd"} & set(op.commands)
     assert any(r.startswith("%R~g:status") for r in op.rules("0" * 64, version=(7, 0)))
