@@ -717,7 +717,7 @@ class Settings:
         0,
         "GOVERNOR_MAX_REPLICAS_TOTAL",
         "fleet budget: replicas over every model and zone (0 = none); the scaler clamps its targets "
-        "and the sim backend refuses a write above it",
+        "and every executor refuses a write above its zone's share (`governor budget`)",
         "int",
         ge=0,
     )
