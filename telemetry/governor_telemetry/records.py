@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,32 @@ FIELDS_BY_KIND = {"request": REQUEST_FIELDS, "gpu": GPU_FIELDS}
 
 # Integer fields must fit the int64 columns the windows aggregate.
 INT_MAX = 2**63 - 1
+# Realistic bounds (issue #31): a record past one is no measurement and is dead-lettered with the
+# field's name.  They keep one record, and the sums of a window of records, far from the 64-bit
+# limits (one valid ``prompt_tokens = 2**63 - 1`` overflowed its window, which was then refused).
+MAX_TS_MS = 2**53  # a time stamp (the year 287,396), exact in float64
+MAX_DURATION_MS = 7 * 86_400_000  # a latency or duration: one week
+MAX_TOKENS = 2**31  # tokens of one request, KV blocks it hit
+MAX_COUNT = 2**31  # queue length, running requests, KV blocks of one replica
+MAX_BYTES = 2**53  # bytes of one replica (8 PiB), and the allocator's layout generation
+_DURATIONS = ("queue_ms", "network_ms", "preprocess_ms", "ttft_ms", "itl_ms", "decode_ms", "e2e_ms")
+MAXIMA: dict[str, dict[str, float]] = {
+    "request": {
+        "ts_ms": MAX_TS_MS,
+        "arrival_ms": MAX_TS_MS,
+        **dict.fromkeys(_DURATIONS, MAX_DURATION_MS),
+        **dict.fromkeys(("prompt_tokens", "output_tokens", "kv_hit_blocks"), MAX_TOKENS),
+    },
+    "gpu": {
+        "ts_ms": MAX_TS_MS,
+        **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "queue_len", "running"), MAX_COUNT),
+        **dict.fromkeys(
+            ("mem_used_bytes", "mem_total_bytes", "largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes"),
+            MAX_BYTES,
+        ),
+        "kv_generation": MAX_BYTES,
+    },
+}
 # A node id is a window key and goes into the node's window record (at most 256 characters there).
 MAX_NODE_CHARS = 256
 # Bins of a GPU sample's free_block_hist (the window record keeps at most as many).
@@ -124,18 +151,28 @@ _STR, _INT, _NUMBER, _BOOL = range(4)
 
 
 def _compile(
-    table: Mapping[str, tuple[tuple[type, ...], bool, float | None]],
-) -> tuple[tuple[str, bool, int, float | None], ...]:
+    table: Mapping[str, tuple[tuple[type, ...], bool, float | None]], maxima: Mapping[str, float]
+) -> tuple[tuple[str, bool, int, float | None, float], ...]:
+    """(name, required, check, minimum, maximum) per field; the maximum of an int is at most
+    INT_MAX, that of a number without a bound float64's largest (inf and NaN are refused)."""
+
     def check(types: tuple[type, ...]) -> int:
         return {(str,): _STR, (int,): _INT, _NUM: _NUMBER, (bool,): _BOOL}[types]
 
-    return tuple((name, required, check(types), minimum) for name, (types, required, minimum) in table.items())
+    def top(name: str, types: tuple[type, ...]) -> float:
+        return maxima.get(name, INT_MAX if types == (int,) else sys.float_info.max)
+
+    return tuple(
+        (name, required, check(types), minimum, top(name, types)) for name, (types, required, minimum) in table.items()
+    )
 
 
-_COMPILED = {kind: _compile(table) for kind, table in FIELDS_BY_KIND.items()}
+_COMPILED = {kind: _compile(table, MAXIMA[kind]) for kind, table in FIELDS_BY_KIND.items()}
 
 
-def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float | None) -> str | None:
+def _field_reason(
+    name: str, value: Any, types: tuple[type, ...], minimum: float | None, maximum: float | None = None
+) -> str | None:
     """Why ``value`` is not valid for a field of ``types`` (None: it is)."""
     # bool is an int subclass: keep it out of numeric fields and vice versa.
     if isinstance(value, bool) and bool not in types:
@@ -153,13 +190,15 @@ def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float
         return f"field {name!r}={value} is below {minimum}"
     if (types == (int,) or type(value) is int) and value > INT_MAX:
         return f"field {name!r}={value} exceeds {INT_MAX}"
+    if maximum is not None and value > maximum:
+        return f"field {name!r}={value} exceeds {maximum}"
     return None
 
 
 def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
     table = FIELDS_BY_KIND[kind]
     get = rec.get
-    for name, required, check, minimum in _COMPILED[kind]:
+    for name, required, check, minimum, maximum in _COMPILED[kind]:
         value = get(name)
         if value is None:
             if required:
@@ -170,18 +209,18 @@ def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
             if t is str and value:
                 continue
         elif check is _NUMBER:
-            # NaN fails both comparisons, inf the second.
+            # NaN fails both comparisons, inf the second (maximum is finite).
             if t is float:
-                if minimum <= value < math.inf:
+                if minimum <= value <= maximum:
                     continue
-            elif t is int and minimum <= value <= INT_MAX:
+            elif t is int and minimum <= value <= maximum and value <= INT_MAX:
                 continue
         elif check is _INT:
-            if t is int and minimum <= value <= INT_MAX:
+            if t is int and minimum <= value <= maximum:
                 continue
         elif t is bool:
             continue
-        reason = _field_reason(name, value, table[name][0], minimum)
+        reason = _field_reason(name, value, table[name][0], minimum, maximum)
         if reason is not None:
             return reason
     return None
@@ -303,7 +342,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
     if versions.count(SCHEMA_VERSION) != n or any(v is True for v in versions):
         return None  # (JSON true is not version 1, although True == 1 in Python)
     cols: dict[str, list[Any]] = {}
-    for name, required, check, minimum in _COMPILED["request"]:
+    for name, required, check, minimum, maximum in _COMPILED["request"]:
         col = [r.get(name) for r in records]
         types = set(map(type, col))
         values = col
@@ -329,7 +368,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
                 return None
             if float in types and not math.isfinite(sum(values)):  # NaN or inf (or overflow)
                 return None
-            if min(values) < minimum or max(values) > INT_MAX:
+            if min(values) < minimum or max(values) > maximum or max(values) > INT_MAX:
                 return None
     if not set(cols["status"]) <= REQUEST_STATUSES:
         return None
