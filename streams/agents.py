@@ -23,6 +23,11 @@ The control agent's learned state (scaler, routing, breakers, KV policy,
 agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
+Each agent handles a message inside one boundary (:mod:`streams.boundary`).
+
+Over 400 lines: the three agents share one closure (the loop, the topics, the
+publishing and side-channel helpers, the rebalance hooks); apart, each would be
+handed that state and the wiring of one ControlLoop would spread over modules.
 """
 
 from __future__ import annotations
@@ -130,11 +135,8 @@ def build_pipeline(
     metrics: WorkerMetrics | None = None,
     readiness: Readiness | None = None,
 ) -> Pipeline:
-    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`.
-
-    Each agent handles a message inside one boundary (:mod:`streams.boundary`): what raises is
-    dead-lettered and the agent moves on; an agent crash fails ``readiness`` until it runs again.
-    """
+    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`
+    (``readiness``: failed by an agent's crash until it runs again)."""
     metrics = metrics or WorkerMetrics()
     watch = AgentWatch(metrics, readiness, ("ingest", "control", "bridge"))
     keyring = settings.keyring()

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import reprlib
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from governor_telemetry.bounds import FLOAT_MAX, MAXIMA
 from governor_telemetry.vocab import AGENT_PATHS, AGENT_SIGNALS, GPU_STATES, REQUEST_STATUSES
 
 SCHEMA_VERSION = 1
@@ -90,32 +90,6 @@ FIELDS_BY_KIND = {"request": REQUEST_FIELDS, "gpu": GPU_FIELDS}
 
 # Integer fields must fit the int64 columns the windows aggregate.
 INT_MAX = 2**63 - 1
-# Realistic bounds (issue #31): a record past one is no measurement and is dead-lettered with the
-# field's name.  They keep one record, and the sums of a window of records, far from the 64-bit
-# limits (one valid ``prompt_tokens = 2**63 - 1`` overflowed its window, which was then refused).
-MAX_TS_MS = 2**53  # a time stamp (the year 287,396), exact in float64
-MAX_DURATION_MS = 7 * 86_400_000  # a latency or duration: one week
-MAX_TOKENS = 2**31  # tokens of one request, KV blocks it hit
-MAX_COUNT = 2**31  # queue length, running requests, KV blocks of one replica
-MAX_BYTES = 2**53  # bytes of one replica (8 PiB), and the allocator's layout generation
-_DURATIONS = ("queue_ms", "network_ms", "preprocess_ms", "ttft_ms", "itl_ms", "decode_ms", "e2e_ms")
-MAXIMA: dict[str, dict[str, float]] = {
-    "request": {
-        "ts_ms": MAX_TS_MS,
-        "arrival_ms": MAX_TS_MS,
-        **dict.fromkeys(_DURATIONS, MAX_DURATION_MS),
-        **dict.fromkeys(("prompt_tokens", "output_tokens", "kv_hit_blocks"), MAX_TOKENS),
-    },
-    "gpu": {
-        "ts_ms": MAX_TS_MS,
-        **dict.fromkeys(("kv_blocks_used", "kv_blocks_total", "queue_len", "running"), MAX_COUNT),
-        **dict.fromkeys(
-            ("mem_used_bytes", "mem_total_bytes", "largest_free_block_bytes", "kv_free_bytes", "kv_waiting_bytes"),
-            MAX_BYTES,
-        ),
-        "kv_generation": MAX_BYTES,
-    },
-}
 # A node id is a window key and goes into the node's window record (at most 256 characters there).
 MAX_NODE_CHARS = 256
 # Bins of a GPU sample's free_block_hist (the window record keeps at most as many).
@@ -153,14 +127,11 @@ _STR, _INT, _NUMBER, _BOOL = range(4)
 def _compile(
     table: Mapping[str, tuple[tuple[type, ...], bool, float | None]], maxima: Mapping[str, float]
 ) -> tuple[tuple[str, bool, int, float | None, float], ...]:
-    """(name, required, check, minimum, maximum) per field; the maximum of an int is at most
-    INT_MAX, that of a number without a bound float64's largest (inf and NaN are refused)."""
-
     def check(types: tuple[type, ...]) -> int:
         return {(str,): _STR, (int,): _INT, _NUM: _NUMBER, (bool,): _BOOL}[types]
 
-    def top(name: str, types: tuple[type, ...]) -> float:
-        return maxima.get(name, INT_MAX if types == (int,) else sys.float_info.max)
+    def top(name: str, types: tuple[type, ...]) -> float:  # the field's bound, else its type's
+        return maxima.get(name, INT_MAX if types == (int,) else FLOAT_MAX)
 
     return tuple(
         (name, required, check(types), minimum, top(name, types)) for name, (types, required, minimum) in table.items()
@@ -170,9 +141,7 @@ def _compile(
 _COMPILED = {kind: _compile(table, MAXIMA[kind]) for kind, table in FIELDS_BY_KIND.items()}
 
 
-def _field_reason(
-    name: str, value: Any, types: tuple[type, ...], minimum: float | None, maximum: float | None = None
-) -> str | None:
+def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float | None, maximum: float) -> str | None:
     """Why ``value`` is not valid for a field of ``types`` (None: it is)."""
     # bool is an int subclass: keep it out of numeric fields and vice versa.
     if isinstance(value, bool) and bool not in types:
@@ -188,10 +157,9 @@ def _field_reason(
         return f"field {name!r} is empty"
     if minimum is not None and value < minimum:
         return f"field {name!r}={value} is below {minimum}"
-    if (types == (int,) or type(value) is int) and value > INT_MAX:
-        return f"field {name!r}={value} exceeds {INT_MAX}"
-    if maximum is not None and value > maximum:
-        return f"field {name!r}={value} exceeds {maximum}"
+    for limit in (INT_MAX if types == (int,) or type(value) is int else math.inf, maximum):
+        if value > limit:
+            return f"field {name!r}={value} exceeds {limit}"
     return None
 
 

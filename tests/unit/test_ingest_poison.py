@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 import pytest
+from governor_telemetry.bounds import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_TOKENS
 from governor_telemetry.columnar import encode_columns
-from governor_telemetry.records import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_TOKENS, encode_envelope
+from governor_telemetry.records import encode_envelope
 
 from controllers.window_record import decode_window
 from controllers.windows import initialize, result
