@@ -95,6 +95,12 @@ class CapacityParams:
 
 
 _SUMS = ("w", "x", "y", "xx", "xy", "yy")
+# A curve point's inputs are taken only inside realistic ranges, so that every sum stays finite:
+# an ITL below a microsecond (1e-241 ms made 1/itl squared infinite) or above a day, or a load past
+# a million requests/s per replica, is no measurement of a decoding replica.
+MIN_ITL_MS = 1e-3
+MAX_ITL_MS = 86_400_000.0
+MAX_LOAD_RPS = 1e6
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,7 @@ def step(
     previous = state.last_saturated_rps
     state = replace(state, last_saturated_rps=per_replica if saturated and w.starting == 0 else None)
     if saturated and w.starting == 0 and previous is not None and max(previous, per_replica) > 0.0:
-        target = math.log(max(previous, per_replica) / prior_rps)
+        target = math.log(max(previous, per_replica)) - math.log(prior_rps)  # (a quotient may underflow to 0)
         now = min(state.log_k, log_bound if log_bound is not None else math.inf)
         if target < now:
             log_bound = now + params.down_gain * (target - now)
@@ -194,10 +200,9 @@ def step(
     if (
         not saturated
         and itl is not None
-        and math.isfinite(itl)
-        and itl > 0.0
+        and MIN_ITL_MS <= itl <= MAX_ITL_MS  # (NaN fails both)
         and slo is not None
-        and per_replica > 0.0
+        and 0.0 < per_replica <= MAX_LOAD_RPS
         and w.starting == 0
         and w.queue_per_replica <= params.healthy_queue
     ):
@@ -207,11 +212,11 @@ def step(
         sums = (sw + 1.0, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y)
         state = replace(state, curve=state.curve + 1)
     log_k = state.log_k
-    if slo is not None and slo > 0 and sums[0] > 0:
+    if slo is not None and MIN_ITL_MS <= slo <= MAX_ITL_MS and sums[0] > 0:
         fit = _curve_capacity(sums, 1.0 / (params.itl_margin * slo), params.spread, params.min_corr)
         if fit is not None:
             cap_fit, weight = fit
-            log_k = weight * math.log(cap_fit / prior_rps) / (weight + params.prior_weight)
+            log_k = weight * (math.log(cap_fit) - math.log(prior_rps)) / (weight + params.prior_weight)
     limit = math.log(params.max_factor)
     log_k = min(max(log_k, -limit), limit)
     if log_bound is not None:

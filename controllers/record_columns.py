@@ -3,7 +3,7 @@
 A columnar telemetry message (:mod:`governor_telemetry.columnar`) carries a
 section of rows per record kind as one list per field.  :func:`check_requests`
 and :func:`check_gpus` apply the row rules -- types, required fields,
-minimums, the int64 bound, finiteness, non-empty strings, the closed
+minimums, the realistic maxima (``records.MAXIMA``) and the int64 bound, finiteness, non-empty strings, the closed
 vocabularies, the cross-field rules -- with numpy and C-speed builtins
 (``set(map(type, col))``, ``max(map(len, col))``), without building a
 Python object per row, and return the rows' values as float arrays for the
@@ -92,8 +92,9 @@ def _columns(cols: Mapping[str, list[Any]], kind: str, n: int) -> tuple[Any, dic
     stack: list[list[Any]] = []  # well-typed numeric columns
     names: list[str] = []
     mins: list[float] = []
+    maxes: list[float] = []
     nan_bad: list[bool] = []  # a NaN in this column is a bad row (required, or no None in it)
-    for name, required, check, minimum in _COMPILED[kind]:
+    for name, required, check, minimum, maximum in _COMPILED[kind]:
         col = cols.get(name)
         if col is None:
             if required:
@@ -127,10 +128,11 @@ def _columns(cols: Mapping[str, list[Any]], kind: str, n: int) -> tuple[Any, dic
             stack.append(col)
             names.append(name)
             mins.append(float(minimum or 0.0))
+            maxes.append(float(maximum))
             nan_bad.append(required or _NONE not in types)
             continue
         vals, bad = _numbers(col, types, allowed, required)
-        suspect |= bad | np.isinf(vals) | (vals < (minimum or 0.0)) | (vals >= _EXACT)
+        suspect |= bad | np.isinf(vals) | (vals < (minimum or 0.0)) | (vals > maximum) | (vals >= _EXACT)
         if float in types and _has_nan(col):
             suspect |= np.fromiter((type(v) is float and v != v for v in col), bool, n)
         num[name] = vals
@@ -142,7 +144,7 @@ def _columns(cols: Mapping[str, list[Any]], kind: str, n: int) -> tuple[Any, dic
             for i, col in enumerate(stack):
                 mat[i], bad = _numbers(col, set(map(type, col)), {int, float}, False)
                 suspect |= bad
-        bad = np.isinf(mat) | (mat < np.array(mins)[:, None]) | (mat >= _EXACT)
+        bad = np.isinf(mat) | (mat < np.array(mins)[:, None]) | (mat > np.array(maxes)[:, None]) | (mat >= _EXACT)
         if any(nan_bad):
             bad |= np.isnan(mat) & np.array(nan_bad)[:, None]
         suspect |= bad.any(axis=0)

@@ -33,15 +33,37 @@ if TYPE_CHECKING:  # types only: controllers.windows imports this module
 __all__ = ["READY_STATES", "STARTING_STATES", "node_kv", "node_result", "result"]
 
 
+#: A window's counts and sums saturate here (the window record's ints are int64): a window is never
+#: refused because of its own content, however large the records it summed.
+INT64_MAX = 2**63 - 1
+
+
 def _ratio(num: float, den: float, empty: float | None) -> float | None:
     return float(num) / den if den else empty
+
+
+def _saturated(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with every int at most :data:`INT64_MAX` and every non-finite float as None (unknown).
+
+    >>> _saturated({"prompt_tokens": 2**64, "queue_ms_mean": float("inf"), "count": 3})
+    {'prompt_tokens': 9223372036854775807, 'queue_ms_mean': None, 'count': 3}
+    """
+    for k, v in out.items():
+        if type(v) is int and v > INT64_MAX:
+            out[k] = INT64_MAX
+        elif type(v) is float and not math.isfinite(v):
+            out[k] = None
+        elif type(v) is dict:
+            out[k] = _saturated(v)
+    return out
 
 
 def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
     """JSON-safe summary of one window.
 
     Ratios over requests are 0.0 for an empty window; quantiles and means
-    with no samples are None (JSON null), never NaN.
+    with no samples are None (JSON null), never NaN.  Counts and sums
+    saturate at :data:`INT64_MAX`; a mean that is not finite is None.
 
     Examples
     --------
@@ -86,7 +108,7 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
     )
     for name in AGENT_SIGNAL_COLUMNS:
         out[f"{name}_mean"] = _ratio(getattr(agg, f"{name}_micro") / AGENT_MICRO, agent_n, None)
-    return out
+    return _saturated(out)
 
 
 def node_kv(snap: NodeSnapshot | None) -> dict[str, Any]:
@@ -109,8 +131,8 @@ def node_kv(snap: NodeSnapshot | None) -> dict[str, Any]:
         return {k: None for k in (*KV_COLUMNS, "largest_free_block_bytes", "free_block_hist")}
     out: dict[str, Any] = {k: (v if (v := getattr(snap, k)) >= 0 else None) for k in KV_COLUMNS}
     out["largest_free_block_bytes"] = snap.largest_free_block_bytes
-    out["free_block_hist"] = list(snap.free_block_hist) if snap.free_block_hist else None
-    return out
+    out["free_block_hist"] = [min(v, INT64_MAX) for v in snap.free_block_hist] if snap.free_block_hist else None
+    return _saturated(out)
 
 
 def node_result(agg: WindowAggregate, node: str, window_s: float) -> dict[str, Any]:

@@ -42,8 +42,8 @@ def run_worker(settings: Settings) -> int:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
     clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
-    pipeline = build_pipeline(app, settings, clock)
-    readiness = Readiness(("kafka", "agents", "redis"))
+    readiness = Readiness(("kafka", "agents", "redis"))  # and "agent <name>" after a crash (streams.boundary)
+    pipeline = build_pipeline(app, settings, clock, readiness=readiness)
     pipeline.metrics.serve(settings.metrics_port, settings.metrics_addr, readiness)
     if not wait_for_servers(settings, readiness):
         return 0  # stopped while waiting

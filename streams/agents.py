@@ -23,6 +23,11 @@ The control agent's learned state (scaler, routing, breakers, KV policy,
 agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
+Each agent handles a message inside one boundary (:mod:`streams.boundary`).
+
+Over 400 lines: the three agents share one closure (the loop, the topics, the
+publishing and side-channel helpers, the rebalance hooks); apart, each would be
+handed that state and the wiring of one ControlLoop would spread over modules.
 """
 
 from __future__ import annotations
@@ -51,9 +56,11 @@ from core.signing import MissingKeysError
 from core.transport import redis_options
 from streams.admission_driver import AdmissionDriver
 from streams.app import GovernorApp
+from streams.boundary import AgentWatch, unprocessable
 from streams.canary_driver import CanaryDriver
 from streams.commands import Command, CommandError
-from streams.control_loop import ControlLoop
+from streams.control_loop import ControlLoop, Ingested
+from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance
 from streams.pipeline import dead_letter
@@ -74,6 +81,7 @@ class Pipeline:
     snapshots: SnapshotStore
     ownership: Ownership
     rebalance: Rebalance
+    watch: AgentWatch | None = None
 
 
 async def xadd_with_retry(
@@ -121,10 +129,16 @@ def _headers(raw: Any) -> dict[str, Any]:
 
 
 def build_pipeline(
-    app: GovernorApp, settings: Settings, clock: ScaledClock, metrics: WorkerMetrics | None = None
+    app: GovernorApp,
+    settings: Settings,
+    clock: ScaledClock,
+    metrics: WorkerMetrics | None = None,
+    readiness: Readiness | None = None,
 ) -> Pipeline:
-    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`."""
+    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`
+    (``readiness``: failed by an agent's crash until it runs again)."""
     metrics = metrics or WorkerMetrics()
+    watch = AgentWatch(metrics, readiness, ("ingest", "control", "bridge"))
     keyring = settings.keyring()
     if keyring is None:
         raise MissingKeysError
@@ -156,20 +170,21 @@ def build_pipeline(
     async def send_dead_letter(dl: dict[str, Any]) -> None:
         await deadletter.send(value=orjson.dumps(dl))
 
-    async def publish_windows(closed: list[dict[str, Any]]) -> None:
-        for m in closed:
-            value, headers = loop.sign_window(m)
-            model = m["model"]
+    def sign_windows(closed: list[dict[str, Any]]) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
+        return [(m["model"], *loop.sign_window(m)) for m in closed]
+
+    async def publish_windows(closed: list[dict[str, Any]], signed: list[Any] | None = None) -> None:
+        for model, value, headers in signed if signed is not None else sign_windows(closed):
             await metrics_topic.send(
                 key=ownership.key(model), partition=ownership.partition(model), value=value, headers=headers
             )
 
-    async def publish(cmd: Command, what: str) -> None:
+    async def publish(cmd: Command, what: str, value: bytes | None = None) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()
         log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason, extra=_fields(cmd))
         # Signed here too: the bridge re-signs only what the control agent signed, so whoever can
         # write to the commands topic cannot have the bridge sign a command of their own.
-        await commands.send(key=cmd.zone.encode(), value=cmd.signed(keyring).encode())
+        await commands.send(key=cmd.zone.encode(), value=value or cmd.signed(keyring).encode())
 
     # Telemetry is acknowledged (its offset committed) only once every window it fed has closed:
     # a worker killed mid-window re-reads those records (ControlLoop.committable). Rebalances
@@ -185,11 +200,20 @@ def build_pipeline(
             return None
 
     @app.agent(telemetry, name="ingest")
+    @watch.agent("ingest")
     async def ingest(stream: Any) -> None:
         async for event in stream.noack().events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            generation, res = rebalance.generation, loop.ingest(event.value, source, clock.now_ms())
+            generation = rebalance.generation
+            try:  # the boundary (streams.boundary): what a message makes raise is its dead letter
+                res = loop.ingest(event.value, source, clock.now_ms())
+                signed = sign_windows(res.windows)
+            except Exception as exc:  # noqa: BLE001 - nothing a message holds stops ingest
+                dl = unprocessable("bad envelope", exc, source, event.value, clock.now_ms())
+                log.error("ingest of %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
+                metrics.observe_dead_letter(dl["reason"])
+                res, signed = Ingested(dead_letters=[dl]), []
             if res.dead_letters:
                 # One log line per message, not per record: a replay of old data or a broken
                 # producer must not become a flood of log lines (measured: the per-record line
@@ -204,7 +228,7 @@ def build_pipeline(
                 )
             for dl in res.dead_letters:
                 await send_dead_letter(dl)
-            await publish_windows(res.windows)
+            await publish_windows(res.windows, signed)
             rebalance.hold(event, res.max_ts_ms, generation)
             ack_closed()
 
@@ -324,11 +348,16 @@ def build_pipeline(
             log.exception("rebalance: assignment failed")
 
     @app.agent(metrics_topic, name="control")
+    @watch.agent("control")
     async def control(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
             source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            w, dl = loop.decode(event.value, source, clock.now_ms(), _headers(msg.headers))
+            try:  # the boundary (streams.boundary): a record that makes decoding raise is its dead letter
+                w, dl = loop.decode(event.value, source, clock.now_ms(), _headers(msg.headers))
+            except Exception as exc:  # noqa: BLE001 - nothing a message holds stops the control agent
+                w, dl = None, unprocessable("bad metrics record", exc, source, event.value, clock.now_ms())
+                metrics.observe_dead_letter(dl["reason"])
             if w is None:
                 assert dl is not None
                 await send_dead_letter(dl)
@@ -346,19 +375,30 @@ def build_pipeline(
                 continue
             if w.scope == "zone":
                 await drive_canary(w)
-                admission.on_window(w)
             if msg.partition not in ownership.assigned:  # released while the canary step awaited Redis
                 continue
-            decided = loop.decide(w, clock.now_ms())
+            try:  # the boundary: the decision and what it publishes, encoded before anything is sent
+                if w.scope == "zone":
+                    admission.on_window(w)
+                decided = loop.decide(w, clock.now_ms())
+                evs = [(partition_key(ev["model"], ev["zone"]), orjson.dumps(ev)) for ev in decided.events]
+                cmds = [cmd.signed(keyring).encode() for cmd in decided.commands]
+            except Exception as exc:  # noqa: BLE001 - a window the drivers cannot take is its dead letter
+                dl = unprocessable("bad metrics record", exc, source, event.value, clock.now_ms())
+                log.error("decision on %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
+                metrics.observe_dead_letter(dl["reason"])
+                await send_dead_letter(dl)
+                continue
             if w.scope == "zone":
                 await write_status(w, decided.events)
-            for ev in decided.events:
-                await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
-            for cmd, what in zip(decided.commands, decided.described, strict=True):
-                await publish(cmd, what)
+            for key, value in evs:
+                await events.send(key=key, value=value)
+            for cmd, what, signed_cmd in zip(decided.commands, decided.described, cmds, strict=True):
+                await publish(cmd, what, signed_cmd)
             await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
 
     @app.agent(commands, name="bridge")
+    @watch.agent("bridge")
     async def bridge(stream: Any) -> None:
         # One hybrid logical clock per worker: each bridged command is a send event,
         # stamped (tick at the clock's physical ms) before the XADD.  The stamp is not
@@ -391,6 +431,12 @@ def build_pipeline(
                     )
                 )
                 continue
+            except Exception as exc:  # noqa: BLE001 - the boundary (streams.boundary): anything else too
+                source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+                dl = unprocessable("bad command", exc, source, event.value, clock.now_ms())
+                metrics.observe_dead_letter(dl["reason"])
+                await send_dead_letter(dl)
+                continue
             hlc = stamped
             await xadd_with_retry(
                 redis,
@@ -400,4 +446,4 @@ def build_pipeline(
             )
             metrics.bridged.labels(cmd.zone).inc()
 
-    return Pipeline(app=app, loop=loop, metrics=metrics, snapshots=snapshots, ownership=ownership, rebalance=rebalance)
+    return Pipeline(app, loop, metrics, snapshots, ownership, rebalance, watch)

@@ -167,16 +167,41 @@ def dead_letter(
     # Cheap cases first: a big string or bytes is cut without serialising it whole.
     size = None
     if not (isinstance(record, str | bytes | bytearray | memoryview) and len(record) > room):
-        size = _size(record)
-        if size is not None and size <= room:
-            dl["record"] = record
+        # The letter itself is measured, not the record alone: the letter nests the record one
+        # level deeper, so a record of 254 levels serialises alone and its letter does not.
+        dl["record"] = record
+        whole = _size(dl)
+        if whole is not None and whole <= MAX_DEAD_LETTER_BYTES:
             return dl
+        size = _size(record)
     dl["record"], _ = clip(record, room // 2)
     dl["truncated"] = True
     if size is not None:
         dl["record_bytes"] = size
     elif isinstance(record, str | bytes | bytearray | memoryview):
         dl["record_bytes"] = len(record)
-    if (_size(dl) or MAX_DEAD_LETTER_BYTES + 1) > MAX_DEAD_LETTER_BYTES:  # not expected: clip is conservative
-        dl["record"] = f"{CUT}[record dropped]"
-    return dl
+    return _encodable(dl)
+
+
+def _encodable(dl: dict[str, Any]) -> dict[str, Any]:
+    """``dl`` if it serialises within :data:`MAX_DEAD_LETTER_BYTES`; else the same letter without its record.
+
+    Not expected (:func:`clip` is conservative), but this is what makes every dead letter
+    encodable by construction: the last fallback holds only short strings, ints and bools.
+    """
+    size = _size(dl)
+    if size is not None and size <= MAX_DEAD_LETTER_BYTES:
+        return dl
+    dl["record"] = f"{CUT}[record dropped]"
+    size = _size(dl)
+    if size is not None and size <= MAX_DEAD_LETTER_BYTES:
+        return dl
+    return {
+        "schema_version": 1,
+        "kind": dl["kind"] if dl.get("kind") in _KINDS else "invalid record",
+        "reason": _cut_text(str(dl.get("reason", "")), MAX_REASON_CHARS),
+        "source": f"{CUT}[source dropped]",
+        "record": f"{CUT}[record dropped]",
+        "dead_lettered_ms": ms if type(ms := dl.get("dead_lettered_ms")) is int and _INT_MIN <= ms <= _INT_MAX else 0,
+        "truncated": True,
+    }

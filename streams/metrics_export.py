@@ -112,6 +112,12 @@ class WorkerMetrics:
             registry=r,
         )
         self.redis_retries = Counter("governor_redis_retries_total", "Redis writes retried", registry=r)
+        self.agent_crashes = Counter(  # streams.boundary.AgentWatch: /readyz 503 until the agent runs again
+            "governor_agent_crashes_total",
+            "agent bodies that raised (Faust restarts the agent)",
+            ("agent",),
+            registry=r,
+        )
         self.snapshots_ignored = Counter(
             "governor_snapshots_ignored_total",
             "learned-state snapshots refused at start (unauthenticated, unreadable, version, scope, stale)",

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from governor_telemetry.bounds import FLOAT_MAX, MAXIMA
 from governor_telemetry.vocab import AGENT_PATHS, AGENT_SIGNALS, GPU_STATES, REQUEST_STATUSES
 
 SCHEMA_VERSION = 1
@@ -124,18 +125,23 @@ _STR, _INT, _NUMBER, _BOOL = range(4)
 
 
 def _compile(
-    table: Mapping[str, tuple[tuple[type, ...], bool, float | None]],
-) -> tuple[tuple[str, bool, int, float | None], ...]:
+    table: Mapping[str, tuple[tuple[type, ...], bool, float | None]], maxima: Mapping[str, float]
+) -> tuple[tuple[str, bool, int, float | None, float], ...]:
     def check(types: tuple[type, ...]) -> int:
         return {(str,): _STR, (int,): _INT, _NUM: _NUMBER, (bool,): _BOOL}[types]
 
-    return tuple((name, required, check(types), minimum) for name, (types, required, minimum) in table.items())
+    def top(name: str, types: tuple[type, ...]) -> float:  # the field's bound, else its type's
+        return maxima.get(name, INT_MAX if types == (int,) else FLOAT_MAX)
+
+    return tuple(
+        (name, required, check(types), minimum, top(name, types)) for name, (types, required, minimum) in table.items()
+    )
 
 
-_COMPILED = {kind: _compile(table) for kind, table in FIELDS_BY_KIND.items()}
+_COMPILED = {kind: _compile(table, MAXIMA[kind]) for kind, table in FIELDS_BY_KIND.items()}
 
 
-def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float | None) -> str | None:
+def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float | None, maximum: float) -> str | None:
     """Why ``value`` is not valid for a field of ``types`` (None: it is)."""
     # bool is an int subclass: keep it out of numeric fields and vice versa.
     if isinstance(value, bool) and bool not in types:
@@ -151,15 +157,16 @@ def _field_reason(name: str, value: Any, types: tuple[type, ...], minimum: float
         return f"field {name!r} is empty"
     if minimum is not None and value < minimum:
         return f"field {name!r}={value} is below {minimum}"
-    if (types == (int,) or type(value) is int) and value > INT_MAX:
-        return f"field {name!r}={value} exceeds {INT_MAX}"
+    for limit in (INT_MAX if types == (int,) or type(value) is int else math.inf, maximum):
+        if value > limit:
+            return f"field {name!r}={value} exceeds {limit}"
     return None
 
 
 def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
     table = FIELDS_BY_KIND[kind]
     get = rec.get
-    for name, required, check, minimum in _COMPILED[kind]:
+    for name, required, check, minimum, maximum in _COMPILED[kind]:
         value = get(name)
         if value is None:
             if required:
@@ -170,18 +177,18 @@ def _check_fields(rec: Mapping[str, Any], kind: str) -> str | None:
             if t is str and value:
                 continue
         elif check is _NUMBER:
-            # NaN fails both comparisons, inf the second.
+            # NaN fails both comparisons, inf the second (maximum is finite).
             if t is float:
-                if minimum <= value < math.inf:
+                if minimum <= value <= maximum:
                     continue
-            elif t is int and minimum <= value <= INT_MAX:
+            elif t is int and minimum <= value <= maximum and value <= INT_MAX:
                 continue
         elif check is _INT:
-            if t is int and minimum <= value <= INT_MAX:
+            if t is int and minimum <= value <= maximum:
                 continue
         elif t is bool:
             continue
-        reason = _field_reason(name, value, table[name][0], minimum)
+        reason = _field_reason(name, value, table[name][0], minimum, maximum)
         if reason is not None:
             return reason
     return None
@@ -303,7 +310,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
     if versions.count(SCHEMA_VERSION) != n or any(v is True for v in versions):
         return None  # (JSON true is not version 1, although True == 1 in Python)
     cols: dict[str, list[Any]] = {}
-    for name, required, check, minimum in _COMPILED["request"]:
+    for name, required, check, minimum, maximum in _COMPILED["request"]:
         col = [r.get(name) for r in records]
         types = set(map(type, col))
         values = col
@@ -329,7 +336,7 @@ def request_columns(records: list[Any]) -> dict[str, list[Any]] | None:
                 return None
             if float in types and not math.isfinite(sum(values)):  # NaN or inf (or overflow)
                 return None
-            if min(values) < minimum or max(values) > INT_MAX:
+            if min(values) < minimum or max(values) > maximum or max(values) > INT_MAX:
                 return None
     if not set(cols["status"]) <= REQUEST_STATUSES:
         return None

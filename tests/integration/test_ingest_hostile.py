@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -34,7 +35,11 @@ YEAR_MS = 365 * 86_400_000
 
 @pytest.fixture(scope="module")
 def worker(servers: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Path]]:
-    run = tmp_path_factory.mktemp("ingest-hostile")
+    yield from run_worker(servers, tmp_path_factory.mktemp("ingest-hostile"))
+
+
+def run_worker(servers: Settings, run: Path, **extra: Any) -> Iterator[tuple[Settings, Path]]:
+    """A worker on fresh topics, 1 s windows, one partition and zone (``extra``: more settings)."""
     settings = servers.replace(
         topic_prefix=f"t{uuid.uuid4().hex[:10]}",
         data_dir=str(run / "state"),
@@ -43,6 +48,7 @@ def worker(servers: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
         partitions=1,
         clock_origin_s=time.time(),
         zones=(ZONE,),
+        **extra,
     )
     asyncio.run(ensure_topics(settings))
     child = start_worker(settings, run)

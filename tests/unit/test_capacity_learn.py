@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controllers.capacity_learn import CapacityParams, CapacityState, CapacityWindow, capacity, step
@@ -76,10 +76,14 @@ def test_saturated_windows_bound_the_capacity_by_what_the_replicas_served() -> N
     ready=st.integers(-3, 50),
     queue=st.one_of(st.floats(0.0, 1e3), st.just(math.nan)),
     fixable=st.one_of(st.floats(0.0, 1.0), st.just(math.nan)),
-    itl=st.one_of(st.none(), st.floats(0.0, 1e6), st.sampled_from([math.nan, math.inf])),
+    itl=st.one_of(st.none(), st.floats(0.0, 1e6), st.sampled_from([math.nan, math.inf, 1e-241, 5e-324, 1e308])),
     starting=st.integers(0, 5),
 )
 @settings(max_examples=300, deadline=None)
+# found on a fresh clone (issue #31): an ITL of 1e-241 ms made 1/itl squared infinite
+@example(x=1.0, ready=1, queue=0.0, fixable=0.0, itl=1e-241, starting=0)
+@example(x=5e-324, ready=1, queue=5.0, fixable=1.0, itl=None, starting=0)  # a rate that underflows over the prior
+@example(x=1e4, ready=1, queue=0.0, fixable=0.0, itl=5e-324, starting=0)
 def test_any_window_keeps_the_estimate_finite_and_within_its_bounds(x, ready, queue, fixable, itl, starting) -> None:
     s = CapacityState()
     for _ in range(3):

@@ -74,8 +74,8 @@ VALID = [
     {**GPU, "gpu_util": 0, "state": "starting"},
     {**GPU, "gpu_util": 1.0, "kv_blocks_used": 5, "kv_blocks_total": 0},
     {**GPU, "kv_blocks_used": None, "kv_blocks_total": 4},
-    {**REQ, "prompt_tokens": INT_MAX},
-    {**REQ, "e2e_ms": 1e19},  # a float latency may exceed int64
+    {**REQ, "prompt_tokens": 2**31, "output_tokens": 2**31},  # the realistic bounds themselves
+    {**REQ, "e2e_ms": 604_800_000.0, "ts_ms": 2**53},
     {**REQ, **AGENT},  # a mixed-agent turn (seed 4.1)
     {**REQ, "agent_stability": 0, "agent_rag_score": 1, "agent_tool_conf": 0.0},  # ints, the bounds
     {**REQ, "agent_path": "llm"},  # a path without the signals
@@ -108,6 +108,12 @@ INVALID = [
     ({**REQ, "ttft_ms": "1"}, "field 'ttft_ms' must be int/float, got str"),
     ({**REQ, "ttft_ms": 10**30}, f"field 'ttft_ms'={10**30} exceeds {INT_MAX}"),
     ({**REQ, "queue_ms": -1}, "field 'queue_ms'=-1 is below 0"),
+    # past the realistic bounds (issue #31: one such record overflowed its window's sums)
+    ({**REQ, "prompt_tokens": INT_MAX}, f"field 'prompt_tokens'={INT_MAX} exceeds {2**31}"),
+    ({**REQ, "e2e_ms": 1e19}, "field 'e2e_ms'=1e+19 exceeds 604800000"),
+    ({**REQ, "ts_ms": 2**53 + 1}, f"field 'ts_ms'={2**53 + 1} exceeds {2**53}"),
+    ({**GPU, "mem_total_bytes": 2**60}, f"field 'mem_total_bytes'={2**60} exceeds {2**53}"),
+    ({**GPU, "queue_len": 2**32}, f"field 'queue_len'={2**32} exceeds {2**31}"),
     ({**REQ, "kv_hit": 1}, "field 'kv_hit' must be bool, got int"),
     ({**REQ, "prompt_tokens": 1.5}, "field 'prompt_tokens' must be int, got float"),
     ({**REQ, "status": "meh"}, "status 'meh' not in ['error', 'ok', 'timeout']"),
@@ -162,10 +168,15 @@ def test_invalid_records_and_their_reasons(rec: Any, reason: str) -> None:
 # "ts_ms True" are the same reading.
 
 INT64_MAX = 2**63 - 1  # window columns are int64 (stated here, not imported)
+# The README's realistic bounds (issue #31), stated here, not imported.
+TS_MAX = 2**53  # time stamps
+WEEK_MS = 7 * 86_400_000  # latencies and durations
+TOKENS_MAX = 2**31  # tokens and KV blocks of a request; queue, running and KV blocks of a replica
+BYTES_MAX = 2**53  # bytes of a replica, and the allocator's generation
 
 
-def _integer() -> dict[str, Any]:
-    return {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+def _integer(maximum: int = INT64_MAX) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 0, "maximum": maximum}
 
 
 def _number(maximum: float | None = None) -> dict[str, Any]:
@@ -179,23 +190,23 @@ _BOOLEAN: dict[str, Any] = {"type": "boolean"}
 FIELDS: dict[str, dict[str, dict[str, Any]]] = {
     "request": {
         "request_id": _STRING,
-        "ts_ms": _integer(),
-        "arrival_ms": _integer(),
+        "ts_ms": _integer(TS_MAX),
+        "arrival_ms": _integer(TS_MAX),
         "model": _STRING,
         "zone": _STRING,
         "node": _STRING,
         "request_class": _STRING,
-        "queue_ms": _number(),
-        "network_ms": _number(),
-        "preprocess_ms": _number(),
-        "ttft_ms": _number(),
-        "itl_ms": _number(),
-        "decode_ms": _number(),
-        "e2e_ms": _number(),
-        "prompt_tokens": _integer(),
-        "output_tokens": _integer(),
+        "queue_ms": _number(WEEK_MS),
+        "network_ms": _number(WEEK_MS),
+        "preprocess_ms": _number(WEEK_MS),
+        "ttft_ms": _number(WEEK_MS),
+        "itl_ms": _number(WEEK_MS),
+        "decode_ms": _number(WEEK_MS),
+        "e2e_ms": _number(WEEK_MS),
+        "prompt_tokens": _integer(TOKENS_MAX),
+        "output_tokens": _integer(TOKENS_MAX),
         "kv_hit": _BOOLEAN,
-        "kv_hit_blocks": _integer(),
+        "kv_hit_blocks": _integer(TOKENS_MAX),
         "status": {"enum": ["ok", "error", "timeout"]},
         "agent_stability": _number(1),
         "agent_rag_score": _number(1),
@@ -203,23 +214,23 @@ FIELDS: dict[str, dict[str, dict[str, Any]]] = {
         "agent_path": {"enum": ["rag", "tool", "llm"]},
     },
     "gpu": {
-        "ts_ms": _integer(),
+        "ts_ms": _integer(TS_MAX),
         "node": _STRING,
         "zone": _STRING,
         "model": _STRING,
         "state": {"enum": ["starting", "ready", "draining"]},
         "gpu_util": _number(1),
-        "mem_used_bytes": _integer(),
-        "mem_total_bytes": _integer(),
-        "kv_blocks_used": _integer(),
-        "kv_blocks_total": _integer(),
-        "largest_free_block_bytes": _integer(),
-        "queue_len": _integer(),
-        "running": _integer(),
+        "mem_used_bytes": _integer(BYTES_MAX),
+        "mem_total_bytes": _integer(BYTES_MAX),
+        "kv_blocks_used": _integer(TOKENS_MAX),
+        "kv_blocks_total": _integer(TOKENS_MAX),
+        "largest_free_block_bytes": _integer(BYTES_MAX),
+        "queue_len": _integer(TOKENS_MAX),
+        "running": _integer(TOKENS_MAX),
         "fragmentation_ratio": _number(1),
-        "kv_free_bytes": _integer(),
-        "kv_waiting_bytes": _integer(),
-        "kv_generation": _integer(),
+        "kv_free_bytes": _integer(BYTES_MAX),
+        "kv_waiting_bytes": _integer(BYTES_MAX),
+        "kv_generation": _integer(BYTES_MAX),
         "free_block_hist": {"type": "array", "items": _integer()},
     },
 }
@@ -397,6 +408,7 @@ _EDGE_VALUES: list[Any] = [
     -1, 0, 1, 2, 3, 4, 5, -0.5, 0.0, 0.5, 1.0, 1.0000001, 1.5, 2.0, 2.5, 5.0,
     119.99, 119.9999999, 120, 4120, 4120.0000001, 4121.0,
     INT64_MAX, INT64_MAX + 1, 9.2e18, float(2**63), 1e19,
+    2**31, 2**31 + 1, 604_800_000, 604_800_000.5, 2**53, 2**53 + 1, float(2**53), 1e308, 1e-308, 5e-324,
     [0, 3], [-1], [True], [0.5], [2.0], [INT64_MAX], [INT64_MAX + 1], [None], [[0]],
 ]  # fmt: skip
 _ALL_FIELDS = sorted({*FIELDS["request"], *FIELDS["gpu"], "kind", "schema_version"})
