@@ -15,7 +15,8 @@ event, so the loop can be driven, and tested, without a broker:
   drivers' state as plain data, one scope per model and per routed family
   (sealed and stored by :mod:`streams.snapshots`);
 - :meth:`ControlLoop.export_targets` the scalers' targets as ``governor_replicas_target``
-  (every zone window, and on restore: the gauge KEDA scales on, ``infra/k8s/keda/``).
+  (every zone window, a restored key's from its first fresh window: the gauge KEDA scales
+  on, ``infra/k8s/keda/``).
 
 The Faust agents in :mod:`streams.agents` only move bytes to and from these
 methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
@@ -306,7 +307,8 @@ class ControlLoop:
 
     def export_targets(self, model: str | None = None, zone: str | None = None) -> None:
         """``governor_replicas_target`` (and the capacity it is sized with) of each configured key, every zone
-        window, held or not, and after a restore; absent without a target, never 0 (``infra/k8s/keda/``)."""
+        window, held or not; absent without a target (a restored key's until a fresh window), never 0
+        (``infra/k8s/keda/``)."""
         if self.metrics is not None:
             for (m, z), target in self.scaler.targets(model, zone).items():
                 self.metrics.target.labels(m, z).set(float(target))
@@ -392,5 +394,5 @@ class ControlLoop:
         if done:
             self.owned.add(scope)
         if "scaler" in done and kind == "model":
-            self.export_targets(name)  # KEDA reads the restored target before the first window closes
+            self.export_targets(name)  # a restored key's target is exported after its first fresh window
         return done, failed
