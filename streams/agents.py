@@ -159,10 +159,10 @@ def build_pipeline(
     async def publish_windows(closed: list[dict[str, Any]]) -> None:
         for m in closed:
             value, headers = loop.sign_window(m)
-            model = m["model"]
-            await metrics_topic.send(
-                key=ownership.key(model), partition=ownership.partition(model), value=value, headers=headers
-            )
+            key, partition = ownership.key(m["model"]), ownership.partition(m["model"])
+            await metrics_topic.send(key=key, partition=partition, value=value, headers=headers)
+        for dl in loop.ingests.drain_dead_letters():  # the node cap's: one per closed window, with its count
+            await send_dead_letter(dl)
 
     async def publish(cmd: Command, what: str) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()

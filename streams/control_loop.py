@@ -106,6 +106,7 @@ class Ingested:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     windows: list[dict[str, Any]] = field(default_factory=list)
     max_ts_ms: int | None = None  # latest event time windowed (see ControlLoop.committable)
+    capped: int = 0  # records the node cap dropped (PartitionedIngest.drain_dead_letters: one letter a window)
 
 
 @dataclass
@@ -178,9 +179,10 @@ class ControlLoop:
         """
         proc = self.ingests.of(source.get("partition"), source.get("offset"))
         res: ProcessResult = proc.process(raw, source, now_ms)
-        out = Ingested(res.valid, res.dead_letters, proc.close_due(None, now_ms) if close else [], res.max_ts_ms)
+        windows = proc.close_due(None, now_ms) if close else []
+        out = Ingested(res.valid, res.dead_letters, windows, res.max_ts_ms, res.capped)
         if self.metrics is not None:
-            self.metrics.records.inc(res.valid + len(res.dead_letters))
+            self.metrics.records.inc(res.valid + len(res.dead_letters) + res.capped)
             for dl in res.dead_letters:
                 self.metrics.observe_dead_letter(dl["reason"])
             for m in out.windows:
@@ -270,11 +272,11 @@ class ControlLoop:
         out = Decisions()
         if w.scope == "zone":
             w = self.platform.apply(w)
-        # Missing telemetry (TelemetryWatch): no request records -> every driver holds; no GPU
-        # samples -> the replica counts are unknown: the breaker and the agent weights (request
-        # data) act, the router and the scaler hold.
+        # Missing telemetry (TelemetryWatch): no request records, or a node cap that dropped over
+        # 10 % of the records -> every driver holds; no GPU samples -> the replica counts are
+        # unknown: the breaker and the agent weights (request data) act, the router and the scaler hold.
         hold = self.watch.held(w, out.events) if w.scope == "zone" else None
-        if hold == "no_requests":
+        if hold in ("no_requests", "node_cap"):
             self.export_targets(w.model, w.zone)  # held: the target stays exported, never drops
             return out
         if w.model in self._configured:
