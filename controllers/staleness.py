@@ -27,10 +27,14 @@ on it:
     window.
 ``no_gpu``
     request records but no GPU sample: the replica counts are unknown.
+``node_cap``
+    the node cap dropped more than ``HOLD_DROPPED_RATE`` (10 %) of the window's
+    records (:mod:`controllers.node_cap`): node ids beyond the cap, a flood of
+    junk ids, say; what is left is no picture of the zone.
 
 A window that is not ``ok`` is **held**: the scaler and the router do not
 act on it, so the controllers' state (level, integrator, forecasts, zone
-view) does not move.  A ``no_requests`` window holds every driver; a
+view) does not move.  A ``no_requests`` or ``node_cap`` window holds every driver; a
 ``no_gpu`` window still feeds the drivers that need only request data (the
 circuit breaker, the agent weights).
 The (model, zone) is **stale** after ``stale_windows`` held windows in a
@@ -71,10 +75,11 @@ import math
 from dataclasses import dataclass
 
 from controllers.errors import ParameterError
+from controllers.node_cap import HOLD_DROPPED_RATE
 
 __all__ = ["HOLD_KINDS", "SATURATED_QUEUE", "StaleParams", "StaleState", "classify", "silent", "step"]
 
-HOLD_KINDS = ("no_requests", "no_gpu")
+HOLD_KINDS = ("no_requests", "no_gpu", "node_cap")
 SATURATED_QUEUE = 0.5  # requests queued per replica: no completion then means overload, not missing data
 
 
@@ -93,7 +98,7 @@ class StaleParams:
 class StaleState:
     held_windows: int = 0  # consecutive windows that were not "ok"
     stale: bool = False
-    reason: str = ""  # the kind of the last held window ("no_requests", "no_gpu") or a silence
+    reason: str = ""  # the kind of the last held window ("no_requests", "no_gpu", "node_cap") or a silence
 
 
 def classify(
@@ -102,12 +107,19 @@ def classify(
     queue_len_mean: float | None,
     replicas: int = 0,
     saturated_queue: float = SATURATED_QUEUE,
+    node_cap_dropped_rate: float = 0.0,
 ) -> str:
-    """``ok``, ``saturated``, ``no_requests`` or ``no_gpu`` for one zone window (see the module docstring).
+    """``ok``, ``saturated``, ``no_requests``, ``no_gpu`` or ``node_cap`` for one zone window (see the
+    module docstring).
 
     ``replicas`` (ready + starting) counts only from GPU samples, so replicas > 0 means
     samples were there even when the means are absent.
+
+    >>> classify(count=96, running_mean=3.0, queue_len_mean=0.5, node_cap_dropped_rate=0.9)
+    'node_cap'
     """
+    if node_cap_dropped_rate > HOLD_DROPPED_RATE:
+        return "node_cap"
     gpu_seen = running_mean is not None or queue_len_mean is not None or replicas > 0
     if count > 0:
         return "ok" if gpu_seen else "no_gpu"

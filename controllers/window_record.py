@@ -123,6 +123,9 @@ class WindowRecord:
     kv_waiting_bytes: int | None = _f(_OPT_INT)
     kv_generation: int | None = _f(_OPT_INT)
     free_block_hist: tuple[int, ...] | None = None
+    # a zone window's records the node cap dropped, and their share of its records (controllers.node_cap)
+    node_cap_dropped: int = _f(_INT, 0)
+    node_cap_dropped_rate: float = _f(_RATE, 0.0)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -591,8 +591,9 @@ class Settings:
     max_nodes_per_window: int = _setting(
         1024,
         "GOVERNOR_MAX_NODES_PER_WINDOW",
-        "distinct nodes one (model, zone) window holds; records of further nodes are dead-lettered "
-        "(kind too many nodes)",
+        "distinct nodes one (model, zone) window holds, the nodes of its last 3 windows first and at most "
+        "max(64, those) new ones; records of further nodes are counted, one dead letter a window (kind too "
+        "many nodes), and a window that lost over 10 % of its records is held",
         "int",
         ge=1,
     )

@@ -178,6 +178,8 @@ def build_pipeline(
             await metrics_topic.send(
                 key=ownership.key(model), partition=ownership.partition(model), value=value, headers=headers
             )
+        for dl in loop.ingests.drain_dead_letters():  # the node cap's: one per closed window, with its count
+            await send_dead_letter(dl)
 
     async def publish(cmd: Command, what: str, value: bytes | None = None) -> None:
         metrics.commands.labels(cmd.kind, cmd.zone).inc()

@@ -15,7 +15,8 @@ event, so the loop can be driven, and tested, without a broker:
   drivers' state as plain data, one scope per model and per routed family
   (sealed and stored by :mod:`streams.snapshots`);
 - :meth:`ControlLoop.export_targets` the scalers' targets as ``governor_replicas_target``
-  (every zone window, and on restore: the gauge KEDA scales on, ``infra/k8s/keda/``).
+  (every zone window, a restored key's from its first fresh window: the gauge KEDA scales
+  on, ``infra/k8s/keda/``).
 
 The Faust agents in :mod:`streams.agents` only move bytes to and from these
 methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
@@ -106,6 +107,7 @@ class Ingested:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     windows: list[dict[str, Any]] = field(default_factory=list)
     max_ts_ms: int | None = None  # latest event time windowed (see ControlLoop.committable)
+    capped: int = 0  # records the node cap dropped (PartitionedIngest.drain_dead_letters: one letter a window)
 
 
 @dataclass
@@ -178,9 +180,10 @@ class ControlLoop:
         """
         proc = self.ingests.of(source.get("partition"), source.get("offset"))
         res: ProcessResult = proc.process(raw, source, now_ms)
-        out = Ingested(res.valid, res.dead_letters, proc.close_due(None, now_ms) if close else [], res.max_ts_ms)
+        windows = proc.close_due(None, now_ms) if close else []
+        out = Ingested(res.valid, res.dead_letters, windows, res.max_ts_ms, res.capped)
         if self.metrics is not None:
-            self.metrics.records.inc(res.valid + len(res.dead_letters))
+            self.metrics.records.inc(res.valid + len(res.dead_letters) + res.capped)
             for dl in res.dead_letters:
                 self.metrics.observe_dead_letter(dl["reason"])
             for m in out.windows:
@@ -270,11 +273,11 @@ class ControlLoop:
         out = Decisions()
         if w.scope == "zone":
             w = self.platform.apply(w)
-        # Missing telemetry (TelemetryWatch): no request records -> every driver holds; no GPU
-        # samples -> the replica counts are unknown: the breaker and the agent weights (request
-        # data) act, the router and the scaler hold.
+        # Missing telemetry (TelemetryWatch): no request records, or a node cap that dropped over
+        # 10 % of the records -> every driver holds; no GPU samples -> the replica counts are
+        # unknown: the breaker and the agent weights (request data) act, the router and the scaler hold.
         hold = self.watch.held(w, out.events) if w.scope == "zone" else None
-        if hold == "no_requests":
+        if hold in ("no_requests", "node_cap"):
             self.export_targets(w.model, w.zone)  # held: the target stays exported, never drops
             return out
         if w.model in self._configured:
@@ -307,7 +310,8 @@ class ControlLoop:
 
     def export_targets(self, model: str | None = None, zone: str | None = None) -> None:
         """``governor_replicas_target`` (and the capacity it is sized with) of each configured key, every zone
-        window, held or not, and after a restore; absent without a target, never 0 (``infra/k8s/keda/``)."""
+        window, held or not; absent without a target (a restored key's until a fresh window), never 0
+        (``infra/k8s/keda/``)."""
         if self.metrics is not None:
             for (m, z), target in self.scaler.targets(model, zone).items():
                 self.metrics.target.labels(m, z).set(float(target))
@@ -400,5 +404,5 @@ class ControlLoop:
         if done:
             self.owned.add(scope)
         if "scaler" in done and kind == "model":
-            self.export_targets(name)  # KEDA reads the restored target before the first window closes
+            self.export_targets(name)  # a restored key's target is exported after its first fresh window
         return done, failed

@@ -93,6 +93,12 @@ class WorkerMetrics:
         for kind in DEAD_LETTER_KINDS:  # a fixed set of series, each from 0
             self.deadletters.labels(kind)
         self.windows = Counter("governor_windows_closed_total", "windows closed", ("scope",), registry=r)
+        self.node_cap_dropped = Counter(
+            "governor_window_node_cap_dropped",
+            "telemetry records of nodes a (model, zone) window had no slot for (GOVERNOR_MAX_NODES_PER_WINDOW)",
+            _LABELS,
+            registry=r,
+        )
         self.commands = Counter("governor_commands_issued_total", "commands published", ("kind", "zone"), registry=r)
         self.bridged = Counter("governor_commands_bridged_total", "commands written to Redis", ("zone",), registry=r)
         self.events = Counter(
@@ -151,6 +157,9 @@ class WorkerMetrics:
         if m["scope"] != "zone":
             return
         lab = (m["model"], m["zone"])
+        if m.get("node_cap_dropped"):  # the window's one node-cap dead letter and the records it counts
+            self.deadletters.labels("too many nodes").inc()
+            self.node_cap_dropped.labels(*lab).inc(m["node_cap_dropped"])
         count = m.get("count") or 0
         if count > 0:
             self.requests_total.labels(*lab).inc(count)

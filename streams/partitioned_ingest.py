@@ -74,6 +74,10 @@ class PartitionedIngest:
     def all(self) -> list[TelemetryProcessor]:
         return [self.default, *self.by_partition.values()]
 
+    def drain_dead_letters(self) -> list[dict[str, Any]]:
+        """The node cap's dead letters of the windows closed since the last call, one a window, to publish."""
+        return [dl for proc in self.all() for dl in proc.drain_dead_letters()]
+
     @property
     def open_windows(self) -> int:
         return sum(p.open_windows for p in self.all())

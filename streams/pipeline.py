@@ -9,9 +9,11 @@ broker and reused by the fast simulator.  Per message it
    reason and its source topic/partition/offset/index),
 3. admits the valid ones: a model not in GOVERNOR_MODELS, a zone not in
    GOVERNOR_ZONES, a time stamp more than GOVERNOR_MAX_FUTURE_S ahead of the
-   clock, a window that already closed (late) and a new node in a (model,
-   zone) window that already holds GOVERNOR_MAX_NODES_PER_WINDOW nodes are
-   dead-lettered, each with its kind (:data:`core.vocab.DEAD_LETTER_KINDS`);
+   clock and a window that already closed (late) are dead-lettered, each with
+   its kind (:data:`core.vocab.DEAD_LETTER_KINDS`); a node a (model, zone)
+   window has no slot for (GOVERNOR_MAX_NODES_PER_WINDOW, known nodes first:
+   :mod:`controllers.node_cap`) is counted, and one ``too many nodes`` dead
+   letter per window says how many records the cap dropped (:meth:`TelemetryProcessor.drain_dead_letters`);
 4. adds the admitted ones to the tumbling window of their (model, zone, node).  Rows are buffered per window and
    aggregated as numpy columns in blocks (``FLUSH_ROWS``) and at close, so the
    numpy cost is per block, not per message.
@@ -67,6 +69,7 @@ from governor_telemetry.records import (
     validate_record,
 )
 
+from controllers.node_cap import NodeCap, dropped_rate
 from controllers.record_columns import check_gpus, check_requests
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES
 from controllers.window_record import METRICS_SCHEMA_VERSION
@@ -95,6 +98,7 @@ class ProcessResult:
     valid: int = 0
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     max_ts_ms: int | None = None  # the latest event time windowed from this message (None: nothing windowed)
+    capped: int = 0  # records dropped by the node cap (one dead letter per window when it closes)
 
 
 def _hist(hist: list[Any] | None) -> list[int] | None:
@@ -124,6 +128,9 @@ def _raw_text(raw: Any) -> Any:
         return bytes(raw).decode("utf-8", errors="replace")
     return raw
 
+
+# The node cap's dead letters of closed windows kept until the caller drains them (one per window).
+MAX_CAP_LETTERS = 1024
 
 # Rows of a window are buffered as Python lists and handed to the (vectorised)
 # window aggregation in blocks of at least this many, or when the window
@@ -381,6 +388,8 @@ class TelemetryProcessor:
         self.windows_closed = 0
         self._pending: dict[tuple[tuple[str, str, str], int], _Pending] = {}
         self._nodes_in: dict[tuple[str, str, int], int] = {}  # (model, zone, start) -> nodes open
+        self.node_cap = NodeCap(self.max_nodes, self.size_ms)  # who gets those slots; what the cap dropped
+        self._cap_letters: list[dict[str, Any]] = []  # the cap's summaries of closed windows, to publish
 
     @property
     def open_windows(self) -> int:
@@ -458,17 +467,15 @@ class TelemetryProcessor:
             self.late_count += 1
             return "late", f"late: window [{start}, {start + size}) closed before the record arrived"
         if (((model, zone, rec["node"]), start)) not in self._pending:
-            if self._nodes_in.get((model, zone, start), 0) >= self.max_nodes:
-                return "too many nodes", (
-                    f"too many nodes: window [{start}, {start + size}) of {model}/{zone} already holds "
-                    f"{self.max_nodes} nodes (GOVERNOR_MAX_NODES_PER_WINDOW)"
-                )
+            if not self.node_cap.admits(model, zone, rec["node"], start, self._nodes_in.get((model, zone, start), 0)):
+                return "too many nodes", ""  # counted per window (NodeCap.drop), not dead-lettered one by one
         return start, slo
 
     def _open(self, key: tuple[str, str, str], start: int, slo: SloSpec) -> _Pending:
         """The pending rows of a new (model, zone, node) window (admitted: within the node cap)."""
         zkey = (key[0], key[1], start)
         self._nodes_in[zkey] = self._nodes_in.get(zkey, 0) + 1
+        self.node_cap.opened(*key, start)
         buf = self._pending[(key, start)] = _Pending(self.tracker.get(key, start), slo)
         return buf
 
@@ -486,6 +493,11 @@ class TelemetryProcessor:
             admitted = self._admit(rec, now_ms)
             if isinstance(admitted[0], str):
                 kind, why = admitted
+                if kind == "too many nodes":
+                    ts = int(rec["ts_ms"])
+                    self.node_cap.drop(rec["model"], rec["zone"], ts - ts % self.size_ms)
+                    out.capped += 1
+                    continue
                 self._dead(out, kind, why, {**source, "index": index}, rec, now_ms)
                 continue
             start, slo = admitted
@@ -584,11 +596,12 @@ class TelemetryProcessor:
             groups = {}
             for i, k in enumerate(keys):
                 groups.setdefault(k, []).append(i)  # type: ignore[union-attr]
-        new: Counter[tuple[str, str, int]] = Counter(
-            (m, z, s) for m, z, n, s in groups if ((m, z, n), s) not in self._pending
-        )
-        if any(self._nodes_in.get(zkey, 0) + k > self.max_nodes for zkey, k in new.items()):
-            return None  # the node cap: the per-record path dead-letters the nodes beyond it
+        new: dict[tuple[str, str, int], list[str]] = {}  # nodes new to their (model, zone) window
+        for m, z, n, s in groups:
+            if ((m, z, n), s) not in self._pending:
+                new.setdefault((m, z, s), []).append(n)
+        if not all(self._cap_fits(zkey, nodes) for zkey, nodes in new.items()):
+            return None  # the node cap: the per-record path admits what it can and counts the rest
         for (model, zone, node, start), idx in groups.items():
             key = (model, zone, node)
             buf = self._pending.get((key, start))
@@ -643,12 +656,12 @@ class TelemetryProcessor:
             return
         groups = _groups(good, mcodes, zcodes, ncodes, starts)
         keyed = [((models[m], zones[z], nodes[nd]), s, idx) for (m, z, nd, s), idx in groups]
-        new: dict[tuple[str, str, int], int] = {}  # new nodes per (model, zone, window)
+        new: dict[tuple[str, str, int], list[str]] = {}  # new nodes per (model, zone, window)
         for k, s, _ in keyed:
             if (k, s) not in self._pending:
-                new[(k[0], k[1], s)] = new.get((k[0], k[1], s), 0) + 1
-        over = {zk for zk, k in new.items() if self._nodes_in.get(zk, 0) + k > self.max_nodes}
-        if over:  # the node cap: the per-record path takes the new nodes up to it, dead-letters the rest
+                new.setdefault((k[0], k[1], s), []).append(k[2])
+        over = {zk for zk, nodes in new.items() if not self._cap_fits(zk, nodes)}
+        if over:  # the node cap: the per-record path takes the new nodes it admits, counts the rest
             for k, s, idx in keyed:
                 if (k[0], k[1], s) in over and (k, s) not in self._pending:
                     slow[idx] = True
@@ -698,6 +711,32 @@ class TelemetryProcessor:
         self._observe(int(ts[windowed].max()), now_ms, out)
         out.valid += int(windowed.size)
 
+    def _cap_fits(self, zkey: tuple[str, str, int], nodes: list[str]) -> bool:
+        """Whether the node cap admits every one of ``nodes``, new to the window ``zkey``."""
+        return self.node_cap.fits(zkey[0], zkey[1], zkey[2], nodes, self._nodes_in.get(zkey, 0))
+
+    def _cap_letter(self, zkey: tuple[str, str, int], dropped: int, admitted: int, now_ms: int) -> None:
+        """The one dead letter of a window whose node cap dropped records (issue 31, item 5), kept for
+        :meth:`drain_dead_letters` (the latest MAX_CAP_LETTERS when nobody drains them: the simulator)."""
+        (model, zone, start), end = zkey, zkey[2] + self.size_ms
+        summary = {"model": model, "zone": zone, "window_start_ms": start, "window_end_ms": end}
+        summary.update(dropped_records=dropped, admitted_records=admitted, max_nodes=self.max_nodes)
+        reason = (
+            f"too many nodes: {dropped} records of nodes without a slot dropped from window [{start}, {end}) "
+            f"of {model}/{zone} (GOVERNOR_MAX_NODES_PER_WINDOW={self.max_nodes}; recent nodes keep theirs)"
+        )
+        self.dead_letter_count += 1
+        self.dead_by_kind["too many nodes"] += 1
+        dl = dead_letter(
+            reason, {"window": "node cap", "model": model, "zone": zone}, summary, now_ms, "too many nodes"
+        )
+        self._cap_letters = [*self._cap_letters[-(MAX_CAP_LETTERS - 1) :], dl]
+
+    def drain_dead_letters(self) -> list[dict[str, Any]]:
+        """The node cap's dead letters of the windows closed since the last call (one per window)."""
+        out, self._cap_letters = self._cap_letters, []
+        return out
+
     def flush(self) -> None:
         """Aggregate every buffered row into its window's aggregate."""
         for buf in self._pending.values():
@@ -728,9 +767,10 @@ class TelemetryProcessor:
             now_ms = None
         closed = self.tracker.close_due(now_ms)
         if not closed:
+            self._cap_unopened(emitted_ms)
             return []
         zones: dict[tuple[str, str, int], Any] = {}
-        nodes_in: dict[tuple[str, str, int], int] = defaultdict(int)
+        nodes_in: dict[tuple[str, str, int], list[str]] = defaultdict(list)
         out: list[dict[str, Any]] = []
         # the tracker is keyed by Hashable; this processor's keys are (model, zone, node)
         for key, start, agg in cast("list[tuple[tuple[str, str, str], int, WindowAggregate]]", closed):
@@ -743,10 +783,24 @@ class TelemetryProcessor:
             out.append(self._record("node", model, zone, start, agg, emitted_ms, node=node))
             zkey = (model, zone, start)
             zones[zkey] = agg if zkey not in zones else merge(zones[zkey], agg)
-            nodes_in[zkey] += 1
+            nodes_in[zkey].append(node)
         for (model, zone, start), agg in sorted(zones.items(), key=lambda kv: kv[0][2]):
-            out.append(self._record("zone", model, zone, start, agg, emitted_ms, nodes=nodes_in[(model, zone, start)]))
+            zkey = (model, zone, start)
+            extra: dict[str, Any] = {"nodes": len(nodes_in[zkey])}
+            dropped = self.node_cap.close(model, zone, start, nodes_in[zkey])
+            if dropped:  # the window is held when the cap dropped too much of it (controllers.staleness)
+                admitted = agg.n_requests + agg.n_gpu_samples
+                extra.update(node_cap_dropped=dropped, node_cap_dropped_rate=dropped_rate(dropped, admitted))
+                self._cap_letter(zkey, dropped, admitted, emitted_ms)
+            out.append(self._record("zone", model, zone, start, agg, emitted_ms, **extra))
+        self._cap_unopened(emitted_ms)
         return out
+
+    def _cap_unopened(self, emitted_ms: int) -> None:
+        """The dead letters of closed windows the node cap let no node into (after those it did)."""
+        if self.node_cap.dropped and self.tracker.closed_ms is not None:
+            for zkey, dropped in self.node_cap.closed_without_nodes(self.tracker.closed_ms):
+                self._cap_letter(zkey, dropped, 0, emitted_ms)
 
     def _record(
         self, scope: str, model: str, zone: str, start: int, agg: Any, emitted_ms: int, **extra: Any

@@ -78,6 +78,9 @@ log = logging.getLogger(__name__)
 SNAPSHOT_VERSION = 3
 # The scaler's forecaster (Holt, beta 0.1) warms up over its trend's memory: docs/model.md §7.
 SCALER_FORECAST_WARMUP = LoadForecaster("holtwinters", 1).warmup_steps
+# A restored key scales below its fleet only once this many fresh windows in a row call for it
+# (issue 31, item 4): a sealed snapshot replayed within its maximum age cannot shrink the fleet.
+RESTORE_CONFIRM_WINDOWS = 3
 
 
 def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParams:
@@ -222,6 +225,10 @@ class KeyState:
     delay: obs.LoopDelay = field(default_factory=obs.LoopDelay)
     # commands on their way: [basis_s, issued_s, target, applied_s | None]
     inflight: list[list[Any]] = field(default_factory=list)
+    # Set by Scaler.restore, never saved: the fresh windows in a row since the restore that called for
+    # fewer replicas than the fleet has (None: no restore to confirm; see Scaler._hold_restored).
+    restore_votes: int | None = None
+    fresh: bool = True  # the target is this process's decision (False from a restore to the key's next window)
 
     def to_state(self) -> dict[str, Any]:
         """Plain data (JSON-able): every part's own state, no pickle."""
@@ -333,6 +340,9 @@ class Scaler:
                 f"(this worker: version {SNAPSHOT_VERSION}, controller {self.settings.controller})"
             )
         states = {(str(m), str(z)): KeyState.from_state(ks) for m, z, ks in data["states"]}
+        for ks in states.values():
+            ks.restore_votes = 0  # its targets shrink the fleet only once fresh windows confirm them
+            ks.fresh = False  # nor is its target exported before a fresh window (KEDA would act on it)
         zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
         decisions = int(data.get("decisions", 0))
         self.states.update(states)
@@ -394,6 +404,7 @@ class Scaler:
             assert isinstance(ks.ctrl, PidState)
             ks.ctrl, out = step(params, ks.ctrl, meas, window_s)
         self.decisions += 1
+        ks.fresh = True
         target = out.target_replicas
         reason = out.reason
         budget_cap = self._budget_cap(model, zone)
@@ -404,6 +415,10 @@ class Scaler:
             # Anti-windup: the integrator (the level) stays within what the budget allows.
             ks.ctrl = replace(ks.ctrl, last_target=target, level=None if level is None else min(level, float(target)))
         provisioned = ready + starting
+        if self._hold_restored(ks, model, zone, basis, target, provisioned):
+            # Anchored at the fleet: the restored level cannot drive the next windows' targets either.
+            ks.ctrl = replace(ks.ctrl, last_target=provisioned, level=max(ks.ctrl.level or 0.0, float(provisioned)))
+            target = previous = provisioned
         if target == (previous if previous is not None else provisioned):
             ks.mismatched_windows = ks.mismatched_windows + 1 if provisioned != target else 0
             if ks.mismatched_windows < self.reconcile_after:
@@ -442,6 +457,51 @@ class Scaler:
                 },
             )
         ]
+
+    def _hold_restored(self, ks: KeyState, model: str, zone: str, basis: int, target: int, provisioned: int) -> bool:
+        """Whether a restored key's ``target`` below its fleet (``provisioned``) is held this window.
+
+        After :meth:`restore` a key's learned state may be a sealed snapshot replayed within its
+        maximum age (issue 31, item 4): its level and target are not evidence about the fleet now.
+        Scaling up goes at once; a target below the fleet is held (the level anchored at the
+        fleet) until :data:`RESTORE_CONFIRM_WINDOWS` fresh windows in a row call for one, and the
+        last of them acts.  A window that does not call for one starts the count again.
+        """
+        if ks.restore_votes is None:
+            return False
+        if target >= provisioned:
+            ks.restore_votes = 0
+            return False
+        ks.restore_votes += 1
+        if ks.restore_votes >= RESTORE_CONFIRM_WINDOWS:
+            ks.restore_votes = None
+            log.info(
+                "%s/%s restored state: scale-down confirmed by %d fresh windows", zone, model, RESTORE_CONFIRM_WINDOWS
+            )
+            return False
+        log.info(
+            "%s/%s restored state: scale-down to %d held at %d (%d of %d fresh windows)",
+            zone,
+            model,
+            target,
+            provisioned,
+            ks.restore_votes,
+            RESTORE_CONFIRM_WINDOWS,
+            extra={"model": model, "zone": zone, "window_end_ms": basis},
+        )
+        self.events.append(
+            {
+                "schema_version": 1,
+                "kind": "restore_hold",
+                "model": model,
+                "zone": zone,
+                "window_end_ms": basis,
+                "target_replicas": target,
+                "held_replicas": provisioned,
+                "confirmations": ks.restore_votes,
+            }
+        )
+        return True
 
     def _budget_cap(self, model: str, zone: str) -> int | None:
         """The most replicas ``(model, zone)`` may target under the fleet budgets, or None without one.
@@ -786,11 +846,15 @@ class Scaler:
 
     def targets(self, model: str | None = None, zone: str | None = None) -> dict[tuple[str, str], int]:
         """The current replica target (``last_target``) of every configured (model, zone) that
-        has one, optionally of one model or zone: what ``governor_replicas_target`` exports."""
+        has one, optionally of one model or zone: what ``governor_replicas_target`` exports.
+
+        A restored key has none until it decides a fresh window: a replayed snapshot's target,
+        exported, would scale a KEDA-driven fleet down at once (:meth:`_hold_restored`)."""
         return {
             (m, z): ks.ctrl.last_target
             for (m, z), ks in self.states.items()
             if ks.ctrl.last_target is not None
+            and ks.fresh
             and m in self.params
             and z in self.settings.zones
             and model in (None, m)

@@ -38,7 +38,9 @@ fresh (logged, and counted in ``governor_snapshots_ignored_total{reason}``):
 
 Someone who can write Redis but holds no key can delete a snapshot or put
 back an older sealed one of the same scope (a replay, bounded by the maximum
-age); they cannot make the loop load state of their choosing.
+age); they cannot make the loop load state of their choosing, and a replayed
+scaler state cannot shrink a fleet: a restored key scales below its fleet only
+once three fresh windows call for it (:meth:`streams.scaler_driver.Scaler.restore`).
 
 >>> from core.signing import Keyring
 >>> ring = Keyring.parse("k1:" + bytes(range(32)).hex())

@@ -48,7 +48,7 @@ class TelemetryWatch:
         self.last_end_ms: dict[tuple[str, str], int] = {}
 
     def held(self, w: WindowRecord, events: list[dict[str, Any]]) -> str | None:
-        """What the loop must hold this zone window for (``no_requests``, ``no_gpu``), or None.
+        """What the loop must hold this zone window for (``no_requests``, ``no_gpu``, ``node_cap``), or None.
 
         Staleness changes are appended to ``events``.
         """
@@ -58,7 +58,10 @@ class TelemetryWatch:
         if w.window_end_ms <= self.last_end_ms.get(key, -1):
             return None  # a redelivery: the drivers drop it themselves
         self.last_end_ms[key] = w.window_end_ms
-        kind = classify(w.count, w.running_mean, w.queue_len_mean, w.replicas_ready + w.replicas_starting)
+        replicas = w.replicas_ready + w.replicas_starting
+        kind = classify(
+            w.count, w.running_mean, w.queue_len_mean, replicas, node_cap_dropped_rate=w.node_cap_dropped_rate
+        )
         before = self.stale.get(key, StaleState())
         self._set(key, before, step(self.params, before, kind), w.window_end_ms, events)
         return kind if kind in HOLD_KINDS else None

@@ -183,3 +183,43 @@ async def test_two_workers_owning_different_models_never_overwrite_each_other(
     assert set(fresh.scaler.states) == {("big", "az-a"), ("small", "az-a")}
     assert fresh.scaler.states[("big", "az-a")].to_state() == a.scaler.states[("big", "az-a")].to_state()
     assert fresh.scaler.states[("small", "az-a")].to_state() == b.scaler.states[("small", "az-a")].to_state()
+
+
+async def test_a_sealed_snapshot_replayed_within_its_age_does_not_shrink_the_fleet(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Issue 31, item 4: the 6-replica snapshot, copied and written back after the fleet grew to 64.
+
+    The seal and the age hold (it is governor's own, 10 minutes old), so it is restored; the fleet
+    is not shrunk until three fresh windows in a row call for it.  Before: ``reconcile`` to 6.
+    """
+    s, clock = settings.replace(models=(ModelSpec("big", max_replicas=100),), zones=("az-a",)), Clock()
+    key = names.snapshot(s.topic_prefix, "model:big")
+
+    def at(k: int, replicas: int, eps: float) -> WindowRecord:
+        return decode_window({**_window("big", k, eps).to_dict(), "replicas_ready": replicas, "rate_rps": 10.0})
+
+    loop = ControlLoop(s)
+    for k in range(5):  # a quiet 6-replica fleet
+        loop.decide(at(k, 6, 0.0), T0)
+    assert await _store(redis, s, loop, clock).save(0.0)
+    replayed = await redis.get(key)  # what the attacker keeps
+    assert loop.scaler.targets() == {("big", "az-a"): 6}
+    grown = ControlLoop(s)  # the fleet grew to 64; its worker's snapshot replaced the old one
+    grown.decide(at(5, 64, s.eps_ref), T0)
+    clock.ms = T0 + 600_000
+    assert await _store(redis, s, grown, clock).save(0.0) and await redis.get(key) != replayed
+
+    for eps, windows in ((s.eps_ref, 10), (0.0, 3)):  # fresh windows that hold, then ones that shrink
+        assert replayed is not None and await redis.set(key, replayed)  # written back, then a restart
+        restarted = ControlLoop(s)
+        store = _store(redis, s, restarted, clock)
+        assert (await store.restore())["model:big"]["scaler"] == 1 and store.ignored == {}
+        targets = [
+            [c.target_replicas for c in restarted.decide(at(k, 64, eps), T0 + 700_000).commands if c.kind == "scale"]
+            for k in range(6, 6 + windows)
+        ]
+        if eps:
+            assert targets == [[]] * windows  # held at 64 throughout
+        else:
+            assert targets[:2] == [[], []] and len(targets[2]) == 1 and 48 <= (targets[2][0] or 0) < 64

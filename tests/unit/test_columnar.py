@@ -271,11 +271,14 @@ def test_admission_dead_letters_are_those_of_rows() -> None:
         _gpu(0, model="gpt-x"),
         _gpu(1),
     ]
-    (_, dead_rows, win_rows), (_, dead_cols, win_cols) = _both([batch])
+    (p_rows, dead_rows, win_rows), (p_cols, dead_cols, win_cols) = _both([batch])
     kinds = sorted(d["kind"] for d in dead_cols)
-    assert kinds == ["future", "too many nodes", "too many nodes", "unknown model", "unknown model", "unknown zone"]
+    assert kinds == ["future", "unknown model", "unknown model", "unknown zone"]
     assert [t[:2] for t in _letters(dead_cols)] == [t[:2] for t in _letters(dead_rows)]
     assert _close(win_cols, win_rows)
+    # the nodes beyond the cap: counted, one dead letter for the window (issue 31, item 5)
+    capped = [[d["record"]["dropped_records"] for d in p.drain_dead_letters()] for p in (p_rows, p_cols)]
+    assert capped == [[2], [2]]
     # Late: a window that closed before the columns arrived.
     p = TelemetryProcessor(SETTINGS)
     p.process(encode_columns([_req(0, ts=T0 + 5_000)], "n", 0), SRC, NOW)

@@ -311,3 +311,61 @@ def test_without_a_keyring_nothing_is_signed_or_verified() -> None:
     value, headers = loop.sign_window(WINDOW)
     assert headers == [] and orjson.loads(value) == WINDOW
     assert loop.decode(value, SRC, T0)[0] is not None
+
+
+def _replayed_six_replica_loop(metrics: WorkerMetrics | None = None) -> ControlLoop:
+    """A loop restored from the snapshot of a quiet 6-replica fleet (issue 31, item 4: replayed later)."""
+    settings = Settings(models=(ModelSpec(MODEL, max_replicas=100),), zones=("az-a",), window_s=10.0)
+    old = ControlLoop(settings)
+    for k in range(5):
+        old.decide(_zone(window_end_ms=T0 + (k + 1) * 10_000, count=100, replicas_ready=6, rate_rps=10.0), T0)
+    snap = orjson.loads(orjson.dumps(old.snapshot_scopes()))[f"model:{MODEL}"]
+    assert old.scaler.targets() == {(MODEL, "az-a"): 6}
+    loop = ControlLoop(settings, metrics)
+    assert loop.restore_scope(f"model:{MODEL}", snap)[0]["scaler"] == 1
+    return loop
+
+
+def _targets_at_64(loop: ControlLoop, violation_rate: float, windows: int) -> tuple[list[list[int | None]], list[str]]:
+    """The scale targets each window commands with the fleet at 64, and the events' kinds."""
+    targets: list[list[int | None]] = []
+    kinds: list[str] = []
+    for k in range(5, 5 + windows):
+        w = _zone(window_end_ms=T0 + (k + 1) * 10_000, count=100, violation_rate=violation_rate, replicas_ready=64)
+        out = loop.decide(w, w.window_end_ms)
+        targets.append([c.target_replicas for c in out.commands if c.kind == "scale"])
+        kinds += [ev["kind"] for ev in out.events]
+    return targets, kinds
+
+
+def _exported(metrics: WorkerMetrics) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value
+        for fam in metrics.target.collect()
+        for s in fam.samples
+        if s.name.endswith("target")
+    }
+
+
+def test_a_replayed_snapshot_cannot_shrink_a_fleet_its_fresh_windows_hold() -> None:
+    """Fleet at 64, fresh windows on the SLO (hold): the replayed 6 is never commanded nor exported.
+
+    Before: the restored target was exported at once (6) and re-issued as a reconcile at the 3rd window.
+    """
+    metrics = WorkerMetrics()
+    loop = _replayed_six_replica_loop(metrics)
+    assert _exported(metrics) == {}  # absent until a fresh window: KEDA holds the replicas
+    targets, kinds = _targets_at_64(loop, loop.settings.eps_ref, 10)
+    assert targets == [[]] * 10
+    assert kinds.count("restore_hold") == 1  # the first window's 6 (from the restored level), held
+    assert loop.scaler.targets() == {(MODEL, "az-a"): 64} and _exported(metrics) == {(MODEL, "az-a"): 64.0}
+
+
+def test_after_a_restore_a_scale_down_waits_for_three_fresh_windows() -> None:
+    """Fleet at 64, fresh windows under the SLO (shrink): held twice, the third acts, from 64 not from 6."""
+    loop = _replayed_six_replica_loop()
+    targets, kinds = _targets_at_64(loop, 0.0, 5)
+    assert targets[:2] == [[], []]
+    assert len(targets[2]) == 1 and 48 <= (targets[2][0] or 0) < 64  # the fresh windows' own step down (before: 6)
+    assert kinds.count("restore_hold") == 2
+    assert all(48 <= (t or 0) < 64 for t in targets[3] + targets[4])  # then as any loop: no hold left

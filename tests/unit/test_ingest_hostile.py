@@ -148,25 +148,31 @@ def test_20k_nodes_over_2000_zone_names_leave_bounded_windows_and_series() -> No
 
 
 def test_20k_nodes_in_one_zone_are_capped_per_window() -> None:
+    """20k new node ids: 64 get a slot (nothing known yet: NEW_NODES_FLOOR), the rest are counted and
+    dead-lettered once, for the window (issue 31, item 5: before, one dead letter per record)."""
     metrics = WorkerMetrics()
     loop = ControlLoop(_settings(max_nodes_per_window=1024), metrics)
     dead = _flood(loop, 20_000, lambda i: "az-a")
     p = loop.processor
-    assert p.open_windows == p.tracker.open_count == 1024
-    assert dead == p.dead_by_kind["too many nodes"] == 20_000 - 1024
+    assert p.open_windows == p.tracker.open_count == 64
+    assert dead == 0 and p.dead_by_kind["too many nodes"] == 0
     assert p.open_windows <= p.max_open_windows
     zone = [w for w in loop.close_due(NOW + 10_000) if w["scope"] == "zone"]
-    assert [(w["zone"], w["nodes"]) for w in zone] == [("az-a", 1024)]
-    assert p._nodes_in == {}  # closed windows release their node count
+    assert [(w["zone"], w["nodes"], w["node_cap_dropped"]) for w in zone] == [("az-a", 64, 20_000 - 64)]
+    assert p._nodes_in == {} and p.node_cap.new_in == {} and p.node_cap.dropped == {}  # released at close
+    (letter,) = loop.ingests.drain_dead_letters()
+    assert letter["kind"] == "too many nodes" and letter["record"]["dropped_records"] == 20_000 - 64
     reasons = metrics.registry.get_sample_value("governor_deadletter_total", {"reason": "too many nodes"})
-    assert reasons == 20_000 - 1024
+    assert reasons == 1
+    labels = {"model": MODEL, "zone": "az-a"}
+    assert metrics.registry.get_sample_value("governor_window_node_cap_dropped_total", labels) == 20_000 - 64
 
 
 def test_the_column_path_keeps_the_node_cap() -> None:
     loop = ControlLoop(_settings(max_nodes_per_window=3))
     recs = [_req(i, NOW + 1, node=f"n{i}") for i in range(5)]
     res = loop.ingest(encode_envelope(recs, "n", NOW), SRC, NOW)
-    assert res.valid == 3 and [d["source"]["index"] for d in res.dead_letters] == [3, 4]
+    assert res.valid == 3 and res.capped == 2 and res.dead_letters == []
     again = loop.ingest(encode_envelope(recs[:3], "n", NOW), SRC, NOW)  # the same nodes: admitted
     assert again.valid == 3 and again.dead_letters == []
 
@@ -299,7 +305,7 @@ def test_fuzz_the_telemetry_path_lets_no_exception_escape_and_accounts_every_rec
         records_in += n
         valid += res.valid
         dead += len(res.dead_letters)
-        assert res.valid + len(res.dead_letters) == n
+        assert res.valid + len(res.dead_letters) + res.capped == n
         for d in res.dead_letters:
             assert d["kind"] in DEAD_LETTER_KINDS and isinstance(d["reason"], str) and d["reason"]
             assert len(orjson.dumps(d)) <= MAX_DEAD_LETTER_BYTES

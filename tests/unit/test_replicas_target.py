@@ -3,8 +3,9 @@
 KEDA scales the fleet on this gauge (``infra/k8s/keda/``), so it must carry the
 scaler's current target for every key it governs: on a window that issues a
 command, on one that holds the target (no command), on one held for missing
-telemetry, and right after a restart from the restored snapshot -- and stay
-absent (never 0) while a key has no target.
+telemetry -- and stay absent (never 0) while a key has no target, a restored key
+until its first fresh window (a replayed snapshot's target would scale the fleet
+down at once: issue 31, item 4).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def test_missing_telemetry_holds_the_exported_target() -> None:
     assert _target(metrics) == 3.0
 
 
-def test_a_restored_snapshot_exports_the_target_before_the_first_window() -> None:
+def test_a_restored_target_is_exported_from_its_first_fresh_window() -> None:
     loop, _ = _loop()
     loop.decide(_zone(1, count=100, violation_rate=0.5, replicas_ready=2), T0 + 10_000)
     loop.decide(_zone(1, "az-b", count=100, violation_rate=1.0, replicas_ready=4), T0 + 10_000)
@@ -77,6 +78,12 @@ def test_a_restored_snapshot_exports_the_target_before_the_first_window() -> Non
     assert _target(metrics) is None  # no snapshot read yet: absent, so KEDA holds (not 0)
     done, failed = restarted.restore_scope(f"model:{MODEL}", parts)
     assert done["scaler"] == 2 and not failed
+    assert {z: _target(metrics, z) for z in ("az-a", "az-b")} == {"az-a": None, "az-b": None}  # KEDA holds
+    eps_ref = restarted.settings.eps_ref  # the fleet has the targets and meets its SLO: held, no command
+    for z in ("az-a", "az-b"):
+        assert (
+            restarted.decide(_zone(2, z, count=100, violation_rate=eps_ref, replicas_ready=want[z]), 0).commands == []
+        )
     assert {z: _target(metrics, z) for z in ("az-a", "az-b")} == want
 
 
@@ -98,6 +105,7 @@ def test_only_configured_keys_are_exported() -> None:
     parts["scaler"]["states"].append(["m", "az-gone", parts["scaler"]["states"][0][2]])
     restarted, metrics = _loop()
     restarted.restore_scope(f"model:{MODEL}", parts)
+    restarted.decide(_zone(2, count=100, violation_rate=restarted.settings.eps_ref, replicas_ready=3), T0 + 20_000)
     assert _target(metrics) == 3.0 and _target(metrics, "az-gone") is None
     assert restarted.scaler.targets() == {(MODEL, "az-a"): 3}
 
