@@ -15,27 +15,38 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["INSTALL", "REDIS7", "redis7", "version"]
+__all__ = ["INSTALL", "PROMETHEUS", "REDIS7", "debian_binary", "prometheus", "redis7", "version"]
 
 REDIS7 = Path("/usr/bin/redis-server")
+PROMETHEUS = Path("/usr/bin/prometheus")
 INSTALL = Path(__file__).resolve().parents[2] / "infra" / "install-debian-packages.sh"
 
 
-def redis7(purpose: str) -> Path:
-    """``/usr/bin/redis-server`` (7.x), installed by the project's script when missing; ``purpose`` names the
-    test in the skip or failure message."""
-    if os.environ.get("GOVERNOR_SKIP_DEBIAN") == "1" and not REDIS7.exists():
-        pytest.skip(f"GOVERNOR_SKIP_DEBIAN=1: Debian's redis-server 7 not installed, {purpose} skipped")
-    if not REDIS7.exists():
+def debian_binary(package: str, binary: Path, purpose: str) -> Path:
+    """``binary`` from Debian's ``package``, installed by the project's script when missing (so a test's
+    order never decides whether it is there); ``purpose`` names the test in the skip or failure message."""
+    if os.environ.get("GOVERNOR_SKIP_DEBIAN") == "1" and not binary.exists():
+        pytest.skip(f"GOVERNOR_SKIP_DEBIAN=1: Debian's {package} not installed, {purpose} skipped")
+    if not binary.exists():
         t0 = time.monotonic()
-        done = subprocess.run(["sh", str(INSTALL), "redis-server"], capture_output=True, text=True, timeout=540)
-        print(f"{INSTALL.name} ({time.monotonic() - t0:.1f} s):\n{done.stdout}{done.stderr}")
-        if done.returncode != 0:
+        done = subprocess.run(["sh", str(INSTALL), package], capture_output=True, text=True, timeout=540)
+        print(f"{INSTALL.name} {package} ({time.monotonic() - t0:.1f} s):\n{done.stdout}{done.stderr}")
+        if done.returncode != 0 or not binary.exists():
             pytest.fail(
-                f"{INSTALL} could not install Debian's redis-server (exit {done.returncode}); "
+                f"{INSTALL} could not install Debian's {package} (exit {done.returncode}); "
                 f"set GOVERNOR_SKIP_DEBIAN=1 to skip {purpose}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
             )
-    return REDIS7
+    return binary
+
+
+def redis7(purpose: str) -> Path:
+    """``/usr/bin/redis-server`` (7.x), installed by the project's script when missing."""
+    return debian_binary("redis-server", REDIS7, purpose)
+
+
+def prometheus(purpose: str) -> Path:
+    """``/usr/bin/prometheus`` (and ``promtool``), installed by the project's script when missing."""
+    return debian_binary("prometheus", PROMETHEUS, purpose)
 
 
 def version(binary: Path) -> tuple[int, int]:

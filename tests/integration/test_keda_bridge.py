@@ -43,6 +43,7 @@ from governor.embedded import free_port
 from governor.processes import WORKER_READY, ChildProcess, start_worker
 from governor.topics import ensure_topics
 from tests.integration.faults import Telemetry
+from tests.integration.redis7 import prometheus as debian_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -63,11 +64,7 @@ def _query(zone: str) -> str:
 
 @pytest.fixture
 def prometheus_bin() -> Path:
-    if PROMETHEUS.exists():
-        return PROMETHEUS
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{PROMETHEUS} missing under CI=true: run infra/install-debian-packages.sh prometheus")
-    pytest.skip(f"{PROMETHEUS} missing (Debian package prometheus: infra/install-debian-packages.sh prometheus)")
+    return debian_prometheus("the KEDA bridge test")
 
 
 @pytest.fixture

@@ -152,6 +152,8 @@ def worker_text() -> bytes:
     metrics.target.labels(MODEL, "az-a").set(3)
     metrics.admission_feasible.labels("desk-1").set(1.0)
     metrics.admission_margin.labels("desk-1").set(1.4)
+    metrics.agent_crashes.labels("ingest").inc()  # streams.boundary.AgentWatch
+    metrics.node_cap_dropped.labels(MODEL, "az-a").inc(3)  # a window the node cap cut
     text = generate_latest(metrics.registry)
     assert _families_without_samples(text) == [], "give every family a sample, or promtool lints less"
     return text

@@ -14,7 +14,6 @@ must agree with the P95 of the reconstructed delta.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import threading
@@ -30,6 +29,7 @@ import pytest
 from core.settings import ModelSpec, Settings
 from governor.ingest_scrape import Endpoint, Scraper
 from governor.scrape_promql import PromqlSource
+from tests.integration.redis7 import prometheus as debian_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -77,10 +77,7 @@ def engine() -> Iterator[tuple[str, list[int]]]:
 
 @pytest.fixture
 def prometheus(engine: tuple[str, list[int]], tmp_path: Path) -> Iterator[str]:
-    if not PROMETHEUS.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{PROMETHEUS} missing under CI: .ci/run installs it (infra/install-debian-packages.sh)")
-        pytest.skip(f"{PROMETHEUS} not installed (sh infra/install-debian-packages.sh prometheus installs it)")
+    debian_prometheus("the PromQL source test")
     target, _ = engine
     port = _free_port()
     config = tmp_path / "prometheus.yml"
