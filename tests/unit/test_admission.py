@@ -304,3 +304,21 @@ def test_registry_parsing_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ad, "MAX_ENTRIES", 10)
     many = {f"desk|x{i:03d}".encode(): b"{not json" for i in range(50)}
     assert len(drv.review(many, 2)[0]) == 10
+
+
+def test_cli_reads_entries_bounded(tmp_path: Path) -> None:
+    from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR as CAP
+    from governor.admission_cli import _load
+
+    huge = orjson.dumps({"state": "admitted", "pad": "x" * 100_000})
+    assert _load(huge) == {"state": "invalid", "reason": f"an entry of {len(huge)} bytes (at most 4096)"}
+    assert _load(orjson.dumps({"state": "pending"})) == {"state": "pending"}
+    # Offline, one orchestrator's set past the cap is refused with the reason, not analysed.
+    tasks = [
+        {"orchestrator": "desk", "name": f"t{i}", "model": "m", "period_ms": 9e4, "priority": i} for i in range(CAP + 1)
+    ]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(tasks))
+    cmd = [sys.executable, "-m", "governor.cli", "admission", "check", "--file", str(path), "--latency-ms", "m=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"more than the {CAP} one may run" in out.stderr, out.stderr
