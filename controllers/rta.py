@@ -193,20 +193,19 @@ class _Rows:
     """The exact T, D, J, B of ``order`` (kept: only the C change from one feasibility check to the next)."""
 
     def __init__(self, order: Sequence[Task]) -> None:
-        self.cols = [
+        cols = [
             [Fraction(v) for v in col]
             for col in zip(*((t.t, t.deadline, t.jitter, t.blocking) for t in order), strict=True)
         ] or [[], [], [], []]
-        self.scale = math.lcm(1, *(f.denominator for col in self.cols for f in col))
-        self.ints_at = {self.scale: [[f.numerator * (self.scale // f.denominator) for f in col] for col in self.cols]}
+        self.scale = math.lcm(1, *(f.denominator for col in cols for f in col))
+        self.base = [[f.numerator * (self.scale // f.denominator) for f in col] for col in cols]
+        self.last: tuple[int, list[list[int]]] = (self.scale, self.base)  # the last finer scale asked for
 
     def ints(self, c: Sequence[Fraction]) -> _Ints:
         scale = math.lcm(self.scale, *(f.denominator for f in c))
-        if scale not in self.ints_at:
-            k = scale // self.scale
-            self.ints_at = {scale: [[v * k for v in col] for col in self.ints_at[self.scale]], **self.ints_at}
-            self.ints_at = {key: v for key, v in self.ints_at.items() if key in (self.scale, scale)}
-        t, d, j, b = self.ints_at[scale]
+        if self.last[0] != scale:
+            self.last = (scale, [[v * (scale // self.scale) for v in col] for col in self.base])
+        t, d, j, b = self.last[1]
         return _Ints(scale, [f.numerator * (scale // f.denominator) for f in c], t, d, j, b)
 
 

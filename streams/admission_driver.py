@@ -54,6 +54,7 @@ from controllers.rta import AnalysisBudget, AnalysisTooCostly
 from controllers.window_record import WindowRecord
 
 __all__ = [
+    "still_current",
     "CALL_TERMS",
     "FRESH_WINDOWS",
     "MAX_ENTRIES",
@@ -143,6 +144,13 @@ class AdmissionDriver:
         self._job = asyncio.ensure_future(review_round())
         self._job.add_done_callback(_report)
         return True
+
+    @staticmethod
+    def still_current(
+        writes: Mapping[str, bytes], reviewed: Mapping[Any, Any], current: Mapping[Any, Any]
+    ) -> dict[str, bytes]:
+        """:func:`still_current`, for the shell that writes a review back."""
+        return still_current(writes, reviewed, current)
 
     async def review_off_loop(
         self, entries: Mapping[Any, Any], now_ms: int
@@ -277,6 +285,22 @@ class AdmissionDriver:
         self.metrics.admission_feasible.labels(orch).set(1.0 if verdict.feasible else 0.0)
         if verdict.margin is not None:
             self.metrics.admission_margin.labels(orch).set(min(verdict.margin, 1e6))
+
+
+def still_current(
+    writes: Mapping[str, bytes], reviewed: Mapping[Any, Any], current: Mapping[Any, Any]
+) -> dict[str, bytes]:
+    """The ``writes`` of a review whose entries are as it read them: none removed or rewritten meanwhile.
+
+    >>> still_current({"o|a": b"new", "o|b": b"new", "o|c": b"new"}, {b"o|a": b"1", b"o|b": b"1", b"o|c": b"1"},
+    ...               {b"o|a": b"1", b"o|b": b"2"})
+    {'o|a': b'new'}
+    """
+
+    def raw(entries: Mapping[Any, Any], key: str) -> Any:
+        return entries.get(key.encode(), entries.get(key))
+
+    return {k: v for k, v in writes.items() if raw(current, k) is not None and raw(current, k) == raw(reviewed, k)}
 
 
 _META = ("state", "reason", "registered_ms", "decided_ms", "response_ms", "margin")

@@ -241,6 +241,11 @@ def build_pipeline(
         if not entries:
             return
         writes, evs = await admission.review_off_loop(entries, clock.now_ms())
+        if 0 not in ownership.assigned:  # released while the review ran: the new owner reviews
+            return
+        if writes:  # only entries nobody changed or removed meanwhile (the review took a while)
+            now = await side.call("admission", functools.partial(redis.hgetall, admission_key))
+            writes = admission.still_current(writes, entries, now or {})
         if writes:
             fields: dict[EncodableT, EncodableT] = {k: v for k, v in writes.items()}
             await side.call("admission", functools.partial(redis.hset, admission_key, mapping=fields))

@@ -322,3 +322,17 @@ def test_cli_reads_entries_bounded(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "governor.cli", "admission", "check", "--file", str(path), "--latency-ms", "m=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and f"more than the {CAP} one may run" in out.stderr, out.stderr
+
+
+def test_a_review_never_writes_over_an_entry_changed_while_it_ran() -> None:
+    from streams.admission_driver import still_current
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    read = _registry(_task("quote", 300, 0), _task("voice", 500, 1), _task("bulk", 250, 2))
+    writes, _ = drv.review(read, 1)
+    assert set(writes) == {"desk|quote", "desk|voice", "desk|bulk"}
+    now = dict(read)
+    del now[b"desk|bulk"]  # removed meanwhile: not brought back
+    now[b"desk|voice"] = orjson.dumps({**_task("voice", 900, 1).to_dict(), "state": "pending"})  # re-registered
+    assert set(still_current(writes, read, now)) == {"desk|quote"}
