@@ -11,14 +11,22 @@ one is measured for it), so a task admitted today keeps its deadline while the
 fleet's tail stays where it is.
 
 * :func:`evaluate` -- one orchestrator's set: every task's worst-case response
-  time (jitter and blocking included), feasibility, and the margin (the
+  time (jitter and blocking included, exact), feasibility, and the margin (the
   critical scaling factor: how far every latency may grow together before a
-  deadline is missed).  A task whose model has no measured latency cannot be
+  deadline is missed) and, when asked, each task's slack (a bisection per
+  task: the costly part, for ``governor admission check``).  A task whose model has no measured latency cannot be
   analysed: the verdict says so (``missing``) and is not feasible.
 * :func:`admit` -- one new task against an orchestrator's admitted set: it is
   admitted when the set with it is feasible, rejected (with the task that
   would miss and by how much) when not, and *held* (neither) while a model's
-  latency is unknown: no data is never a yes.
+  latency is unknown: no data is never a yes.  It computes response times
+  only (no margin, no slack).
+
+An orchestrator runs at most :data:`MAX_TASKS_PER_ORCHESTRATOR` tasks: one
+past it is rejected with that reason (the analysis of a set costs about the
+square of its size per check).  Both take an optional
+:class:`~controllers.rta.AnalysisBudget`: past it they raise
+:class:`~controllers.rta.AnalysisTooCostly` (no verdict), never a guess.
 
 >>> t = AgentTask.from_dict({"orchestrator": "o", "name": "voice", "model": "m", "period_ms": 500, "priority": 1})
 >>> v = evaluate([t], {"m": 180.0})
@@ -35,9 +43,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controllers.errors import ParameterError
-from controllers.rta import Task, TaskResult, critical_scaling, response_time, task_slack
+from controllers.rta import AnalysisBudget, Task, TaskResult, analyse
 
-__all__ = ["AgentTask", "Decision", "Verdict", "admit", "evaluate", "latency_key"]
+__all__ = ["MAX_TASKS_PER_ORCHESTRATOR", "AgentTask", "Decision", "Verdict", "admit", "evaluate", "latency_key"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 _FIELDS = (
@@ -52,6 +60,7 @@ _FIELDS = (
     "blocking_ms",
 )
 MAX_PERIOD_MS = 86_400_000.0  # a day
+MAX_TASKS_PER_ORCHESTRATOR = 128  # one agent loop issuing one call at a time: far more than it can keep
 
 
 def latency_key(model: str, request_class: str = "") -> str:
@@ -145,7 +154,7 @@ class AgentTask:
 class Verdict:
     orchestrator: str
     feasible: bool
-    margin: float  # critical scaling factor (1 = critically feasible; inf = nothing to run)
+    margin: float | None  # critical scaling factor (1 = critically feasible; inf = nothing to run; None: not computed)
     results: list[TaskResult] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # models (or model|class) without a measured latency
 
@@ -156,7 +165,7 @@ class Verdict:
         return {
             "orchestrator": self.orchestrator,
             "feasible": self.feasible,
-            "margin": None if math.isinf(self.margin) else round(self.margin, 6),
+            "margin": None if self.margin is None or math.isinf(self.margin) else round(self.margin, 6),
             "missing": self.missing,
             "tasks": [
                 {
@@ -170,12 +179,28 @@ class Verdict:
         }
 
 
-def evaluate(tasks: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Verdict:
-    """Response times, feasibility and margin of one orchestrator's tasks under the measured latencies."""
+def evaluate(
+    tasks: Sequence[AgentTask],
+    latency_ms: Mapping[str, float],
+    *,
+    slack: bool = True,
+    margin: bool = True,
+    rel_tol: float = 1e-6,
+    budget: AnalysisBudget | None = None,
+) -> Verdict:
+    """Response times, feasibility and margin (``rel_tol``) of one orchestrator's tasks under the measured latencies.
+
+    Feasibility and response times are exact; ``slack=False`` leaves every slack 0 (its bisections cost a factor
+    of the set's size), ``margin=False`` leaves the margin None.
+    """
     orchs = {t.orchestrator for t in tasks}
     if len(orchs) > 1:
         raise ParameterError(f"one orchestrator at a time, got {sorted(orchs)}")
     orch = next(iter(orchs), "")
+    if len(tasks) > MAX_TASKS_PER_ORCHESTRATOR:
+        raise ParameterError(
+            f"orchestrator {orch}: {len(tasks)} tasks, more than the {MAX_TASKS_PER_ORCHESTRATOR} one may run"
+        )
     missing = sorted({latency_key(t.model, t.request_class) for t in tasks if t.execution_ms(latency_ms) is None})
     if missing:
         return Verdict(orch, False, 0.0, [], missing)
@@ -191,12 +216,9 @@ def evaluate(tasks: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Ver
         )
         for t in tasks
     ]
-    results = []
-    for _, task in sorted(enumerate(rta), key=lambda it: (it[1].priority, it[0])):  # priority, then given order
-        r = response_time(rta, task.name)
-        results.append(TaskResult(task.name, r, task.deadline, task_slack(rta, task.name) if math.isfinite(r) else 0.0))
-    feasible = all(r.feasible for r in results)
-    return Verdict(orch, feasible, critical_scaling(rta), results, [])
+    # priority order, then the order given; a task that can miss has slack 0
+    results, lam = analyse(rta, slack=slack, margin=margin, rel_tol=rel_tol, budget=budget)
+    return Verdict(orch, all(r.feasible for r in results), lam, results, [])
 
 
 @dataclass(frozen=True)
@@ -206,8 +228,15 @@ class Decision:
     verdict: Verdict
 
 
-def admit(new: AgentTask, admitted: Sequence[AgentTask], latency_ms: Mapping[str, float]) -> Decision:
+def admit(
+    new: AgentTask,
+    admitted: Sequence[AgentTask],
+    latency_ms: Mapping[str, float],
+    budget: AnalysisBudget | None = None,
+) -> Decision:
     """Admit ``new`` into its orchestrator's ``admitted`` set, reject it, or hold it (latency unknown).
+
+    Exact response times only (the margin is left to the review of the admitted set).
 
     >>> a = AgentTask.from_dict({"orchestrator": "o", "name": "trade", "model": "m", "period_ms": 300, "priority": 0})
     >>> b = AgentTask.from_dict({"orchestrator": "o", "name": "voice", "model": "m", "period_ms": 500, "priority": 1})
@@ -217,11 +246,21 @@ def admit(new: AgentTask, admitted: Sequence[AgentTask], latency_ms: Mapping[str
     'pending'
     """
     others = [t for t in admitted if t.orchestrator == new.orchestrator and t.name != new.name]
-    verdict = evaluate([*others, new], latency_ms)
+    if len(others) >= MAX_TASKS_PER_ORCHESTRATOR:
+        return Decision(
+            "rejected",
+            f"orchestrator {new.orchestrator} already runs {len(others)} tasks, "
+            f"the most one orchestrator may run ({MAX_TASKS_PER_ORCHESTRATOR})",
+            Verdict(new.orchestrator, False, None),
+        )
+    verdict = evaluate([*others, new], latency_ms, slack=False, margin=False, budget=budget)
     if verdict.missing:
         return Decision("pending", f"no latency measured yet for {', '.join(verdict.missing)}", verdict)
     if verdict.feasible:
-        return Decision("admitted", f"feasible, margin x{verdict.margin:.2f}", verdict)
+        tight = max(verdict.results, key=lambda r: r.response / r.deadline)
+        return Decision(
+            "admitted", f"feasible: {tight.name} responds in {tight.response:g} of {tight.deadline:g} ms", verdict
+        )
     worst = verdict.misses()[0]
     shown = "inf" if math.isinf(worst.response) else f"{worst.response:g}"
     return Decision(

@@ -38,6 +38,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
+from streams.admission_driver import MAX_ENTRIES, MAX_ENTRY_BYTES
 
 __all__ = ["add_parser", "run_admission"]
 
@@ -80,7 +81,10 @@ def run_admission(settings: Settings, args: argparse.Namespace) -> int:
             print("removed" if gone else "no such task")
             return 0 if gone else 1
         raw_entries: dict[bytes, bytes] = r.hgetall(key)  # type: ignore[assignment]
-        entries = {k.decode("utf-8", "replace"): _load(v) for k, v in raw_entries.items()}
+        fields = sorted(raw_entries.items())
+        if len(fields) > MAX_ENTRIES:  # what the worker reads, no more: the rest is not parsed either
+            print(f"governor admission: {len(fields)} fields, only the first {MAX_ENTRIES} are read", file=sys.stderr)
+        entries = {k.decode("utf-8", "replace")[:300]: _load(v) for k, v in fields[:MAX_ENTRIES]}
         if args.admission == "list":
             return _list(entries, args.json)
         return _check_registry(entries, args.json)
@@ -93,6 +97,8 @@ def run_admission(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _load(raw: bytes | str) -> dict[str, Any]:
+    if len(raw) > MAX_ENTRY_BYTES:
+        return {"state": "invalid", "reason": f"an entry of {len(raw)} bytes (at most {MAX_ENTRY_BYTES})"}
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -14,6 +14,7 @@
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
+    governor bench admission      one admission review's cost at 100 and 1,000 registered tasks
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
     governor budget show|set|reset each zone's share of the fleet replica budget
@@ -219,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.bench_scrape import add_parser as add_scrape_bench_parser
 
     add_scrape_bench_parser(bsub)
+    from governor.bench_admission import add_parser as add_admission_bench_parser
+
+    add_admission_bench_parser(bsub)
     return p
 
 
@@ -419,6 +423,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from governor.bench_soak import run_soak
 
         return run_soak(settings, args)
+    if args.command == "bench" and args.bench == "admission":
+        from governor.bench_admission import run_admission_bench
+
+        return run_admission_bench(args)
     if args.command == "bench" and args.bench == "scrape":
         from governor.bench_scrape import run_scrape_bench
 

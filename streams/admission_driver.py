@@ -21,30 +21,87 @@ at most once a second, beside the executor heartbeats):
 
 Latency = per model, the largest ``e2e_p99_ms`` of its zones' windows of the last
 :data:`FRESH_WINDOWS` windows (:meth:`AdmissionDriver.on_window`).  Hostile
-entries (bad JSON, bad fields, over :data:`MAX_TASKS`) are marked ``invalid``
-with the reason once and never analysed.  One worker writes the registry
-(several workers would each review it: documented in docs/architecture.md).
+entries (bad JSON, bad fields, over :data:`MAX_ENTRY_BYTES`, over :data:`MAX_TASKS`)
+are marked ``invalid`` with the reason once and never analysed; past
+:data:`MAX_ENTRIES` fields the registry is not read further.  One worker writes
+the registry (several workers would each review it: documented in docs/architecture.md).
+
+**Never in the way of a decision.**  The worker starts a review
+(:meth:`AdmissionDriver.launch`) and does not wait for it: the analysis runs in
+a worker thread on copies of the entries and latencies
+(:meth:`AdmissionDriver.review_off_loop`), one review at a time, and its writes
+and events are applied when it is done.  Its work is bounded too: one
+admission or re-check may evaluate :data:`CALL_TERMS` recurrence terms (a task
+whose set needs more is rejected, saying so; an admitted set that does keeps its
+states), a review :data:`REVIEW_TERMS` in all (what is left waits for the next
+review, which starts where this one stopped).  An orchestrator runs at most
+:data:`~controllers.admission.MAX_TASKS_PER_ORCHESTRATOR` tasks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import orjson
 
-from controllers.admission import AgentTask, Verdict, admit, evaluate
+from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR, AgentTask, Decision, Verdict, admit, evaluate
 from controllers.errors import ParameterError
+from controllers.rta import AnalysisBudget, AnalysisTooCostly
 from controllers.window_record import WindowRecord
 
-__all__ = ["FRESH_WINDOWS", "MAX_TASKS", "AdmissionDriver"]
+__all__ = [
+    "still_current",
+    "CALL_TERMS",
+    "FRESH_WINDOWS",
+    "MAX_ENTRIES",
+    "MAX_ENTRY_BYTES",
+    "MAX_TASKS",
+    "REVIEW_TERMS",
+    "AdmissionDriver",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_TASKS = 1024
+MAX_ENTRIES = 4 * MAX_TASKS  # registry fields read per review (invalid ones included); the rest are not looked at
+MAX_ENTRY_BYTES = 4096  # a task is a few hundred bytes of JSON
 FRESH_WINDOWS = 6
+CALL_TERMS = 2_000_000  # recurrence terms one admission or re-check may evaluate (well under a second)
+REVIEW_TERMS = 20_000_000  # ... and one review in all
+MARGIN_REL_TOL = 1e-3  # the margin is shown as x1.23 and exported: three digits are plenty
 STATES = ("pending", "admitted", "rejected", "infeasible", "invalid")
+T = TypeVar("T")
+
+
+class _ReviewSpent(Exception):
+    """This review's analysis budget is spent: what is left waits for the next review."""
+
+
+class _Terms:
+    """A review's analysis budget, spent one call at a time, each call capped at :data:`CALL_TERMS`."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+
+    def run(self, fn: Callable[[AnalysisBudget], T]) -> T:
+        """``fn(budget)``; :class:`AnalysisTooCostly` when the call alone needs more than CALL_TERMS."""
+        if self.left <= 0:
+            raise _ReviewSpent
+        cap = min(CALL_TERMS, self.left)
+        budget = AnalysisBudget(cap)
+        try:
+            return fn(budget)
+        except AnalysisTooCostly:
+            if cap < CALL_TERMS:  # stopped by what the review had left, not by its own cost
+                self.left = 0
+                raise _ReviewSpent from None
+            raise
+        finally:
+            self.left -= cap - max(budget.left, 0)
 
 
 class AdmissionDriver:
@@ -57,8 +114,10 @@ class AdmissionDriver:
         self._last_end = 0
         self.verdicts: dict[str, Verdict] = {}
         # The last analysis of each orchestrator's admitted set, by (set, latencies): the review runs every second,
-        # the latencies move once a window, so an unchanged set is not analysed again (bisections per task).
-        self._analysed: dict[str, tuple[tuple[Any, ...], Verdict]] = {}
+        # the latencies move once a window, so an unchanged set is not analysed again.  None: too costly to analyse.
+        self._analysed: dict[str, tuple[tuple[Any, ...], Verdict | None]] = {}
+        self._resume = ""  # the orchestrator the last review stopped at (its budget spent), "" when it finished
+        self._job: asyncio.Future[None] | None = None
 
     def on_window(self, w: WindowRecord) -> None:
         """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it)."""
@@ -78,15 +137,46 @@ class AdmissionDriver:
                 out[model] = max(out.get(model, 0.0), p99)
         return out
 
-    def review(self, entries: Mapping[Any, Any], now_ms: int) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
+    def launch(self, review_round: Callable[[], Awaitable[None]]) -> bool:
+        """Start ``review_round`` in the background unless the last one is still running; never waits for it."""
+        if self._job is not None and not self._job.done():
+            return False
+        self._job = asyncio.ensure_future(review_round())
+        self._job.add_done_callback(_report)
+        return True
+
+    @staticmethod
+    def still_current(
+        writes: Mapping[str, bytes], reviewed: Mapping[Any, Any], current: Mapping[Any, Any]
+    ) -> dict[str, bytes]:
+        """:func:`still_current`, for the shell that writes a review back."""
+        return still_current(writes, reviewed, current)
+
+    async def review_off_loop(
+        self, entries: Mapping[Any, Any], now_ms: int
+    ) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
+        """:meth:`review` in a worker thread on copies of its inputs: the event loop goes on deciding meanwhile."""
+        latencies = self.latencies()  # read here, on the loop that writes them (on_window)
+        return await asyncio.to_thread(self.review, dict(entries), now_ms, latencies)
+
+    def review(
+        self, entries: Mapping[Any, Any], now_ms: int, latencies: Mapping[str, float] | None = None
+    ) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
         """The registry's fields -> (fields to write back, events).  Never raises on an entry."""
-        lat = self.latencies()
+        lat = self.latencies() if latencies is None else dict(latencies)
         tasks: dict[str, tuple[AgentTask, dict[str, Any]]] = {}
         writes: dict[str, bytes] = {}
         events: list[dict[str, Any]] = []
-        for i, (raw_key, raw) in enumerate(sorted(entries.items(), key=lambda kv: _text(kv[0]))):
+        fields = sorted(entries.items(), key=lambda kv: _text(kv[0]))
+        if len(fields) > MAX_ENTRIES:
+            log.warning("admission: %d registry fields, only the first %d are read", len(fields), MAX_ENTRIES)
+            del fields[MAX_ENTRIES:]
+        for i, (raw_key, raw) in enumerate(fields):
             key = _text(raw_key)[:300]
             try:
+                if not isinstance(raw, bytes | str) or len(raw) > MAX_ENTRY_BYTES:
+                    size = len(raw) if isinstance(raw, bytes | str) else "?"
+                    raise ParameterError(f"an entry of {size} bytes (at most {MAX_ENTRY_BYTES})")
                 obj = orjson.loads(raw)
                 if not isinstance(obj, dict):
                     raise ParameterError("not a JSON object")
@@ -106,8 +196,16 @@ class AdmissionDriver:
         by_orch: dict[str, list[tuple[AgentTask, dict[str, Any]]]] = {}
         for task, obj in tasks.values():
             by_orch.setdefault(task.orchestrator, []).append((task, obj))
-        for orch, items in sorted(by_orch.items()):
-            self._review_orchestrator(orch, items, lat, now_ms, writes, events)
+        order = sorted(by_orch)
+        start = next((k for k, o in enumerate(order) if o >= self._resume), 0)  # where the last review stopped
+        terms, self._resume = _Terms(REVIEW_TERMS), ""
+        for orch in order[start:] + order[:start]:
+            try:
+                self._review_orchestrator(orch, by_orch[orch], lat, now_ms, writes, events, terms)
+            except _ReviewSpent:
+                self._resume = orch
+                log.info("admission: review budget spent at orchestrator %s; the rest waits for the next review", orch)
+                break
         for gone in (set(self.verdicts) | set(self._analysed)) - set(by_orch):  # orchestrators whose tasks are gone
             self.verdicts.pop(gone, None)
             self._analysed.pop(gone, None)
@@ -121,14 +219,23 @@ class AdmissionDriver:
         now_ms: int,
         writes: dict[str, bytes],
         events: list[dict[str, Any]],
+        terms: _Terms,
     ) -> None:
         admitted = [t for t, o in items if o.get("state") in ("admitted", "infeasible")]
         was_infeasible = any(o.get("state") == "infeasible" for _, o in items)
-        pending = sorted(
-            (o.get("registered_ms", 0), t.name, t, o) for t, o in items if o.get("state", "pending") == "pending"
-        )
+        objs = {t.key: o for t, o in items}
+        if len(admitted) > MAX_TASKS_PER_ORCHESTRATOR:  # written so by hand: the earliest registered stay
+            keep = sorted(admitted, key=lambda t: (_registered(objs[t.key]), t.name))[:MAX_TASKS_PER_ORCHESTRATOR]
+            for task in set(admitted) - set(keep):
+                reason = f"more than the {MAX_TASKS_PER_ORCHESTRATOR} tasks one orchestrator may run"
+                writes[task.key] = _entry(task, objs[task.key], "rejected", reason, now_ms, None)
+            admitted = [t for t in admitted if t in set(keep)]
+        pending = sorted((_registered(o), t.name, t, o) for t, o in items if o.get("state", "pending") == "pending")
         for _, _, task, obj in pending:
-            d = admit(task, admitted, lat)
+            try:
+                d = terms.run(functools.partial(admit, task, admitted, lat))
+            except AnalysisTooCostly as exc:  # a clear refusal, never a guess
+                d = Decision("rejected", f"{exc}: the set with it is too costly to analyse", Verdict(orch, False, None))
             if d.state == "admitted":
                 admitted.append(task)
             if d.state != obj.get("state") or d.reason != obj.get("reason"):
@@ -141,19 +248,27 @@ class AdmissionDriver:
             return
         key = (tuple(admitted), tuple(sorted(lat.items())))
         cached = self._analysed.get(orch)
-        verdict = cached[1] if cached is not None and cached[0] == key else evaluate(admitted, lat)
-        self._analysed[orch] = (key, verdict)
-        if verdict.missing:  # a model's latency went stale: keep the last states (hold), say nothing new
+        if cached is not None and cached[0] == key:
+            verdict = cached[1]
+        else:
+            try:
+                verdict = terms.run(
+                    lambda budget: evaluate(admitted, lat, slack=False, rel_tol=MARGIN_REL_TOL, budget=budget)
+                )
+            except AnalysisTooCostly as exc:
+                log.warning("admission: orchestrator %s keeps its states: %s", orch, exc)
+                verdict = None
+            self._analysed[orch] = (key, verdict)
+        if verdict is None or verdict.missing:  # too costly, or a model's latency went stale: hold, say nothing new
             return
         self.verdicts[orch] = verdict
         self._export(orch, verdict)
         state = "admitted" if verdict.feasible else "infeasible"
         if verdict.feasible:
-            reason = f"feasible, margin x{verdict.margin:.2f}"
+            reason = f"feasible, margin x{_x(verdict.margin)}"
         else:
             miss = verdict.misses()[0]
-            reason = f"{miss.name} can miss its {miss.deadline:g} ms deadline at the measured P99 (margin x{verdict.margin:.2f})"
-        objs = {t.key: o for t, o in items}
+            reason = f"{miss.name} can miss its {miss.deadline:g} ms deadline at the measured P99 (margin x{_x(verdict.margin)})"
         for task in admitted:
             obj = objs[task.key]
             if task.key not in writes and (obj.get("state") != state or obj.get("reason") != reason):
@@ -168,19 +283,56 @@ class AdmissionDriver:
         if self.metrics is None:
             return
         self.metrics.admission_feasible.labels(orch).set(1.0 if verdict.feasible else 0.0)
-        self.metrics.admission_margin.labels(orch).set(min(verdict.margin, 1e6))
+        if verdict.margin is not None:
+            self.metrics.admission_margin.labels(orch).set(min(verdict.margin, 1e6))
+
+
+def still_current(
+    writes: Mapping[str, bytes], reviewed: Mapping[Any, Any], current: Mapping[Any, Any]
+) -> dict[str, bytes]:
+    """The ``writes`` of a review whose entries are as it read them: none removed or rewritten meanwhile.
+
+    >>> still_current({"o|a": b"new", "o|b": b"new", "o|c": b"new"}, {b"o|a": b"1", b"o|b": b"1", b"o|c": b"1"},
+    ...               {b"o|a": b"1", b"o|b": b"2"})
+    {'o|a': b'new'}
+    """
+
+    def raw(entries: Mapping[Any, Any], key: str) -> Any:
+        return entries.get(key.encode(), entries.get(key))
+
+    return {k: v for k, v in writes.items() if raw(current, k) is not None and raw(current, k) == raw(reviewed, k)}
 
 
 _META = ("state", "reason", "registered_ms", "decided_ms", "response_ms", "margin")
+
+
+def _report(job: asyncio.Future[None]) -> None:
+    """A review that failed is logged (the next one starts as usual)."""
+    if not job.cancelled() and job.exception() is not None:
+        log.error("admission review failed", exc_info=job.exception())
+
+
+def _x(margin: float | None) -> str:
+    return "?" if margin is None else f"{margin:.2f}"
+
+
+def _registered(obj: Mapping[str, Any]) -> float:
+    v = obj.get("registered_ms", 0)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def _round(v: float | None, digits: int) -> float | None:
+    return None if v is None or v == float("inf") else round(v, digits)
 
 
 def _text(k: Any) -> str:
     return k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
 
 
-def _entry(task: AgentTask, obj: Mapping[str, Any], state: str, reason: str, now_ms: int, verdict: Verdict) -> bytes:
-    mine = next((r for r in verdict.results if r.name == task.name), None)
-    response = None if mine is None or mine.response == float("inf") else round(mine.response, 3)
+def _entry(
+    task: AgentTask, obj: Mapping[str, Any], state: str, reason: str, now_ms: int, verdict: Verdict | None
+) -> bytes:
+    mine = None if verdict is None else next((r for r in verdict.results if r.name == task.name), None)
     return orjson.dumps(
         {
             **task.to_dict(),
@@ -188,8 +340,8 @@ def _entry(task: AgentTask, obj: Mapping[str, Any], state: str, reason: str, now
             "reason": reason[:300],
             "registered_ms": obj.get("registered_ms", now_ms),
             "decided_ms": now_ms,
-            "response_ms": response,
-            "margin": None if verdict.margin == float("inf") else round(verdict.margin, 6),
+            "response_ms": None if mine is None else _round(mine.response, 3),
+            "margin": None if verdict is None else _round(verdict.margin, 6),
         }
     )
 
@@ -199,5 +351,5 @@ def _event(kind: str, orch: str, reason: str, now_ms: int, **extra: Any) -> dict
     margin = extra.pop("margin", None)
     out = {"kind": kind, "model": "", "zone": "", "orchestrator": orch, "reason": reason, "at_ms": now_ms}
     if margin is not None:
-        out["margin"] = None if margin == float("inf") else round(float(margin), 6)
+        out["margin"] = _round(float(margin), 6)
     return {**out, **extra}

@@ -255,16 +255,24 @@ def build_pipeline(
     admission_key = names.admission(settings.topic_prefix)
 
     async def review_admission() -> None:
-        """Decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats).
+        """Start a review: decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats).
 
         One writer: the worker holding metrics partition 0 (several workers would race on the registry).
+        Not waited for: the analysis runs in a worker thread, one review at a time (AdmissionDriver.launch).
         """
-        if 0 not in ownership.assigned:
-            return
+        if 0 in ownership.assigned:
+            admission.launch(admission_round)
+
+    async def admission_round() -> None:
         entries = await side.call("admission", functools.partial(redis.hgetall, admission_key))
         if not entries:
             return
-        writes, evs = admission.review(entries, clock.now_ms())
+        writes, evs = await admission.review_off_loop(entries, clock.now_ms())
+        if 0 not in ownership.assigned:  # released while the review ran: the new owner reviews
+            return
+        if writes:  # only entries nobody changed or removed meanwhile (the review took a while)
+            now = await side.call("admission", functools.partial(redis.hgetall, admission_key))
+            writes = admission.still_current(writes, entries, now or {})
         if writes:
             fields: dict[EncodableT, EncodableT] = {k: v for k, v in writes.items()}
             await side.call("admission", functools.partial(redis.hset, admission_key, mapping=fields))

@@ -101,3 +101,73 @@ async def test_the_worker_admits_then_warns_when_the_tail_grows(settings: Settin
         listing = await asyncio.to_thread(_cli, settings, "list")
         assert "desk|voice" in listing.stdout and "infeasible" in listing.stdout
         assert "Traceback" not in worker.log_text()
+
+
+def _gpu(now: int) -> dict[str, object]:
+    return {
+        "kind": "gpu",
+        "ts_ms": now,
+        "model": MODEL,
+        "zone": "az-a",
+        "node": "az-a/n1",
+        "state": "ready",
+        "gpu_util": 0.7,
+        "mem_used_bytes": 60,
+        "mem_total_bytes": 80,
+        "queue_len": 3,
+        "running": 8,
+    }
+
+
+async def test_a_thousand_tasks_under_review_never_hold_up_the_scale_commands(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # 1,000 pending tasks (8 orchestrators x 125): their review starts as soon as the first window measures the
+    # model's P99.  On the event loop it held every later window for minutes; off it, the overload that follows
+    # is scaled within seconds, and the review still decides every task.
+    settings = settings.replace(zones=("az-a",), metrics_port=free_port(), pid_gains={"kp": 0.0, "ki": 0.5, "kd": 0.0})
+    async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
+        desired = names.desired_replicas(settings.topic_prefix, "az-a")
+        await redis.hset(desired, MODEL, 1)  # one ready node: the overload's scale-up asks for 2
+        key = names.admission(settings.topic_prefix)
+        tasks = {
+            f"o{i % 8}|t{i}": orjson.dumps(
+                {
+                    "orchestrator": f"o{i % 8}",
+                    "name": f"t{i}",
+                    "model": MODEL,
+                    "period_ms": 20_000 + 40 * i,
+                    "priority": i % 50,
+                    "state": "pending",
+                    "registered_ms": i,
+                }
+            )
+            for i in range(1000)
+        }
+        await redis.hset(key, mapping=tasks)  # type: ignore[arg-type]
+        i = await _send(settings, 0, 3.0, 100.0)  # healthy: P99 = 100 ms, the review starts
+        async with TelemetryProducer(
+            settings.kafka_bootstrap, settings.topic("telemetry"), source="t", linger_ms=20
+        ) as p:
+            scaled = None
+            t_end = time.monotonic() + 60
+            while scaled is None and time.monotonic() < t_end:  # overload: TTFT 3 s, every request violates
+                now = int(time.time() * 1000)
+                await p.send(_gpu(now))
+                for _ in range(20):
+                    await p.send({**_req(i, now, 3100.0), "ttft_ms": 3000.0})
+                    i += 1
+                await asyncio.sleep(0.2)
+                await executors[0].poll_once()
+                raw = await redis.hget(desired, MODEL)
+                scaled = int(raw) if raw is not None and int(raw) > 1 else None
+        assert scaled is not None, ("no scale-up applied while the review ran", worker.tail())
+        states: dict[str, str] = {}
+        for _ in range(300):
+            entries = await redis.hgetall(key)
+            states = {(k.decode() if isinstance(k, bytes) else k): orjson.loads(v)["state"] for k, v in entries.items()}
+            if "pending" not in states.values():
+                break
+            await asyncio.sleep(0.2)
+        assert len(states) == 1000 and "pending" not in states.values(), sorted(states.values())[:5]
+        assert "Traceback" not in worker.log_text()

@@ -195,3 +195,144 @@ def test_check_file_offline(tmp_path: Path) -> None:
     path.write_text(json.dumps([{**tasks[0], "period_ms": -1}]))
     hostile = run("--latency-ms", "m=1")
     assert hostile.returncode == 2 and "[0]: period_ms" in hostile.stderr
+
+
+def _many(n: int, orchestrators: int, **kw: Any) -> dict[bytes, bytes]:
+    """``n`` pending tasks over ``orchestrators``, periods 20-60 s at C = 100 ms: each set feasible."""
+    tasks = [_task(f"t{i}", 20_000 + 40 * i, i % 50, orch=f"o{i % orchestrators}", **kw) for i in range(n)]
+    return _registry(*tasks)
+
+
+async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1,000 registered tasks; the analysis is held (a gate) until the loop has done its own work: had the
+    # review run on the loop, nothing else would run until it finished (the gate would never open).
+    import asyncio
+    import threading
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    reg = _many(1000, 8)
+    gate, entered = threading.Event(), threading.Event()
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        assert gate.wait(30), "the event loop never got to run while the review was held"
+        return admit(*args, **kw)
+
+    monkeypatch.setattr("streams.admission_driver.admit", held)
+    results: list[tuple[dict[str, bytes], list[dict[str, Any]]]] = []
+
+    async def review_round() -> None:
+        results.append(await drv.review_off_loop(reg, 1_000))
+
+    assert drv.launch(review_round)
+    assert not drv.launch(review_round)  # one review at a time
+    await asyncio.to_thread(entered.wait, 30)
+    drv.on_window(_win(1, 120.0))  # the loop goes on: a window arrives, decisions would be published
+    gate.set()
+    for _ in range(600):
+        if results:
+            break
+        await asyncio.sleep(0.05)
+    writes, events = results[0]
+    _apply(reg, writes)
+    assert set(_states(reg).values()) == {"admitted"} and len(events) == 1000
+    assert drv.launch(review_round)  # the next one may start
+
+
+def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import streams.admission_driver as ad
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    reg = _many(240, 4)  # 4 orchestrators x 60 tasks
+    # About one orchestrator's worth per review (each call fits in a review: every review makes progress).
+    monkeypatch.setattr(ad, "REVIEW_TERMS", 60_000)
+    monkeypatch.setattr(ad, "CALL_TERMS", 60_000)
+    rounds = 0
+    while "pending" in _states(reg).values():
+        rounds += 1
+        assert rounds < 40, _states(reg)
+        _apply(reg, drv.review(reg, rounds)[0])
+    assert rounds > 1 and set(_states(reg).values()) == {"admitted"}  # every task decided, over several reviews
+
+
+def test_a_set_too_costly_to_analyse_is_a_clear_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import streams.admission_driver as ad
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    monkeypatch.setattr(ad, "CALL_TERMS", 50)
+    reg = _many(30, 1)
+    _apply(reg, drv.review(reg, 1)[0])
+    st = _states(reg)
+    assert "rejected" in st.values() and "pending" not in st.values()
+    why = {orjson.loads(v)["reason"] for v in reg.values() if orjson.loads(v)["state"] == "rejected"}
+    assert all("too costly to analyse" in r for r in why), why
+
+
+def test_an_orchestrator_runs_at_most_its_cap() -> None:
+    from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR as CAP
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 1.0))
+    reg = _registry(*(_task(f"t{i}", 80_000 + i, i) for i in range(CAP + 3)))
+    _apply(reg, drv.review(reg, 1)[0])
+    st = _states(reg)
+    assert sum(v == "admitted" for v in st.values()) == CAP
+    late = [orjson.loads(reg[f"desk|t{i}".encode()])["reason"] for i in range(CAP, CAP + 3)]
+    assert all(f"the most one orchestrator may run ({CAP})" in r for r in late), late
+    # Entries written as admitted by hand past the cap: the earliest registered stay admitted.
+    forged = _registry(*(_task(f"f{i}", 80_000 + i, i) for i in range(CAP + 2)), state="admitted")
+    _apply(forged, drv.review(forged, 2)[0])
+    assert sorted(_states(forged).values()).count("rejected") == 2
+    with pytest.raises(ParameterError, match=f"more than the {CAP}"):
+        evaluate([_task(f"t{i}", 80_000, i) for i in range(CAP + 1)], {"m": 1.0})
+
+
+def test_registry_parsing_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import streams.admission_driver as ad
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    big = orjson.dumps({**_task("big", 300, 0).to_dict(), "state": "pending", "pad": "x" * 10_000})
+    reg = {**_registry(_task("quote", 300, 0)), b"desk|big": big}
+    writes, _ = drv.review(reg, 1)
+    assert orjson.loads(writes["desk|big"])["reason"] == f"an entry of {len(big)} bytes (at most 4096)"
+    assert orjson.loads(writes["desk|quote"])["state"] == "admitted"
+    # Past MAX_ENTRIES fields nothing more is read (nor written).
+    monkeypatch.setattr(ad, "MAX_ENTRIES", 10)
+    many = {f"desk|x{i:03d}".encode(): b"{not json" for i in range(50)}
+    assert len(drv.review(many, 2)[0]) == 10
+
+
+def test_cli_reads_entries_bounded(tmp_path: Path) -> None:
+    from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR as CAP
+    from governor.admission_cli import _load
+
+    huge = orjson.dumps({"state": "admitted", "pad": "x" * 100_000})
+    assert _load(huge) == {"state": "invalid", "reason": f"an entry of {len(huge)} bytes (at most 4096)"}
+    assert _load(orjson.dumps({"state": "pending"})) == {"state": "pending"}
+    # Offline, one orchestrator's set past the cap is refused with the reason, not analysed.
+    tasks = [
+        {"orchestrator": "desk", "name": f"t{i}", "model": "m", "period_ms": 9e4, "priority": i} for i in range(CAP + 1)
+    ]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(tasks))
+    cmd = [sys.executable, "-m", "governor.cli", "admission", "check", "--file", str(path), "--latency-ms", "m=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"more than the {CAP} one may run" in out.stderr, out.stderr
+
+
+def test_a_review_never_writes_over_an_entry_changed_while_it_ran() -> None:
+    from streams.admission_driver import still_current
+
+    drv = AdmissionDriver(10.0)
+    drv.on_window(_win(0, 100.0))
+    read = _registry(_task("quote", 300, 0), _task("voice", 500, 1), _task("bulk", 250, 2))
+    writes, _ = drv.review(read, 1)
+    assert set(writes) == {"desk|quote", "desk|voice", "desk|bulk"}
+    now = dict(read)
+    del now[b"desk|bulk"]  # removed meanwhile: not brought back
+    now[b"desk|voice"] = orjson.dumps({**_task("voice", 900, 1).to_dict(), "state": "pending"})  # re-registered
+    assert set(still_current(writes, read, now)) == {"desk|quote"}

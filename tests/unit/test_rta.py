@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controllers.errors import ParameterError
 from controllers.rta import (
+    AnalysisBudget,
+    AnalysisTooCostly,
     Task,
     analyse,
     critical_scaling,
@@ -23,6 +25,7 @@ from controllers.rta import (
     liu_layland,
     liu_layland_bound,
     response_time,
+    response_times,
     task_slack,
 )
 
@@ -159,7 +162,7 @@ def task_sets(draw: st.DrawFn) -> list[Task]:
 
 
 @given(task_sets())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 def test_rta_equals_the_simulated_schedule(ts: list[Task]) -> None:
     # Up to the first task that can miss, every higher-priority job completes within its period, so the
     # simulated schedule is exact there; past it, the simulator (which drops a late job) is not a reference.
@@ -174,7 +177,7 @@ def test_rta_equals_the_simulated_schedule(ts: list[Task]) -> None:
 
 
 @given(task_sets())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 def test_bisection_matches_lehoczky(ts: list[Task]) -> None:
     exact = critical_scaling_exact(ts)
     approx = critical_scaling(ts)
@@ -182,3 +185,82 @@ def test_bisection_matches_lehoczky(ts: list[Task]) -> None:
         assert all(t.c == 0 for t in ts) or exact == approx
         return
     assert approx == pytest.approx(exact, rel=1e-4, abs=1e-6)
+
+
+def test_exact_where_a_relative_tolerance_stopped_short() -> None:
+    # C1 = 1, T1 = 2; C2 = 2e9, T2 = 4e9.  w = 2e9 + ceil(w / 2): the gap to 4e9 halves each step
+    # (2e9, 3e9, 3.5e9, ...), so a 1e-9 relative tolerance (4 at 4e9) stopped at 3,999,999,989.
+    # Exactly: 4e9 = 2e9 + 2e9 is the fixed point, and a deadline one below it can be missed.
+    ts = [Task("t1", 1, 2, priority=1), Task("t2", 2e9, 4e9, priority=2)]
+    assert response_time(ts, "t2") == 4_000_000_000
+    assert response_times(ts) == {"t1": 1, "t2": 4_000_000_000}
+    tight = [ts[0], Task("t2", 2e9, 4e9, 3_999_999_999, priority=2)]
+    assert response_time(tight, "t2") == math.inf
+    results, lam = analyse(tight, slack=False)
+    assert [r.feasible for r in results] == [True, False] and lam is not None and lam < 1
+
+
+def test_no_iteration_cap_decides_a_verdict() -> None:
+    # C1 = 4,999,980, T1 = 5e6 (U1 = 1 - 4e-6); C2 = 4e6, T2 = D2 = 1e12.  From w = 4e6 each step adds one
+    # more job of t1 (m (T1 - C1) = 20 m < C2 while m < 200,000): 200,000 steps to the fixed point
+    # w = 4e6 + 200,000 x 4,999,980 = 1e12 = ceil(1e12 / 5e6) x C1 + C2.  A cap of 100,000 steps called it
+    # infeasible; here R = D exactly: feasible, and one less deadline is not.
+    ts = [Task("t1", 4_999_980, 5e6, priority=1), Task("t2", 4e6, 1e12, priority=2)]
+    assert response_time(ts, "t2") == 1e12
+    results, lam = analyse(ts, slack=False)
+    assert all(r.feasible for r in results) and lam == 1.0  # critically feasible: lambda* = 1 exactly
+    assert response_time([ts[0], Task("t2", 4e6, 1e12, 1e12 - 1, priority=2)], "t2") == math.inf
+
+
+def test_utilisation_over_one_is_infeasible_at_once() -> None:
+    # U_hp = 0.6 + 0.5 > 1: the lowest task never finishes, whatever its deadline (no steps spent on it).
+    ts = [Task("a", 3, 5, priority=0), Task("b", 4, 8, priority=1), Task("c", 1, 1e12, priority=2)]
+    budget = AnalysisBudget(100)
+    assert response_times(ts, budget) == {"a": 3, "b": math.inf, "c": math.inf}
+    # A task that needs no processor time still responds at once.
+    assert response_time([*ts, Task("z", 0, 10, priority=3)], "z") == 0
+
+
+def test_a_budget_refuses_instead_of_guessing() -> None:
+    # The recurrence stays exact; a caller that must bound its work gets no verdict past the budget.
+    ts = [Task(f"t{i}", 1, 1000 + i, priority=i) for i in range(50)]
+    assert all(math.isfinite(r) for r in response_times(ts, AnalysisBudget(100_000)).values())
+    with pytest.raises(AnalysisTooCostly, match="budget"):
+        response_times(ts, AnalysisBudget(100))
+    with pytest.raises(ParameterError, match="budget terms"):
+        AnalysisBudget(0)
+
+
+@st.composite
+def tight_sets(draw: st.DrawFn) -> list[Task]:
+    """Small integer sets, priorities rate-monotonic or not, utilisation often near or over 1."""
+    n = draw(st.integers(1, 5))
+    out = []
+    for i in range(n):
+        t = draw(st.sampled_from([2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15]))
+        c = draw(st.integers(0, t))
+        d = draw(st.integers(max(1, c), t))
+        out.append(Task(f"t{i}", c, t, d, priority=draw(st.integers(0, 4))))
+    return out
+
+
+@given(tight_sets(), st.sampled_from([1, 2**-20, 1e9, 3]))
+@settings(max_examples=300, deadline=None, derandomize=True)
+@example([Task("a", 2, 3, priority=0), Task("b", 1, 7, priority=1), Task("c", 1, 15, priority=2)], 1e9)
+@example([Task("a", 1, 2, priority=0), Task("b", 2, 4, priority=1)], 2**-20)  # R = D = 4: feasible, exactly
+def test_exact_rta_equals_the_simulated_schedule(ts: list[Task], unit: float) -> None:
+    # The simulator runs the synchronous release (the critical instant) in integer time steps; the analysis
+    # runs on the same set in another unit (2^-20: dyadic; 1e9 and 3: large and odd): R must be exactly
+    # unit x the simulated response, up to the first task that can miss, which both must call a miss.
+    sim = _simulate(ts)
+    scaled = [Task(t.name, t.c * unit, t.t * unit, t.deadline * unit, priority=t.priority) for t in ts]
+    rs = response_times(scaled)
+    results, lam = analyse(scaled, slack=False)
+    for t in sorted(ts, key=lambda t: (t.priority, ts.index(t))):
+        if not math.isfinite(rs[t.name]):
+            assert sim[t.name] > t.deadline, (t, ts)
+            assert lam is not None and lam < 1 and not all(r.feasible for r in results)
+            return
+        if t.c > 0:
+            assert rs[t.name] == sim[t.name] * unit, (t, ts)
+    assert all(r.feasible for r in results) and lam is not None and lam >= 1
