@@ -404,5 +404,6 @@ class ControlLoop:
         if done:
             self.owned.add(scope)
         if "scaler" in done and kind == "model":
+            self.scaler.distrust_restored(name)  # a replayed snapshot shrinks nothing without fresh windows
             self.export_targets(name)  # a restored key's target is exported after its first fresh window
         return done, failed

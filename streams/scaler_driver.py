@@ -340,15 +340,25 @@ class Scaler:
                 f"(this worker: version {SNAPSHOT_VERSION}, controller {self.settings.controller})"
             )
         states = {(str(m), str(z)): KeyState.from_state(ks) for m, z, ks in data["states"]}
-        for ks in states.values():
-            ks.restore_votes = 0  # its targets shrink the fleet only once fresh windows confirm them
-            ks.fresh = False  # nor is its target exported before a fresh window (KEDA would act on it)
         zones = {m: zc.ZoneCapacityState.from_dict(z) for m, z in data.get("zones", {}).items()}
         decisions = int(data.get("decisions", 0))
         self.states.update(states)
         self.zones.update(zones)
         self.decisions = max(self.decisions, decisions)
         return len(states)
+
+    def distrust_restored(self, model: str) -> None:
+        """Treat ``model``'s keys as restored from a snapshot that may be replayed (issue 31, item 4).
+
+        Their targets shrink the fleet only once :data:`RESTORE_CONFIRM_WINDOWS` fresh windows
+        confirm them, and no target of theirs is exported before a fresh window (KEDA would act
+        on it).  :meth:`restore` itself stays lossless (the contract battery's restored subject
+        decides like the original); the loop's snapshot path calls this after it.
+        """
+        for (m, _), ks in self.states.items():
+            if m == model:
+                ks.restore_votes = 0
+                ks.fresh = False
 
     # -- decisions ------------------------------------------------------------
     def on_window(self, w: WindowRecord, now_ms: int) -> list[Command]:
