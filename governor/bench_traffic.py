@@ -2,30 +2,34 @@
 
 Every scenario runs its arms on the same seeded workload (same arrivals,
 classes and token counts) and the same fixed replicas, so the GPU-seconds
-of the arms are equal; only the routing policy differs.  Windows are
-``window_s`` long; after each, the policy sees that window's completed
-requests (per target: P95 TTFT/e2e, completions, errors, queue depth) and
-sets the fleet's routing weights for the next one.
+of the arms are equal; only the traffic policy differs.  The controlled arms
+run the product (:class:`governor.traffic_sim.LoopPolicy`): the stream
+worker's control loop makes ``window_s`` windows from the fleet's telemetry
+and decides with its drivers; their commands reach the simulated gateway as
+an executor applies them.
 
 * ``routing``: latency spikes (``Fleet.inject_latency_spike``: the design
   source's injected I/O delays, docs/model.md §19 (sim)) on the primary
   ``bloom-176b`` in ``az-a``.  Arms:
   ``static-primary`` (weights by capacity over the primary's zones, the
   fallback replicas idle), ``static-all`` (by capacity over every target),
-  ``routing`` (:func:`controllers.routing.step` every window, fallback to
-  ``llama2-70b`` per degradable class) and ``routing-by-cap`` (the same with
-  the prior weights by capacity instead of the min-latency split).
+  ``routing`` (the worker's ``RoutingDriver``: gathered windows of both
+  variants, a ``route`` command when a weight moved by over 5 % or a class
+  entered or left fallback to ``llama2-70b``, the scaler's rate forecast).
   ``fallback_share``: the share of requests the smaller model served.
 * ``breaker``: ``az-a``'s primary returns errors at ``--error-rate`` for a
-  while.  Arms: ``no-breaker`` (static by capacity), ``breaker``
-  (:mod:`controllers.breaker` per target feeding the router, half-open probes).
+  while.  Arms: ``no-breaker`` (static to the primary, by capacity),
+  ``routing-only`` (the loop, its breaker never opening: a minimum of 10^9
+  requests) and ``breaker``
+  (the loop: the worker's ``BreakerDriver`` per target feeding the router,
+  half-open probes counted by the gateway).
 * ``canary``: a ``llama2-70b@v2`` with 2 % errors, a P99 over 800 ms, 5x
   stable's TTFT, or healthy, rolled out 1 -> 5 -> 20 -> 100 %.  Arms:
-  ``big-bang`` (100 % at the start), ``canary`` (:mod:`controllers.canary`)
-  and ``canary-abs`` (without the rule relative to stable).
+  ``big-bang`` (100 % at the start), ``canary`` (the canary driver's steps on
+  the loop's windows) and ``canary-abs`` (without the rule relative to stable).
 * ``agents``: agent turns take the RAG, tool or plain-LLM path drawn from
-  the weights of docs/model.md §15 (agents) (dynamic) or 1:1:1 (static);
-  see :func:`agent_turn_calls`.
+  the weights the loop's ``agents`` commands publish (dynamic) or 1:1:1
+  (static); see :func:`agent_turn_calls`.
 
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in :data:`controllers.routing_model.DEFAULT_CLASSES`.
@@ -35,18 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from typing import Any
 
-from controllers import breaker as brk
-from controllers import routing as rt
+from core.settings import ModelSpec, Settings
 from governor.bench_agents import agent_turn_calls, scenario_agents
 from governor.bench_canary import scenario_canary
 from governor.traffic_sim import (
     FALLBACK,
     PRIMARY,
     ZONES,
-    ControlledRouting,
+    LoopPolicy,
     Policy,
     _fleet,
     _gpu_seconds,
@@ -78,14 +80,43 @@ def _two_variants(args: argparse.Namespace) -> tuple[Any, ...]:
     replicas = {PRIMARY: args.primary_replicas, FALLBACK: args.fallback_replicas}
     cfg = _fleet({PRIMARY: PRIMARY, FALLBACK: FALLBACK}, replicas, args.seed)
     arr = workload(args.rate, args.duration_s, args.seed)
-    targets = [rt.Target(m, z) for m in (PRIMARY, FALLBACK) for z in ZONES]
-    caps = {tg: capacity_rps(cfg.models[tg.variant], replicas[tg.variant]) for tg in targets}
+    caps = {f"{m}|{z}": capacity_rps(cfg.models[m], n) for m, n in replicas.items() for z in ZONES}
     base = _setup_replicas(replicas)
-    return replicas, cfg, arr, targets, caps, base
+    return replicas, cfg, arr, caps, base
+
+
+def loop_settings(args: argparse.Namespace, cfg: Any, replicas: dict[str, int], breaker_min_requests: int) -> Settings:
+    """The worker's settings for the family ``PRIMARY=FALLBACK`` on the fixed fleet.
+
+    Each model's per-replica capacity is the harness's (:func:`capacity_rps`), the
+    router's capacity input; its replica bounds are the fixed count.
+    """
+    models = tuple(
+        ModelSpec(m, min_replicas=n, max_replicas=n, replica_capacity_rps=capacity_rps(cfg.models[m], 1))
+        for m, n in replicas.items()
+    )
+    return Settings(
+        models=models,
+        zones=ZONES,
+        fallbacks=((PRIMARY, FALLBACK),),
+        window_s=args.window_s,
+        breaker_min_requests=breaker_min_requests,
+    )
+
+
+def fallback_windows(pol: LoopPolicy, duration_s: float, window_s: float) -> dict[str, int]:
+    """Per class, the windows that ended with the class in fallback (by the last route command applied)."""
+    routes = pol.applied("route")
+    out: dict[str, int] = {}
+    for k in range(1, int(duration_s // window_s) + 1):
+        last = [c for t, c in routes if t <= k * window_s]
+        for c in last[-1].payload["fallback"] if last else ():
+            out[c] = out.get(c, 0) + 1
+    return out
 
 
 def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
-    replicas, cfg, arr, targets, caps, base = _two_variants(args)
+    replicas, cfg, arr, caps, base = _two_variants(args)
 
     def setup(f: Fleet) -> None:
         base(f)
@@ -93,22 +124,23 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
             start = args.spike_start_s + k * args.spike_every_s
             f.inject_latency_spike("az-a", PRIMARY, args.spike_fraction, args.spike_factor, start, args.spike_s)
 
-    params = rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK)
-    ctl = ControlledRouting(targets, caps, args.window_s, params)
-    arms: dict[str, Policy] = {
-        "static-primary": static_policy({tg.key: caps[tg] for tg in targets if tg.variant == PRIMARY}),
-        "static-all": static_policy({tg.key: caps[tg] for tg in targets}),
-        "routing-by-cap": ControlledRouting(targets, caps, args.window_s, replace(params, split="capacity")),
-        "routing": ctl,
+    prim = {t: c for t, c in caps.items() if t.startswith(f"{PRIMARY}|")}
+    # The breaker never opens here (no errors); it runs as in the worker.
+    ctl = LoopPolicy(loop_settings(args, cfg, replicas, args.breaker_min_requests))
+    arms: dict[str, tuple[dict[str, float], Policy]] = {
+        "static-primary": (prim, static_policy),
+        "static-all": (caps, static_policy),
+        "routing": (prim, ctl),
     }
     horizon = args.duration_s + 300.0
     res = {}
-    for name, pol in arms.items():
-        recs, fleet = run_arm(cfg, arr, args.duration_s, args.window_s, setup, pol)
+    for name, (routes, pol) in arms.items():
+        recs, _ = run_arm(cfg, arr, args.duration_s, setup, routes, pol)
         res[name] = summarize(recs, _gpu_seconds(cfg, replicas, horizon), len(arr))
         # what the arm paid in quality: requests served by the smaller model
         res[name]["fallback_share"] = sum(r["model"] == FALLBACK for r in recs) / max(1, len(recs))
-    res["routing"]["fallback_windows"] = dict(ctl.fallback_windows)
+    res["routing"]["fallback_windows"] = fallback_windows(ctl, args.duration_s, args.window_s)
+    res["routing"]["route_commands"] = len(ctl.applied("route"))
     b = res["routing"]
     for base_arm, suffix in (("static-primary", ""), ("static-all", "_vs_static_all")):
         a = res[base_arm]
@@ -119,28 +151,30 @@ def scenario_routing(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scenario_breaker(args: argparse.Namespace) -> dict[str, Any]:
-    replicas, cfg, arr, targets, caps, base = _two_variants(args)
+    replicas, cfg, arr, caps, base = _two_variants(args)
 
     def setup(f: Fleet) -> None:
         base(f)
         f.inject_errors("az-a", PRIMARY, args.error_rate, args.fault_start_s, args.fault_s)
 
-    params = rt.RoutingParams(primary=PRIMARY, fallback=FALLBACK)
-    ctl_nb = ControlledRouting(targets, caps, args.window_s, params)
-    ctl = ControlledRouting(
-        targets, caps, args.window_s, params, brk.BreakerParams(min_requests=args.breaker_min_requests)
-    )
-    arms: dict[str, Policy] = {
-        "no-breaker": static_policy({tg.key: caps[tg] for tg in targets if tg.variant == PRIMARY}),
-        "routing-only": ctl_nb,
-        "breaker": ctl,
+    prim = {t: c for t, c in caps.items() if t.startswith(f"{PRIMARY}|")}
+    never = 10**9  # requests a breaker window must exceed: never
+    ctl_nb = LoopPolicy(loop_settings(args, cfg, replicas, never))
+    ctl = LoopPolicy(loop_settings(args, cfg, replicas, args.breaker_min_requests))
+    arms: dict[str, tuple[dict[str, float], Policy]] = {
+        "no-breaker": (prim, static_policy),
+        "routing-only": (prim, ctl_nb),
+        "breaker": (prim, ctl),
     }
     res: dict[str, Any] = {}
-    for name, pol in arms.items():
-        recs, _ = run_arm(cfg, arr, args.duration_s, args.window_s, setup, pol)
+    for name, (routes, pol) in arms.items():
+        recs, _ = run_arm(cfg, arr, args.duration_s, setup, routes, pol)
         res[name] = summarize(recs, _gpu_seconds(cfg, replicas, args.duration_s + 300), len(arr))
         res[name]["errors"] = sum(r.get("status") == "error" for r in recs)
-    res["breaker"]["timeline"] = ctl.timeline
+    res["breaker"]["timeline"] = [
+        {"t_s": t, "target": c.payload["target"], "state": c.payload["state"], "reason": c.reason}
+        for t, c in ctl.applied("breaker")
+    ]
     return res
 
 

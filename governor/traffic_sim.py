@@ -1,9 +1,17 @@
 """The shared harness of the traffic benchmarks (``governor bench traffic``).
 
-A fixed fleet (:mod:`sim.fleet`) replays one seeded workload window by
-window; after each window a *policy* sees that window's finished requests
-and sets the fleet's routing weights for the next one.  Arms of one
-scenario differ only in their policy, so their GPU-seconds are equal.
+A fixed fleet (:mod:`sim.fleet`) replays one seeded workload in ticks of
+``TICK_S``; requests reach it through a gateway in memory
+(:class:`sim.gateway.CommandGateway`: route weights, breakers, canary shares,
+as an executor writes them and a gateway reads them).  A *policy* sees every
+tick's finished requests.  The controlled arms run the product: the stream
+worker's :class:`~streams.control_loop.ControlLoop` (:class:`LoopPolicy`) gets
+the fleet's request records and GPU samples, makes the windows, decides with
+its drivers (routing, breaker, agent weights; the canary's steps are the
+canary driver's, :class:`streams.canary_driver.CanaryCore`), and its commands
+go to the gateway.  Scale commands are not applied: the replicas are fixed,
+so the arms of one scenario differ only in their traffic policy and their
+GPU-seconds are equal.
 On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in
 :data:`controllers.routing_model.DEFAULT_CLASSES`.
@@ -21,19 +29,26 @@ from typing import Any
 
 import numpy as np
 
-from controllers import breaker as brk
-from controllers import routing as rt
+from controllers.routing_model import DEFAULT_CLASSES
+from core.settings import Settings
+from sim.fastloop import EPOCH_MS0
 from sim.fleet import Fleet, FleetConfig
+from sim.gateway import CommandGateway
 from sim.perf_model import PerfModel
+from streams.canary_driver import CanaryCore
+from streams.commands import Command
+from streams.control_loop import ControlLoop
 
-PRIMARY, FALLBACK, FAMILY = "bloom-176b", "llama2-70b", "chat"
-CLASSES = {c.name: c for c in rt.DEFAULT_CLASSES}
+PRIMARY, FALLBACK = "bloom-176b", "llama2-70b"
+FAMILY = PRIMARY  # the worker names a routed family by its primary (route commands' model)
+CLASSES = {c.name: c for c in DEFAULT_CLASSES}
+TICK_S = 1.0  # the fleet advances, and the loop ingests and closes windows, once a tick
 CLASS_MIX = {"trading": 0.3, "voice": 0.4, "batch": 0.3}
 # (prompt median, output median) tokens per class; lognormal, sigma 0.5
 CLASS_TOKENS = {"trading": (400, 16), "voice": (600, 48), "batch": (1500, 200)}
 ZONES = ("az-a", "az-b")
 
-Policy = Callable[[Fleet, float, list[dict[str, Any]]], None]
+Policy = Callable[[CommandGateway, float, list[dict[str, Any]]], None]  # (gateway, t_s, finished this tick)
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -80,30 +95,35 @@ def run_arm(
     cfg: FleetConfig,
     arrivals: list[tuple[float, str, int, int]],
     duration_s: float,
-    window_s: float,
     setup: Callable[[Fleet], None],
+    routes: dict[str, float],
     policy: Policy,
     drain_s: float = 300.0,
     family: str = FAMILY,
-) -> tuple[list[dict[str, Any]], Fleet]:
-    """Replay ``arrivals`` window by window, calling ``policy`` after each; return all records."""
-    fleet = Fleet(cfg, epoch_ms0=0)
+) -> tuple[list[dict[str, Any]], CommandGateway]:
+    """Replay ``arrivals`` through the gateway tick by tick, ``policy`` after each; return all records.
+
+    ``routes``: the gateway's weights of ``family`` before any command (its static configuration).
+    """
+    fleet = Fleet(cfg, epoch_ms0=EPOCH_MS0)
     setup(fleet)
-    policy(fleet, 0.0, [])
+    gw = CommandGateway(fleet, np.random.default_rng([cfg.seed, 5]))
+    gw.gate.routes[(family, None)] = dict(routes)
+    gw.gate.apply(fleet, 0.0)
     recs: list[dict[str, Any]] = []
-    i, t = 0, 0.0
+    i, k, t = 0, 0, 0.0
     while t < duration_s:
-        end = min(t + window_s, duration_s)
-        while i < len(arrivals) and arrivals[i][0] < end:
+        k += 1
+        t = min(k * TICK_S, duration_s)
+        while i < len(arrivals) and arrivals[i][0] < t:
             ta, c, p, o = arrivals[i]
-            fleet.submit_routed(ta, family, c, p, o, f"q{i}")
+            gw.submit(ta, family, c, p, o, f"q{i}")
             i += 1
-        win = fleet.advance_to(end)
-        recs += win
-        policy(fleet, end, win)
-        t = end
+        done = fleet.advance_to(t)
+        recs += done
+        policy(gw, t, done)
     recs += fleet.advance_to(duration_s + drain_s)
-    return recs, fleet
+    return recs, gw
 
 
 def summarize(recs: list[dict[str, Any]], gpu_seconds: float, submitted: int) -> dict[str, Any]:
@@ -155,75 +175,71 @@ def _setup_replicas(replicas: dict[str, int]) -> Callable[[Fleet], None]:
     return setup
 
 
-def static_policy(weights: dict[str, float]) -> Policy:
-    """Fixed weights for every class."""
-
-    def pol(f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
-        if t == 0.0:
-            f.set_routing(FAMILY, weights, t)
-
-    return pol
+def static_policy(gw: CommandGateway, t: float, win: list[dict[str, Any]]) -> None:
+    """The gateway's static weights, never changed."""
 
 
-def _target_windows(win: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in win:
-        by[f"{r['model']}|{r['zone']}"].append(r)
-    return by
+class LoopPolicy:
+    """The product as the policy: the fleet's telemetry -> :class:`ControlLoop` -> commands -> the gateway.
 
+    Every tick the finished requests and a GPU sample of every replica go
+    through :meth:`ControlLoop.ingest` as one batch (the worker's pipeline),
+    the windows whose lateness has passed close (:meth:`ControlLoop.close_due`,
+    the worker's timer), and each zone window is decoded and decided on
+    (:meth:`ControlLoop.decide`).  With a canary ``rollout`` (the JSON that
+    ``governor canary start`` stores), the canary driver's steps
+    (:class:`CanaryCore`) run on each window first, as the worker's control
+    agent awaits the canary driver before :meth:`ControlLoop.decide`.  The
+    route, breaker, canary and agents commands reach the gateway at once
+    (:meth:`CommandGateway.apply`); scale commands are counted, not applied
+    (the replicas are fixed).
+    """
 
-class ControlledRouting:
-    """controllers.routing every window, optionally with a breaker per target."""
+    def __init__(self, settings: Settings, rollout: dict[str, Any] | None = None, rollout_at_s: float = 0.0) -> None:
+        self.loop = ControlLoop(settings)
+        self.canary = CanaryCore(settings)
+        self.pending_rollout, self.rollout_at_s = rollout, rollout_at_s
+        self.rollout: dict[str, Any] | None = None
+        self.rollout_log: list[dict[str, Any]] = []  # each change of the rollout's state: t_s, state, share
+        self.commands: list[tuple[float, Command]] = []  # (t_s, command) of every gateway command applied
+        self.scale_commands = 0
+        self.windows = 0
+        self._offset = 0
 
-    def __init__(
-        self,
-        targets: list[rt.Target],
-        caps: dict[rt.Target, float],
-        window_s: float,
-        params: rt.RoutingParams,
-        breaker: brk.BreakerParams | None = None,
-    ) -> None:
-        self.targets, self.caps, self.window_s, self.params = targets, caps, window_s, params
-        self.state = rt.RoutingState()
-        self.breaker = breaker
-        self.bstate = {t: brk.BreakerState() for t in targets}
-        self.attain = brk.AttainmentHistory(window_s=window_s, horizon_s=300.0)
-        self.timeline: list[dict[str, Any]] = []
-        self.fallback_windows: dict[str, int] = defaultdict(int)
+    def _decide(self, m: dict[str, Any], t: float, now_ms: int) -> list[Command]:
+        rec, dead = self.loop.decode(m, {"topic": "bench"}, now_ms)
+        if rec is None:
+            raise ValueError(f"the loop refused its own window: {dead}")
+        cmds: list[Command] = []
+        if self.rollout is not None:
+            before = self.rollout["state"]
+            self.rollout, cmds = self.canary.on_window(self.rollout, rec, now_ms)
+            if self.rollout["state"] != before:
+                st = self.rollout["state"]
+                self.rollout_log.append({"t_s": t, "state": st, "share": self.rollout["published_share"]})
+        return cmds + self.loop.decide(rec, now_ms).commands
 
-    def __call__(self, f: Fleet, t: float, win: list[dict[str, Any]]) -> None:
-        if t == 0.0:
-            prim = {tg.key: self.caps[tg] for tg in self.targets if tg.variant == self.params.primary}
-            f.set_routing(FAMILY, prim, t)
-            return
-        by = _target_windows(win)
-        self.attain = self.attain.add(len(win), sum(on_time(r) for r in win))
-        obs = {}
-        for tg in self.targets:
-            rs = by.get(tg.key, [])
-            state: brk.StateName = "closed"
-            if self.breaker is not None:
-                errs = sum(r.get("status") == "error" for r in rs)
-                self.bstate[tg], out = brk.step(
-                    self.breaker, self.bstate[tg], brk.BreakerObs(len(rs), errs, self.attain.attainment()), t
-                )
-                state = out.state_name
-                if out.changed:
-                    self.timeline.append({"t_s": t, "target": tg.key, "state": state, "reason": out.reason})
-            obs[tg] = rt.TargetObs(
-                ttft_p95_ms=_pct([r["ttft_ms"] for r in rs], 95),
-                e2e_p95_ms=_pct([r["e2e_ms"] for r in rs], 95),
-                queue_len=float(f.queued(tg.zone, tg.variant)),
-                rate_rps=len(rs) / self.window_s,
-                capacity_rps=self.caps[tg],
-                breaker=state,
-            )
-        self.state, d = rt.step(self.params, self.state, obs, rt.DEFAULT_CLASSES, self.window_s)
-        for c in d.fallback:
-            self.fallback_windows[c] += 1
-        for c, ws in d.weights.items():
-            if ws:
-                f.set_routing(FAMILY, {tg.key: w for tg, w in ws.items()}, t, c)
+    def __call__(self, gw: CommandGateway, t: float, done: list[dict[str, Any]]) -> None:
+        if self.pending_rollout is not None and t >= self.rollout_at_s:  # the operator starts it
+            self.rollout, self.pending_rollout = self.pending_rollout, None
+        now_ms = EPOCH_MS0 + int(round(t * 1000))
+        self._offset += 1
+        batch = {"schema_version": 1, "kind": "batch", "records": done + gw.fleet.gpu_snapshot(t)}
+        self.loop.ingest(batch, {"topic": "bench", "partition": 0, "offset": self._offset}, now_ms, close=False)
+        for m in self.loop.close_due(now_ms):
+            if m["scope"] != "zone":
+                continue  # node windows: the KV policy (bench kv)
+            self.windows += 1
+            for cmd in self._decide(m, t, now_ms):
+                if gw.apply(cmd, t):
+                    self.commands.append((t, cmd))
+                elif cmd.kind == "scale":
+                    self.scale_commands += 1
+
+    def applied(self, kind: str) -> list[tuple[float, Command]]:
+        """The ``kind`` commands applied, one per decision (the copy for the first zone)."""
+        first = min((c.zone for _, c in self.commands), default="")
+        return [(t, c) for t, c in self.commands if c.kind == kind and c.zone == first]
 
 
 def _row(name: str, s: dict[str, Any]) -> str:

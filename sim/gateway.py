@@ -6,7 +6,10 @@
   :data:`HALF_OPEN_SHARE` of its share for at most ``probe_budget``
   requests) and canary shares (``model`` -> ``model@version``).
 * :func:`sync_routing_from_redis` reads all three from the Redis hashes the
-  executors write (the contract is in :mod:`executors.backends`).
+  executors write (the contract is in :mod:`executors.backends`);
+  :class:`CommandGateway` applies the commands themselves in memory, as an
+  executor writes them and a gateway reads them (the traffic benchmarks,
+  which run the control loop without Redis).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from controllers.gateway_weights import HALF_OPEN_SHARE, gate_weights
 from core import names
 from sim.replica import FleetConfigError
 from sim.router import DEFAULT_CLASS, parse_target
+from streams.commands import Command
 
-__all__ = ["HALF_OPEN_SHARE", "BreakerView", "TrafficGate", "gate_weights", "sync_routing_from_redis"]
+__all__ = ["HALF_OPEN_SHARE", "BreakerView", "CommandGateway", "TrafficGate", "gate_weights", "sync_routing_from_redis"]
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +287,85 @@ async def sync_routing_from_redis(
     if updated or (breakers_changed and gate.routes):
         gate.apply(fleet, t_s)
     return updated
+
+
+GATEWAY_KINDS = ("route", "breaker", "canary", "agents")
+
+
+class CommandGateway:
+    """A zone's executor and gateway in memory: route, breaker, canary and agents commands reach ``fleet``.
+
+    What :class:`executors.backends.RoutingBackend` writes and
+    :func:`sync_routing_from_redis` reads, without Redis: a command whose
+    ``basis_ms`` is older than the last one applied for its (zone, kind, model)
+    is stale (the executor's rule); a route command's classes are normalised
+    and their targets the fleet lacks dropped; a breaker version re-gates the
+    weights; a canary share applies where the fleet has both versions; the
+    agent weights are kept per (zone, model) for the orchestrator
+    (:attr:`agents`).  A route command's model is the family routed.
+
+    >>> from sim.fleet import Fleet, FleetConfig
+    >>> from sim.perf_model import PerfModel
+    >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, zones=("az-a", "az-b")))
+    >>> gw = CommandGateway(f, np.random.default_rng(0))
+    >>> route = Command(kind="route", zone="az-a", model="m", reason="", issued_at_ms=0, expires_at_ms=1,
+    ...                 basis_ms=10, payload={"weights": {"*": {"m|az-a": 3.0, "m|az-b": 1.0}}})
+    >>> gw.apply(route, 0.0), f.router.weights("m")
+    (True, {'m|az-a': 0.75, 'm|az-b': 0.25})
+    >>> from dataclasses import replace
+    >>> gw.apply(replace(route, basis_ms=5, command_id=""), 0.0)   # older than applied: stale
+    False
+    """
+
+    def __init__(self, fleet: Any, rng: np.random.Generator) -> None:
+        self.fleet = fleet
+        self.gate = TrafficGate(rng)
+        self.agents: dict[tuple[str, str], dict[str, float]] = {}  # (zone, model) -> path weights
+        self.applied: list[Command] = []
+        self._last_basis: dict[tuple[str, str, str], int] = {}
+
+    def apply(self, cmd: Command, t_s: float) -> bool:
+        """Apply one command at ``t_s``; False when it is stale or not a gateway kind."""
+        key = (cmd.zone, cmd.kind, cmd.model)
+        if cmd.kind not in GATEWAY_KINDS or cmd.basis_ms < self._last_basis.get(key, cmd.basis_ms):
+            return False
+        gate, p = self.gate, cmd.payload
+        totals = {cls: sum(ws.values()) for cls, ws in p.get("weights", {}).items()} if cmd.kind == "route" else {}
+        if any(total <= 0 for total in totals.values()):
+            return False  # the backend rejects a class without a positive weight
+        self._last_basis[key] = cmd.basis_ms
+        self.applied.append(cmd)
+        if cmd.kind == "route":
+            for cls, ws in p["weights"].items():  # normalised as written, then the fleet's targets kept
+                known = {
+                    t: w / totals[cls]
+                    for t, w in sorted(ws.items())
+                    if tuple(reversed(parse_target(t))) in self.fleet._reps
+                }
+                if any(w > 0 for w in known.values()):
+                    gate.routes[(cmd.model, None if cls == DEFAULT_CLASS else cls)] = known
+            gate.apply(self.fleet, t_s)
+        elif cmd.kind == "breaker":
+            gate.set_breaker(str(p["target"]), str(p["state"]), int(p.get("probe_budget") or 0), cmd.basis_ms)
+            if gate.routes:
+                gate.apply(self.fleet, t_s)
+        elif cmd.kind == "canary":
+            variant = f"{cmd.model}@{p['version']}"
+            if (cmd.zone, variant) in self.fleet._reps and (cmd.zone, cmd.model) in self.fleet._reps:
+                gate.set_canary(cmd.zone, cmd.model, variant, float(p["share"]))
+            else:
+                gate.canary.pop((cmd.zone, cmd.model), None)
+        else:
+            self.agents[(cmd.zone, cmd.model)] = {k: float(v) for k, v in p["weights"].items()}
+        return True
+
+    def submit(
+        self, t_s: float, family: str, request_class: str, prompt: int, output: int, request_id: str
+    ) -> tuple[str, str]:
+        """Route one request as a gateway does (weights drawn, then the canary), submit it; its target."""
+        variant, zone = self.fleet.router.pick(family, request_class)
+        variant = self.gate.variant_for(variant, zone)
+        self.fleet.submit(t_s, zone, variant, prompt, output, request_id, request_class=request_class)
+        if self.gate.sent(variant, zone) and self.gate.routes:  # a probe budget ran out
+            self.gate.apply(self.fleet, t_s)
+        return variant, zone

@@ -43,7 +43,7 @@ from streams.commands import Command
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
+__all__ = ["Advanced", "CanaryCore", "CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
 
 
 def params_to_dict(p: can.CanaryParams) -> dict[str, Any]:
@@ -98,98 +98,89 @@ class _Pair:
     stable: WindowRecord | None = None
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """One step of a rollout: the rollout to store (None: unchanged) and the commands to publish."""
+
+    rollout: dict[str, Any] | None
+    commands: list[Command]
+
+
 @dataclass
-class CanaryDriver:
-    """Advances the rollouts stored in Redis from the worker's zone windows."""
+class CanaryCore:
+    """The canary driver without its store (no I/O): window pairing and one step of a rollout.
+
+    :class:`CanaryDriver` keeps the rollouts in Redis and runs :meth:`advance` inside an
+    optimistic transaction; :meth:`on_window` runs the same steps on a rollout held in
+    memory (the traffic benchmark, ``governor bench traffic --scenario canary``).
+
+    >>> core = CanaryCore(Settings(zones=("az-a",)))
+    >>> r = new_rollout("m", "v2", can.CanaryParams(), 0.0)
+    >>> from controllers.window_record import decode_window
+    >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 5})
+    >>> r, cmds = core.on_window(r, w, 10_000)
+    >>> [(c.zone, c.payload["share"]) for c in cmds], r["published_share"]
+    ([('az-a', 0.01)], 0.01)
+    """
 
     settings: Settings
-    redis: aioredis.Redis
-    max_retries: int = 5
     _pairs: dict[tuple[str, str, int], _Pair] = field(default_factory=dict)
 
-    @property
-    def prefix(self) -> str:
-        return self.settings.topic_prefix
-
-    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
-        """Feed one window record; returns the ``canary`` commands to publish.
-
-        The one driver that does I/O: a rollout lives in Redis, where ``governor
-        canary`` writes it, and each step is an optimistic transaction on it.
-        """
-        if m.scope != "zone":
+    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[_Pair | None]:
+        """The pairs ``m`` completes for ``rollout`` (``[None]``: nothing judged, a start or an abort may
+        still need its share published; ``[]``: the window is not this rollout's)."""
+        if m.scope != "zone" or rollout is None:
             return []
-        name, zone, start = m.model, m.zone, m.window_start_ms
-        base, _, version = name.partition("@")
-        raw = await self.redis.get(names.canary_state(self.prefix, base))
-        if raw is None:
-            return []
-        rollout = orjson.loads(raw)
+        base, _, version = m.model.partition("@")
         if version and version != rollout["version"]:
             return []
-        pair = self._pairs.setdefault((base, zone, start), _Pair())
+        pair = self._pairs.setdefault((base, m.zone, m.window_start_ms), _Pair())
         if version:
             pair.canary = m
         else:
             pair.stable = m
-        due = []
-        for key in sorted(k for k in self._pairs if k[0] == base and k[1] == zone):
+        due: list[_Pair | None] = []
+        for key in sorted(k for k in self._pairs if k[0] == base and k[1] == m.zone):
             p = self._pairs[key]
-            if (p.canary is not None and p.stable is not None) or key[2] < start:
-                due.append((key, self._pairs.pop(key)))
+            if (p.canary is not None and p.stable is not None) or key[2] < m.window_start_ms:
+                due.append(self._pairs.pop(key))
+        return due or [None]
+
+    def advance(self, rollout: dict[str, Any], pair: _Pair | None, seen_ms: int, now_ms: int) -> Advanced:
+        """Judge ``pair`` (None: publish only) against ``rollout`` (the stored JSON; not changed)."""
+        params = params_from_dict(rollout["params"])
+        state = can.CanaryState.from_dict(rollout["state"])
+        basis_ms = seen_ms
+        if pair is not None and state.name == "running":
+            ref = pair.stable or pair.canary
+            assert ref is not None
+            end_ms = ref.window_end_ms
+            state, out = can.step(params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0)
+            if out.changed:
+                log.info("canary %s: %s", rollout["canary"], out.reason)
+        share = can.traffic_share(params, state)
+        publish = share != rollout["published_share"]
+        # Executors refuse a basis older than the last applied one: never go back.
+        basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
+        if state.to_dict() == rollout["state"] and not publish:
+            return Advanced(None, [])
+        new = {**rollout, "state": state.to_dict(), "published_share": share, "updated_ms": now_ms}
+        if not publish:
+            return Advanced(new, [])
+        new["published_basis_ms"] = basis_ms
+        return Advanced(new, self.commands(new, share, basis_ms, now_ms, state.reason or state.name))
+
+    def on_window(self, rollout: dict[str, Any], m: WindowRecord, now_ms: int) -> tuple[dict[str, Any], list[Command]]:
+        """Every step ``m`` makes on a rollout held in memory: the rollout after them and the commands."""
         cmds: list[Command] = []
-        for (_, _, _), p in due:
-            cmds += await self._step(base, p, m.window_end_ms, now_ms)
-        if not due:  # nothing judged, but a start or an abort may need its share published
-            cmds += await self._step(base, None, m.window_end_ms, now_ms)
-        return cmds
+        for pair in self.due(m, rollout):
+            step = self.advance(rollout, pair, m.window_end_ms, now_ms)
+            rollout = step.rollout or rollout
+            cmds += step.commands
+        return rollout, cmds
 
-    async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
-        key = names.canary_state(self.prefix, base)
-        for _ in range(self.max_retries):
-            try:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return []
-                    rollout = orjson.loads(raw)
-                    params = params_from_dict(rollout["params"])
-                    state = can.CanaryState.from_dict(rollout["state"])
-                    basis_ms = seen_ms
-                    if pair is not None and state.name == "running":
-                        ref = pair.stable or pair.canary
-                        assert ref is not None
-                        end_ms = ref.window_end_ms
-                        state, out = can.step(
-                            params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0
-                        )
-                        if out.changed:
-                            log.info("canary %s: %s", rollout["canary"], out.reason)
-                    share = can.traffic_share(params, state)
-                    publish = share != rollout["published_share"]
-                    # Executors refuse a basis older than the last applied one: never go back.
-                    basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
-                    if state.to_dict() == rollout["state"] and not publish:
-                        await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return []
-                    rollout.update(state=state.to_dict(), published_share=share, updated_ms=now_ms)
-                    if publish:
-                        rollout["published_basis_ms"] = basis_ms
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, orjson.dumps(rollout))
-                    await pipe.execute()
-            except WatchError:
-                continue
-            if not publish:
-                return []
-            return self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name)
-        log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
-        return []
-
-    def _commands(
-        self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str
-    ) -> list[Command]:
+    def commands(self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str) -> list[Command]:
+        """One ``canary`` command per zone: the share of the stable model's requests sent to the version."""
         ttl = int(self.settings.command_ttl_s * 1000)
         payload = {"model": rollout["model"], "version": rollout["version"], "share": share}
         return [
@@ -206,3 +197,59 @@ class CanaryDriver:
             )
             for z in self.settings.zones
         ]
+
+
+@dataclass
+class CanaryDriver:
+    """Advances the rollouts stored in Redis from the worker's zone windows (the steps: :class:`CanaryCore`)."""
+
+    settings: Settings
+    redis: aioredis.Redis
+    max_retries: int = 5
+    core: CanaryCore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = CanaryCore(self.settings)
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.topic_prefix
+
+    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
+        """Feed one window record; returns the ``canary`` commands to publish.
+
+        The one driver that does I/O: a rollout lives in Redis, where ``governor
+        canary`` writes it, and each step is an optimistic transaction on it.
+        """
+        if m.scope != "zone":
+            return []
+        base = m.model.partition("@")[0]
+        raw = await self.redis.get(names.canary_state(self.prefix, base))
+        if raw is None:
+            return []
+        cmds: list[Command] = []
+        for pair in self.core.due(m, orjson.loads(raw)):
+            cmds += await self._step(base, pair, m.window_end_ms, now_ms)
+        return cmds
+
+    async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
+        key = names.canary_state(self.prefix, base)
+        for _ in range(self.max_retries):
+            try:
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return []
+                    step = self.core.advance(orjson.loads(raw), pair, seen_ms, now_ms)
+                    if step.rollout is None:
+                        await pipe.unwatch()  # type: ignore[no-untyped-call]
+                        return []
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, orjson.dumps(step.rollout))
+                    await pipe.execute()
+            except WatchError:
+                continue
+            return step.commands
+        log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
+        return []
