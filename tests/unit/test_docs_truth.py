@@ -1,7 +1,7 @@
 """The docs name only things that exist.
 
-Every repository path written in backticks in README.md, docs/architecture.md
-and docs/model.md exists; every ``docs/model.md §N (anchor)`` reference names
+Every repository path written in backticks in README.md and the guides of docs/
+exists; every ``docs/model.md §N (anchor)`` reference names
 a real section; and the feature index at the top of docs/architecture.md
 agrees with the code: its modules exist in the right packages, its driver
 classes are attributes of those modules, its command kinds are
@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/architecture.md", "docs/model.md")
+DOCS = (
+    "README.md",
+    "docs/architecture.md",
+    "docs/contracts.md",
+    "docs/model.md",
+    "docs/operations.md",
+)
 SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json")
 # Paths the docs name on purpose that are not in this repository.  Absolute paths
 # (outside the clone, e.g. /work/shared/...) are skipped altogether.
