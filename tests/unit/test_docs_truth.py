@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = (
     "README.md",
     "docs/architecture.md",
+    "docs/benchmarks.md",
     "docs/contracts.md",
     "docs/model.md",
     "docs/operations.md",
