@@ -23,6 +23,7 @@ DOCS = (
     "docs/architecture.md",
     "docs/benchmarks.md",
     "docs/contracts.md",
+    "docs/internals.md",
     "docs/model.md",
     "docs/operations.md",
 )
@@ -240,3 +241,25 @@ def test_benchmark_commands_parse_with_the_cli() -> None:
                 assert args.command == "bench", span
             else:  # a strategy of `governor bench control`
                 assert span in GOVERNOR_VARIANTS, f"{row['feature']}: no strategy {span!r}"
+
+
+# --- docs/architecture.md is a short guide --------------------------------------------
+
+
+def test_the_architecture_is_a_short_guide_with_the_ways_in() -> None:
+    from executors.chain import REGISTRY
+    from sim.baselines import BASELINES
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(text.splitlines()) <= 320, "deep detail belongs in docs/internals.md or docs/model.md"
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[:4] == [
+        "Feature index",
+        "The loop",
+        "Package boundaries",
+        "Where to add a backend, a telemetry source or a peer autoscaler",
+    ]
+    guide = text.split("## Where to add", 1)[1].split("\n## ", 1)[0]
+    # the registries a newcomer is sent to are the ones the code reads
+    assert REGISTRY and "`REGISTRY` of `executors/chain.py`" in guide
+    assert BASELINES and "`BASELINES` (`sim/baselines/__init__.py`)" in guide
