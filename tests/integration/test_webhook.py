@@ -99,7 +99,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 def _verify(key_hex: str, seen: Seen, max_age_s: float = 300.0) -> bool:
-    """The receiver's recipe (docs/architecture.md, executors/webhook.py), written out independently."""
+    """The receiver's recipe (docs/internals.md, executors/webhook.py), written out independently."""
     ts = seen.headers["X-Governor-Timestamp"]
     expected = "sha256=" + hmac.new(bytes.fromhex(key_hex), ts.encode() + b"." + seen.body, hashlib.sha256).hexdigest()
     fresh = abs(time.time() - int(ts)) <= max_age_s

@@ -134,7 +134,7 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
 
 
 # What a user's shell or .env gives compose for ${...} interpolation: docker-compose.yml ships no
-# signing key and demands one (README: `echo "GOVERNOR_COMMAND_KEYS=k1:$(openssl rand -hex 32)" >> .env`).
+# signing key and demands one (docs/operations.md: `echo "GOVERNOR_COMMAND_KEYS=k1:$(openssl rand -hex 32)" >> .env`).
 USER_ENV = {"GOVERNOR_COMMAND_KEYS": generate_keys()}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[?-])([^}]*))?\}")
 

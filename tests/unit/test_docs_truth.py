@@ -1,7 +1,7 @@
 """The docs name only things that exist.
 
-Every repository path written in backticks in README.md, docs/architecture.md
-and docs/model.md exists; every ``docs/model.md §N (anchor)`` reference names
+Every repository path written in backticks in README.md and the guides of docs/
+exists; every ``docs/model.md §N (anchor)`` reference names
 a real section; and the feature index at the top of docs/architecture.md
 agrees with the code: its modules exist in the right packages, its driver
 classes are attributes of those modules, its command kinds are
@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/architecture.md", "docs/model.md")
+DOCS = (
+    "README.md",
+    "docs/architecture.md",
+    "docs/benchmarks.md",
+    "docs/contracts.md",
+    "docs/internals.md",
+    "docs/model.md",
+    "docs/operations.md",
+)
 SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json")
 # Paths the docs name on purpose that are not in this repository.  Absolute paths
 # (outside the clone, e.g. /work/shared/...) are skipped altogether.
@@ -233,3 +241,25 @@ def test_benchmark_commands_parse_with_the_cli() -> None:
                 assert args.command == "bench", span
             else:  # a strategy of `governor bench control`
                 assert span in GOVERNOR_VARIANTS, f"{row['feature']}: no strategy {span!r}"
+
+
+# --- docs/architecture.md is a short guide --------------------------------------------
+
+
+def test_the_architecture_is_a_short_guide_with_the_ways_in() -> None:
+    from executors.chain import REGISTRY
+    from sim.baselines import BASELINES
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(text.splitlines()) <= 320, "deep detail belongs in docs/internals.md or docs/model.md"
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[:4] == [
+        "Feature index",
+        "The loop",
+        "Package boundaries",
+        "Where to add a backend, a telemetry source or a peer autoscaler",
+    ]
+    guide = text.split("## Where to add", 1)[1].split("\n## ", 1)[0]
+    # the registries a newcomer is sent to are the ones the code reads
+    assert REGISTRY and "`REGISTRY` of `executors/chain.py`" in guide
+    assert BASELINES and "`BASELINES` (`sim/baselines/__init__.py`)" in guide

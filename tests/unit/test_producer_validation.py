@@ -210,9 +210,9 @@ def test_the_producer_refuses_exactly_what_ingest_dead_letters_as_invalid(
 
 
 async def test_the_readme_handler_example_sends_a_valid_record() -> None:
-    # README.md, "Producer library for inference nodes": the instrumented request handler, run
+    # docs/contracts.md, "Producer library for inference nodes": the instrumented request handler, run
     # against a stand-in engine; the producer is not started, so the record stays in its buffer.
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
     section = readme.split("## Producer library for inference nodes", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
     (code,) = [b for b in blocks if "async def handle(" in b]
@@ -224,7 +224,7 @@ async def test_the_readme_handler_example_sends_a_valid_record() -> None:
             return 20.0, prompt.upper()
 
     ns: dict[str, Any] = {"engine": Engine()}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, "docs/contracts.md", "exec"), ns)
     producer = ns["producer"]
     assert isinstance(producer, TelemetryProducer)
     assert await ns["handle"]("r-1", "hi") == "HI"

@@ -1,6 +1,6 @@
 """The telemetry record validator: a table of records and the reason each gets,
 and a property check of the validator (and of the column fast path) against an
-independent oracle: the README's field list written as a JSON Schema, plus a few
+independent oracle: the field list of docs/contracts.md written as a JSON Schema, plus a few
 cross-field rules as small predicates.
 
 Over 400 lines: the oracle (schema and cross-field rules), its own checks against
@@ -152,10 +152,10 @@ def test_invalid_records_and_their_reasons(rec: Any, reason: str) -> None:
 
 # --- The oracle -------------------------------------------------------------
 #
-# Written from README.md, "Producer library for inference nodes", not from
+# Written from docs/contracts.md, "Producer library for inference nodes", not from
 # records.py: ★ fields are required; numbers are finite and >= 0; status, state
 # and agent_path are closed vocabularies; gpu_util, fragmentation_ratio and the
-# agent signals are in [0, 1].  The README names a type for a few fields (ts_ms
+# agent signals are in [0, 1].  docs/contracts.md names a type for a few fields (ts_ms
 # int, kv_hit bool, free_block_hist a list of ints); the rest take the type of
 # what they measure: timestamps, token/block counts and byte sizes are integers,
 # durations and ratios are numbers.  Conventions the hand-worked table above
@@ -168,7 +168,7 @@ def test_invalid_records_and_their_reasons(rec: Any, reason: str) -> None:
 # "ts_ms True" are the same reading.
 
 INT64_MAX = 2**63 - 1  # window columns are int64 (stated here, not imported)
-# The README's realistic bounds (issue #31), stated here, not imported.
+# The realistic bounds of docs/contracts.md (issue #31), stated here, not imported.
 TS_MAX = 2**53  # time stamps
 WEEK_MS = 7 * 86_400_000  # latencies and durations
 TOKENS_MAX = 2**31  # tokens and KV blocks of a request; queue, running and KV blocks of a replica
@@ -316,7 +316,7 @@ CROSS_FIELD_RULES = {
 
 
 def contract_accepts(rec: Any) -> bool:
-    """The oracle: does ``rec`` keep the README's record contract?"""
+    """The oracle: does ``rec`` keep the record contract of docs/contracts.md?"""
     if not _VALIDATOR.is_valid(rec):
         return False
     return all(rule(rec) for rule in CROSS_FIELD_RULES[rec["kind"]])
@@ -329,11 +329,11 @@ def _known_disagreement(rec: Any) -> str | None:
     return None
 
 
-# --- The oracle checked against README and the table ---------------------------
+# --- The oracle checked against docs/contracts.md and the table --------------
 
 
 def test_oracle_fields_are_the_readme_fields() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
     section = readme.split("## Producer library for inference nodes", 1)[1].split("\n## ", 1)[0]
     bullets = {
         m.group(1): m.group(2) for m in re.finditer(r"^- `(\w+)` \(.*?\):(.*?)(?=^- |\n\n)", section, re.M | re.S)
