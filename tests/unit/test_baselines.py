@@ -3,8 +3,6 @@
 Every case has a comment with the arithmetic.  The harness contract (decisions
 stay within [min_replicas, max_replicas], state pickles) is checked on random
 observation sequences for all baselines.
-
-Over 400 lines: tables of cases for eight baseline autoscalers.
 """
 
 from __future__ import annotations
