@@ -1,5 +1,4 @@
-"""Event-driven fleet: hand-checked timings, life cycle, faults, conservation.
-"""
+"""Event-driven fleet: hand-checked timings, life cycle, faults, conservation."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Tumbling-window aggregation: tables of cases, oracles and properties.
-"""
+"""Tumbling-window aggregation: tables of cases, oracles and properties."""
 
 from __future__ import annotations
 
