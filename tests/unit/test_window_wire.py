@@ -28,27 +28,24 @@ T0 = 1_700_000_000_000
 SRC = {"topic": "telemetry", "partition": 0, "offset": 0}
 
 
+_REQUEST = ("ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "prompt_tokens", "output_tokens", "kv_hit")
+_GPU = ("gpu_util", "mem_used_bytes", "mem_total_bytes", "queue_len", "running", "kv_blocks_used", "kv_blocks_total")
+_KV = ("largest_free_block_bytes", "fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
+
+
+def _row(kind: str, ts_ms: int, zone: str, node: str, **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, "ts_ms": ts_ms, "model": MODEL, "zone": zone, "node": node, **fields}
+
+
 def _traffic() -> list[dict[str, Any]]:
     """Requests with agent signals and classes, GPU samples with KV fields, and 70 nodes (past the node cap)."""
     recs: list[dict[str, Any]] = []
     for i in range(120):
-        node = f"n{i % 3}"
-        rec: dict[str, Any] = {
-            "kind": "request",
-            "request_id": f"r{i}",
-            "ts_ms": T0 + i * 17,
-            "model": MODEL,
-            "zone": "az-a",
-            "node": node,
-            "ttft_ms": 40.0 + (i * 37) % 900,
-            "itl_ms": float(i % 70),
-            "e2e_ms": 2000.0 + i,
-            "queue_ms": float(i % 5),
-            "prompt_tokens": 100 + i,
-            "output_tokens": i % 50,
-            "kv_hit": i % 3 == 0,
-            "status": "ok" if i % 11 else "error",
-        }
+        values = (40.0 + (i * 37) % 900, float(i % 70), 2000.0 + i, float(i % 5), 100 + i, i % 50, i % 3 == 0)
+        rec = _row(
+            "request", T0 + i * 17, "az-a", f"n{i % 3}", request_id=f"r{i}", **dict(zip(_REQUEST, values, strict=True))
+        )
+        rec["status"] = "ok" if i % 11 else "error"
         if i % 2:
             rec.update(agent_stability=(i % 10) / 10, agent_rag_score=(i % 7) / 6, agent_tool_conf=(i % 3) / 2)
             rec["agent_path"] = ("rag", "tool", "llm")[i % 3]
@@ -56,43 +53,13 @@ def _traffic() -> list[dict[str, Any]]:
             rec["request_class"] = ("trading", "voice", "batch")[i % 3]
         recs.append(rec)
     for i in range(9):
-        recs.append(
-            {
-                "kind": "gpu",
-                "ts_ms": T0 + i * 200,
-                "model": MODEL,
-                "zone": "az-a",
-                "node": f"n{i % 3}",
-                "state": "ready" if i > 2 else "starting",
-                "gpu_util": 0.25 + i / 20,
-                "mem_used_bytes": 10,
-                "mem_total_bytes": 20,
-                "queue_len": i % 4,
-                "running": 2,
-                "kv_blocks_used": 3,
-                "kv_blocks_total": 9,
-                "largest_free_block_bytes": 64 + i,
-                "fragmentation_ratio": 0.125,
-                "kv_free_bytes": 4096,
-                "kv_waiting_bytes": 512,
-                "kv_generation": i,
-                "free_block_hist": [i, 1, 0],
-            }
-        )
-    for k in range(70):  # a second zone flooded with new nodes: the cap drops some (node_cap_dropped)
-        recs.append(
-            {
-                "kind": "gpu",
-                "ts_ms": T0 + 100 + k,
-                "model": MODEL,
-                "zone": "az-b",
-                "node": f"flood{k}",
-                "state": "ready",
-                "gpu_util": 0.5,
-                "mem_used_bytes": 1,
-                "mem_total_bytes": 2,
-            }
-        )
+        gpu = dict(zip(_GPU, (0.25 + i / 20, 10, 20, i % 4, 2, 3, 9), strict=True))
+        kv = dict(zip(_KV, (64 + i, 0.125, 4096, 512, i), strict=True))
+        state = "ready" if i > 2 else "starting"
+        recs.append(_row("gpu", T0 + i * 200, "az-a", f"n{i % 3}", state=state, **gpu, **kv, free_block_hist=[i, 1, 0]))
+    # a second zone flooded with new nodes: the cap drops some (node_cap_dropped)
+    flood = dict(zip(_GPU[:3], (0.5, 1, 2), strict=True))
+    recs += [_row("gpu", T0 + 100 + k, "az-b", f"flood{k}", state="ready", **flood) for k in range(70)]
     return recs
 
 
