@@ -159,7 +159,7 @@ RECORD: tuple[RecordField, ...] = (
     RecordField("largest_free_block_bytes_min", "opt_int", None, "result"),
     RecordField("agent_signals_n", "int", 0, "result"),
     *(RecordField(f"{c}_mean", "opt_rate", None, "result") for c in AGENT_SIGNAL_COLUMNS),
-    RecordField("agent_path_counts", "counts", REQUIRED, "result"),  # default: {} (a factory)
+    RecordField("agent_path_counts", "counts", {}, "result"),  # the dataclass makes a fresh {} per record
     # a node window's KV allocator fields (its latest GPU sample; None: not reported)
     RecordField("largest_free_block_bytes", "opt_int", None, "node"),
     *(RecordField(k, _KV_KINDS.get(k, "opt_int"), None, "node") for k in KV_COLUMNS),
@@ -202,9 +202,16 @@ def check_dataclass(cls: type, table: tuple[AggField, ...] | tuple[RecordField, 
     fields = dataclasses.fields(cls)
     _compare(cls.__name__, (f.name for f in fields), (f.name for f in table), ordered)
     defaults = {f.name: f.default for f in table if isinstance(f, RecordField)}
-    wrong = [f.name for f in fields if f.name in defaults and not _same(f.default, defaults[f.name])]
+    wrong = [f.name for f in fields if f.name in defaults and not _same(_default(f), defaults[f.name])]
     if wrong:
         raise FieldTableError(f"{cls.__name__}: the empty values of {wrong} differ from controllers.window_fields")
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's empty value (a factory's product; MISSING when it has none)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _same(a: Any, b: Any) -> bool:
