@@ -65,10 +65,6 @@ Examples
 >>> s, out = step(p, s, VersionObs(1000, 10, 300.0), VersionObs(99000, 10, 300.0), 10.0)
 >>> out.state_name, out.traffic_share     # 1 % errors at the 1 % stage
 ('rolled_back', 0.0)
-
-Over 400 lines: the rollout's parameters, state, observations and step function form one
-state machine whose rollback rules read all of them; the sequential tests are already
-controllers/sequential.py.
 """
 
 from __future__ import annotations

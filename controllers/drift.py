@@ -49,10 +49,6 @@ read field by field (an allowlist of exactly ``river.drift.ADWIN`` and
   them behind the fixed header River itself writes for the same parameters,
   and hands the numbers to ``__setstate__``.
 
-Over 400 lines: the snapshot codec of each River detector sits beside the
-class that builds it, so the allowlist, the ADWIN byte layout and the checks
-on restore are read together with the parameters they depend on.
-
 Examples
 --------
 >>> import random

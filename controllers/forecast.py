@@ -66,10 +66,6 @@ Every length is checked against the number of values learnt since the last
 reset (``n_model``), so a snapshot that could not have come from a real
 forecaster is refused.
 
-Over 400 lines: the snapshot codec of each River model sits beside the
-forecaster that builds it, so the allowlist, the parameter limits it relies
-on and the length checks tied to the warm-up are read together.
-
 Examples
 --------
 >>> f = LoadForecaster("holtwinters", horizon_steps=3)

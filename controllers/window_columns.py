@@ -1,11 +1,12 @@
 """The columns a window aggregates, and the checked reading of one batch of them.
 
 A batch is a mapping of column name to equal-length arrays, as the stream
-agent builds it from records.  This module holds the column schemas and
-reads a batch all-or-nothing: :func:`request_batch` and :func:`gpu_batch`
+agent builds it from records.  The column schemas are listed in
+:mod:`controllers.window_fields` (re-exported here); this module reads a
+batch all-or-nothing: :func:`request_batch` and :func:`gpu_batch`
 return the checked arrays, or raise ``ValueError`` before anything is
 aggregated.  :mod:`controllers.windows` aggregates what they return
-(initialize / add / merge / result) and re-exports the schemas.
+(initialize / add / merge) and re-exports the schemas.
 
 Requests (:data:`REQUEST_COLUMNS`): missing latency measurements are NaN
 (e.g. no first token on an error); other columns must not be NaN, and
@@ -45,6 +46,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from controllers.window_fields import (
+    AGENT_COLUMNS,
+    AGENT_MICRO,
+    AGENT_SIGNAL_COLUMNS,
+    GPU_COLUMNS,
+    KV_COLUMNS,
+    REQUEST_COLUMNS,
+)
 from core.settings import REQUEST_CLASSES
 from core.vocab import AGENT_PATHS
 
@@ -65,19 +74,6 @@ __all__ = [
     "request_batch",
 ]
 
-REQUEST_COLUMNS = tuple("ttft_ms itl_ms e2e_ms queue_ms prompt_tokens output_tokens kv_hit ok".split())
-GPU_COLUMNS = tuple(
-    "ts_ms gpu_util queue_len running mem_used_bytes mem_total_bytes kv_blocks_used "
-    "kv_blocks_total largest_free_block_bytes".split()
-)
-# Optional KV allocator columns of a GPU sample: NaN = the sample has no such
-# field (stored as -1 in the snapshot so snapshots stay totally ordered).
-KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_generation")
-# Optional agent columns of a request batch (NaN = the request did not carry it):
-# the three signals of docs/model.md §15 (agents), then the path as an index into AGENT_PATHS.
-AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
-AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
-AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)
 # Optional request class column: class name -> int code (0, absent from the map: no class / unknown).
 REQUEST_CLASS_CODES = {name: i + 1 for i, name in enumerate(REQUEST_CLASSES)}
 

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from governor_telemetry.records import MAX_HIST_BINS, show
 
+from controllers.window_fields import RECORD, REQUIRED, check_dataclass
 from core.vocab import AGENT_PATHS
 
 __all__ = ["METRICS_SCHEMA_VERSION", "WindowRecord", "WindowRecordError", "decode_window"]
@@ -56,21 +57,15 @@ class WindowRecordError(ValueError):
     """A metrics record is not a usable window; the message names the field."""
 
 
-# field kinds: how a present value is checked (absent values take the dataclass default)
-_STR, _INT, _TIME, _NUM, _RATE, _OPT_NUM, _OPT_INT, _OPT_RATE = range(8)
-
-
-def _f(kind: int, default: Any = None) -> Any:
-    return field(default=default, metadata={"kind": kind})
-
-
 @dataclass(frozen=True, slots=True)
 class WindowRecord:
     """One closed window of one (model, zone), or of one node of it.
 
     Field names and units are those of the JSON record (docs/architecture.md,
     Windows); see :func:`controllers.window_result.result` for how each is
-    computed.
+    computed.  The fields, their checks and empty values are listed in
+    :data:`controllers.window_fields.RECORD`; this class is checked against
+    it at import (same names, same order, same empty values).
     """
 
     scope: Scope
@@ -78,54 +73,54 @@ class WindowRecord:
     zone: str
     window_end_ms: int
     node: str | None = None
-    window_start_ms: int = _f(_TIME, -1)  # -1: absent (decode fills end - window_s)
-    window_s: float = _f(_NUM, 0.0)
-    ttft_slo_ms: float | None = _f(_OPT_NUM)
-    itl_slo_ms: float | None = _f(_OPT_NUM)
-    emitted_ms: int | None = _f(_OPT_INT)
-    nodes: int | None = _f(_OPT_INT)
-    count: int = _f(_INT, 0)
-    rate_rps: float = _f(_NUM, 0.0)
-    violation_rate: float = _f(_RATE, 0.0)
+    window_start_ms: int = -1  # -1: absent (decode fills end - window_s)
+    window_s: float = 0.0
+    ttft_slo_ms: float | None = None
+    itl_slo_ms: float | None = None
+    emitted_ms: int | None = None
+    nodes: int | None = None
+    count: int = 0
+    rate_rps: float = 0.0
+    violation_rate: float = 0.0
     # share of requests over their TTFT limit even without their wait (capacity cannot fix them);
     # a record without it (an older worker) reads 0: every violation counts as fixable
-    unfixable_rate: float = _f(_RATE, 0.0)
-    error_rate: float = _f(_RATE, 0.0)
-    kv_hit_rate: float = _f(_RATE, 0.0)
-    e2e_p50_ms: float | None = _f(_OPT_NUM)
-    e2e_p95_ms: float | None = _f(_OPT_NUM)
-    e2e_p99_ms: float | None = _f(_OPT_NUM)
-    ttft_p50_ms: float | None = _f(_OPT_NUM)
-    ttft_p95_ms: float | None = _f(_OPT_NUM)
-    ttft_p99_ms: float | None = _f(_OPT_NUM)
-    itl_p95_ms: float | None = _f(_OPT_NUM)
-    prompt_tokens: int = _f(_INT, 0)
-    output_tokens: int = _f(_INT, 0)
-    queue_ms_mean: float | None = _f(_OPT_NUM)
-    queue_len_mean: float | None = _f(_OPT_NUM)
-    queue_len_max: float | None = _f(_OPT_NUM)
-    running_mean: float | None = _f(_OPT_NUM)
-    gpu_util_mean: float | None = _f(_OPT_RATE)
-    replicas_ready: int = _f(_INT, 0)
-    replicas_starting: int = _f(_INT, 0)
-    kv_blocks_used: int = _f(_INT, 0)
-    kv_blocks_total: int = _f(_INT, 0)
-    largest_free_block_bytes_min: int | None = _f(_OPT_INT)
-    agent_signals_n: int = _f(_INT, 0)
-    agent_stability_mean: float | None = _f(_OPT_RATE)
-    agent_rag_score_mean: float | None = _f(_OPT_RATE)
-    agent_tool_conf_mean: float | None = _f(_OPT_RATE)
+    unfixable_rate: float = 0.0
+    error_rate: float = 0.0
+    kv_hit_rate: float = 0.0
+    e2e_p50_ms: float | None = None
+    e2e_p95_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p95_ms: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    queue_ms_mean: float | None = None
+    queue_len_mean: float | None = None
+    queue_len_max: float | None = None
+    running_mean: float | None = None
+    gpu_util_mean: float | None = None
+    replicas_ready: int = 0
+    replicas_starting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    largest_free_block_bytes_min: int | None = None
+    agent_signals_n: int = 0
+    agent_stability_mean: float | None = None
+    agent_rag_score_mean: float | None = None
+    agent_tool_conf_mean: float | None = None
     agent_path_counts: Mapping[str, int] = field(default_factory=dict)
     # a node window's KV allocator fields (its latest GPU sample; None: not reported)
-    largest_free_block_bytes: int | None = _f(_OPT_INT)
-    fragmentation_ratio: float | None = _f(_OPT_RATE)
-    kv_free_bytes: int | None = _f(_OPT_INT)
-    kv_waiting_bytes: int | None = _f(_OPT_INT)
-    kv_generation: int | None = _f(_OPT_INT)
+    largest_free_block_bytes: int | None = None
+    fragmentation_ratio: float | None = None
+    kv_free_bytes: int | None = None
+    kv_waiting_bytes: int | None = None
+    kv_generation: int | None = None
     free_block_hist: tuple[int, ...] | None = None
     # a zone window's records the node cap dropped, and their share of its records (controllers.node_cap)
-    node_cap_dropped: int = _f(_INT, 0)
-    node_cap_dropped_rate: float = _f(_RATE, 0.0)
+    node_cap_dropped: int = 0
+    node_cap_dropped_rate: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -151,7 +146,9 @@ class WindowRecord:
         return out
 
 
-_KINDS = {f.name: f.metadata["kind"] for f in dataclasses.fields(WindowRecord) if "kind" in f.metadata}
+check_dataclass(WindowRecord, RECORD, ordered=True)
+# the fields decode_window checks one by one, by kind (the header and the two containers: by hand)
+_KINDS = {f.name: f.kind for f in RECORD if f.default is not REQUIRED and f.kind not in ("text", "counts", "hist")}
 
 
 def _is_num(v: Any) -> bool:
@@ -163,9 +160,9 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, float) and math.isfinite(v)
 
 
-def _check(name: str, kind: int, v: Any) -> Any:
+def _check(name: str, kind: str, v: Any) -> Any:
     """The value of a present field, checked (``WindowRecordError`` names it)."""
-    if kind in (_INT, _OPT_INT, _TIME):
+    if kind in ("int", "opt_int", "time"):
         ok = not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= _MAX_INT
         if not ok and isinstance(v, float) and v.is_integer() and 0 <= v <= _MAX_INT:
             return int(v)  # JSON encoders may write 5.0 for 5
@@ -174,7 +171,7 @@ def _check(name: str, kind: int, v: Any) -> Any:
         return v
     if not _is_num(v) or v < 0:
         raise WindowRecordError(f"{name}: must be a finite number >= 0, got {show(v)}")
-    if kind in (_RATE, _OPT_RATE) and v > 1.0:
+    if kind in ("rate", "opt_rate") and v > 1.0:
         raise WindowRecordError(f"{name}: must lie in [0, 1], got {show(v)}")
     return float(v)
 
@@ -207,13 +204,13 @@ def decode_window(obj: Any) -> WindowRecord:
     values: dict[str, Any] = {"scope": scope, "model": _text(obj, "model"), "zone": _text(obj, "zone")}
     if "window_end_ms" not in obj or obj["window_end_ms"] is None:
         raise WindowRecordError("window_end_ms: missing")
-    values["window_end_ms"] = _check("window_end_ms", _TIME, obj["window_end_ms"])
+    values["window_end_ms"] = _check("window_end_ms", "time", obj["window_end_ms"])
     if scope == "node":
         values["node"] = _text(obj, "node")
     for name, kind in _KINDS.items():
         v = obj.get(name)
         if v is None:
-            if kind in (_INT, _NUM, _RATE, _TIME) and name in obj:
+            if not kind.startswith("opt_") and name in obj:
                 raise WindowRecordError(f"{name}: must not be null")
             continue
         values[name] = _check(name, kind, v)

@@ -6,8 +6,9 @@ JSON-safe summary the pipeline publishes for a zone or a node: counts,
 rates, latency quantiles, GPU means, replica counts, KV allocator fields and
 the agent-signal means.  Pure; the aggregate is not changed.  Ratios over
 requests are 0.0 for an empty window; quantiles and means with no samples
-are None (JSON null), never NaN.  :mod:`controllers.windows` re-exports
-these functions.
+are None (JSON null), never NaN.  The keys are the record's fields listed in
+:mod:`controllers.window_fields` (checked at import); this module imports
+:mod:`controllers.windows`, never the other way round.
 
 Examples
 --------
@@ -23,12 +24,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from controllers.errors import ParameterError
-from controllers.window_columns import AGENT_MICRO, AGENT_PATHS, AGENT_SIGNAL_COLUMNS, KV_COLUMNS
-from core.vocab import READY_STATES, STARTING_STATES
+from controllers.window_fields import AGENT_MICRO, AGENT_SIGNAL_COLUMNS, KV_COLUMNS, check_keys
+from controllers.windows import NodeSnapshot, WindowAggregate, initialize
+from core.vocab import AGENT_PATHS, READY_STATES, STARTING_STATES
 
-if TYPE_CHECKING:  # types only: controllers.windows imports this module
+if TYPE_CHECKING:
     from controllers.sketch import DDSketch
-    from controllers.windows import NodeSnapshot, WindowAggregate
 
 __all__ = ["READY_STATES", "STARTING_STATES", "node_kv", "node_result", "result"]
 
@@ -146,3 +147,7 @@ def node_result(agg: WindowAggregate, node: str, window_s: float) -> dict[str, A
     (0, None, None)
     """
     return {**result(agg, window_s), **node_kv(agg.nodes.get(node))}
+
+
+check_keys("controllers.window_result.result", result(initialize(), 1.0), "result")
+check_keys("controllers.window_result.node_kv", node_kv(None), "node")

@@ -8,18 +8,21 @@ per key, advances an event-time watermark and pops windows once
 ``start + size + lateness`` has passed.  Merging node windows gives the zone window: counts add, sketches
 merge, per-node GPU snapshots union keeping the latest timestamp.
 
-This module holds the aggregate and its initialize / add / merge.  The
+This module holds the aggregate and its initialize / add / merge; its
+fields and how each merges are listed in :mod:`controllers.window_fields`
+(:data:`~controllers.window_fields.AGGREGATE`, checked at import).  The
 batch columns and their checks (request, GPU, KV allocator and agent
 columns; a bad batch is rejected whole with ``ValueError``) are in
-:mod:`controllers.window_columns`, the record of a closed window
-(:func:`result`, :func:`node_kv`, :func:`node_result`) in
-:mod:`controllers.window_result`; both are re-exported here.
+:mod:`controllers.window_columns` (its schemas re-exported here); the record
+of a closed window (``result``, ``node_kv``, ``node_result``) is built from
+the aggregate by :mod:`controllers.window_result`, which imports this module
+(never the other way round).
 
 Mixed agent load (docs/model.md §15 (agents)): a window counts the requests
 carrying the three agent signals and sums each signal in integer millionths
 (so merging is exactly associative and commutative), and counts the requests per
-``agent_path``; :func:`result` reports the means (None when no request
-carried them) and ``agent_path_counts``.
+``agent_path``; the record (:func:`controllers.window_result.result`)
+reports the means (None when no request carried them) and ``agent_path_counts``.
 
 Missing latency measurements (NaN) are skipped by that metric's sketch and
 never count as a latency violation.  ``n_unfixable`` (docs/model.md §23):
@@ -42,6 +45,7 @@ Examples
 ...         "prompt_tokens": np.array([10, 20]), "output_tokens": np.array([5, 5]),
 ...         "kv_hit": np.array([True, False]), "ok": np.array([True, True])}
 >>> add_requests(agg, cols, SloSpec(ttft_slo_ms=500.0, itl_slo_ms=50.0))
+>>> from controllers.window_result import result
 >>> out = result(agg, window_s=10.0)
 >>> out["count"], out["violation_rate"], out["rate_rps"]
 (2, 0.5, 0.2)
@@ -70,7 +74,7 @@ from controllers.window_columns import (
     gpu_batch,
     request_batch,
 )
-from controllers.window_result import READY_STATES, STARTING_STATES, node_kv, node_result, result
+from controllers.window_fields import AGGREGATE, check_dataclass
 
 __all__ = [
     "AGENT_COLUMNS",
@@ -78,9 +82,7 @@ __all__ = [
     "AGENT_SIGNAL_COLUMNS",
     "GPU_COLUMNS",
     "KV_COLUMNS",
-    "READY_STATES",
     "REQUEST_COLUMNS",
-    "STARTING_STATES",
     "NodeSnapshot",
     "SloSpec",
     "WindowAggregate",
@@ -88,22 +90,16 @@ __all__ = [
     "add_requests",
     "initialize",
     "merge",
-    "node_kv",
-    "node_result",
-    "result",
     "window_start_ms",
 ]
 
-_INT_FIELDS = tuple("n_requests n_violations n_errors n_kv_hits prompt_tokens output_tokens n_gpu_samples".split())
-_FLOAT_FIELDS = ("queue_ms_sum", "gpu_util_sum", "queue_len_sum", "queue_len_max", "running_sum")
-_SKETCHES = ("e2e", "ttft", "itl")
-_LATER_FIELDS = (  # added after the first snapshots were written: absent from an old dict = 0
-    "n_agent_signals",
-    *(f"{c}_micro" for c in AGENT_SIGNAL_COLUMNS),
-    *(f"n_path_{p}" for p in AGENT_PATHS),
-    "n_unfixable",
-)
-_SUMMED = _INT_FIELDS + _FLOAT_FIELDS + _LATER_FIELDS
+# the aggregate's fields by merge rule, made from the one table (controllers.window_fields.AGGREGATE)
+_SCALARS = tuple(f.name for f in AGGREGATE if f.merge in ("sum", "max"))  # in the snapshot's key order
+_SUMMED = tuple(f.name for f in AGGREGATE if f.merge == "sum")
+_MAXED = tuple(f.name for f in AGGREGATE if f.merge == "max")
+_SKETCHES = tuple(f.name for f in AGGREGATE if f.merge == "sketch")
+_FIRST = tuple((f.name, f.type) for f in AGGREGATE if f.merge in ("sum", "max") and not f.later)
+_LATER_FIELDS = tuple(f.name for f in AGGREGATE if f.later)  # absent from an older snapshot: 0
 
 
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
@@ -216,7 +212,7 @@ class WindowAggregate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; inverse of :meth:`from_dict`."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _SUMMED}
+        out: dict[str, Any] = {k: getattr(self, k) for k in _SCALARS}
         for name in _SKETCHES:
             out[name] = getattr(self, name).to_dict()
         out["nodes"] = {n: vars(s).copy() for n, s in sorted(self.nodes.items())}
@@ -233,10 +229,8 @@ class WindowAggregate:
         True
         """
         agg = cls()
-        for k in _INT_FIELDS:
-            setattr(agg, k, int(data[k]))
-        for k in _FLOAT_FIELDS:
-            setattr(agg, k, float(data[k]))
+        for k, kind in _FIRST:
+            setattr(agg, k, kind(data[k]))
         for k in _LATER_FIELDS:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
@@ -246,6 +240,9 @@ class WindowAggregate:
             for n, s in data["nodes"].items()
         }
         return agg
+
+
+check_dataclass(WindowAggregate, AGGREGATE, ordered=False)
 
 
 def initialize() -> WindowAggregate:
@@ -387,7 +384,8 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     out = WindowAggregate()
     for k in _SUMMED:
         setattr(out, k, getattr(a, k) + getattr(b, k))
-    out.queue_len_max = max(a.queue_len_max, b.queue_len_max)
+    for k in _MAXED:
+        setattr(out, k, max(getattr(a, k), getattr(b, k)))
     for name in _SKETCHES:
         sk = getattr(a, name).copy()
         sk.merge(getattr(b, name))

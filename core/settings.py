@@ -27,10 +27,6 @@ True
 Traceback (most recent call last):
 ...
 core.settings.SettingsError: GOVERNOR_EPS_REF=1.5: must be < 1
-
-Over 400 lines: the table of settings fields is the single source of every setting
-(environment, README table, JSON Schema); each field carries its metadata inline, so
-splitting the file would split the source.
 """
 
 from __future__ import annotations

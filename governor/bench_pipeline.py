@@ -32,9 +32,6 @@ All figures come from one run on one broker, side by side:
 
 ``--profile`` runs one more columnar phase with the worker under cProfile
 and prints its top functions.
-
-Over 400 lines: one bench of the whole ingest path, its phases (load, raw
-consumer, workers, memory, decisions, profile) and its report side by side.
 """
 
 from __future__ import annotations

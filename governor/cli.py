@@ -28,8 +28,6 @@
     governor manifests            render the generated Kubernetes manifests (executor per zone, monitoring)
     governor admission add|list|check|remove   periodic agent tasks admitted by response-time analysis
     governor analyze ...          coupling graph, feasible region, certified gains
-
-Over 400 lines: the one parser and the one dispatch of every subcommand; each command's code is in its own module.
 """
 
 from __future__ import annotations

@@ -116,8 +116,6 @@ own (``ACL SETUSER admin on >... ~* &* +@all``), or you lock yourself out;
 Not covered: the simulated fleet and gateways (``governor fleet``, readers
 of the desired/routing/breaker hashes), and ``governor demo`` / ``governor
 servers``, which run on their own embedded Redis.
-
-Over 400 lines: this docstring is the ACL contract of every user, next to the rules that implement it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,6 @@ Cost accounting per tick: provisioned GPU-seconds count every replica that
 holds GPUs (starting, ready, draining) times ``gpus_per_replica``; busy
 GPU-seconds weight ready replicas by their measured busy fraction; waste is
 ``1 - busy / provisioned``.
-
-Over 400 lines: the configuration, the run split by phase (:class:`_FastRun`) and the
-summary share the run's clock and counters; each phase is a method of its own.
 """
 
 from __future__ import annotations

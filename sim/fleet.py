@@ -24,10 +24,6 @@ Examples
 >>> fleet.submit(0.0, "az-a", "llama2-70b", 512, 8, "r0")
 >>> [rec["output_tokens"] for rec in fleet.advance_to(5.0)]
 [8]
-
-Over 400 lines: the event-driven fleet is one event loop whose handlers share the event
-heap and the replica tables; the replica, its KV allocator and the router are already
-their own modules.
 """
 
 from __future__ import annotations

@@ -76,10 +76,6 @@ Examples
 (['c'], 8, 24, 0.0)
 >>> res.duration_s == 8 / 4.0 + 1 * MOVE_OVERHEAD_S  # bytes / bandwidth + one copied unit
 True
-
-Over 400 lines: the contiguous and paged allocators share one base whose invariants
-(block accounting, prefix refcounts) are checked together; the compaction planner is
-already sim/kvcompact.py.
 """
 
 from __future__ import annotations

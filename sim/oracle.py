@@ -49,11 +49,11 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from sim.baselines.base import BaselineBase, Observation
+from sim.baselines.base import BaselineBase, Harness, Observation
 from sim.fastloop import Fault, LoopConfig, RunResult, run
 from sim.perf_model import DECODE_REF_CTX_PER_SEQ, PerfModel
 from sim.replica import BLOCK_TOKENS, FleetConfig
@@ -300,9 +300,9 @@ class OracleAutoscaler(BaselineBase):
         lead_s: Callable[[float], float],
         delay_s: float,
         causal_lag_s: float | None = None,
-        **kwargs: object,
+        **harness: Unpack[Harness],
     ) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**harness)
         self.need, self.lead_s, self.delay_s = need, lead_s, delay_s
         self.causal_lag_s = causal_lag_s
 

@@ -32,10 +32,6 @@ request in a :mod:`sim.kvalloc` allocator (512-token blocks, Mooncake prefix
 blocks shared), so with ``'contiguous'`` the head of the queue waits when no
 hole fits it. :meth:`Replica.relocate` compacts; the requests it moves pause
 for its duration (their remaining decode steps end that many steps later).
-
-Over 400 lines: one replica's continuous-batching state machine (admission,
-prefill/decode phases, KV lookup, relocation, snapshot) shares its state across those
-steps; the fleet configuration it is built from sits beside it.
 """
 
 from __future__ import annotations

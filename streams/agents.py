@@ -24,10 +24,6 @@ agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
 Each agent handles a message inside one boundary (:mod:`streams.boundary`).
-
-Over 400 lines: the three agents share one closure (the loop, the topics, the
-publishing and side-channel helpers, the rebalance hooks); apart, each would be
-handed that state and the wiring of one ControlLoop would spread over modules.
 """
 
 from __future__ import annotations

@@ -45,10 +45,6 @@ before 2000: tests that pass 0) gets neither the future check nor the cap.
 allowed lateness has passed (by event time, or by the clock when traffic
 stops) and returns one metrics record per node and one per (model, zone),
 the latter merged from the node windows.
-
-Over 400 lines: the ingest hot path (batch columns, the per-record fallback with its
-admission checks and dead letters, window closing) is one processor; its fast and slow
-paths must stay side by side to stay equivalent.
 """
 
 from __future__ import annotations

@@ -39,10 +39,6 @@ A decision that changes the replica count becomes a
 disagrees with the target for ``reconcile_after`` windows the target is
 re-issued.  :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the learned
 state (controller, forecaster, detectors) across a worker restart.  No I/O.
-
-Over 400 lines: the Scaler ties one (model, zone)'s PID, feedforward, drift detectors,
-observer and zone capacity together, and the order in which they act on a window is kept
-in one place on purpose.
 """
 
 from __future__ import annotations

@@ -34,11 +34,6 @@ Seed state with :meth:`KubeAPI.add_pod`, :meth:`add_node`, :meth:`add_deployment
 served resource.  A scale write updates ``spec.replicas``; with ``auto_ready`` (default)
 the workload's status follows at once (a test that wants a slow rollout sets it False
 and calls :meth:`set_status`).
-
-Over 400 lines: it is one fake API server that the discovery tests and the executor
-tests share, kept in one file on purpose (one place under ``tests/``, so every test
-talks to the same paths, shapes and error statuses); its parts (selectors, patches,
-routing, watch, seeds) mean nothing apart.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 Each baseline re-implements a production autoscaler's documented algorithm and
 defaults (sources are cited in each module) behind one interface,
 :class:`~sim.baselines.base.Autoscaler`.  ``BASELINES`` maps a name to a
-constructor with the common signature
-``Cls(params=None, *, min_replicas=1, max_replicas=64, slo_ttft_ms=1000.0,
-slo_itl_ms=150.0, replica_capacity_rps=None)``.
+constructor with the common signature ``Cls(params=None, **harness)``: the
+peer's own parameters, then the :class:`~sim.baselines.base.Harness` keywords
+that :class:`~sim.baselines.base.BaselineBase` alone names and checks
+(``min_replicas=1, max_replicas=64, slo_ttft_ms=1000.0, slo_itl_ms=150.0,
+replica_capacity_rps=None``).
 
 =====================  =============================================  =======================================
 name                   system                                         signal

@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 __all__ = [
     "Autoscaler",
     "BaselineBase",
     "BaselineParameterError",
+    "Harness",
     "Observation",
     "LittleTarget",
     "check",
@@ -107,8 +108,26 @@ class Autoscaler(Protocol):
     def decide(self, obs: Observation) -> int | None: ...  # new desired replicas, or None = unchanged
 
 
+class Harness(TypedDict, total=False):
+    """The harness's keywords, the same for every baseline: ``Peer(params, **harness)``.
+
+    A peer's constructor takes its own parameters and passes these on untouched
+    (``def __init__(self, params=None, **harness: Unpack[Harness])``); only
+    :class:`BaselineBase` names them, with their defaults and checks.
+    """
+
+    min_replicas: int
+    max_replicas: int
+    slo_ttft_ms: float
+    slo_itl_ms: float
+    replica_capacity_rps: float | None
+
+
 class BaselineBase:
     """Harness-supplied settings shared by all baselines (validated, picklable).
+
+    Every peer declares only what differs (its parameters and state) and hands
+    the :class:`Harness` keywords to this constructor.
 
     Parameters
     ----------

@@ -82,13 +82,14 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import numpy as np
 
 from sim.baselines.base import (
     BaselineBase,
     BaselineParameterError,
+    Harness,
     Observation,
     check,
     non_negative,
@@ -221,23 +222,8 @@ class DynamoLoadPlanner(BaselineBase):
 
     name = "dynamo-load"
 
-    def __init__(
-        self,
-        params: DynamoLoadParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: DynamoLoadParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = p = params or DynamoLoadParams()
         self.period_s = p.adjustment_interval_s
         self.ttft_sla_ms = p.ttft_sla_ms if p.ttft_sla_ms is not None else self.slo_ttft_ms
@@ -246,7 +232,7 @@ class DynamoLoadPlanner(BaselineBase):
         self.itl_fit = LinearFit(p.max_samples)
         self.last_window_end_ms: float | None = None
         self.floor_forecast = (
-            p.throughput.forecast() if p.throughput_floor and replica_capacity_rps is not None else None
+            p.throughput.forecast() if p.throughput_floor and self.replica_capacity_rps is not None else None
         )
         self.floor = 0
 
@@ -327,30 +313,15 @@ class DynamoThroughputPlanner(BaselineBase):
 
     name = "dynamo-throughput"
 
-    def __init__(
-        self,
-        params: DynamoThroughputParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
-        if replica_capacity_rps is None:
+    def __init__(self, params: DynamoThroughputParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
+        if self.replica_capacity_rps is None:
             raise BaselineParameterError(
                 "replica_capacity_rps",
                 None,
                 "required: the per-replica rate within the SLA (Dynamo takes it from profiling)",
             )
-        self.capacity_rps = float(replica_capacity_rps)
+        self.capacity_rps = float(self.replica_capacity_rps)
         self.params = p = params or DynamoThroughputParams()
         self.period_s = p.sample_period_s
         self.forecast = p.forecast()

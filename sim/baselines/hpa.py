@@ -70,8 +70,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Unpack
 
-from sim.baselines.base import BaselineBase, Observation, check, non_negative, positive
+from sim.baselines.base import BaselineBase, Harness, Observation, check, non_negative, positive
 from sim.baselines.hpa_behavior import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
@@ -183,23 +184,8 @@ class HorizontalPodAutoscaler(BaselineBase):
 
     name = "hpa"
 
-    def __init__(
-        self,
-        params: HpaParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: HpaParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = p = params or HpaParams()
         self.sync_period_s = p.sync_period_s
         self.period_s = min(p.sample_period_s, p.sync_period_s)  # sample the signal, sync every sync_period_s

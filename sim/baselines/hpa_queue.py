@@ -43,8 +43,9 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Unpack
 
-from sim.baselines.base import BaselineParameterError, Observation, check, positive
+from sim.baselines.base import BaselineParameterError, Harness, Observation, check, positive
 from sim.baselines.hpa import HorizontalPodAutoscaler, HpaParams
 
 __all__ = ["HpaQueueDepth", "HpaQueueParams"]
@@ -74,36 +75,20 @@ class HpaQueueDepth(HorizontalPodAutoscaler):
 
     name = "hpa-queue"
 
-    def __init__(
-        self,
-        params: HpaQueueParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
+    def __init__(self, params: HpaQueueParams | None = None, **harness: Unpack[Harness]) -> None:
         q = params or HpaQueueParams()
-        super().__init__(
-            q.hpa,
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+        super().__init__(q.hpa, **harness)
         self.queue_params = q
         if q.target_waiting is not None:
             self.target_waiting = float(q.target_waiting)
-        elif replica_capacity_rps is None:
+        elif self.replica_capacity_rps is None:
             raise BaselineParameterError(
                 "replica_capacity_rps",
                 None,
                 "required unless target_waiting is set: the target is capacity x wait budget (Little's law)",
             )
         else:
-            self.target_waiting = replica_capacity_rps * q.wait_budget_fraction * self.slo_ttft_ms / 1000.0
+            self.target_waiting = self.replica_capacity_rps * q.wait_budget_fraction * self.slo_ttft_ms / 1000.0
 
     def metric(self, obs: Observation) -> float:
         """``vllm:num_requests_waiting`` averaged over the ready replicas."""

@@ -59,9 +59,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Unpack
 
-from sim.baselines.base import BaselineBase, Observation, check, non_negative, positive
+from sim.baselines.base import BaselineBase, Harness, Observation, check, non_negative, positive
 from sim.baselines.hpa_behavior import HpaBehavior, ScalingRules
 
 __all__ = ["KedaParams", "KedaPrometheus", "external_metric_replicas"]
@@ -136,23 +136,8 @@ class KedaPrometheus(BaselineBase):
 
     name = "keda"
 
-    def __init__(
-        self,
-        params: KedaParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: KedaParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = params or KedaParams()
         p = self.params
         self.threshold_ms = p.threshold_ms if p.threshold_ms is not None else self.slo_ttft_ms

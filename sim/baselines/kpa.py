@@ -62,8 +62,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Unpack
 
-from sim.baselines.base import BaselineBase, LittleTarget, Observation, check, non_negative, positive
+from sim.baselines.base import BaselineBase, Harness, LittleTarget, Observation, check, non_negative, positive
 
 __all__ = ["KnativePodAutoscaler", "KpaParams"]
 
@@ -127,23 +128,8 @@ class KnativePodAutoscaler(BaselineBase):
 
     name = "kpa"
 
-    def __init__(
-        self,
-        params: KpaParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: KpaParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = params or KpaParams()
         self.period_s = self.params.tick_interval_s
         self.samples: deque[tuple[float, float]] = deque()
@@ -151,7 +137,7 @@ class KnativePodAutoscaler(BaselineBase):
         self.panic_time_s: float | None = None
         self.max_panic_pods = 0
         self.started = False
-        self.little = LittleTarget(replica_capacity_rps) if replica_capacity_rps is not None else None
+        self.little = LittleTarget(self.replica_capacity_rps) if self.replica_capacity_rps is not None else None
 
     def target_value(self) -> float | None:
         """``TargetValue`` now: the fixed one, or Little's law x utilisation; None = not measured yet."""

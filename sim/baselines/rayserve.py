@@ -62,8 +62,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Unpack
 
-from sim.baselines.base import BaselineBase, LittleTarget, Observation, non_negative, positive
+from sim.baselines.base import BaselineBase, Harness, LittleTarget, Observation, non_negative, positive
 
 __all__ = ["RayServeAutoscaler", "RayServeParams"]
 
@@ -115,30 +116,15 @@ class RayServeAutoscaler(BaselineBase):
 
     name = "rayserve"
 
-    def __init__(
-        self,
-        params: RayServeParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: RayServeParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = params or RayServeParams()
         self.period_s = self.params.control_loop_interval_s
         self.pending: list[tuple[float, float]] = []  # recorded, not yet pushed
         self.store: deque[tuple[float, float]] = deque()  # what the controller has
         self.last_push_s: float | None = None
         self.decision_counter = 0
-        self.little = LittleTarget(replica_capacity_rps) if replica_capacity_rps is not None else None
+        self.little = LittleTarget(self.replica_capacity_rps) if self.replica_capacity_rps is not None else None
 
     def target_ongoing(self) -> float | None:
         """``target_ongoing_requests`` now: fixed, or Little's law; None = not measured yet."""

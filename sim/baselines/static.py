@@ -19,8 +19,9 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Unpack
 
-from sim.baselines.base import BaselineBase, Observation, check
+from sim.baselines.base import BaselineBase, Harness, Observation, check
 
 __all__ = ["StaticParams", "StaticReplicas"]
 
@@ -44,23 +45,8 @@ class StaticReplicas(BaselineBase):
 
     name = "static"
 
-    def __init__(
-        self,
-        params: StaticParams | None = None,
-        *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
-        replica_capacity_rps: float | None = None,
-    ) -> None:
-        super().__init__(
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            slo_ttft_ms=slo_ttft_ms,
-            slo_itl_ms=slo_itl_ms,
-            replica_capacity_rps=replica_capacity_rps,
-        )
+    def __init__(self, params: StaticParams | None = None, **harness: Unpack[Harness]) -> None:
+        super().__init__(**harness)
         self.params = params or StaticParams()
         self.period_s = self.params.period_s
 

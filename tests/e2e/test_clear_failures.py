@@ -1,11 +1,14 @@
-"""One-shot commands that cannot reach their servers fail in seconds, in one line, exit 2."""
+"""One-shot commands that cannot reach their servers fail in one line, exit 2.
+
+How long that takes is a start-up figure (imports on a loaded machine), not behaviour: no
+test here bounds it (issue 32 item 7); the subprocess timeout only keeps a hang from stalling.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 DOWN = {"KAFKA_BOOTSTRAP": "127.0.0.1:1", "REDIS_URL": "redis://127.0.0.1:1/0"}
 
 
-def _run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, float]:
-    t0 = time.monotonic()
+def _run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str]:
     out = subprocess.run(
         [sys.executable, "-m", "governor.cli", *argv],
         env={**os.environ, **env},
@@ -25,7 +27,7 @@ def _run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str
         timeout=60,
         cwd=tmp_path,
     )
-    return out.returncode, out.stderr, time.monotonic() - t0
+    return out.returncode, out.stderr
 
 
 @pytest.mark.parametrize(
@@ -43,9 +45,8 @@ def _run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str
 def test_unreachable_server_is_one_line_and_exit_2(
     argv: list[str], env: dict[str, str], names: tuple[str, ...], tmp_path: Path
 ) -> None:
-    rc, err, took = _run(argv, env, tmp_path)
+    rc, err = _run(argv, env, tmp_path)
     assert rc == 2, err
-    assert took < 10, took
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, lines

@@ -10,9 +10,6 @@ Each test ends with the command ledger (:mod:`governor.ledger`): every command i
 ``<prefix>.commands`` joined with its outcomes on ``<prefix>.results``; none lost, none
 applied twice, no stale decision applied over a newer one, every refusal with a reason.
 Child logs are printed at teardown (pytest shows them when a test fails).
-
-Over 400 lines: six fault scenarios on real processes, each with its own setup, kill and
-ledger check; the shared machinery is in tests/integration/faults.py.
 """
 
 from __future__ import annotations

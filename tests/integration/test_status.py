@@ -143,17 +143,15 @@ async def test_status_shows_the_running_loop(settings: Settings, tmp_path: Path)
 
 
 def test_an_unreachable_redis_is_one_line_and_exit_2(settings: Settings) -> None:
-    started = time.monotonic()
     out = _cli(settings, "status", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
-    assert out.returncode == 2 and time.monotonic() - started < 10
+    assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "REDIS_URL" in lines[0] and "127.0.0.1:1" in lines[0], out.stderr
     assert out.stdout == ""
 
 
 def test_an_unreachable_kafka_is_one_line_and_exit_2(settings: Settings) -> None:
-    started = time.monotonic()
     out = _cli(settings, "status", "--json", env={"KAFKA_BOOTSTRAP": "127.0.0.1:1"})
-    assert out.returncode == 2 and time.monotonic() - started < 10
+    assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "KAFKA_BOOTSTRAP" in lines[0] and "127.0.0.1:1" in lines[0], out.stderr

@@ -199,12 +199,11 @@ async def test_one_apply_is_bounded_in_time(receiver: Receiver) -> None:
     receiver.script = [Answer(hang_s=2.0)] * 10  # longer than the bound; short enough for a quick teardown
     wh = WebhookBackend(receiver.url, timeout_s=0.3, deadline_s=1.0, retries=100, backoff_s=0.01)
     try:
-        t0 = time.monotonic()
-        with pytest.raises(BackendUnavailable):
+        with pytest.raises(BackendUnavailable, match=r"after [234] attempt\(s\)"):
             await wh.apply(_cmd())
-        elapsed = time.monotonic() - t0
-        assert 0.9 <= elapsed < 1.6, elapsed
-        assert len(receiver.seen) >= 2  # timed-out attempts were retried within the bound
+        # Each attempt is cut at timeout_s (0.3 s of a 2 s hang), so timed-out attempts are retried:
+        # at least 2; the 1 s deadline, not the 100 retries, ends them: at most ceil(1.0 / 0.3) = 4.
+        assert 2 <= len(receiver.seen) <= 4, len(receiver.seen)
     finally:
         await wh.close()
 
@@ -213,10 +212,9 @@ async def test_a_retry_after_beyond_the_bound_gives_up_at_once(receiver: Receive
     receiver.script = [Answer(503, {"Retry-After": "3600"})]
     wh = WebhookBackend(receiver.url, deadline_s=2.0)
     try:
-        t0 = time.monotonic()
         with pytest.raises(BackendUnavailable, match="Retry-After 3600.0 s passes GOVERNOR_WEBHOOK_TIMEOUT_S=2"):
             await wh.apply(_cmd())
-        assert time.monotonic() - t0 < 0.5 and len(receiver.seen) == 1
+        assert len(receiver.seen) == 1  # one attempt, then the refusal: no wait for a retry
     finally:
         await wh.close()
 

@@ -3,12 +3,11 @@
 Every case has a comment with the arithmetic.  The harness contract (decisions
 stay within [min_replicas, max_replicas], state pickles) is checked on random
 observation sequences for all baselines.
-
-Over 400 lines: tables of cases for eight baseline autoscalers.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import pickle
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.baselines import BASELINES, Autoscaler, BaselineParameterError, Observation
+from sim.baselines.base import BaselineBase, Harness
 from sim.baselines.dynamo import (
     DynamoLoadParams,
     DynamoLoadPlanner,
@@ -635,3 +635,20 @@ def test_no_nan_from_degenerate_windows() -> None:
     for k in range(6):  # same load every window: regression falls back to the mean
         dl.decide(ob(5 * k, ready=2, starting=1, window={**window(2), "window_end_ms": k}))
     assert not math.isnan(dl.ttft_fit.predict(3.0))
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_a_peer_declares_only_what_differs_and_takes_the_harness_keywords_from_the_base(name: str) -> None:
+    """Issue 32 item 7: the five harness keywords are named once (BaselineBase), not in every peer."""
+    cls = BASELINES[name]
+    assert isinstance(cls, type) and issubclass(cls, BaselineBase)
+    own = inspect.signature(cls.__init__).parameters
+    assert [p for p in own if p in Harness.__annotations__] == []
+    assert [p.kind for p in own.values()][-1] is inspect.Parameter.VAR_KEYWORD
+    harness = {"min_replicas": 2, "max_replicas": 9, "slo_ttft_ms": 700.0, "slo_itl_ms": 90.0}
+    peer = cls(**harness, replica_capacity_rps=3.0)
+    assert {k: getattr(peer, k) for k in harness} == harness and peer.replica_capacity_rps == 3.0
+    with pytest.raises(BaselineParameterError, match="max_replicas"):
+        cls(min_replicas=5, max_replicas=4, replica_capacity_rps=3.0)
+    with pytest.raises(TypeError):
+        cls(replica_capacity_rps=3.0, min_replica=2)  # a misspelt keyword is refused, as before

@@ -6,9 +6,6 @@ are kept correct here: parsed, cross-checked against ``core.settings``
 (every environment variable must be one the code reads, and must build a
 ``Settings``), against the CLI's subcommands, and against each other (ports,
 hostnames, healthchecks, scrape targets, metric names).
-
-Over 400 lines: one test per deployment-file contract (compose, Prometheus, Grafana,
-Kubernetes), each checked against the code.
 """
 
 from __future__ import annotations

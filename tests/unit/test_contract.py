@@ -15,10 +15,6 @@ then has to pass the same checks:
 - a bad parameter raises a ``ValueError`` whose message names the parameter.
 
 A new controller or driver joins the battery by adding one case.
-
-Over 400 lines: one case per controller and driver (its inputs, clamps and bad
-parameters) next to the checks they all share; splitting the cases from the checks
-would hide which subjects the battery covers.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Event-driven fleet: hand-checked timings, life cycle, faults, conservation.
-
-Over 400 lines: tables of cases for the simulated fleet, one group per mechanism
-(batching, scaling, faults, KV, routing, records).
-"""
+"""Event-driven fleet: hand-checked timings, life cycle, faults, conservation."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 400
 
 
 def _python_files() -> list[Path]:
@@ -15,23 +14,16 @@ def _python_files() -> list[Path]:
     return [ROOT / line for line in out.stdout.split() if (ROOT / line).exists()]
 
 
-def test_a_module_over_400_lines_states_why_at_its_top() -> None:
-    unexplained = []
-    for path in _python_files():
-        text = path.read_text()
-        if text.count("\n") <= MAX_LINES:
-            continue
-        doc = ast.get_docstring(ast.parse(text)) or ""
-        if "Over 400 lines:" not in doc:
-            unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
-    assert not unexplained, f"split these or say why in the module docstring: {unexplained}"
-
-
-def test_the_rule_sees_long_files() -> None:
-    # The check above must not pass because it found no files.
-    files = _python_files()
-    assert len(files) > 100
-    assert any(p.read_text().count("\n") > MAX_LINES for p in files)
+def test_no_module_excuses_its_length() -> None:
+    # Issue 32 item 7: the 400-line rule is gone; a module is split by idea, not by count, so no
+    # docstring carries an "Over 400 lines:" note any more (they read as noise to a newcomer).
+    noted = [
+        str(p.relative_to(ROOT))
+        for p in _python_files()
+        if "Over 400 lines:" in (ast.get_docstring(ast.parse(p.read_text())) or "")
+    ]
+    assert len(_python_files()) > 100  # the check sees the repository, not an empty list
+    assert not noted, noted
 
 
 def test_no_package_imports_pickle() -> None:

@@ -11,7 +11,6 @@ no exception escape, fuzzed with hypothesis.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -227,9 +226,7 @@ def _nested(depth: int, leaf: Any = 1) -> bytes:
 )
 def test_the_dead_letter_of_any_input_serialises_below_the_cap(raw: bytes) -> None:
     loop = ControlLoop(_settings(), WorkerMetrics())
-    t0 = time.perf_counter()
     res = loop.ingest(raw, SRC, NOW)
-    assert time.perf_counter() - t0 < 5.0
     assert res.valid == 0 and len(res.dead_letters) == 1
     dl = res.dead_letters[0]
     assert dl["kind"] in DEAD_LETTER_KINDS

@@ -18,7 +18,8 @@ from governor_telemetry.columnar import encode_columns
 from governor_telemetry.records import encode_envelope
 
 from controllers.window_record import decode_window
-from controllers.windows import initialize, result
+from controllers.window_result import result
+from controllers.windows import initialize
 from core.settings import ModelSpec, Settings
 from streams.control_loop import ControlLoop
 from streams.deadletters import MAX_DEAD_LETTER_BYTES, dead_letter

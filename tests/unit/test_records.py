@@ -2,10 +2,6 @@
 and a property check of the validator (and of the column fast path) against an
 independent oracle: the field list of docs/contracts.md written as a JSON Schema, plus a few
 cross-field rules as small predicates.
-
-Over 400 lines: the oracle (schema and cross-field rules), its own checks against
-the README and the hand-worked tables, and the differential tests it serves belong
-together; apart, the oracle's checks would not sit next to what relies on them.
 """
 
 from __future__ import annotations

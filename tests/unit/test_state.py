@@ -14,9 +14,6 @@ and the OU fit.
   part replaced, raises nothing but ParameterError, and what it accepts runs.
 * Size: a state stays bounded by the model's own memory (ADWIN: its
   exponential histogram, O(max_buckets log width)).
-
-Over 400 lines: tables of malformed fields for every snapshot type, next to
-the round trips and properties they complement.
 """
 
 from __future__ import annotations

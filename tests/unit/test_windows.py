@@ -1,8 +1,4 @@
-"""Tumbling-window aggregation: tables of cases, oracles and properties.
-
-Over 400 lines: tables of cases and numpy oracles for every window column and the merge
-property.
-"""
+"""Tumbling-window aggregation: tables of cases, oracles and properties."""
 
 from __future__ import annotations
 
