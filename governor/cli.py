@@ -45,7 +45,7 @@ from typing import Any
 
 from core.settings import CONFIG_ENV, CONFIG_HELP, ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
-from governor.logs import LOG_FORMATS, setup_logging
+from launch.logs import LOG_FORMATS, setup_logging
 
 log = logging.getLogger("governor")
 
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("servers", help="start embedded Kafka (Tansu) and Redis and wait")
 
-    from governor.tune import add_parser as add_tune_parser
+    from bench.tune import add_parser as add_tune_parser
 
     add_tune_parser(sub)
     from governor.canary_cli import add_parser as add_canary_parser
@@ -171,14 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     from governor.admission_cli import add_parser as add_admission_parser
 
     add_admission_parser(sub)
-    from governor.analyze import add_parser as add_analyze_parser
+    from bench.analyze import add_parser as add_analyze_parser
 
     add_analyze_parser(sub)
 
-    from governor.ingest_otlp import add_parser as add_otlp_parser
+    from adapters.otlp.runner import add_parser as add_otlp_parser
 
     add_otlp_parser(_ingest_subparsers(sub))
-    from governor.ingest_scrape import add_parser as add_scrape_parser
+    from adapters.scrape.runner import add_parser as add_scrape_parser
 
     add_scrape_parser(_ingest_subparsers(sub))
 
@@ -187,40 +187,40 @@ def build_parser() -> argparse.ArgumentParser:
     bp = bsub.add_parser(
         "pipeline", help="pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency"
     )
-    from governor.bench_pipeline import add_arguments as add_pipeline_arguments
+    from bench.pipeline import add_arguments as add_pipeline_arguments
 
     add_pipeline_arguments(bp)
-    from governor.bench_control import add_parser as add_control_parser
+    from bench.control import add_parser as add_control_parser
 
     add_control_parser(bsub)
-    from governor.bench_frontier import add_parser as add_frontier_parser
+    from bench.frontier import add_parser as add_frontier_parser
 
     add_frontier_parser(bsub)
-    from governor.bench_seeds import add_parser as add_seeds_parser
+    from bench.seeds import add_parser as add_seeds_parser
 
     add_seeds_parser(bsub)
-    from governor.bench_overload import add_parser as add_overload_parser
+    from bench.overload import add_parser as add_overload_parser
 
     add_overload_parser(bsub)
-    from governor.bench_kv import add_parser as add_kv_parser
+    from bench.kv import add_parser as add_kv_parser
 
     add_kv_parser(bsub)
-    from governor.bench_traffic import add_parser as add_traffic_parser
+    from bench.traffic import add_parser as add_traffic_parser
 
     add_traffic_parser(bsub)
-    from governor.bench_bandwidth import add_parser as add_bw_parser
+    from bench.bandwidth import add_parser as add_bw_parser
 
     add_bw_parser(bsub)
-    from governor.bench_tables import add_parser as add_tables_parser
+    from bench.tables import add_parser as add_tables_parser
 
     add_tables_parser(bsub)
-    from governor.bench_soak import add_parser as add_soak_parser
+    from bench.soak import add_parser as add_soak_parser
 
     add_soak_parser(bsub)
-    from governor.bench_scrape import add_parser as add_scrape_bench_parser
+    from bench.scrape import add_parser as add_scrape_bench_parser
 
     add_scrape_bench_parser(bsub)
-    from governor.bench_admission import add_parser as add_admission_bench_parser
+    from bench.admission import add_parser as add_admission_bench_parser
 
     add_admission_bench_parser(bsub)
     return p
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = " ".join(str(w) for w in (args.command, getattr(args, "bench", None)) if w)
     needs = _NEEDS.get((args.command, getattr(args, "bench", None)))
     if needs is not None:
-        from governor.embedded import unreachable
+        from launch.embedded import unreachable
 
         kafka, redis = (n if isinstance(n, bool) else bool(os.environ.get(e)) for n, e in zip(needs, _ENV, strict=True))
         problem = unreachable(settings, os.environ, kafka=kafka, redis=redis, embeds="env" in needs)
@@ -301,7 +301,7 @@ def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from governor.embedded import ServerError
+    from launch.embedded import ServerError
 
     why = " ".join(str(exc).split())[:300]
     if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
@@ -334,7 +334,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_admission(settings, args)
     if args.command == "analyze":
-        from governor.analyze import run as run_analyze
+        from bench.analyze import run as run_analyze
 
         return run_analyze(settings, args)
     if args.command == "worker":
@@ -384,7 +384,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_shadow_report(settings, args)
     if args.command == "tune":
-        from governor.tune import run_tune
+        from bench.tune import run_tune
 
         return run_tune(args)
     if args.command == "demo":
@@ -392,66 +392,66 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_demo(settings, args)
     if args.command == "ingest" and args.ingest == "otlp":
-        from governor.ingest_otlp import run_ingest_otlp
+        from adapters.otlp.runner import run_ingest_otlp
 
         return run_ingest_otlp(settings, args)
     if args.command == "ingest" and args.ingest == "scrape":
-        from governor.ingest_scrape import run_ingest_scrape
+        from adapters.scrape.runner import run_ingest_scrape
 
         return run_ingest_scrape(settings, args)
     if args.command == "bench" and args.bench == "pipeline":
-        from governor.bench_pipeline import run_bench
+        from bench.pipeline import run_bench
 
         return run_bench(settings, args)
     if args.command == "bench" and args.bench == "bandwidth":
-        from governor.bench_bandwidth import run_bandwidth
+        from bench.bandwidth import run_bandwidth
 
         return run_bandwidth(args)
     if args.command == "bench" and args.bench == "traffic":
-        from governor.bench_traffic import run_traffic_bench
+        from bench.traffic import run_traffic_bench
 
         return run_traffic_bench(args)
     if args.command == "bench" and args.bench == "kv":
-        from governor.bench_kv import run_kv_bench
+        from bench.kv import run_kv_bench
 
         return run_kv_bench(args)
     if args.command == "bench" and args.bench in ("tables", "compare"):
-        from governor.bench_tables import run_compare, run_tables
+        from bench.tables import run_compare, run_tables
 
         return run_tables(args) if args.bench == "tables" else run_compare(args)
     if args.command == "bench" and args.bench == "soak":
-        from governor.bench_soak import run_soak
+        from bench.soak import run_soak
 
         return run_soak(settings, args)
     if args.command == "bench" and args.bench == "admission":
-        from governor.bench_admission import run_admission_bench
+        from bench.admission import run_admission_bench
 
         return run_admission_bench(args)
     if args.command == "bench" and args.bench == "scrape":
-        from governor.bench_scrape import run_scrape_bench
+        from bench.scrape import run_scrape_bench
 
         return run_scrape_bench(args)
     if args.command == "bench" and args.bench == "seeds":
-        from governor.bench_seeds import run_seeds
+        from bench.seeds import run_seeds
 
         return run_seeds(args)
     if args.command == "bench" and args.bench == "overload":
-        from governor.bench_overload import run_overload
+        from bench.overload import run_overload
 
         return run_overload(args)
     if args.command == "bench" and args.bench == "frontier":
-        from governor.bench_frontier import run_frontier
+        from bench.frontier import run_frontier
 
         return run_frontier(args)
     if args.command == "bench" and args.bench == "control":
-        from governor.bench_control import run_bench as run_control
+        from bench.control import run_bench as run_control
 
         return run_control(args)
     return 2
 
 
 def _servers(settings: Settings) -> int:
-    from governor.embedded import EmbeddedServers
+    from launch.embedded import EmbeddedServers
 
     with EmbeddedServers(settings, os.environ) as s:
         print(f"KAFKA_BOOTSTRAP={s.settings.kafka_bootstrap}")

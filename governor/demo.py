@@ -44,12 +44,13 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 
+from bench.report import build_report, plot, render_text
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from governor.embedded import EmbeddedServers
-from governor.processes import (
+from launch.embedded import EmbeddedServers
+from launch.processes import (
     EXECUTOR_READY,
     INGEST_SCRAPE_READY,
     WORKER_READY,
@@ -57,8 +58,7 @@ from governor.processes import (
     start_executor,
     start_worker,
 )
-from governor.report import build_report, plot, render_text
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 from sim.engine_metrics import FleetMetrics
 from sim.engine_server import EngineServer, ScrapeEngines
 from sim.fleet import Fleet, FleetConfig

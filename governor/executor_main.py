@@ -31,7 +31,7 @@ from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
 from executors.platform import PlatformReporter, replica_source
-from governor.processes import EXECUTOR_READY, ready_log
+from launch.processes import EXECUTOR_READY, ready_log
 from streams.health import Readiness
 from streams.metrics_export import ExecutorMetrics
 

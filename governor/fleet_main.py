@@ -14,7 +14,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel

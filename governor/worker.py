@@ -28,7 +28,7 @@ from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from executors.loop import MAX_DELAY_S, MIN_DELAY_S
 from governor.budget_cli import write_default_allowances
-from governor.processes import WORKER_READY, ready_log
+from launch.processes import WORKER_READY, ready_log
 from streams.agents import build_pipeline
 from streams.app import create_app
 from streams.health import Readiness

@@ -38,11 +38,9 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from controllers import breaker as brk
-from controllers import routing as rt
-from governor.bench_agents import agent_turn_calls, scenario_agents
-from governor.bench_canary import scenario_canary
-from governor.traffic_sim import (
+from bench.agents import agent_turn_calls, scenario_agents
+from bench.canary import scenario_canary
+from bench.traffic_sim import (
     FALLBACK,
     PRIMARY,
     ZONES,
@@ -58,6 +56,8 @@ from governor.traffic_sim import (
     summarize,
     workload,
 )
+from controllers import breaker as brk
+from controllers import routing as rt
 from sim.fleet import Fleet
 
 __all__ = [

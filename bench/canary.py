@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from controllers import canary as can
-from governor.traffic_sim import (
+from bench.traffic_sim import (
     FALLBACK,
     FAMILY,
     ZONES,
@@ -31,6 +30,7 @@ from governor.traffic_sim import (
     summarize,
     workload,
 )
+from controllers import canary as can
 from sim.fleet import Fleet
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.traffic_sim import FALLBACK, _gpu_seconds, _pct
 from controllers import agent_weights as aw
-from governor.traffic_sim import FALLBACK, _gpu_seconds, _pct
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 
