@@ -82,6 +82,12 @@ POLL_S = 0.02
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def add_parser(sub: Any) -> None:
+    """``governor bench pipeline`` in the CLI's ``bench`` group."""
+    help_ = "pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency"
+    add_arguments(sub.add_parser("pipeline", help=help_))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``governor bench pipeline``."""
     p.add_argument("--events", type=int, default=500_000, help="request records per batched backlog")

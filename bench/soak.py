@@ -45,10 +45,9 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from governor.demo import Collector
 from launch.embedded import EmbeddedServers
 from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
-from launch.topics import ensure_topics
+from launch.topics import Collector, ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel

@@ -1,10 +1,14 @@
-"""Create governor's topics up front, so producers and Faust agree on partitions."""
+"""Create governor's topics up front, so producers and Faust agree on partitions; read the loop's output back."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from typing import Any
 
+import orjson
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from governor_telemetry.security import login_refused
@@ -48,3 +52,52 @@ async def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str
             await asyncio.sleep(0.5)
         finally:
             await admin.close()
+
+
+class Collector:
+    """Reads the results, dead-letter and metrics topics for the report."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.results: list[dict[str, Any]] = []
+        self.dead_letters: list[dict[str, Any]] = []
+        self.windows: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        t = self.settings.topics
+        self._consumer = AIOKafkaConsumer(
+            t["results"],
+            t["deadletter"],
+            t["metrics"],
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            **kafka_options(self.settings),
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=50,
+        )
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        sink = {
+            self.settings.topic("results"): self.results,
+            self.settings.topic("deadletter"): self.dead_letters,
+            self.settings.topic("metrics"): self.windows,
+        }
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
+            for tp, msgs in batches.items():
+                for msg in msgs:
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        sink[tp.topic].append(orjson.loads(msg.value))
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer:
+            await self._consumer.stop()

@@ -326,7 +326,8 @@ def options_from_args(settings: Settings, args: argparse.Namespace) -> MapOption
     )
 
 
-def run_ingest_otlp(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor ingest otlp`` (:class:`adapters.source.Source`)."""
     try:
         opts = options_from_args(settings, args)
     except ValueError as exc:

@@ -27,7 +27,7 @@ import sys
 import urllib.request
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from governor_telemetry.producer import TelemetryProducer
 
@@ -42,12 +42,13 @@ from adapters.scrape.targets import (
     TargetSource,
     parse_endpoint,
 )
+from adapters.source import Collector
 from core.clock import ScaledClock
 from core.settings import ModelSpec, Settings
 from core.transport import kafka_options
 from launch.processes import INGEST_SCRAPE_READY, ready_log
 
-__all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "run_ingest_scrape", "scrape_loop"]
+__all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "run", "scrape_loop"]
 __all__ += ["EndpointCollector", "Sample", "parse_endpoint", "snapshots_from_samples"]
 
 SUMMARIES_KEPT = 1024
@@ -206,14 +207,6 @@ async def _fetch_all(endpoints: list[Endpoint], timeout_s: float) -> dict[str, s
     return {ep.url: r for ep, r in zip(endpoints, results, strict=True)}
 
 
-class Collector(Protocol):
-    """One scrape's worth of records (direct scrape or PromQL)."""
-
-    settings: Settings
-
-    async def collect(self, now_ms: int) -> list[dict[str, Any]]: ...
-
-
 class EndpointCollector:
     """Discovery, then a GET of every target, then :meth:`Scraper.step`."""
 
@@ -330,7 +323,8 @@ def build_sources(settings: Settings, args: argparse.Namespace, k8s_client: Any 
     return sources
 
 
-def run_ingest_scrape(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor ingest scrape`` (:class:`adapters.source.Source`)."""
     engine = _pick(args.engine, settings.scrape_engine)
     interval_s = _pick(args.interval_s, settings.scrape_interval_s)
     combine = _pick(args.violations, settings.scrape_violations)
