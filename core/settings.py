@@ -871,7 +871,7 @@ class Settings:
         "", "GOVERNOR_WEBHOOK_CA_FILE", "CA bundle for an https webhook URL (unset = the system CAs)", "str"
     )
 
-    # -- scrape target discovery (governor/scrape_targets.py, governor/scrape_promql.py) ---------
+    # -- scrape target discovery (adapters/scrape/targets.py, adapters/scrape/promql.py) ---------
     scrape_zone_label: str = _setting(
         "zone",
         "GOVERNOR_SCRAPE_ZONE_LABEL",

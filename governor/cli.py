@@ -33,36 +33,120 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
+import bench.commands
+from adapters import source
 from core.settings import CONFIG_ENV, CONFIG_HELP, ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
-from governor.logs import LOG_FORMATS, setup_logging
+from launch.commands import Command, add_parser, add_stub, load
+from launch.logs import LOG_FORMATS, setup_logging
 
 log = logging.getLogger("governor")
 
-# One-shot commands that need servers: checked up front, so an unreachable one is one line and
-# exit 2 in seconds, not a traceback after the clients' own timeouts.  (command, bench) ->
-# (kafka, redis), where "env" checks only a server given in the environment (else it is embedded).
-_NEEDS: dict[tuple[str, str | None], tuple[bool | str, bool | str]] = {
-    ("demo", None): ("env", "env"),
-    ("bench", "pipeline"): ("env", "env"),
-    ("bench", "soak"): ("env", "env"),
-    ("canary", None): (False, True),
-    ("pause", None): (False, True),
-    ("resume", None): (False, True),
-    ("budget", None): (False, True),
-    ("ingest", None): (True, False),  # the ingest receivers produce to Kafka
+#: ``governor NAME``, in help order.  A command's module is imported only when the command is
+#: parsed in full or run (``governor --help`` and ``--version`` import none of them).
+COMMANDS: dict[str, Command] = {
+    "demo": Command(
+        "run the closed loop on embedded servers and print a report",
+        run="governor.demo:run_demo",
+        parser="governor.demo:add_parser",
+        needs=("env", "env"),
+    ),
+    "worker": Command("run the Faust stream worker", run="governor.worker:main", keys=True),
+    "executor": Command(
+        "run one zone's command executor",
+        run="governor.executor_main:main",
+        parser="governor.executor_main:add_parser",
+        keys=True,
+    ),
+    "fleet": Command(
+        "run a simulated fleet that replays a trace (live)",
+        run="governor.fleet_main:main",
+        parser="governor.fleet_main:add_parser",
+    ),
+    "servers": Command("start embedded Kafka (Tansu) and Redis and wait", run="launch.embedded:run_servers"),
+    "tune": Command(
+        "Bayesian optimisation of the gains on the fast simulator",
+        run="bench.tune:run_tune",
+        parser="bench.tune:add_parser",
+        takes="args",
+    ),
+    "canary": Command(
+        "start, inspect or abort a canary rollout (state in Redis)",
+        run="governor.canary_cli:run_canary",
+        parser="governor.canary_cli:add_parser",
+        needs=(False, True),
+    ),
+    "pause": Command(
+        "kill switch: executors stop applying commands (reported as advisory)",
+        run="governor.pause_cli:run_pause",
+        parser="governor.pause_cli:add_parser",
+        needs=(False, True),
+    ),
+    "resume": Command(
+        "lift governor pause: executors apply commands again", run="governor.pause_cli:run_pause", needs=(False, True)
+    ),
+    "budget": Command(
+        "each zone's share of the fleet replica budget: show, set, reset",
+        run="governor.budget_cli:run_budget",
+        parser="governor.budget_cli:add_parser",
+        needs=(False, True),
+    ),
+    "status": Command(
+        "the loop per (model, zone), liveness, lag, dead letters (--watch, --json)",
+        run="governor.status:run_status",
+        parser="governor.status:add_parser",
+    ),
+    "redis-acl": Command(
+        "print least-privilege Redis ACL users (one per zone executor, worker, operator)",
+        run="governor.redis_acl:run_redis_acl",
+        parser="governor.redis_acl:add_parser",
+    ),
+    "shadow-report": Command(
+        "governor's targets vs the replicas an incumbent autoscaler ran (advisory / dry-run mode)",
+        run="governor.shadow:run_shadow_report",
+        parser="governor.shadow:add_parser",
+    ),
+    "config": Command(
+        f"check or show the config file ({CONFIG_ENV})",
+        run="governor.config_cmd:run",
+        parser="governor.config_cmd:add_parser",
+        takes="early",
+    ),
+    "manifests": Command(
+        "render the generated Kubernetes manifests (executors, monitoring)",
+        run="governor.manifests:run_manifests",
+        parser="governor.manifests:add_parser",
+        takes="early",
+    ),
+    "admission": Command(
+        "periodic agent tasks admitted by response-time analysis (Redis)",
+        run="governor.admission_cli:run_admission",
+        parser="governor.admission_cli:add_parser",
+    ),
+    "analyze": Command(
+        "analysis: deadlines, coupling graph, feasible region, certified gains",
+        run="bench.analyze:run",
+        parser="bench.analyze:add_parser",
+    ),
 }
 
+#: ``governor GROUP NAME``: each room's own table (dest, help, commands)
+GROUPS: dict[str, tuple[str, Mapping[str, Command]]] = {
+    "ingest": (source.HELP, source.SOURCES),
+    "bench": (bench.commands.HELP, bench.commands.COMMANDS),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+Key = tuple[str, ...]  # ("status",) or ("bench", "control")
+
+
+def build_parser(full: Callable[[Key], bool] = lambda key: True) -> argparse.ArgumentParser:
+    """The ``governor`` parser: every command in full (the default: what the command reference is
+    made from), or only those ``full`` picks, the others as stubs (name and help line)."""
     env_help = "\n".join(f"  {k:<28} {v}" for k, v in {CONFIG_ENV: CONFIG_HELP, **ENV_VARS}.items())
     p = argparse.ArgumentParser(
         prog="governor",
@@ -79,158 +163,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"governor {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-
-    d = sub.add_parser("demo", help="run the closed loop on embedded servers and print a report")
-    d.add_argument("--trace", default="azure-conv", help="trace name or path (default azure-conv)")
-    d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
-    d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
-    d.add_argument("--qps", type=float, default=16.0, help="mean request rate the trace is scaled to")
-    d.add_argument("--step-at-s", type=float, default=200.0, help="trace time of the load step (0 = none)")
-    d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")
-    d.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
-    d.add_argument("--startup-s", type=float, default=30.0, help="replica start-up delay (trace s)")
-    d.add_argument(
-        "--bad-rate",
-        type=float,
-        default=0.001,
-        help="share of malformed telemetry records injected (shows the dead-letter path)",
-    )
-    d.add_argument("--out", default="runs/demo", help="report directory")
-    d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--no-progress", action="store_true", help="no live progress view")
-    d.add_argument(
-        "--no-feedforward",
-        dest="feedforward",
-        action="store_false",
-        help="feedback PID only (default: profile the replica capacity, feedforward on)",
-    )
-    d.add_argument(
-        "--shadow",
-        action="store_true",
-        help="executors dry-run: the fleet keeps --replicas (a static incumbent); writes shadow.json",
-    )
-    tel = "the fleet speaks: native records, vLLM /metrics to `ingest scrape`, or spans to `ingest otlp`"
-    d.add_argument("--telemetry", choices=["native", "scrape", "otlp"], default="native", help=tel)
-    plat = "where replica counts live: sim (the Redis desired hash) or k8s (the workloads of GOVERNOR_WORKLOADS on GOVERNOR_K8S_API_URL, scaled by the executors' k8s backend)"
-    d.add_argument("--platform", choices=["sim", "k8s"], default="sim", help=plat)
-    d.add_argument("--scrape-interval-s", type=float, default=5.0, help="scrape mode: trace s between scrapes")
-
-    sub.add_parser("worker", help="run the Faust stream worker")
-
-    e = sub.add_parser("executor", help="run one zone's command executor")
-    e.add_argument("--zone", required=True)
-    e.add_argument(
-        "--backend",
-        choices=["sim", "dry-run", "routing", "webhook", "k8s", "gateway"],
-        default=None,
-        help="every kind to one backend (default sim; GOVERNOR_EXECUTOR_BACKENDS chains them per kind): sim: the "
-        "simulated fleet; dry-run: log only; routing: route/breaker/canary/agents into the gateway's Redis hashes "
-        "(others fail); webhook: POST every command, signed, to GOVERNOR_WEBHOOK_URL",
-    )
-    e.add_argument("--webhook-url", default="", help="URL the webhook POSTs to (wins over GOVERNOR_WEBHOOK_URL)")
-
-    f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")
-    f.add_argument("--trace", default="azure-conv")
-    f.add_argument("--qps", type=float, default=40.0)
-    f.add_argument("--duration-s", type=float, default=3600.0)
-    f.add_argument("--replicas", type=int, default=4)
-    f.add_argument("--startup-s", type=float, default=30.0)
-    f.add_argument("--seed", type=int, default=7)
-
-    sub.add_parser("servers", help="start embedded Kafka (Tansu) and Redis and wait")
-
-    from governor.tune import add_parser as add_tune_parser
-
-    add_tune_parser(sub)
-    from governor.canary_cli import add_parser as add_canary_parser
-
-    add_canary_parser(sub)
-    from governor.pause_cli import add_parser as add_pause_parser
-
-    add_pause_parser(sub)
-    from governor.budget_cli import add_parser as add_budget_parser
-
-    add_budget_parser(sub)
-    from governor.status import add_parser as add_status_parser
-
-    add_status_parser(sub)
-    from governor.redis_acl import add_parser as add_redis_acl_parser
-
-    add_redis_acl_parser(sub)
-    from governor.shadow import add_parser as add_shadow_parser
-
-    add_shadow_parser(sub)
-    from governor.config_cmd import add_parser as add_config_parser
-
-    add_config_parser(sub)
-    from governor.manifests import add_parser as add_manifests_parser
-
-    add_manifests_parser(sub)
-    from governor.admission_cli import add_parser as add_admission_parser
-
-    add_admission_parser(sub)
-    from governor.analyze import add_parser as add_analyze_parser
-
-    add_analyze_parser(sub)
-
-    from governor.ingest_otlp import add_parser as add_otlp_parser
-
-    add_otlp_parser(_ingest_subparsers(sub))
-    from governor.ingest_scrape import add_parser as add_scrape_parser
-
-    add_scrape_parser(_ingest_subparsers(sub))
-
-    b = sub.add_parser("bench", help="benchmarks")
-    bsub = b.add_subparsers(dest="bench", required=True)
-    bp = bsub.add_parser(
-        "pipeline", help="pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency"
-    )
-    from governor.bench_pipeline import add_arguments as add_pipeline_arguments
-
-    add_pipeline_arguments(bp)
-    from governor.bench_control import add_parser as add_control_parser
-
-    add_control_parser(bsub)
-    from governor.bench_frontier import add_parser as add_frontier_parser
-
-    add_frontier_parser(bsub)
-    from governor.bench_seeds import add_parser as add_seeds_parser
-
-    add_seeds_parser(bsub)
-    from governor.bench_overload import add_parser as add_overload_parser
-
-    add_overload_parser(bsub)
-    from governor.bench_kv import add_parser as add_kv_parser
-
-    add_kv_parser(bsub)
-    from governor.bench_traffic import add_parser as add_traffic_parser
-
-    add_traffic_parser(bsub)
-    from governor.bench_bandwidth import add_parser as add_bw_parser
-
-    add_bw_parser(bsub)
-    from governor.bench_tables import add_parser as add_tables_parser
-
-    add_tables_parser(bsub)
-    from governor.bench_soak import add_parser as add_soak_parser
-
-    add_soak_parser(bsub)
-    from governor.bench_scrape import add_parser as add_scrape_bench_parser
-
-    add_scrape_bench_parser(bsub)
-    from governor.bench_admission import add_parser as add_admission_bench_parser
-
-    add_admission_bench_parser(bsub)
+    for name, cmd in COMMANDS.items():
+        (add_parser if full((name,)) else add_stub)(sub, name, cmd)
+    for group, (help_, table) in GROUPS.items():
+        gsub = sub.add_parser(group, help=help_).add_subparsers(dest=group, required=True)
+        for name, cmd in table.items():
+            (add_parser if full((group, name)) else add_stub)(gsub, name, cmd)
     return p
 
 
-def _ingest_subparsers(sub: Any) -> Any:
-    """The ``governor ingest`` group's subparsers: created by the first ingest command that asks."""
-    group = sub.choices.get("ingest")
-    if group is None:
-        group = sub.add_parser("ingest", help="receive engine telemetry and produce governor records")
-        group.add_subparsers(dest="ingest", required=True)
-    return next(a for a in group._actions if isinstance(a, argparse._SubParsersAction))
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse with the chosen command alone in full: a stub pass finds it (and answers ``--help``
+    and ``--version``), then only its module is imported."""
+    first, _ = build_parser(full=lambda key: False).parse_known_args(argv)
+    chosen = _key(first)
+    return build_parser(full=lambda key: key == chosen).parse_args(argv)
+
+
+def _key(args: argparse.Namespace) -> Key:
+    return (args.command, getattr(args, args.command)) if args.command in GROUPS else (args.command,)
+
+
+def _command(key: Key) -> Command:
+    return GROUPS[key[0]][1][key[1]] if len(key) == 2 else COMMANDS[key[0]]
 
 
 def _version() -> str:
@@ -240,19 +195,16 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     if args.log_format not in LOG_FORMATS:  # a bad GOVERNOR_LOG_FORMAT default skips argparse's check
         print(f"governor: bad setting: GOVERNOR_LOG_FORMAT={args.log_format!r}: choose text or json", file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format)
-    if args.command == "config":  # reads the file itself (no servers, and GOVERNOR_CONFIG need not be valid)
-        from governor.config_cmd import run_config
-
-        return run_config(args, os.environ)
-    if args.command == "manifests":  # files only: no servers, no settings
-        from governor.manifests import run_manifests
-
-        return run_manifests(args)
+    key = _key(args)
+    cmd = _command(key)
+    if cmd.takes == "early":  # files only, or reads the config itself: no servers, no settings
+        code: int = load(cmd.run)(args)
+        return code
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:
@@ -261,18 +213,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Children (worker, executors) inherit the flags through Settings.to_env.
     level = str(args.log_level).upper()
     settings = settings.replace(log_format=args.log_format, **({"log_level": level} if level in _LEVELS else {}))
-    what = " ".join(str(w) for w in (args.command, getattr(args, "bench", None)) if w)
-    needs = _NEEDS.get((args.command, getattr(args, "bench", None)))
-    if needs is not None:
-        from governor.embedded import unreachable
-
-        kafka, redis = (n if isinstance(n, bool) else bool(os.environ.get(e)) for n, e in zip(needs, _ENV, strict=True))
-        problem = unreachable(settings, os.environ, kafka=kafka, redis=redis, embeds="env" in needs)
-        if problem:
-            print(f"governor {what}: {problem}", file=sys.stderr)
-            return 2
+    what = " ".join(key)
+    problem = _unreachable(cmd, settings)
+    if problem:
+        print(f"governor {what}: {problem}", file=sys.stderr)
+        return 2
+    if cmd.keys and settings.keyring() is None:
+        print(f"governor: {NO_KEYS}", file=sys.stderr)
+        return 2
     try:
-        return _dispatch(args, settings)
+        code = load(cmd.run)(args) if cmd.takes == "args" else load(cmd.run)(settings, args)
+        return code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -293,13 +244,24 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _ENV = ("KAFKA_BOOTSTRAP", "REDIS_URL")
 
 
+def _unreachable(cmd: Command, settings: Settings) -> str:
+    """Servers a one-shot command needs, checked up front: one line and exit 2 in seconds, not a
+    traceback after the clients' own timeouts ("" when reachable or not needed)."""
+    if cmd.needs == (False, False):
+        return ""
+    from launch.embedded import unreachable
+
+    kafka, redis = (n if isinstance(n, bool) else bool(os.environ.get(e)) for n, e in zip(cmd.needs, _ENV, strict=True))
+    return unreachable(settings, os.environ, kafka=kafka, redis=redis, embeds="env" in cmd.needs) or ""
+
+
 def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
     """One line for a failure that is the environment's, not governor's (None: unexpected)."""
     from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from governor.embedded import ServerError
+    from launch.embedded import ServerError
 
     why = " ".join(str(exc).split())[:300]
     if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
@@ -321,148 +283,6 @@ def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
     if isinstance(exc, TraceError):  # a --trace that names no packaged trace, or a file it cannot read
         return f"bad trace: {why}"
     return None
-
-
-def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
-    if args.command in ("worker", "executor") and settings.keyring() is None:
-        print(f"governor: {NO_KEYS}", file=sys.stderr)
-        return 2
-    if args.command == "admission":
-        from governor.admission_cli import run_admission
-
-        return run_admission(settings, args)
-    if args.command == "analyze":
-        from governor.analyze import run as run_analyze
-
-        return run_analyze(settings, args)
-    if args.command == "worker":
-        from governor.worker import run_worker
-        from streams.scaler_driver import controller_problem
-
-        problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
-        if problem:
-            print(f"governor worker: bad setting: {problem}", file=sys.stderr)
-            return 2
-        return run_worker(settings)
-    if args.command == "executor":
-        from governor.executor_main import run_executor
-
-        if args.zone not in settings.zones:
-            print(f"governor: zone {args.zone!r} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
-            return 2
-        return asyncio.run(run_executor(settings, args.zone, args.backend, args.webhook_url))
-    if args.command == "fleet":
-        from governor.fleet_main import run_fleet
-
-        return asyncio.run(run_fleet(settings, args))
-    if args.command == "servers":
-        return _servers(settings)
-    if args.command == "canary":
-        from governor.canary_cli import run_canary
-
-        return run_canary(settings, args)
-    if args.command == "redis-acl":
-        from governor.redis_acl import run_redis_acl
-
-        return run_redis_acl(settings, args)
-    if args.command in ("pause", "resume"):
-        from governor.pause_cli import run_pause
-
-        return run_pause(settings, args)
-    if args.command == "budget":
-        from governor.budget_cli import run_budget
-
-        return run_budget(settings, args)
-    if args.command == "status":
-        from governor.status import run_status
-
-        return run_status(settings, args)
-    if args.command == "shadow-report":
-        from governor.shadow import run_shadow_report
-
-        return run_shadow_report(settings, args)
-    if args.command == "tune":
-        from governor.tune import run_tune
-
-        return run_tune(args)
-    if args.command == "demo":
-        from governor.demo import run_demo
-
-        return run_demo(settings, args)
-    if args.command == "ingest" and args.ingest == "otlp":
-        from governor.ingest_otlp import run_ingest_otlp
-
-        return run_ingest_otlp(settings, args)
-    if args.command == "ingest" and args.ingest == "scrape":
-        from governor.ingest_scrape import run_ingest_scrape
-
-        return run_ingest_scrape(settings, args)
-    if args.command == "bench" and args.bench == "pipeline":
-        from governor.bench_pipeline import run_bench
-
-        return run_bench(settings, args)
-    if args.command == "bench" and args.bench == "bandwidth":
-        from governor.bench_bandwidth import run_bandwidth
-
-        return run_bandwidth(args)
-    if args.command == "bench" and args.bench == "traffic":
-        from governor.bench_traffic import run_traffic_bench
-
-        return run_traffic_bench(args)
-    if args.command == "bench" and args.bench == "kv":
-        from governor.bench_kv import run_kv_bench
-
-        return run_kv_bench(args)
-    if args.command == "bench" and args.bench in ("tables", "compare"):
-        from governor.bench_tables import run_compare, run_tables
-
-        return run_tables(args) if args.bench == "tables" else run_compare(args)
-    if args.command == "bench" and args.bench == "soak":
-        from governor.bench_soak import run_soak
-
-        return run_soak(settings, args)
-    if args.command == "bench" and args.bench == "admission":
-        from governor.bench_admission import run_admission_bench
-
-        return run_admission_bench(args)
-    if args.command == "bench" and args.bench == "scrape":
-        from governor.bench_scrape import run_scrape_bench
-
-        return run_scrape_bench(args)
-    if args.command == "bench" and args.bench == "seeds":
-        from governor.bench_seeds import run_seeds
-
-        return run_seeds(args)
-    if args.command == "bench" and args.bench == "overload":
-        from governor.bench_overload import run_overload
-
-        return run_overload(args)
-    if args.command == "bench" and args.bench == "frontier":
-        from governor.bench_frontier import run_frontier
-
-        return run_frontier(args)
-    if args.command == "bench" and args.bench == "control":
-        from governor.bench_control import run_bench as run_control
-
-        return run_control(args)
-    return 2
-
-
-def _servers(settings: Settings) -> int:
-    from governor.embedded import EmbeddedServers
-
-    with EmbeddedServers(settings, os.environ) as s:
-        print(f"KAFKA_BOOTSTRAP={s.settings.kafka_bootstrap}")
-        print(f"REDIS_URL={s.settings.redis_url}", flush=True)
-        if s.generated_key:  # generated for this run: workers and executors need the same one
-            print(f"GOVERNOR_COMMAND_KEYS={s.settings.command_keys}", flush=True)
-        sigs = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-        try:
-            signal.sigwait(sigs)
-        except KeyboardInterrupt:
-            pass
-    return 0
 
 
 if __name__ == "__main__":

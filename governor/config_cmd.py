@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from core.settings import CONFIG_ENV, Settings, SettingsError
 
-__all__ = ["add_parser", "run_config", "summary"]
+__all__ = ["add_parser", "run", "run_config", "summary"]
 
 
 def add_parser(sub: Any) -> None:
@@ -48,6 +49,11 @@ def add_parser(sub: Any) -> None:
             action="store_true",
             help="the file alone (default: with the environment variables that override it, as a process runs)",
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``governor config ...`` on this process's environment (GOVERNOR_CONFIG need not be valid)."""
+    return run_config(args, os.environ)
 
 
 def run_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:

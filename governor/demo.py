@@ -27,7 +27,6 @@ native).  The report says which mode ran.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -39,17 +38,16 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 
+from bench.report import build_report, plot, render_text
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
-from core.transport import kafka_options, redis_options
-from governor.embedded import EmbeddedServers
-from governor.processes import (
+from core.transport import redis_options
+from launch.embedded import EmbeddedServers
+from launch.processes import (
     EXECUTOR_READY,
     INGEST_SCRAPE_READY,
     WORKER_READY,
@@ -57,8 +55,7 @@ from governor.processes import (
     start_executor,
     start_worker,
 )
-from governor.report import build_report, plot, render_text
-from governor.topics import ensure_topics
+from launch.topics import Collector, ensure_topics
 from sim.engine_metrics import FleetMetrics
 from sim.engine_server import EngineServer, ScrapeEngines
 from sim.fleet import Fleet, FleetConfig
@@ -104,55 +101,6 @@ async def _wait_ingest_ready(engines: Any, child: ChildProcess, timeout_s: float
     """The ingest child's readiness line (it is listening / it has its targets)."""
     needle = OTLP_READY if isinstance(engines, OtlpEngines) else INGEST_SCRAPE_READY
     await asyncio.to_thread(child.wait_for_log, needle, timeout_s)
-
-
-class Collector:
-    """Reads the results, dead-letter and metrics topics for the report."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.results: list[dict[str, Any]] = []
-        self.dead_letters: list[dict[str, Any]] = []
-        self.windows: list[dict[str, Any]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-
-    async def start(self) -> None:
-        t = self.settings.topics
-        self._consumer = AIOKafkaConsumer(
-            t["results"],
-            t["deadletter"],
-            t["metrics"],
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            **kafka_options(self.settings),
-            group_id=None,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=50,
-        )
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._loop())
-
-    async def _loop(self) -> None:
-        assert self._consumer is not None
-        sink = {
-            self.settings.topic("results"): self.results,
-            self.settings.topic("deadletter"): self.dead_letters,
-            self.settings.topic("metrics"): self.windows,
-        }
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-            for tp, msgs in batches.items():
-                for msg in msgs:
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        sink[tp.topic].append(orjson.loads(msg.value))
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer:
-            await self._consumer.stop()
 
 
 def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str], model: str):  # type: ignore[no-untyped-def]
@@ -343,6 +291,44 @@ def _telemetry_report(args: Namespace, engines: Any) -> dict[str, Any]:
     if engines is not None:
         out.update(engines.stats())
     return out
+
+
+def add_parser(sub: Any) -> None:
+    """``governor demo`` and its flags."""
+    d = sub.add_parser("demo", help="run the closed loop on embedded servers and print a report")
+    d.add_argument("--trace", default="azure-conv", help="trace name or path (default azure-conv)")
+    d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
+    d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
+    d.add_argument("--qps", type=float, default=16.0, help="mean request rate the trace is scaled to")
+    d.add_argument("--step-at-s", type=float, default=200.0, help="trace time of the load step (0 = none)")
+    d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")
+    d.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
+    d.add_argument("--startup-s", type=float, default=30.0, help="replica start-up delay (trace s)")
+    d.add_argument(
+        "--bad-rate",
+        type=float,
+        default=0.001,
+        help="share of malformed telemetry records injected (shows the dead-letter path)",
+    )
+    d.add_argument("--out", default="runs/demo", help="report directory")
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--no-progress", action="store_true", help="no live progress view")
+    d.add_argument(
+        "--no-feedforward",
+        dest="feedforward",
+        action="store_false",
+        help="feedback PID only (default: profile the replica capacity, feedforward on)",
+    )
+    d.add_argument(
+        "--shadow",
+        action="store_true",
+        help="executors dry-run: the fleet keeps --replicas (a static incumbent); writes shadow.json",
+    )
+    tel = "the fleet speaks: native records, vLLM /metrics to `ingest scrape`, or spans to `ingest otlp`"
+    d.add_argument("--telemetry", choices=["native", "scrape", "otlp"], default="native", help=tel)
+    plat = "where replica counts live: sim (the Redis desired hash) or k8s (the workloads of GOVERNOR_WORKLOADS on GOVERNOR_K8S_API_URL, scaled by the executors' k8s backend)"
+    d.add_argument("--platform", choices=["sim", "k8s"], default="sim", help=plat)
+    d.add_argument("--scrape-interval-s", type=float, default=5.0, help="scrape mode: trace s between scrapes")
 
 
 def run_demo(settings: Settings, args: Namespace) -> int:

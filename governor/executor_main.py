@@ -12,11 +12,14 @@ entry delivered more than ``GOVERNOR_MAX_DELIVERIES`` times as failed
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -31,7 +34,7 @@ from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
 from executors.platform import PlatformReporter, replica_source
-from governor.processes import EXECUTOR_READY, ready_log
+from launch.processes import EXECUTOR_READY, ready_log
 from streams.health import Readiness
 from streams.metrics_export import ExecutorMetrics
 
@@ -58,6 +61,29 @@ def make_backend(
         raise ValueError(f"unknown backend {name!r}")
     ctx = BackendContext(redis, prefix, zone, settings or Settings(), webhook_url, budget)
     return with_budget(REGISTRY[name](ctx), ctx)
+
+
+def add_parser(sub: Any) -> None:
+    """``governor executor`` and its flags."""
+    e = sub.add_parser("executor", help="run one zone's command executor")
+    e.add_argument("--zone", required=True)
+    e.add_argument(
+        "--backend",
+        choices=list(REGISTRY),
+        default=None,
+        help="every kind to one backend (default sim; GOVERNOR_EXECUTOR_BACKENDS chains them per kind): sim: the "
+        "simulated fleet; dry-run: log only; routing: route/breaker/canary/agents into the gateway's Redis hashes "
+        "(others fail); webhook: POST every command, signed, to GOVERNOR_WEBHOOK_URL",
+    )
+    e.add_argument("--webhook-url", default="", help="URL the webhook POSTs to (wins over GOVERNOR_WEBHOOK_URL)")
+
+
+def main(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor executor --zone Z``: a zone outside GOVERNOR_ZONES is a usage error."""
+    if args.zone not in settings.zones:
+        print(f"governor: zone {args.zone!r} not in GOVERNOR_ZONES {settings.zones}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_executor(settings, args.zone, args.backend, args.webhook_url))
 
 
 async def run_executor(settings: Settings, zone: str, backend_name: str | None, webhook_url: str = "") -> int:

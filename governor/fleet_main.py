@@ -4,8 +4,10 @@ Redis in) -- the docker-compose stack's stand-in for GPU nodes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from argparse import Namespace
+from typing import Any
 
 import redis.asyncio as aioredis
 from governor_telemetry.producer import TelemetryProducer
@@ -14,7 +16,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel
@@ -22,6 +24,22 @@ from sim.traces import load_trace
 from sim.workloads import from_trace
 
 log = logging.getLogger(__name__)
+
+
+def add_parser(sub: Any) -> None:
+    """``governor fleet`` and its flags."""
+    f = sub.add_parser("fleet", help="run a simulated fleet that replays a trace (live)")
+    f.add_argument("--trace", default="azure-conv")
+    f.add_argument("--qps", type=float, default=40.0)
+    f.add_argument("--duration-s", type=float, default=3600.0)
+    f.add_argument("--replicas", type=int, default=4)
+    f.add_argument("--startup-s", type=float, default=30.0)
+    f.add_argument("--seed", type=int, default=7)
+
+
+def main(settings: Settings, args: Namespace) -> int:
+    """``governor fleet``."""
+    return asyncio.run(run_fleet(settings, args))
 
 
 async def run_fleet(settings: Settings, args: Namespace) -> int:

@@ -32,7 +32,6 @@ __all__ = ["add_parser", "run_pause"]
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("pause", help="kill switch: executors stop applying commands (reported as advisory)")
     p.add_argument("--reason", default="operator", help="why (shown in every advisory result)")
-    sub.add_parser("resume", help="lift governor pause: executors apply commands again")
 
 
 def run_pause(settings: Settings, args: argparse.Namespace) -> int:

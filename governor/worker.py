@@ -9,9 +9,11 @@ attempt with the next delay; /readyz 503 meanwhile), never a reason to exit.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +30,7 @@ from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from executors.loop import MAX_DELAY_S, MIN_DELAY_S
 from governor.budget_cli import write_default_allowances
-from governor.processes import WORKER_READY, ready_log
+from launch.processes import WORKER_READY, ready_log
 from streams.agents import build_pipeline
 from streams.app import create_app
 from streams.health import Readiness
@@ -36,6 +38,17 @@ from streams.health import Readiness
 log = logging.getLogger(__name__)
 
 WATCH_S = 5.0  # seconds between the Redis PINGs behind /readyz
+
+
+def main(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor worker``: a bad controller setting is refused before any server is touched."""
+    from streams.scaler_driver import controller_problem
+
+    problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
+    if problem:
+        print(f"governor worker: bad setting: {problem}", file=sys.stderr)
+        return 2
+    return run_worker(settings)
 
 
 def run_worker(settings: Settings) -> int:

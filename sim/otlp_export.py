@@ -4,7 +4,7 @@
 ``POST /v1/traces``, ``Content-Type: application/x-protobuf``) of a batch of simulated
 request records: one resource per replica (``service.name=vllm``, ``governor.zone``,
 ``governor.node``), one span ``llm_request`` per request with vLLM's attribute names
-(``vllm.tracing.SpanAttributes``, read back by :mod:`controllers.otlp_spans`):
+(``vllm.tracing.SpanAttributes``, read back by :mod:`adapters.otlp.spans`):
 
 ==========================================  ====================================
 span attribute                              simulated request record

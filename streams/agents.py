@@ -111,7 +111,7 @@ async def xadd_with_retry(
 
 
 def _fields(cmd: Command) -> dict[str, Any]:
-    """The log context of a command (JSON logs: top-level keys; governor.logs)."""
+    """The log context of a command (JSON logs: top-level keys; launch.logs)."""
     return {"model": cmd.model, "zone": cmd.zone, "command_id": cmd.command_id, "window_end_ms": cmd.basis_ms}
 
 

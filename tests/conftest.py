@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from core.settings import Settings
-from governor.embedded import EmbeddedServers
+from launch.embedded import EmbeddedServers
 
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 hypothesis_settings.load_profile("ci")

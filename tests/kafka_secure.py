@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from governor.embedded import free_port, kafka_answers, tansu_binary
+from launch.embedded import free_port, kafka_answers, tansu_binary
 
 HOST = "127.0.0.1"
 

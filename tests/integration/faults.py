@@ -25,10 +25,10 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from governor_telemetry.producer import TelemetryProducer
 
+from bench.ledger import Ledger, read_ledger
 from core.settings import Settings
-from governor.embedded import _die_with_parent, free_port, redis_answers, redis_binary
-from governor.ledger import Ledger, read_ledger
-from governor.processes import ChildProcess
+from launch.embedded import _die_with_parent, free_port, redis_answers, redis_binary
+from launch.processes import ChildProcess
 from streams.commands import Command
 
 

@@ -17,8 +17,8 @@ from core.settings import ModelSpec, Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
-from governor.processes import WORKER_READY, start_worker
-from governor.topics import ensure_topics
+from launch.processes import WORKER_READY, start_worker
+from launch.topics import ensure_topics
 from streams.commands import Command
 
 

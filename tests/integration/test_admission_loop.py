@@ -18,7 +18,7 @@ from governor_telemetry.producer import TelemetryProducer
 
 from core import names
 from core.settings import Settings
-from governor.embedded import free_port
+from launch.embedded import free_port
 from tests.integration.harness import worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -18,7 +18,7 @@ from governor_telemetry.producer import TelemetryProducer
 from controllers.agent_weights import AgentSignals, weights
 from core import names
 from core.settings import Settings
-from governor.embedded import free_port
+from launch.embedded import free_port
 from streams.agent_weights_driver import AgentWeightsDriver
 from tests.integration.harness import field_in_every_zone, read_snapshot, worker_and_executors
 

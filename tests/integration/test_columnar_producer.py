@@ -15,7 +15,7 @@ from governor_telemetry.records import validate_record
 
 from core.settings import Settings
 from core.transport import kafka_options
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 from streams.pipeline import TelemetryProcessor
 
 

@@ -20,7 +20,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from executors.backends import BackendUnavailable, DryRunBackend, SimFleetBackend
 from executors.executor import ZoneExecutor
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 from streams.commands import Command
 from tests.integration.harness import guard, signed
 

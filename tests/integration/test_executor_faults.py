@@ -32,8 +32,8 @@ from core.settings import Settings
 from executors.backends import BackendUnavailable, DryRunBackend
 from executors.entry import ECHO_CAP
 from executors.executor import GROUP, ZoneExecutor
-from governor.embedded import free_port, redis_answers, redis_binary
-from governor.topics import ensure_topics
+from launch.embedded import free_port, redis_answers, redis_binary
+from launch.topics import ensure_topics
 from streams.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.test_executor import _results, wait_for

@@ -22,8 +22,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from governor_telemetry.records import encode_envelope
 
 from core.settings import Settings
-from governor.processes import WORKER_READY, start_worker
-from governor.topics import ensure_topics
+from launch.processes import WORKER_READY, start_worker
+from launch.topics import ensure_topics
 from streams.deadletters import MAX_DEAD_LETTER_BYTES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from controllers.otlp_spans import MapOptions
+from adapters.otlp.runner import serving
+from adapters.otlp.spans import MapOptions
 from core.settings import Settings
 from core.transport import kafka_options
-from governor.embedded import free_port
-from governor.ingest_otlp import serving
-from governor.topics import ensure_topics
+from launch.embedded import free_port
+from launch.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -27,7 +27,7 @@ from governor_telemetry.records import encode_envelope
 
 from core import names
 from core.settings import Settings
-from governor.embedded import free_port
+from launch.embedded import free_port
 from tests.integration.test_ingest_hostile import _read, _req, run_worker
 from tests.integration.test_probes import _get
 

@@ -22,9 +22,9 @@ from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 from governor_telemetry.records import decode_envelope, validate_record
 
+from adapters.scrape.runner import Endpoint, Scraper, parse_exposition, scrape_loop
 from core.settings import ModelSpec, Settings
-from governor.ingest_scrape import Endpoint, Scraper, parse_exposition, scrape_loop
-from governor.topics import ensure_topics
+from launch.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -25,7 +25,7 @@ import pytest
 from governor_telemetry.records import validate_record
 
 from core.settings import ModelSpec, Settings
-from governor.processes import INGEST_SCRAPE_READY, ChildProcess
+from launch.processes import INGEST_SCRAPE_READY, ChildProcess
 from tests.integration.test_ingest_scrape import _read_all
 from tests.kube_api import KubeAPI
 

@@ -32,8 +32,8 @@ from governor_telemetry.security import KafkaLoginRefused, kafka_security_option
 
 from core.settings import Settings
 from core.transport import kafka_options
-from governor.embedded import free_port
-from governor.topics import ensure_topics
+from launch.embedded import free_port
+from launch.topics import ensure_topics
 from tests.kafka_secure import HOST, TlsFiles, TlsTerminator, make_tls_files, tansu, tansu_user_create
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

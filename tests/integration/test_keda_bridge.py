@@ -39,9 +39,9 @@ import yaml
 
 from core import names
 from core.settings import Settings
-from governor.embedded import free_port
-from governor.processes import WORKER_READY, ChildProcess, start_worker
-from governor.topics import ensure_topics
+from launch.embedded import free_port
+from launch.processes import WORKER_READY, ChildProcess, start_worker
+from launch.topics import ensure_topics
 from tests.integration.faults import Telemetry
 from tests.integration.redis7 import prometheus as debian_prometheus
 

@@ -3,10 +3,10 @@ executor between the apply and its marker, Redis under the bridge, and Redis und
 executor restarted with and without its data.
 
 Every process here is real: ``governor worker`` / ``governor executor`` children
-(:mod:`governor.processes`), a private ``redis-server`` per Redis-fault test (the
+(:mod:`launch.processes`), a private ``redis-server`` per Redis-fault test (the
 session's shared Redis and broker are never touched), the real broker.  Faults are
 SIGKILL (no handler runs, nothing is acknowledged, no marker, no commit) and SIGSTOP.
-Each test ends with the command ledger (:mod:`governor.ledger`): every command issued on
+Each test ends with the command ledger (:mod:`bench.ledger`): every command issued on
 ``<prefix>.commands`` joined with its outcomes on ``<prefix>.results``; none lost, none
 applied twice, no stale decision applied over a newer one, every refusal with a reason.
 Child logs are printed at teardown (pytest shows them when a test fails).
@@ -29,8 +29,8 @@ import redis
 from core import names
 from core.settings import Secret, Settings
 from executors.executor import GROUP
-from governor.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
+from launch.topics import ensure_topics
 from streams.commands import Command
 from tests.integration.faults import (
     Receiver,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-from governor.embedded import free_port
-from governor.processes import EXECUTOR_READY, start_executor
+from launch.embedded import free_port
+from launch.processes import EXECUTOR_READY, start_executor
 from streams.metrics_export import ExecutorMetrics, WorkerMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -18,8 +18,8 @@ from governor_telemetry.producer import TelemetryProducer
 
 from core import names
 from core.settings import Settings
-from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
+from launch.topics import ensure_topics
 from tests.integration.harness import read_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -35,8 +35,8 @@ from governor_telemetry.producer import TelemetryProducer
 from controllers.window_record import decode_window
 from core import names
 from core.settings import ModelSpec, Settings
-from governor.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
+from launch.topics import ensure_topics
 from streams.control_loop import ControlLoop
 from streams.ownership import partition_of
 from streams.snapshots import SnapshotStore

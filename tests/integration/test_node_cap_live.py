@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaProducer
 from governor_telemetry.records import encode_envelope
 
 from core.settings import Settings
-from governor.processes import WORKER_READY, start_worker
-from governor.topics import ensure_topics
+from launch.processes import WORKER_READY, start_worker
+from launch.topics import ensure_topics
 from streams.commands import Command
 from tests.integration.test_ingest_hostile import _read
 

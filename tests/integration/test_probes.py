@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from core.settings import Secret, Settings
-from governor.embedded import free_port
-from governor.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.embedded import free_port
+from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
+from launch.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

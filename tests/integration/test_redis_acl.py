@@ -55,7 +55,6 @@ from executors.backends import FleetBudget, SimFleetBackend
 from executors.executor import GROUP, ZoneExecutor
 from governor.budget_cli import run_budget, write_default_allowances
 from governor.cli import build_parser
-from governor.embedded import free_port, redis_answers
 from governor.redis_acl import (
     ADMISSION,
     OPERATOR,
@@ -65,6 +64,7 @@ from governor.redis_acl import (
     redis_url_for,
     run_redis_acl,
 )
+from launch.embedded import free_port, redis_answers
 from streams.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.redis7 import redis7, version

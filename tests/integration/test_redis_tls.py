@@ -43,8 +43,8 @@ from core.settings import ModelSpec, Secret, Settings
 from core.signing import generate_keys
 from core.transport import redis_options
 from governor.cli import build_parser
-from governor.embedded import free_port
 from governor.redis_acl import OPERATOR, WORKER, executor_user_name, redis_url_for, run_redis_acl
+from launch.embedded import free_port
 from tests.integration.redis7 import redis7
 from tests.integration.test_redis_acl import MODEL, ZONES, executor_applies_a_signed_scale
 

@@ -26,8 +26,8 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
-from governor.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
+from launch.topics import ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.workloads import Workload

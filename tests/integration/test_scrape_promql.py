@@ -5,7 +5,7 @@ prometheus`` installs it, and ``.ci/run`` does so under CI) scrapes, every secon
 local HTTP server that serves the vLLM fixture expositions in turn (baseline, +10
 requests, an engine restart with 3 requests); the zone label comes from the scrape
 config, as a relabel rule would set it.  For each advance, the records that
-:class:`governor.scrape_promql.PromqlSource` reads back through ``/api/v1/query`` must
+:class:`adapters.scrape.promql.PromqlSource` reads back through ``/api/v1/query`` must
 equal, field by field (timestamps and ids aside), those the direct scrape path makes
 of the same two texts; and Prometheus' own ``histogram_quantile(0.95, rate(...))``
 must agree with the P95 of the reconstructed delta.
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from adapters.scrape.promql import PromqlSource
+from adapters.scrape.runner import Endpoint, Scraper
 from core.settings import ModelSpec, Settings
-from governor.ingest_scrape import Endpoint, Scraper
-from governor.scrape_promql import PromqlSource
 from tests.integration.redis7 import prometheus as debian_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -21,8 +21,7 @@ from governor_telemetry.producer import TelemetryProducer
 from core import names
 from core.settings import Settings
 from governor.pause_cli import run_pause
-from governor.status import collect
-from governor.status_view import render_plain
+from governor.status import collect, render_plain
 from tests.integration.harness import worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from core import names
 from core.settings import Settings
 from core.signing import Keyring, generate_keys
-from governor.processes import WORKER_READY, start_worker
-from governor.topics import ensure_topics
+from launch.processes import WORKER_READY, start_worker
+from launch.topics import ensure_topics
 from streams.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

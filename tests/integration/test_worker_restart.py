@@ -21,8 +21,8 @@ from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 
 from core.settings import Settings
-from governor.processes import WORKER_READY, start_worker
-from governor.topics import ensure_topics
+from launch.processes import WORKER_READY, start_worker
+from launch.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

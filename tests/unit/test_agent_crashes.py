@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from governor.embedded import free_port
+from launch.embedded import free_port
 from streams.boundary import AgentWatch, unprocessable
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics

@@ -1,10 +1,10 @@
-"""``governor bench admission``'s core (:func:`governor.bench_admission.measure`) on small registries."""
+"""``governor bench admission``'s core (:func:`bench.admission.measure`) on small registries."""
 
 from __future__ import annotations
 
 import pytest
 
-from governor.bench_admission import measure
+from bench.admission import measure
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.bench_frontier import KNOBS, run_frontier
+from bench.frontier import KNOBS, run_frontier
 from governor.cli import build_parser
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from governor.bench_control import base_config
-from governor.bench_overload import parse_factors
+from bench.control import base_config
+from bench.overload import parse_factors
 from sim.profiling import overload_curve, replica_capacity_rps
 from sim.traces import load_trace
 

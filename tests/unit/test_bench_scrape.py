@@ -1,11 +1,11 @@
-"""``governor bench scrape``'s core (:func:`governor.bench_scrape.measure`) on a tiny run."""
+"""``governor bench scrape``'s core (:func:`bench.scrape.measure`) on a tiny run."""
 
 from __future__ import annotations
 
 import pytest
 
+from bench.scrape import measure, render
 from core.settings import Settings
-from governor.bench_scrape import measure, render
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from governor.bench_gains import gains_of, setup_of
-from governor.bench_seeds import markdown, parse_seeds, summarise
+from bench.gains import gains_of, setup_of
+from bench.seeds import markdown, parse_seeds, summarise
 
 
 @pytest.mark.parametrize("text", ["", "a", "3-1", "-2", "0-100", "1,,2"])
@@ -144,7 +144,7 @@ def test_the_command_a_table_prints_reruns_that_table() -> None:
     """The line above a seeds or frontier table names every setting the run changed (scenario,
     start-up, window, eps_ref, capacity error, strategies, gains), so pasting it reruns the same runs:
     parsed back by the CLI it gives the run's own arguments."""
-    from governor import bench_frontier
+    from bench import frontier as bench_frontier
     from governor.cli import build_parser
 
     argv = ["bench", "seeds", "--trace", "mooncake", "--scenario", "replay,diurnal", "--qps", "4",

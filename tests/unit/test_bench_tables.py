@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from governor.bench_tables import TABLES, run_compare
+from bench.tables import TABLES, run_compare
 from governor.cli import build_parser
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from governor import bench_traffic as bt
+from bench import traffic as bt
 
 
 def _args(**kw: object) -> argparse.Namespace:

@@ -166,7 +166,7 @@ def test_a_wrong_profile_costs_less_than_its_factor_in_the_closed_loop(error: fl
     import dataclasses
     from argparse import Namespace
 
-    from governor.bench_control import prepare
+    from bench.control import prepare
     from sim.fastloop import run
 
     args = Namespace(

@@ -231,7 +231,7 @@ def test_classes_survive_the_child_process_round_trip(tmp_path: Path) -> None:
         "batch": {"itl_slo_ms": 900},
     }
     assert Settings.from_env(env) == s  # the child's environment alone
-    assert Settings.from_env({CONFIG_ENV: path, **env}) == s  # as governor.processes starts children
+    assert Settings.from_env({CONFIG_ENV: path, **env}) == s  # as launch.processes starts children
 
 
 def test_governor_models_json_takes_classes_too() -> None:

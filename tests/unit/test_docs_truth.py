@@ -230,7 +230,7 @@ def test_backends_are_the_executors_and_each_is_listed_only_for_its_kinds() -> N
 
 
 def test_benchmark_commands_parse_with_the_cli() -> None:
-    from governor.bench_control import GOVERNOR_VARIANTS
+    from bench.control import GOVERNOR_VARIANTS
     from governor.cli import build_parser
 
     parser = build_parser()

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controllers.otlp_spans import MapOptions, map_span
+from adapters.otlp.runner import spans_from_protobuf
+from adapters.otlp.spans import MapOptions, map_span
+from adapters.scrape.runner import Endpoint, Scraper, parse_exposition
 from core.settings import Settings
-from governor.ingest_otlp import spans_from_protobuf
-from governor.ingest_scrape import Endpoint, Scraper, parse_exposition
 from sim.engine_metrics import LATENCY_EDGES, TPOT_EDGES, TTFT_EDGES, FleetMetrics
 from sim.engine_server import EngineServer
 from sim.otlp_export import export_request

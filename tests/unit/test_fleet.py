@@ -468,7 +468,7 @@ def test_move_sessions_sends_waiting_requests_to_a_peer_with_room() -> None:
 
 
 def test_agent_fields_of_a_workload_reach_the_request_records_and_the_zone_window() -> None:
-    """A workload that carries the agent fields (docs/model.md §15 (agents); governor.bench_agents
+    """A workload that carries the agent fields (docs/model.md §15 (agents); bench.agents
     does): the fleet's records carry them, validate, and the worker's processor averages them per
     zone window."""
     from governor_telemetry.records import encode_envelope, validate_record

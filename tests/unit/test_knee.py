@@ -8,7 +8,7 @@ On seed 0 (the runs the frontier is made of) every replay-like run, on both trac
 Mooncake's slow-start (a 3x slower start-up: a starting replica's GPUs held three times as
 long) holds 99.5 % on every seed at 9.3 % mean waste (11.3 % before the lift needed
 evidence).  Over seeds 0-4 Mooncake's replay-like three hold 99.5 % of the ceiling pooled
-(every seed's met requests over its servable ones, ``governor.bench_seeds.pooled``) with at
+(every seed's met requests over its servable ones, ``bench.seeds.pooled``) with at
 most 11 % mean waste, and every seed within two binomial sd of 99.5 % (its counting noise: one
 Mooncake request is 0.05 points, a run's sd ~0.17): replica-loss seed 3 is 2 requests short
 (99.42 %).  docs/benchmarks.md ("The knee over seeds") reports every scenario over seeds.
@@ -20,8 +20,8 @@ from argparse import Namespace
 
 import pytest
 
-from governor.bench_control import base_config, run_all
-from governor.bench_seeds import pooled
+from bench.control import base_config, run_all
+from bench.seeds import pooled
 from sim.profiling import profile
 from sim.traces import load_trace
 

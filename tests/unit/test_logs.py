@@ -1,4 +1,4 @@
-"""governor.logs: the JSON line format of every process (--log-format json)."""
+"""launch.logs: the JSON line format of every process (--log-format json)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from governor.logs import JsonFormatter, setup_logging
+from launch.logs import JsonFormatter, setup_logging
 
 
 def _record(msg: str = "command %s published", *args: object, exc: bool = False, **extra: object) -> logging.LogRecord:

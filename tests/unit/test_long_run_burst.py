@@ -20,7 +20,7 @@ from argparse import Namespace
 
 import pytest
 
-from governor.bench_control import run_all
+from bench.control import run_all
 
 
 def _burst_3600() -> dict[str, dict[str, float]]:

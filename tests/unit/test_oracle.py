@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from governor.bench_control import _factory
+from bench.control import _factory
 from governor.cli import build_parser
 from sim.fastloop import LoopConfig, run
 from sim.fleet import Fleet, FleetConfig
@@ -131,7 +131,7 @@ def test_the_causal_oracle_follows_a_step_only_after_it_came_and_pays_for_not_kn
 
 
 def test_bench_control_json_carries_the_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from governor.bench_control import run_bench
+    from bench.control import run_bench
 
     argv = ["bench", "control", "--scenario", "burst", "--qps", "2", "--duration-s", "120"]
     argv += ["--strategies", "static,oracle", "--json", "--out", str(tmp_path)]

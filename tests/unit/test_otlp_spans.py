@@ -1,8 +1,8 @@
-"""OTLP request spans -> request records (controllers.otlp_spans), and the receiver's body decoding.
+"""OTLP request spans -> request records (adapters.otlp.spans), and the receiver's body decoding.
 
 Spans are hand-made in both encodings' decoded forms: an OTLP JSON body through
 ``spans_from_json``, and a protobuf ``ExportTraceServiceRequest`` built with the
-real opentelemetry-proto classes through ``governor.ingest_otlp.spans_from_protobuf``.
+real opentelemetry-proto classes through ``adapters.otlp.runner.spans_from_protobuf``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from controllers.otlp_spans import DROP_LABELS, MapOptions, Span, drop_label, map_span, spans_from_json
+from adapters.otlp.runner import BodyError, decode_body, parse_model_map, spans_from_protobuf
+from adapters.otlp.spans import DROP_LABELS, MapOptions, Span, drop_label, map_span, spans_from_json
 from governor.cli import build_parser
-from governor.ingest_otlp import BodyError, decode_body, parse_model_map, spans_from_protobuf
 
 T0 = 1_700_000_000_000_000_000  # ns
 VLLM = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from governor.report import build_report, render_text
+from bench.report import build_report, render_text
 
 
 def test_relocation_outcomes_and_timing_probes_are_not_command_results() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from governor_telemetry.records import validate_record
 
-from controllers.scrape import (
+from adapters.scrape.deltas import (
     Histogram,
     Snapshot,
     Summary,
@@ -32,8 +32,8 @@ from controllers.scrape import (
     violation_bounds,
     window_records,
 )
+from adapters.scrape.runner import Endpoint, Scraper, parse_endpoint, parse_exposition, parse_model_map
 from core.settings import ModelSpec, Settings
-from governor.ingest_scrape import Endpoint, Scraper, parse_endpoint, parse_exposition, parse_model_map
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from governor.ingest_scrape import ENGINES
-from governor.scrape_promql import PromqlError, _family, parse_vector, raw_query, series_names
+from adapters.scrape.promql import PromqlError, _family, parse_vector, raw_query, series_names
+from adapters.scrape.runner import ENGINES
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))

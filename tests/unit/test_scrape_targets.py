@@ -1,6 +1,6 @@
 """Scrape target discovery: static lists, Prometheus HTTP SD documents (hostile ones too),
 Kubernetes pods through the official client against tests/kube_api.py, and the
-validation and last-good-list rules of :class:`governor.scrape_targets.Discovery`."""
+validation and last-good-list rules of :class:`adapters.scrape.targets.Discovery`."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from core.settings import Settings
-from governor.ingest_scrape import Scraper
-from governor.scrape_targets import (
+from adapters.scrape.runner import Scraper
+from adapters.scrape.targets import (
     Discovery,
     DiscoveryError,
     Endpoint,
@@ -28,6 +27,7 @@ from governor.scrape_targets import (
     parse_http_sd,
     validate_targets,
 )
+from core.settings import Settings
 from tests.kube_api import KubeAPI
 
 pytestmark = pytest.mark.timeout(60)

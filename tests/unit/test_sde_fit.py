@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.bandwidth import SEED_TABLE, fit_power_law
 from controllers.errors import ParameterError
 from controllers.sde_fit import OnlineOuFit
-from governor.bench_bandwidth import SEED_TABLE, fit_power_law
 from sim.sde import fit_ou
 
 

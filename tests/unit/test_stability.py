@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.linalg import solve_discrete_lyapunov as scipy_dlyap
 
+from bench.tune import run_tune
 from controllers.errors import ParameterError
 from controllers.stability import (
     LoopModel,
@@ -26,7 +27,6 @@ from controllers.stability import (
 )
 from core.settings import Settings
 from governor.cli import main
-from governor.tune import run_tune
 
 DT = 10.0
 
@@ -262,7 +262,7 @@ def test_tune_runs_are_bench_controls_and_weigh_the_share_of_the_ceiling(tmp_pat
     import subprocess
     import sys
 
-    from governor.tune import _runs, evaluate
+    from bench.tune import _runs, evaluate
 
     args = Namespace(trace=["mooncake"], scenarios="replica-loss", qps=0.0, duration_s=90.0, seeds="0-1")
     runs = _runs(args)

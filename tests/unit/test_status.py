@@ -9,7 +9,7 @@ import pytest
 from core import names
 from governor.cli import build_parser
 from governor.redis_acl import executor_user, operator_user, worker_user
-from governor.status_view import COLUMNS, header_lines, render_plain, table_rows
+from governor.status import COLUMNS, header_lines, render_plain, table_rows
 
 ROW: dict[str, Any] = {
     "model": "llama2-70b",

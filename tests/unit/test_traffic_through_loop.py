@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from governor import bench_traffic as bt
-from governor.traffic_sim import PRIMARY, LoopPolicy, run_arm
+from bench import traffic as bt
+from bench.traffic_sim import PRIMARY, LoopPolicy, run_arm
 
 ROOT = Path(__file__).resolve().parents[2]
 # module -> the functions that decide (a controller's step)
@@ -29,8 +29,8 @@ STEPS = {
     "controllers.agent_weights": {"weights"},
 }
 TRAFFIC_CONTROLLERS = {*STEPS, "controllers.gateway_weights"}
-# The benchmark modules (after the move to a bench package: every module there).
-BENCH_GLOBS = ("governor/bench_*.py", "governor/traffic_sim.py", "bench/**/*.py")
+# The benchmark modules: every module of the bench package.
+BENCH_GLOBS = ("bench/**/*.py",)
 
 
 def _sources() -> list[Path]:

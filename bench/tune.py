@@ -52,12 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.analyze_gains import DEFAULT_PLANT_GAIN
 from controllers.errors import ParameterError
 from controllers.feedforward import FeedforwardParams
 from controllers.pid import PidParams
 from controllers.stability import Assessment, OperatingPoint, assess
 from core.vocab import DEFAULT_PID_GAINS
-from governor.analyze_gains import DEFAULT_PLANT_GAIN
 from sim.fastloop import LoopConfig, run
 from sim.oracle import ceiling
 from sim.scenarios import SCENARIOS, Scenario, scenario_list
@@ -132,9 +132,9 @@ class TuneRun:
 
 
 def _runs(args: Namespace) -> list[TuneRun]:
-    from governor.bench_control import prepare
-    from governor.bench_frontier import TRACE_QPS
-    from governor.bench_seeds import parse_seeds
+    from bench.control import prepare
+    from bench.frontier import TRACE_QPS
+    from bench.seeds import parse_seeds
 
     scenarios, unknown = scenario_list(args.scenarios)
     if unknown or not scenarios:

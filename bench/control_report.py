@@ -8,7 +8,7 @@ from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from governor.bench_gains import gain_flags
+from bench.gains import gain_flags
 from sim.fastloop import RunResult
 
 COLUMNS = (

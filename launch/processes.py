@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from core.settings import Settings
-from governor.embedded import _die_with_parent
+from launch.embedded import _die_with_parent
 
 
 class ChildProcess:

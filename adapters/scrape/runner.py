@@ -1,19 +1,19 @@
 """``governor ingest scrape``: a process beside the engines that scrapes vLLM/SGLang ``/metrics``.
 
-Every ``--interval-s`` it re-reads its targets (:mod:`governor.scrape_targets`: a static
+Every ``--interval-s`` it re-reads its targets (:mod:`adapters.scrape.targets`: a static
 ``--endpoint URL=zone`` list, a Prometheus HTTP SD document, or Kubernetes pods by label
 selector), GETs each one's ``/metrics``, parses the exposition text
 (:func:`parse_exposition`), and for each served model on each replica turns the
 difference from the previous scrape into request and GPU records
-(:func:`controllers.scrape.window_records`, whose docstring states the reconstruction,
+(:func:`adapters.scrape.deltas.window_records`, whose docstring states the reconstruction,
 its error bounds, how scrape intervals map onto windows and how counter resets are
 handled).  Records go to the telemetry topic through :class:`TelemetryProducer`.  The first
 scrape of a replica is its baseline (as ``rate()``), unless the engine started after the
 previous round (:meth:`Scraper._fresh_engine`); a failed scrape sends nothing and keeps the
 baseline; a target discovery no longer lists has its baseline dropped (bounded state).  With
 ``GOVERNOR_SCRAPE_PROMETHEUS_URL`` the same series are read from a Prometheus instead
-(:mod:`governor.scrape_promql`).  Timestamps and ``--interval-s`` are on the run's
-:class:`core.clock.ScaledClock`.  Metric names and parsing: :mod:`governor.engine_exposition`.
+(:mod:`adapters.scrape.promql`).  Timestamps and ``--interval-s`` are on the run's
+:class:`core.clock.ScaledClock`.  Metric names and parsing: :mod:`adapters.scrape.exposition`.
 """
 
 from __future__ import annotations
@@ -27,17 +27,13 @@ import sys
 import urllib.request
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from governor_telemetry.producer import TelemetryProducer
 
-from controllers.scrape import COMBINE, Snapshot, Summary, snapshot_delta, window_records
-from core.clock import ScaledClock
-from core.settings import ModelSpec, Settings
-from core.transport import kafka_options
-from governor.engine_exposition import ENGINES, Sample, parse_exposition, snapshots_from_samples
-from governor.processes import INGEST_SCRAPE_READY, ready_log
-from governor.scrape_targets import (
+from adapters.scrape.deltas import COMBINE, Snapshot, Summary, snapshot_delta, window_records
+from adapters.scrape.exposition import ENGINES, Sample, parse_exposition, snapshots_from_samples
+from adapters.scrape.targets import (
     Discovery,
     Endpoint,
     HttpSdTargets,
@@ -46,8 +42,13 @@ from governor.scrape_targets import (
     TargetSource,
     parse_endpoint,
 )
+from adapters.source import Collector
+from core.clock import ScaledClock
+from core.settings import ModelSpec, Settings
+from core.transport import kafka_options
+from launch.processes import INGEST_SCRAPE_READY, ready_log
 
-__all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "run_ingest_scrape", "scrape_loop"]
+__all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "run", "scrape_loop"]
 __all__ += ["EndpointCollector", "Sample", "parse_endpoint", "snapshots_from_samples"]
 
 SUMMARIES_KEPT = 1024
@@ -206,14 +207,6 @@ async def _fetch_all(endpoints: list[Endpoint], timeout_s: float) -> dict[str, s
     return {ep.url: r for ep, r in zip(endpoints, results, strict=True)}
 
 
-class Collector(Protocol):
-    """One scrape's worth of records (direct scrape or PromQL)."""
-
-    settings: Settings
-
-    async def collect(self, now_ms: int) -> list[dict[str, Any]]: ...
-
-
 class EndpointCollector:
     """Discovery, then a GET of every target, then :meth:`Scraper.step`."""
 
@@ -330,7 +323,8 @@ def build_sources(settings: Settings, args: argparse.Namespace, k8s_client: Any 
     return sources
 
 
-def run_ingest_scrape(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor ingest scrape`` (:class:`adapters.source.Source`)."""
     engine = _pick(args.engine, settings.scrape_engine)
     interval_s = _pick(args.interval_s, settings.scrape_interval_s)
     combine = _pick(args.violations, settings.scrape_violations)
@@ -358,7 +352,7 @@ def run_ingest_scrape(settings: Settings, args: argparse.Namespace) -> int:
         log.warning("--interval-s %g > window_s/2: some windows get no requests", interval_s)
     collector: Collector
     if prom_url:
-        from governor.scrape_promql import PromqlSource
+        from adapters.scrape.promql import PromqlSource
 
         try:
             collector = PromqlSource(settings, prom_url, engine, model_map, combine, interval_s=interval_s)
@@ -374,7 +368,7 @@ def run_ingest_scrape(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _run_forever(settings: Settings, collector: Collector, interval_s: float) -> None:
-    from governor.topics import ensure_topics
+    from launch.topics import ensure_topics
 
     await ensure_topics(settings)
     stop = asyncio.Event()

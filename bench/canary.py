@@ -2,7 +2,7 @@
 
 ``llama2-70b@v2`` is rolled out by the canary driver's steps
 (:class:`streams.canary_driver.CanaryCore`) on the windows of the stream
-worker's control loop (:class:`governor.traffic_sim.LoopPolicy`), and its
+worker's control loop (:class:`bench.traffic_sim.LoopPolicy`), and its
 ``canary`` commands set the share a gateway sends to v2 (the loop's breaker
 commands apply too).  Versions:
 ``errors`` (``--canary-error-rate``, 2 %), ``p99`` (TTFT x
@@ -21,8 +21,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from core.settings import ModelSpec, Settings
-from governor.traffic_sim import (
+from bench.traffic_sim import (
     FALLBACK,
     ZONES,
     LoopPolicy,
@@ -35,6 +34,7 @@ from governor.traffic_sim import (
     summarize,
     workload,
 )
+from core.settings import ModelSpec, Settings
 from sim.fastloop import EPOCH_MS0
 from sim.fleet import Fleet
 from sim.gateway import CommandGateway

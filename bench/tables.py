@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLES", "add_parser", "run_compare", "run_tables"]
+__all__ = ["TABLES", "add_compare_parser", "add_parser", "run_compare", "run_tables"]
 
 # name -> the governor CLI arguments that print the table as JSON
 TABLES: dict[str, list[str]] = {
@@ -46,6 +46,9 @@ def add_parser(sub: Any) -> None:
     t = sub.add_parser("tables", help="write every deterministic fast-loop table as JSON (for compare)")
     t.add_argument("--out", required=True, help="directory for the JSON files")
     t.add_argument("--only", default="", help="comma-separated table names (default: all)")
+
+
+def add_compare_parser(sub: Any) -> None:
     c = sub.add_parser("compare", help="compare two `bench tables` directories, wall-clock fields aside")
     c.add_argument("before")
     c.add_argument("after")
@@ -60,7 +63,7 @@ def _strip(obj: Any) -> Any:
 
 
 def run_tables(args: argparse.Namespace) -> int:
-    from governor.cli import main
+    from bench.commands import run_argv
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +78,7 @@ def run_tables(args: argparse.Namespace) -> int:
             argv += ["--out", str(out / "runs")]
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            rc = main(argv)
+            rc = run_argv(argv[1:])
         if rc != 0:
             print(f"governor: {name} failed ({rc})", file=sys.stderr)
             return rc

@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
-from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
+from bench.control import GOVERNOR_VARIANTS, Setup, add_capacity_error, prepare
+from bench.gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
 from sim.fastloop import run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, oracle_factory
 from sim.profiling import PLANNED_SHORTFALL, replica_capacity_rps
@@ -197,7 +197,7 @@ def plot(summary: Mapping[str, Any], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from governor.report import save
+    from bench.report import save
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     by: dict[str, list[Mapping[str, Any]]] = {}
@@ -237,7 +237,7 @@ def run_frontier(args: Namespace) -> int:
         raise SystemExit(f"unknown scenarios/strategies {unknown}; scenarios {SCENARIOS}, strategies {sorted(KNOBS)}")
     if "ff_target_util" in gains_of(args):
         raise SystemExit("--gain ff_target_util: the frontier sweeps governor's headroom (1 / ff_target_util) itself")
-    from governor.bench_control import base_config
+    from bench.control import base_config
 
     capacity = replica_capacity_rps(trace, base_config(args))
     out = Path(args.out)

@@ -10,7 +10,7 @@ sees what it sees in the demo: a load step, queues, replicas coming up.
 Every finished request is the truth.  Each replica keeps vLLM's cumulative
 series (:mod:`sim.engine_metrics`), rendered as exposition text every ``S``
 seconds (``--intervals``, first scrape at ``--phase-s``: real scrapes are not
-aligned with windows) and fed to the same :class:`governor.ingest_scrape.Scraper`
+aligned with windows) and fed to the same :class:`adapters.scrape.runner.Scraper`
 as ``governor ingest scrape`` (parse -> deltas -> ``window_records``), once with
 the ``upper`` and once with the ``lower`` violation pairing.  A replica's first
 scrape is its baseline (Prometheus ``rate()`` semantics), so what a replica
@@ -35,8 +35,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from adapters.scrape.runner import Endpoint, Scraper
 from core.settings import Settings
-from governor.ingest_scrape import Endpoint, Scraper
 from sim.engine_metrics import FleetMetrics
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
@@ -258,7 +258,7 @@ def add_parser(bsub: Any) -> None:
 
 
 def run_scrape_bench(args: argparse.Namespace, settings: Settings | None = None) -> int:
-    logging.getLogger("governor.ingest_scrape").setLevel(logging.WARNING)  # one line per delta otherwise
+    logging.getLogger("adapters.scrape.runner").setLevel(logging.WARNING)  # one line per delta otherwise
     try:
         intervals = tuple(float(x) for x in str(args.intervals).split(",") if x.strip())
     except ValueError:

@@ -16,8 +16,8 @@ On-time delivery: a request meets its class's SLO (TTFT, and e2e where the
 class has one) and did not fail; classes as in
 :data:`controllers.routing_model.DEFAULT_CLASSES`.
 
-The scenarios are :mod:`governor.bench_traffic` (routing, breaker),
-:mod:`governor.bench_canary` and :mod:`governor.bench_agents`.
+The scenarios are :mod:`bench.traffic` (routing, breaker),
+:mod:`bench.canary` and :mod:`bench.agents`.
 """
 
 from __future__ import annotations

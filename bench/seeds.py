@@ -7,7 +7,7 @@ scenario's attainment moves with it by up to several points on the 600 s
 runs (Azure burst 97.1-99.5 % at the default headroom over seeds 0-3).  A
 claim about a controller should hold over seeds, so this command repeats
 ``governor bench control`` for each seed and scenario (the same runs, the same
-code path, :func:`governor.bench_control.run_all`) and reports per scenario
+code path, :func:`bench.control.run_all`) and reports per scenario
 and strategy the mean and range of attainment as a share of the ceiling,
 GPU-seconds and waste, how many seeds reach 99.5 % of the ceiling and, per
 seed where both reach it, governor's GPU-seconds over the oracle's (the
@@ -48,9 +48,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import add_capacity_error, base_config, run_all, strategy_names
-from governor.bench_frontier import TARGET_SHARE, TRACE_QPS
-from governor.bench_gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
+from bench.control import add_capacity_error, base_config, run_all, strategy_names
+from bench.frontier import TARGET_SHARE, TRACE_QPS
+from bench.gains import add_gain, gain_flags, gains_of, publish, setup_flags, setup_of
 from sim.profiling import profile
 from sim.scenarios import SCENARIOS, scenario_list
 from sim.traces import load_trace

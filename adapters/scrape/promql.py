@@ -10,10 +10,10 @@ the data and the code are the same:
   and ``up``), plus ``timestamp(up)``: the time of each target's last scrape.  One query
   is one consistent read (Prometheus' TSDB isolation: a scrape's samples appear
   together or not at all).  The samples of one ``instance`` become the same
-  :class:`~controllers.scrape.Snapshot` the direct scrape parses
-  (:func:`governor.engine_exposition.snapshots_from_samples`), and the delta from that
+  :class:`~adapters.scrape.deltas.Snapshot` the direct scrape parses
+  (:func:`adapters.scrape.exposition.snapshots_from_samples`), and the delta from that
   instance's previous scrape goes through the same
-  :func:`~controllers.scrape.snapshot_delta` and :func:`~controllers.scrape.window_records`.
+  :func:`~adapters.scrape.deltas.snapshot_delta` and :func:`~adapters.scrape.deltas.window_records`.
   So the counts are exact (integers, bucket by bucket) and a counter reset is handled as
   the direct scrape and ``rate()`` handle it.  Not ``increase(x[interval])`` per poll: it
   extrapolates to the range's edges (fractional counts) and drops the increment between
@@ -29,7 +29,7 @@ the data and the code are the same:
 * **Cross-check.**  Each poll also asks Prometheus for
   ``histogram_quantile(0.95, sum by (le, model_name, instance) (rate(<ttft>_bucket[R])))``
   over the range ``R`` that reaches back to the polled scrapes' previous samples, and
-  compares it with the P95 of the delta it reconstructed (:func:`controllers.scrape.quantile`);
+  compares it with the P95 of the delta it reconstructed (:func:`adapters.scrape.deltas.quantile`);
   both are logged and kept in :attr:`PromqlSource.p95_checks`.  For one delta they agree
   to within rate()'s extrapolation (well under 1 %).
 
@@ -57,12 +57,12 @@ import urllib.request
 from collections import deque
 from typing import Any
 
-from controllers.scrape import Estimate, quantile, snapshot_delta
+from adapters.scrape.deltas import Estimate, quantile, snapshot_delta
+from adapters.scrape.exposition import ENGINES, Sample, snapshots_from_samples
+from adapters.scrape.runner import Scraper
+from adapters.scrape.targets import Endpoint, validate_targets
 from core.clock import ScaledClock
 from core.settings import Settings
-from governor.engine_exposition import ENGINES, Sample, snapshots_from_samples
-from governor.ingest_scrape import Scraper
-from governor.scrape_targets import Endpoint, validate_targets
 
 __all__ = ["PromqlError", "PromqlSource", "raw_query", "series_names"]
 

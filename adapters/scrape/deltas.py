@@ -1,6 +1,6 @@
 """Engine ``/metrics`` scrapes -> deltas -> window telemetry (pure: no I/O, no clock).
 
-The scrape adapter (:mod:`governor.ingest_scrape`) reads the cumulative counters and
+The scrape adapter (:mod:`adapters.scrape.runner`) reads the cumulative counters and
 histograms that vLLM and SGLang expose and turns the difference between two scrapes of
 one replica into the records the pipeline already windows (one ``request`` record per
 finished request, one ``gpu`` record per scrape).  A histogram does not say which TTFT

@@ -16,9 +16,9 @@ __all__ = ["SUBCOMMANDS", "add_parser", "run"]
 
 #: module of each ``governor analyze`` subcommand, in help order
 SUBCOMMANDS: tuple[str, ...] = (
-    "governor.analyze_coupling",
-    "governor.analyze_region",
-    "governor.analyze_gains",
+    "bench.analyze_coupling",
+    "bench.analyze_region",
+    "bench.analyze_gains",
 )
 
 

@@ -15,7 +15,7 @@ seconds injects the next fault of a fixed cycle:
 
 and samples every process's RSS every 10 s.  The report (``report.json`` and
 stdout) has RSS over time (first, last, max per process), the command ledger
-(:mod:`governor.ledger`: issued, outcomes, lost, applied twice, regressions,
+(:mod:`bench.ledger`: issued, outcomes, lost, applied twice, regressions,
 refusals without a reason), forged commands applied (must be 0), dead letters by
 reason, and records lost: finished requests the fleet reported minus the
 requests counted in the distinct zone windows that closed.
@@ -40,15 +40,14 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from governor_telemetry.producer import TelemetryProducer
 
+from bench.ledger import read_ledger
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from governor.demo import Collector
-from governor.embedded import EmbeddedServers
-from governor.ledger import read_ledger
-from governor.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
-from governor.topics import ensure_topics
+from launch.embedded import EmbeddedServers
+from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
+from launch.topics import Collector, ensure_topics
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel

@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from governor.bench_control import base_config
-from governor.bench_gains import publish
-from governor.bench_seeds import parse_seeds
+from bench.control import base_config
+from bench.gains import publish
+from bench.seeds import parse_seeds
 from sim.profiling import (
     PROFILE_DURATION_S,
     PROFILE_MIN_REQUESTS,

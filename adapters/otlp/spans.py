@@ -1,6 +1,6 @@
 """OpenTelemetry request spans -> governor request records (pure: no I/O, no clock).
 
-``governor ingest otlp`` (:mod:`governor.ingest_otlp`) receives OTLP/HTTP
+``governor ingest otlp`` (:mod:`adapters.otlp.runner`) receives OTLP/HTTP
 exports from inference engines and decodes each span into a :class:`Span`
 (protobuf there; OTLP JSON here, :func:`spans_from_json`).  :func:`map_span`
 turns one span into a ``kind: request`` record, or into the reason it cannot.

@@ -2,7 +2,7 @@
 
 Agent turns take the RAG, tool or plain-LLM path drawn from 1:1:1 (static)
 or from the weights of the zone's last ``agents`` command (dynamic): the
-stream worker's control loop (:class:`governor.traffic_sim.LoopPolicy`)
+stream worker's control loop (:class:`bench.traffic_sim.LoopPolicy`)
 makes the windows from the turns' telemetry (each call carries its
 conversation's signals and the path taken), its ``AgentWeightsDriver``
 smooths the zone's mean signals and publishes weights, and the orchestrator
@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bench.traffic_sim import FALLBACK, TICK_S, LoopPolicy, _gpu_seconds, _pct, static_policy
 from core.settings import ModelSpec, Settings
-from governor.traffic_sim import FALLBACK, TICK_S, LoopPolicy, _gpu_seconds, _pct, static_policy
 from sim.fastloop import EPOCH_MS0
 from sim.fleet import Fleet, FleetConfig
 from sim.gateway import CommandGateway

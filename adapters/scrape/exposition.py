@@ -1,10 +1,10 @@
-"""The engines' exposition text -> :class:`controllers.scrape.Snapshot` per served model.
+"""The engines' exposition text -> :class:`adapters.scrape.deltas.Snapshot` per served model.
 
 Metric names and labels are the engines' own (vLLM ``vllm/v1/metrics/loggers.py``,
 SGLang ``python/sglang/srt/metrics/collector.py``): series are grouped by ``model_name``
 and summed over the other labels (vLLM's ``engine`` index under data parallelism).
-Both the direct scrape (:mod:`governor.ingest_scrape`, exposition text) and the PromQL
-source (:mod:`governor.scrape_promql`, samples from Prometheus' query API) go through
+Both the direct scrape (:mod:`adapters.scrape.runner`, exposition text) and the PromQL
+source (:mod:`adapters.scrape.promql`, samples from Prometheus' query API) go through
 :func:`snapshots_from_samples`, so both read the same numbers the same way.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controllers.scrape import Histogram, Snapshot
+from adapters.scrape.deltas import Histogram, Snapshot
 
 __all__ = ["ENGINES", "MAX_MODELS_PER_TARGET", "Sample", "parse_exposition", "snapshots_from_samples"]
 

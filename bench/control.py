@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.control_report import limits_line, markdown, table
+from bench.gains import add_gain, gains_of
 from core.vocab import default_pid_gains
-from governor.bench_control_report import limits_line, markdown, table
-from governor.bench_gains import add_gain, gains_of
 from sim.fastloop import LoopConfig, RunResult, run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
 from sim.profiling import PLANNED_SHORTFALL, profile, replica_headroom
@@ -232,7 +232,7 @@ def plot(result: RunResult, path: Path, ttft_slo_ms: float, zones: Sequence[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from governor.report import latency_panel, replicas_panel, save
+    from bench.report import latency_panel, replicas_panel, save
     from sim.fastloop import EPOCH_MS0
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)

@@ -3,7 +3,7 @@
 Every scenario runs its arms on the same seeded workload (same arrivals,
 classes and token counts) and the same fixed replicas, so the GPU-seconds
 of the arms are equal; only the traffic policy differs.  The controlled arms
-run the product (:class:`governor.traffic_sim.LoopPolicy`): the stream
+run the product (:class:`bench.traffic_sim.LoopPolicy`): the stream
 worker's control loop makes ``window_s`` windows from the fleet's telemetry
 and decides with its drivers; their commands reach the simulated gateway as
 an executor applies them.
@@ -41,10 +41,9 @@ import argparse
 import json
 from typing import Any
 
-from core.settings import ModelSpec, Settings
-from governor.bench_agents import agent_turn_calls, scenario_agents
-from governor.bench_canary import scenario_canary
-from governor.traffic_sim import (
+from bench.agents import agent_turn_calls, scenario_agents
+from bench.canary import scenario_canary
+from bench.traffic_sim import (
     FALLBACK,
     PRIMARY,
     ZONES,
@@ -60,6 +59,7 @@ from governor.traffic_sim import (
     summarize,
     workload,
 )
+from core.settings import ModelSpec, Settings
 from sim.fleet import Fleet
 
 __all__ = [

@@ -315,3 +315,19 @@ class EmbeddedServers:
 def servers(settings: Settings, env: Mapping[str, str], log_dir: Path | None = None) -> Iterator[Settings]:
     with EmbeddedServers(settings, env, log_dir) as s:
         yield s.settings
+
+
+def run_servers(settings: Settings, args: object = None) -> int:
+    """``governor servers``: start embedded Kafka and Redis, print where, wait for SIGINT/SIGTERM."""
+    with EmbeddedServers(settings, os.environ) as s:
+        print(f"KAFKA_BOOTSTRAP={s.settings.kafka_bootstrap}")
+        print(f"REDIS_URL={s.settings.redis_url}", flush=True)
+        if s.generated_key:  # generated for this run: workers and executors need the same one
+            print(f"GOVERNOR_COMMAND_KEYS={s.settings.command_keys}", flush=True)
+        sigs = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        try:
+            signal.sigwait(sigs)
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -2,7 +2,7 @@
 
 vLLM (``--otlp-traces-endpoint``, ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``)
 and SGLang export spans to ``POST /v1/traces``; each request span becomes a
-``kind: request`` record (:mod:`controllers.otlp_spans` has the mapping table)
+``kind: request`` record (:mod:`adapters.otlp.spans` has the mapping table)
 on the telemetry topic, produced with :class:`TelemetryProducer` like any
 inference node's records.
 
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from controllers.otlp_spans import (
+from adapters.otlp.spans import (
     DROP_LABELS,
     MapOptions,
     OtlpFormatError,
@@ -326,7 +326,8 @@ def options_from_args(settings: Settings, args: argparse.Namespace) -> MapOption
     )
 
 
-def run_ingest_otlp(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """``governor ingest otlp`` (:class:`adapters.source.Source`)."""
     try:
         opts = options_from_args(settings, args)
     except ValueError as exc:
@@ -347,7 +348,7 @@ def run_ingest_otlp(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _serve_forever(settings: Settings, opts: MapOptions, host: str, port: int, max_body: int) -> None:
-    from governor.topics import ensure_topics
+    from launch.topics import ensure_topics
 
     await ensure_topics(settings)
     stop = asyncio.Event()

@@ -65,9 +65,9 @@ from governor_telemetry.records import encode_envelope, partition_key
 from core import names
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
-from governor.embedded import EmbeddedServers, _die_with_parent, free_port
-from governor.processes import WORKER_READY, ChildProcess, start_worker
-from governor.topics import ensure_topics
+from launch.embedded import EmbeddedServers, _die_with_parent, free_port
+from launch.processes import WORKER_READY, ChildProcess, start_worker
+from launch.topics import ensure_topics
 from streams.commands import Command
 
 MODEL = "llama2-70b"
@@ -77,6 +77,12 @@ THROUGHPUT_LATENESS_S = 60.0  # no window closes, no record is late while a back
 EVENT_SPAN_MS = 20_000  # event time of a throughput backlog
 POLL_S = 0.02
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def add_parser(sub: Any) -> None:
+    """``governor bench pipeline`` in the CLI's ``bench`` group."""
+    help_ = "pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency"
+    add_arguments(sub.add_parser("pipeline", help=help_))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -720,7 +726,7 @@ def run_bench(settings: Settings, args: Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m governor.bench_pipeline`` (the same as ``governor bench pipeline``)."""
+    """``python -m bench.pipeline`` (the same as ``governor bench pipeline``)."""
     p = argparse.ArgumentParser(prog="governor bench pipeline")
     add_arguments(p)
     return run_bench(Settings.from_env(os.environ), p.parse_args(argv))

@@ -1,0 +1,1 @@
+"""OTLP/HTTP request spans -> governor telemetry records."""

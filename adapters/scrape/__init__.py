@@ -1,0 +1,1 @@
+"""Engine ``/metrics`` scrapes (direct or through PromQL) -> governor telemetry records."""

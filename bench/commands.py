@@ -1,0 +1,112 @@
+"""``governor bench ...``: the benchmark commands, one table line each.
+
+A new benchmark is a module with ``add_parser(sub)`` and a run function, plus one line
+here.  The table holds strings, so ``governor --help`` imports no benchmark
+(:mod:`launch.commands`); :func:`run_argv` runs one from its arguments in this process
+(what :mod:`bench.tables` does for each table).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from launch.commands import Command, add_parser, load
+
+__all__ = ["COMMANDS", "HELP", "run_argv"]
+
+HELP = "benchmarks"
+
+#: ``governor bench NAME``, in help order
+COMMANDS: dict[str, Command] = {
+    "pipeline": Command(
+        "pipeline ingest (rows, columns; 1 and 2 workers) vs a raw consumer, memory, latency",
+        run="bench.pipeline:run_bench",
+        parser="bench.pipeline:add_parser",
+        needs=("env", "env"),
+    ),
+    "control": Command(
+        "every autoscaler on the same seeded workload (fast simulator)",
+        run="bench.control:run_bench",
+        parser="bench.control:add_parser",
+        takes="args",
+    ),
+    "frontier": Command(
+        "attainment vs GPU-seconds with each strategy's main knob swept",
+        run="bench.frontier:run_frontier",
+        parser="bench.frontier:add_parser",
+        takes="args",
+    ),
+    "seeds": Command(
+        "governor, static and the oracle over several seeds and every scenario",
+        run="bench.seeds:run_seeds",
+        parser="bench.seeds:add_parser",
+        takes="args",
+    ),
+    "overload": Command(
+        "the profile fleet's attainment at load factors around its capacity",
+        run="bench.overload:run_overload",
+        parser="bench.overload:add_parser",
+        takes="args",
+    ),
+    "kv": Command(
+        "KV fragmentation, relocation and cross-zone timing (simulator)",
+        run="bench.kv:run_kv_bench",
+        parser="bench.kv:add_parser",
+        takes="args",
+    ),
+    "traffic": Command(
+        "routing/fallback, breaker, canary, agent weights: A/B in one run",
+        run="bench.traffic:run_traffic_bench",
+        parser="bench.traffic:add_parser",
+        takes="args",
+    ),
+    "bandwidth": Command(
+        "fit the loop-bandwidth -> violation power law (docs/model.md §21 (bandwidth))",
+        run="bench.bandwidth:run_bandwidth",
+        parser="bench.bandwidth:add_parser",
+        takes="args",
+    ),
+    "tables": Command(
+        "write every deterministic fast-loop table as JSON (for compare)",
+        run="bench.tables:run_tables",
+        parser="bench.tables:add_parser",
+        takes="args",
+    ),
+    "compare": Command(
+        "compare two `bench tables` directories, wall-clock fields aside",
+        run="bench.tables:run_compare",
+        parser="bench.tables:add_compare_parser",
+        takes="args",
+    ),
+    "soak": Command(
+        "the closed loop for many minutes with faults on a schedule",
+        run="bench.soak:run_soak",
+        parser="bench.soak:add_parser",
+        needs=("env", "env"),
+    ),
+    "scrape": Command(
+        "scrape-derived P95 TTFT / violation rate vs per-request truth (no servers)",
+        run="bench.scrape:run_scrape_bench",
+        parser="bench.scrape:add_parser",
+        takes="args",
+    ),
+    "admission": Command(
+        "one admission review at 100 and 1,000 tasks (no servers)",
+        run="bench.admission:run_admission_bench",
+        parser="bench.admission:add_parser",
+        takes="args",
+    ),
+}
+
+
+def run_argv(argv: Sequence[str]) -> int:
+    """Run ``governor bench NAME ARGS...`` (``argv`` without ``bench``) of a benchmark that needs no settings."""
+    name = argv[0]
+    cmd = COMMANDS[name]
+    if cmd.takes != "args":
+        raise ValueError(f"argv: bench {name} needs settings; run it through the governor CLI")
+    parser = argparse.ArgumentParser(prog="governor bench")
+    add_parser(parser.add_subparsers(dest="bench", required=True), name, cmd)
+    code: int = load(cmd.run)(parser.parse_args(argv))
+    return code

@@ -1,0 +1,1 @@
+"""Launch helpers: embedded servers, child processes, topic creation, probes, process logging."""
