@@ -143,7 +143,7 @@ class ControlLoop:
         self.agent_weights = AgentWeightsDriver(settings)
         # Routing runs on a window before the scaler sees it: the forecast 2 windows past
         # the scaler's last one is the window the new routes apply to.
-        self.routing = RoutingDriver(
+        self.routing = RoutingDriver.from_settings(
             settings,
             breaker_of=self.breaker.state_of,
             forecast_of=lambda m, z: self.scaler.rate_forecast(m, z, steps=2),

@@ -520,7 +520,7 @@ DRIVERS = [
     ),
     Case(
         "routing_driver",
-        lambda: DriverSubject(RoutingDriver(_settings())),
+        lambda: DriverSubject(RoutingDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("route"),
         [(lambda: Settings.from_env({"GOVERNOR_FALLBACKS": "big=big"}), "GOVERNOR_FALLBACKS")],
