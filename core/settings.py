@@ -43,6 +43,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core import names
+from core.defaults import (
+    CLOCK_SPEED,
+    EPS_REF,
+    HEARTBEAT_S,
+    ITL_SLO_MS,
+    LATENESS_S,
+    MAX_DELIVERIES,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    STALE_WINDOWS,
+    TTFT_SLO_MS,
+    WINDOW_S,
+)
 from core.signing import Keyring
 from core.transport import transport_reason
 from core.vocab import PID_GAIN_NAMES, default_pid_gains
@@ -134,10 +147,10 @@ class ModelSpec:
     """
 
     name: str
-    ttft_slo_ms: float = 1000.0
-    itl_slo_ms: float = 150.0
-    min_replicas: int = 1
-    max_replicas: int = 64
+    ttft_slo_ms: float = TTFT_SLO_MS
+    itl_slo_ms: float = ITL_SLO_MS
+    min_replicas: int = MIN_REPLICAS
+    max_replicas: int = MAX_REPLICAS
     # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
     # Set = the feedforward path sizes the fleet from demand; None = feedback only.
     replica_capacity_rps: float | None = None
@@ -467,21 +480,21 @@ class Settings:
         min_items=1,
     )
     window_s: float = _setting(
-        10.0,
+        WINDOW_S,
         "GOVERNOR_WINDOW_S",
         "tumbling window length in (trace) seconds; also the control period (windows are whole milliseconds)",
         "float",
         ge=0.001,
     )
     lateness_s: float = _setting(
-        2.0,
+        LATENESS_S,
         "GOVERNOR_LATENESS_S",
         "how long a window waits for late records before it closes",
         "float",
         ge=0,
     )
     eps_ref: float = _setting(
-        0.02,
+        EPS_REF,
         "GOVERNOR_EPS_REF",
         "SLO-violation-rate reference of the scaling PID",
         "float",
@@ -537,7 +550,7 @@ class Settings:
         "bool",
     )
     max_deliveries: int = _setting(
-        5,
+        MAX_DELIVERIES,
         "GOVERNOR_MAX_DELIVERIES",
         "deliveries of one command stream entry (XPENDING counter) before the executor ends it as "
         "failed, reason 'delivery limit', and acknowledges it",
@@ -545,14 +558,14 @@ class Settings:
         ge=1,
     )
     heartbeat_s: float = _setting(
-        5.0,
+        HEARTBEAT_S,
         "GOVERNOR_HEARTBEAT_S",
         "seconds between an executor's writes of its heartbeat key <prefix>:executor:<zone>:heartbeat (TTL 3x this)",
         "float",
         gt=0,
     )
     clock_speed: float = _setting(
-        1.0,
+        CLOCK_SPEED,
         "GOVERNOR_CLOCK_SPEED",
         "trace seconds per wall second (1 in production; >1 replays faster)",
         "float",
@@ -707,7 +720,7 @@ class Settings:
     )
 
     stale_windows: int = _setting(
-        3,
+        STALE_WINDOWS,
         "GOVERNOR_STALE_WINDOWS",
         "windows with missing telemetry (no request records while the GPUs work, no GPU samples, "
         "or no window at all) before a (model, zone) is reported stale; the loop holds from the first",

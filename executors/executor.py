@@ -87,6 +87,7 @@ from redis.exceptions import ResponseError
 from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
+from core.defaults import HEARTBEAT_S, MAX_DELIVERIES
 from executors.backends import Backend, BackendRefused, BackendRejected, BackendUnavailable, applied_by
 from executors.entry import apply_at, decode_entry, echo, stored_int, valid_int
 from executors.guard import CommandGuard
@@ -133,8 +134,8 @@ class ZoneExecutor:
         timing: ZoneTiming | None = None,
         probe_interval_s: float = 5.0,
         rtt_factor: float | None = None,
-        max_deliveries: int = 5,
-        heartbeat_s: float = 5.0,
+        max_deliveries: int = MAX_DELIVERIES,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.zone = zone
         self.prefix = prefix

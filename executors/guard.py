@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from controllers.hlc import Hlc
+from core.defaults import CLOCK_SPEED
 from core.settings import Settings
 from core.signing import Keyring, MissingKeysError
 from streams.command_payloads import CanaryPayload, split_pair
@@ -42,7 +43,7 @@ __all__ = ["CommandGuard"]
 class CommandGuard:
     keyring: Keyring
     settings: Settings
-    clock_speed: float = 1.0
+    clock_speed: float = CLOCK_SPEED
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CommandGuard:

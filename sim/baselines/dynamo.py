@@ -86,6 +86,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from core.defaults import ITL_SLO_MS, MAX_REPLICAS, MIN_REPLICAS, TTFT_SLO_MS
 from sim.baselines.base import (
     BaselineBase,
     BaselineParameterError,
@@ -225,10 +226,10 @@ class DynamoLoadPlanner(BaselineBase):
         self,
         params: DynamoLoadParams | None = None,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         super().__init__(
@@ -331,10 +332,10 @@ class DynamoThroughputPlanner(BaselineBase):
         self,
         params: DynamoThroughputParams | None = None,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         super().__init__(

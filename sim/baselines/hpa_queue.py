@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.defaults import ITL_SLO_MS, MAX_REPLICAS, MIN_REPLICAS, TTFT_SLO_MS
 from sim.baselines.base import BaselineParameterError, Observation, check, positive
 from sim.baselines.hpa import HorizontalPodAutoscaler, HpaParams
 
@@ -78,10 +79,10 @@ class HpaQueueDepth(HorizontalPodAutoscaler):
         self,
         params: HpaQueueParams | None = None,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         q = params or HpaQueueParams()

@@ -63,6 +63,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from core.defaults import ITL_SLO_MS, MAX_REPLICAS, MIN_REPLICAS, TTFT_SLO_MS
 from sim.baselines.base import BaselineBase, LittleTarget, Observation, check, non_negative, positive
 
 __all__ = ["KnativePodAutoscaler", "KpaParams"]
@@ -131,10 +132,10 @@ class KnativePodAutoscaler(BaselineBase):
         self,
         params: KpaParams | None = None,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         super().__init__(

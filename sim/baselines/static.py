@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.defaults import ITL_SLO_MS, MAX_REPLICAS, MIN_REPLICAS, TTFT_SLO_MS
 from sim.baselines.base import BaselineBase, Observation, check
 
 __all__ = ["StaticParams", "StaticReplicas"]
@@ -48,10 +49,10 @@ class StaticReplicas(BaselineBase):
         self,
         params: StaticParams | None = None,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         super().__init__(
