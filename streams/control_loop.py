@@ -139,7 +139,7 @@ class ControlLoop:
         self.ingests = PartitionedIngest(settings)  # one processor per partition on a worker (partitioned)
         self.scaler = Scaler(settings)
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
-        self.breaker = BreakerDriver(settings)
+        self.breaker = BreakerDriver.from_settings(settings)
         self.agent_weights = AgentWeightsDriver(settings)
         # Routing runs on a window before the scaler sees it: the forecast 2 windows past
         # the scaler's last one is the window the new routes apply to.

@@ -513,10 +513,10 @@ DRIVERS = [
     ),
     Case(
         "breaker_driver",
-        lambda: DriverSubject(BreakerDriver(_settings())),
+        lambda: DriverSubject(BreakerDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("breaker", lambda c: _breaker_clamp(brk_out(c.payload))),
-        [(lambda: BreakerDriver(_settings(), brk.BreakerParams(min_requests=-1)), "min_requests")],
+        [(lambda: BreakerDriver.from_settings(_settings(), brk.BreakerParams(min_requests=-1)), "min_requests")],
     ),
     Case(
         "routing_driver",

@@ -105,7 +105,7 @@ def test_the_breaker_drivers_state_feeds_the_router() -> None:
     from streams.breaker_driver import BreakerDriver
 
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),), breaker_min_requests=200)
-    brk = BreakerDriver(s)
+    brk = BreakerDriver.from_settings(s)
     d = RoutingDriver.from_settings(s, breaker_of=brk.state_of)
     trip = dataclasses.replace(_w(P, "az-a", 0, 100.0), count=500, error_rate=0.1, violation_rate=0.1)
     assert brk.on_window(trip, 1)[0].payload["state"] == "open"

@@ -1,0 +1,37 @@
+"""Settings in sections, and components built from their own parameter objects (issue 32 item 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core.settings import SECTIONS, Settings, json_schema, section, section_of, settings_table
+from streams.breaker_driver import BreakerDriver, BreakerDriverParams
+from streams.routing_driver import RoutingDriver, RoutingDriverParams
+
+
+def test_every_field_is_in_exactly_one_section() -> None:
+    listed = [name for members in SECTIONS.values() for name in members]
+    assert sorted(listed) == sorted(f.name for f in dataclasses.fields(Settings))
+    assert len(listed) == len(set(listed))
+
+
+def test_the_schema_and_the_table_carry_the_sections() -> None:
+    props = json_schema()["properties"]
+    assert {name: p["x-section"] for name, p in props.items()} == {name: section_of(name) for name in props}
+    rows = settings_table().splitlines()[2:]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [s for s, members in SECTIONS.items() for _ in members]
+
+
+def test_a_section_is_a_view_of_the_settings() -> None:
+    s = Settings(window_s=5.0, fallbacks=(("a", "b"),))
+    assert section(s, "routing") == {"fallbacks": (("a", "b"),)}
+    assert section(s, "loop")["window_s"] == 5.0
+
+
+def test_the_drivers_keep_their_parameter_objects_not_the_settings() -> None:
+    s = Settings(window_s=5.0, breaker_min_requests=7, fallbacks=(("llama2-70b", "small"),))
+    routing, breaker = RoutingDriver.from_settings(s), BreakerDriver.from_settings(s)
+    assert routing.params == RoutingDriverParams.from_settings(s) and routing.params.window_s == 5.0
+    assert breaker.config == BreakerDriverParams.from_settings(s) and breaker.params.min_requests == 7
+    for driver in (routing, breaker):
+        assert not any(isinstance(v, Settings) for v in vars(driver).values())
