@@ -140,7 +140,7 @@ class ControlLoop:
         self.scaler = Scaler(settings)
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
         self.breaker = BreakerDriver.from_settings(settings)
-        self.agent_weights = AgentWeightsDriver(settings)
+        self.agent_weights = AgentWeightsDriver.from_settings(settings)
         # Routing runs on a window before the scaler sees it: the forecast 2 windows past
         # the scaler's last one is the window the new routes apply to.
         self.routing = RoutingDriver.from_settings(

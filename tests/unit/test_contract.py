@@ -527,12 +527,12 @@ DRIVERS = [
     ),
     Case(
         "agent_weights_driver",
-        lambda: DriverSubject(AgentWeightsDriver(_settings())),
+        lambda: DriverSubject(AgentWeightsDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("agents", _weights_sum_to_one),
         [
-            (lambda: AgentWeightsDriver(_settings(), alpha=0.0), "alpha"),
-            (lambda: AgentWeightsDriver(_settings(), min_delta=1.0), "min_delta"),
+            (lambda: AgentWeightsDriver.from_settings(_settings(), alpha=0.0), "alpha"),
+            (lambda: AgentWeightsDriver.from_settings(_settings(), min_delta=1.0), "min_delta"),
         ],
     ),
     Case(

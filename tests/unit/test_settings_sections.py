@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from core.settings import SECTIONS, Settings, json_schema, section, section_of, settings_table
+from streams.agent_weights_driver import AgentWeightsDriver
 from streams.breaker_driver import BreakerDriver, BreakerDriverParams
+from streams.control_loop import ControlLoop
 from streams.routing_driver import RoutingDriver, RoutingDriverParams
 
 
@@ -35,3 +37,11 @@ def test_the_drivers_keep_their_parameter_objects_not_the_settings() -> None:
     assert breaker.config == BreakerDriverParams.from_settings(s) and breaker.params.min_requests == 7
     for driver in (routing, breaker):
         assert not any(isinstance(v, Settings) for v in vars(driver).values())
+
+
+def test_the_control_loop_hands_its_drivers_no_settings_bag() -> None:
+    """The drivers converted so far keep their parameters, never the whole Settings."""
+    loop = ControlLoop(Settings(fallbacks=(("llama2-70b", "small"),)))
+    for driver in (loop.routing, loop.breaker, loop.agent_weights, loop.watch, loop.platform):
+        assert not any(isinstance(v, Settings) for v in vars(driver).values()), type(driver).__name__
+    assert AgentWeightsDriver.from_settings(Settings(command_ttl_s=9.0)).command_ttl_s == 9.0
