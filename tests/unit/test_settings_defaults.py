@@ -53,22 +53,14 @@ def _pairs(node: ast.AST) -> Iterator[tuple[str, ast.expr]]:
         yield node.body.attr, node.orelse
     elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and isinstance(node.values[0], ast.Attribute):
         yield node.values[0].attr, node.values[-1]
-    elif (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "get"
-        and len(node.args) == 2
-        and isinstance(node.args[0], ast.Constant)
-    ):
-        yield str(node.args[0].value), node.args[1]
-    elif (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "getattr"
-        and len(node.args) == 3
-        and isinstance(node.args[1], ast.Constant)
-    ):
-        yield str(node.args[1].value), node.args[2]
+    elif isinstance(node, ast.Call):
+        # mapping.get("<field>", <literal>) and getattr(x, "<field>", <literal>)
+        getter = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and len(node.args) == 2
+        if not getter and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) == 3:
+            getter = True
+        key, default = node.args[-2:] if getter else (None, None)
+        if isinstance(key, ast.Constant) and default is not None:
+            yield str(key.value), default
 
 
 def repeated_defaults(root: Path = ROOT) -> list[str]:
