@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CLOCK_SPEED",
+    "COMMAND_TTL_S",
     "EPS_REF",
     "HEARTBEAT_S",
     "ITL_SLO_MS",
@@ -38,6 +39,7 @@ LATENESS_S = 2.0  # GOVERNOR_LATENESS_S
 EPS_REF = 0.02  # GOVERNOR_EPS_REF: the SLO-violation-rate reference
 STALE_WINDOWS = 3  # GOVERNOR_STALE_WINDOWS
 CLOCK_SPEED = 1.0  # GOVERNOR_CLOCK_SPEED: trace seconds per wall second
+COMMAND_TTL_S = 60.0  # GOVERNOR_COMMAND_TTL_S: seconds a command stays valid
 
 # -- executors -------------------------------------------------------------------------------
 MAX_DELIVERIES = 5  # GOVERNOR_MAX_DELIVERIES

@@ -45,6 +45,7 @@ from typing import Any
 from core import names
 from core.defaults import (
     CLOCK_SPEED,
+    COMMAND_TTL_S,
     EPS_REF,
     HEARTBEAT_S,
     ITL_SLO_MS,
@@ -512,7 +513,7 @@ class Settings:
         factory=default_pid_gains,
     )
     command_ttl_s: float = _setting(
-        60.0,
+        COMMAND_TTL_S,
         "GOVERNOR_COMMAND_TTL_S",
         "seconds a command stays valid after it is issued",
         "float",

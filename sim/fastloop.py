@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from controllers.window_record import decode_window
-from core.defaults import WINDOW_S
-from core.settings import ModelSpec, Settings
+from core.defaults import COMMAND_TTL_S, WINDOW_S
+from core.settings import DEFAULT_MODELS, ModelSpec, Settings
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
@@ -98,12 +98,12 @@ def fast_loop_settings(**changes: Any) -> Settings:
     one model (:data:`FAST_LOOP_MAX_REPLICAS`) and commands valid for 3 windows;
     ``changes`` name :class:`ModelSpec` fields (``model`` for its name) or settings fields."""
     spec = {k: changes.pop(key) for key, k in _SPEC_KEYS.items() if key in changes}
-    spec.setdefault("name", "llama2-70b")
+    spec.setdefault("name", DEFAULT_MODELS[0].name)
     spec.setdefault("max_replicas", FAST_LOOP_MAX_REPLICAS)
     if "pid_gains" in changes:
         changes["pid_gains"] = dict(changes["pid_gains"])
     window_s = changes.get("window_s", WINDOW_S)
-    return Settings(models=(ModelSpec(**spec),), command_ttl_s=max(60.0, 3 * window_s), **changes)
+    return Settings(models=(ModelSpec(**spec),), command_ttl_s=max(COMMAND_TTL_S, 3 * window_s), **changes)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class LoopConfig:
         """A run from keywords: the simulation's fields, and settings or model fields
         (:func:`fast_loop_settings`); the start-up hint is the simulated start-up time."""
         sim = {f.name: kw.pop(f.name) for f in dataclasses.fields(cls) if f.name in kw and f.name != "settings"}
-        return cls(fast_loop_settings(startup_hint_s=sim.get("startup_s", 30.0), **kw), **sim)
+        return cls(fast_loop_settings(startup_hint_s=sim.get("startup_s", cls.startup_s), **kw), **sim)
 
     def replace(self, **kw: Any) -> LoopConfig:
         """This run with ``kw`` changed (simulation, settings or model fields)."""
@@ -163,7 +163,7 @@ class LoopConfig:
         if "pid_gains" in kw:
             kw["pid_gains"] = dict(kw["pid_gains"])
         if "window_s" in kw:
-            kw["command_ttl_s"] = max(60.0, 3 * kw["window_s"])
+            kw["command_ttl_s"] = max(COMMAND_TTL_S, 3 * kw["window_s"])
         if "startup_s" in sim:
             kw["startup_hint_s"] = sim["startup_s"]
         return dataclasses.replace(self, settings=settings.replace(**kw) if kw else settings, **sim)
