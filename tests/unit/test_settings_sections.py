@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
-from core.settings import SECTIONS, Settings, json_schema, section, section_of, settings_table
+import pytest
+
+from core.settings import SECTIONS, Settings, SettingsError, json_schema, section, section_of, settings_table
 from streams.agent_weights_driver import AgentWeightsDriver
 from streams.breaker_driver import BreakerDriver, BreakerDriverParams
 from streams.control_loop import ControlLoop
@@ -45,3 +48,19 @@ def test_the_control_loop_hands_its_drivers_no_settings_bag() -> None:
     for driver in (loop.routing, loop.breaker, loop.agent_weights, loop.watch, loop.platform):
         assert not any(isinstance(v, Settings) for v in vars(driver).values()), type(driver).__name__
     assert AgentWeightsDriver.from_settings(Settings(command_ttl_s=9.0)).command_ttl_s == 9.0
+
+
+def test_a_config_file_may_group_fields_by_component_section(tmp_path: Path) -> None:
+    path = tmp_path / "governor.yaml"
+    path.write_text(
+        "loop: {window_s: 5, lateness_s: 1}\n"
+        "routing: {fallbacks: [[big, small]]}\n"
+        "scrape: {scrape_engine: sglang, interval_s: 2}\n"  # a section's field, and the scrape_ prefix
+    )
+    s, sources = Settings.load({}, str(path))
+    assert (s.window_s, s.lateness_s, s.fallbacks) == (5.0, 1.0, (("big", "small"),))
+    assert (s.scrape_engine, s.scrape_interval_s) == ("sglang", 2.0)
+    assert sources["window_s"] == "file"
+    path.write_text("loop: {fallbacks: [[big, small]]}\n")  # a field of another section
+    with pytest.raises(SettingsError, match=r"loop\.fallbacks: unknown key"):
+        Settings.load({}, str(path))
