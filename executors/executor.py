@@ -162,7 +162,7 @@ class ZoneExecutor:
         self.probe_interval_s = probe_interval_s
         reg = self.metrics.registry
         self.publisher = ResultPublisher(results, results_topic, zone, reg)
-        self.intake = Intake(zone, guard.keyring.key_ids, guard.settings.accept_unsigned_v1, reg)
+        self.intake = Intake(zone, guard.keyring.key_ids, guard.accept_unsigned_v1, reg)
         self.held: dict[str, Held] = {}  # by Command.order_field: commands waiting for apply_at_ms
         self.timing = timing or ZoneTiming(
             zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor
@@ -222,7 +222,7 @@ class ZoneExecutor:
         target = None if at is None else min(at, float(cmd.expires_at_ms))
         if target is None or target <= self.corrected_now_ms():
             return None
-        room_ms = min(self.guard.settings.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
+        room_ms = min(self.guard.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
         return Held(entry_id, fields, cmd, target, time.monotonic() + self.clock.to_wall_s(max(0.0, room_ms)))
 
     def _block_ms(self) -> int:

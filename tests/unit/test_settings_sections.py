@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import SECTIONS, Settings, SettingsError, json_schema, section, section_of, settings_table
+from executors.guard import CommandGuard
 from streams.agent_weights_driver import AgentWeightsDriver
 from streams.breaker_driver import BreakerDriver, BreakerDriverParams
 from streams.control_loop import ControlLoop
@@ -64,3 +65,11 @@ def test_a_config_file_may_group_fields_by_component_section(tmp_path: Path) -> 
     path.write_text("loop: {fallbacks: [[big, small]]}\n")  # a field of another section
     with pytest.raises(SettingsError, match=r"loop\.fallbacks: unknown key"):
         Settings.load({}, str(path))
+
+
+def test_the_executor_guard_keeps_its_parameters_not_the_settings() -> None:
+    key = "k1:" + bytes(range(32)).hex()
+    s = Settings(command_keys=key, max_clock_skew_s=7.0, fallbacks=(("chat", "llama2-70b"),))
+    guard = CommandGuard.from_settings(s)
+    assert (guard.max_clock_skew_s, guard.families, set(guard.models)) == (7.0, {"chat"}, {"llama2-70b"})
+    assert not any(isinstance(v, Settings) for v in vars(guard).values())
