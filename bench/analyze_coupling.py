@@ -106,7 +106,7 @@ def from_trace(
     rate = qps if qps is not None else tr.mean_qps
     wl = workload_from_trace(tr, rate, duration_s)
     spec = settings.models[0]
-    cfg = LoopConfig(model=spec.name, zones=tuple(settings.zones), initial_replicas=replicas, max_replicas=replicas)
+    cfg = LoopConfig.of(model=spec.name, zones=tuple(settings.zones), initial_replicas=replicas, max_replicas=replicas)
     res = run_loop(lambda z: StaticReplicas(StaticParams(replicas=replicas)), wl, cfg, duration_s=duration_s)
     hashes: dict[str, set[int]] = defaultdict(set)
     classes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

@@ -53,7 +53,7 @@ def run_bandwidth(args: Namespace) -> int:
     sc = build(args.scenario, trace, args.qps, args.duration_s)
     rows = []
     for w in [float(v) for v in args.windows_s.split(",")]:
-        cfg = LoopConfig(window_s=w, lateness_s=min(2.0, w / 2), seed=args.seed)
+        cfg = LoopConfig.of(window_s=w, lateness_s=min(2.0, w / 2), seed=args.seed)
         r = run("governor", sc.workload, cfg, sc.faults, sc.duration_s)
         eps = max(1e-6, 1.0 - (r.metrics["slo_attainment"] or 0.0))
         rows.append(

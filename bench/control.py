@@ -32,6 +32,7 @@ import numpy as np
 
 from bench.control_report import limits_line, markdown, table
 from bench.gains import add_gain, gains_of
+from core.defaults import EPS_REF
 from core.vocab import default_pid_gains
 from sim.fastloop import LoopConfig, RunResult, run
 from sim.oracle import ceiling, lower_bound_gpu_seconds, tuned_oracle
@@ -120,13 +121,13 @@ def base_config(args: Namespace) -> LoopConfig:
     n_zones = int(getattr(args, "zones", 2))
     if not 2 <= n_zones <= len(ZONE_NAMES):
         raise SystemExit(f"--zones {n_zones}: choose 2..{len(ZONE_NAMES)}")
-    return LoopConfig(
+    return LoopConfig.of(
         initial_replicas=getattr(args, "replicas", 4),
         startup_s=args.startup_s,
         seed=args.seed,
         zones=ZONE_NAMES[:n_zones],
         balancer=getattr(args, "balancer", "uniform"),
-        eps_ref=getattr(args, "eps_ref", 0.02),
+        eps_ref=getattr(args, "eps_ref", EPS_REF),
         ttft_slo_ms=getattr(args, "ttft_slo_ms", 0.0) or slo[0],
         itl_slo_ms=getattr(args, "itl_slo_ms", 0.0) or slo[1],
         window_s=args.window_s,
@@ -154,7 +155,7 @@ def prepare(
     static_n = getattr(args, "static_replicas", 0) or max(1, int(np.ceil(peak / capacity / len(cfg.zones))))
     warm = bool(getattr(args, "warm_start", True))
     if warm:  # every strategy starts from the fleet static holds
-        cfg = dataclasses.replace(cfg, initial_replicas=min(max(static_n, cfg.min_replicas), cfg.max_replicas))
+        cfg = cfg.replace(initial_replicas=min(max(static_n, cfg.min_replicas), cfg.max_replicas))
     return Setup(trace, cfg, scenario, capacity, static_n, warm, profiled, headroom)
 
 
@@ -183,8 +184,7 @@ def run_all(
             use_ff = variant.pop("feedforward")
             if "pid_gains" in variant:  # the variant's own gains, under what --gain sets
                 variant["pid_gains"] = {**variant["pid_gains"], **gains_of(args)}
-            run_cfg = dataclasses.replace(
-                cfg,
+            run_cfg = cfg.replace(
                 replica_capacity_rps=capacity if use_ff else None,
                 replica_headroom=setup.headroom if use_ff else None,
                 **variant,

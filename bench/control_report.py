@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.gains import gain_flags
+from core.defaults import EPS_REF
 from sim.fastloop import RunResult
 
 COLUMNS = (
@@ -56,7 +57,7 @@ def markdown(results: Sequence[RunResult], meta: Mapping[str, Any], args: Namesp
     cmd = (
         f"governor bench control --trace {meta['trace']} --scenario {meta['scenario']} "
         f"--qps {meta['qps']:g} --duration-s {meta['duration_s']:g} --seed {meta['seed']}"
-        + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", 0.02) != 0.02 else "")
+        + (f" --eps-ref {meta['eps_ref']:g}" if meta.get("eps_ref", EPS_REF) != EPS_REF else "")
         + (f" --zones {len(meta['zones'])}" if len(meta.get("zones", ())) not in (0, 2) else "")
         + (f" --balancer {meta['balancer']}" if meta.get("balancer", "uniform") != "uniform" else "")
         + (" --no-warm-start" if not meta.get("warm_start", True) else "")

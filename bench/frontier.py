@@ -29,7 +29,6 @@ profiled capacity) and is left out unless named with ``--strategies``.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from argparse import Namespace
@@ -77,7 +76,7 @@ def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
     if name == "governor":
         variant = {k: v for k, v in GOVERNOR_VARIANTS["governor"].items() if k != "feedforward"}
         gains = {**cfg.pid_gains, "ff_target_util": 1.0 / value}
-        return "governor", dataclasses.replace(cfg, replica_capacity_rps=cap, pid_gains=gains, **variant)
+        return "governor", cfg.replace(replica_capacity_rps=cap, pid_gains=gains, **variant)
     if name in LIMITS:  # the references know the true capacity, whatever the profile says
         sc, true = setup.scenario, setup.true_capacity
         return oracle_factory(sc.workload, cfg, true, sc.faults, sc.duration_s, value, causal=name != "oracle"), cfg

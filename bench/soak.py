@@ -43,6 +43,7 @@ from governor_telemetry.producer import TelemetryProducer
 from bench.ledger import read_ledger
 from core import names
 from core.clock import ScaledClock
+from core.defaults import WINDOW_S
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
 from launch.embedded import EmbeddedServers
@@ -224,7 +225,7 @@ def _records_lost(finished: list[dict[str, Any]], windows: list[dict[str, Any]])
     if not counts:
         return {"finished": len(finished), "counted": 0, "lost": None}
     last_end = max(k[2] for k in counts)
-    first_start = min(k[2] for k in counts) - int(windows[0].get("window_s", 10.0) * 1000)
+    first_start = min(k[2] for k in counts) - int(windows[0].get("window_s", WINDOW_S) * 1000)
     inside = [r for r in finished if first_start < int(r["ts_ms"]) <= last_end]
     counted = sum(counts.values())
     return {"finished": len(inside), "counted": counted, "lost": len(inside) - counted}

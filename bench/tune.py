@@ -43,7 +43,6 @@ next to ``"gains"`` (which stays a flat object of numbers).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -117,7 +116,7 @@ def certificate(gains: dict[str, float], args: Namespace) -> list[Assessment]:
         OperatingPoint(plant_gain=plant),
         delay,
         cfg.window_s,
-        dead_time_comp=cfg.dead_time_comp,
+        dead_time_comp=cfg.settings.dead_time_comp,
     )
 
 
@@ -151,7 +150,7 @@ def _runs(args: Namespace) -> list[TuneRun]:
             for scenario in scenarios:
                 setup = prepare(ns, scenario, trace, capacity, headroom)
                 capacity, headroom = setup.capacity, setup.headroom  # profiled once per trace and seed
-                cfg = dataclasses.replace(setup.cfg, replica_capacity_rps=capacity, replica_headroom=headroom)
+                cfg = setup.cfg.replace(replica_capacity_rps=capacity, replica_headroom=headroom)
                 ceil = ceiling(setup.scenario.workload, setup.cfg)
                 runs.append(TuneRun(f"{trace_name}/{scenario}/{seed}", setup.scenario, cfg, ceil))
     return runs
@@ -168,7 +167,7 @@ def evaluate(
     total, detail = 0.0, {}
     for tr in runs:
         sc = tr.scenario
-        r = run("governor", sc.workload, dataclasses.replace(tr.cfg, pid_gains=gains), sc.faults, sc.duration_s)
+        r = run("governor", sc.workload, tr.cfg.replace(pid_gains=gains), sc.faults, sc.duration_s)
         att, gpu = r.metrics["slo_attainment"] or 0.0, r.metrics["gpu_seconds"]
         share = att / tr.ceiling if tr.ceiling > 0 else 0.0
         ref = (reference or {}).get(tr.name, gpu)

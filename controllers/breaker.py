@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from controllers.errors import ParameterError, check_int, check_number
+from core.defaults import WINDOW_S
 
 __all__ = [
     "AttainmentHistory",
@@ -337,7 +338,7 @@ class AttainmentHistory:
     1.0
     """
 
-    window_s: float = 10.0
+    window_s: float = WINDOW_S
     horizon_s: float = 300.0
     pairs: tuple[tuple[int, int], ...] = field(default=())
 

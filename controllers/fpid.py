@@ -70,6 +70,7 @@ import numpy.typing as npt
 
 from controllers.errors import ParameterError, check_number
 from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, actuate
+from core.defaults import EPS_REF, MIN_REPLICAS
 
 __all__ = ["FpidParams", "FpidState", "gl_differintegral", "gl_weights", "step"]
 
@@ -137,11 +138,11 @@ class FpidParams:
     gamma: float = 0.0
     beta: float = 0.0
     time_scale_s: float = 1.0
-    eps_ref: float = 0.02
+    eps_ref: float = EPS_REF
     a_min: float = 0.5
     a_max: float = 3.0
     slew: float = 0.3
-    min_replicas: int = 1
+    min_replicas: int = MIN_REPLICAS
     max_replicas: int = 100
     hold_while_pending: bool = True
     deadband: float = 0.015

@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 from controllers.errors import ParameterError, check_number
+from core.defaults import EPS_REF, MIN_REPLICAS
 from core.vocab import DEFAULT_PID_GAINS
 
 __all__ = [
@@ -104,11 +105,11 @@ class PidParams:
     kp: float = DEFAULT_PID_GAINS["kp"]
     ki: float = DEFAULT_PID_GAINS["ki"]
     kd: float = DEFAULT_PID_GAINS["kd"]
-    eps_ref: float = 0.02
+    eps_ref: float = EPS_REF
     a_min: float = 0.5
     a_max: float = 3.0
     slew: float = 0.3
-    min_replicas: int = 1
+    min_replicas: int = MIN_REPLICAS
     max_replicas: int = 100
     hold_while_pending: bool = True
     deadband: float = 0.015

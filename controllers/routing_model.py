@@ -41,8 +41,8 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from controllers.errors import ParameterError, check_number
@@ -56,6 +56,7 @@ __all__ = [
     "LatencyParams",
     "RequestClass",
     "TargetObs",
+    "configured_classes",
     "held_latency_ms",
     "min_latency_split",
     "normalised",
@@ -107,6 +108,24 @@ VOICE = RequestClass("voice", ttft_slo_ms=800.0, priority=1, degradable=True)
 BATCH = RequestClass("batch", ttft_slo_ms=10_000.0, e2e_slo_ms=120_000.0, priority=2, degradable=False)
 """Offline work: loose SLOs, never degraded to the smaller model."""
 DEFAULT_CLASSES = (TRADING, VOICE, BATCH)
+"""The classes' defaults: a model's configured class SLOs (``ModelSpec.classes``) replace them."""
+
+
+def configured_classes(
+    ttft_slo_ms: Mapping[str, float | None], defaults: Sequence[RequestClass] = DEFAULT_CLASSES
+) -> tuple[RequestClass, ...]:
+    """The router's classes with a model's configured TTFT SLOs (class -> ms, None = not configured).
+
+    A class the model does not configure keeps its default (:data:`DEFAULT_CLASSES`).
+
+    >>> [c.ttft_slo_ms for c in configured_classes({"trading": 150.0, "voice": None})]
+    [150.0, 800.0, 10000.0]
+    """
+    out = []
+    for c in defaults:
+        slo = ttft_slo_ms.get(c.name)
+        out.append(c if slo is None else replace(c, ttft_slo_ms=slo))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 
 from controllers.errors import ParameterError
 from controllers.node_cap import HOLD_DROPPED_RATE
+from core.defaults import STALE_WINDOWS
 
 __all__ = ["HOLD_KINDS", "SATURATED_QUEUE", "StaleParams", "StaleState", "classify", "silent", "step"]
 
@@ -87,7 +88,7 @@ SATURATED_QUEUE = 0.5  # requests queued per replica: no completion then means o
 class StaleParams:
     """``stale_windows``: held (or missing) windows in a row before a (model, zone) is reported stale."""
 
-    stale_windows: int = 3
+    stale_windows: int = STALE_WINDOWS
 
     def __post_init__(self) -> None:
         if isinstance(self.stale_windows, bool) or not isinstance(self.stale_windows, int) or self.stale_windows < 1:

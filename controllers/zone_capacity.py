@@ -86,6 +86,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from controllers.errors import ParameterError
+from core.defaults import WINDOW_S
 
 __all__ = [
     "HEALING",
@@ -110,7 +111,7 @@ class ZoneCapacityParams:
     """Parameters of the zone-aware capacity logic of one model (validated)."""
 
     zones: tuple[str, ...]
-    window_s: float = 10.0
+    window_s: float = WINDOW_S
     loss_timeout_windows: int = 2  # missed (or dark) windows before a zone with demand is lost
     min_demand_rps: float = 0.05  # a zone below this had no demand: its silence is no loss
     demand_alpha: float = 0.3  # EWMA weight of each zone's newest arrival rate

@@ -10,10 +10,12 @@ share that one schema.  Reading is hostile-input safe:
    ``*a``: their expansion is unbounded) are refused; the top level must be
    a mapping;
 2. sections group fields: a key that is a field name takes its value as is
-   (``pid_gains: {ki: 0.05}``); any other key must hold a mapping whose keys
-   join it with ``_`` to field names (``scrape: {interval_s: 5}`` sets
-   ``scrape_interval_s``), at any depth.  An unknown key is an error, with a
-   "did you mean" when a field name is close;
+   (``pid_gains: {ki: 0.05}``); a top-level key that names a component's
+   section (:data:`core.settings.SECTIONS`, the README table's first column)
+   holds that section's fields by their names (``loop: {window_s: 5}``); any
+   other key must hold a mapping whose keys join it with ``_`` to field names
+   (``scrape: {interval_s: 5}`` sets ``scrape_interval_s``), at any depth.  An
+   unknown key is an error, with a "did you mean" when a field name is close;
 3. the fields are checked against the JSON Schema (``jsonschema``), then
    turned into values by each field's codec and checked again by the
    dataclasses themselves (cross-field rules such as zone_redundancy below
@@ -48,7 +50,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from core.settings import CODECS, REQUEST_CLASSES, Settings, SettingsError, json_schema
+from core.settings import CODECS, REQUEST_CLASSES, SECTIONS, Settings, SettingsError, json_schema
 
 __all__ = ["MAX_BYTES", "ConfigFile"]
 
@@ -182,6 +184,14 @@ def _flatten(path: str, doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
                 if name in flat:
                     raise _error(path, here, f"sets {name} again (already set at {paths[name]})")
                 flat[name], paths[name] = value, here
+            elif not prefix and key in SECTIONS and isinstance(value, dict):
+                own = {k: v for k, v in value.items() if k in SECTIONS[key]}
+                walk(own, "", here)  # a component's section: its fields by their own names
+                rest = {k: v for k, v in value.items() if k not in own}
+                if rest and key not in _SECTIONS:
+                    k = next(iter(rest))
+                    raise _error(path, f"{here}.{k}", f"unknown key{_did_you_mean(k, '')} (section {key})")
+                walk(rest, key + "_", here)
             elif name in _SECTIONS and isinstance(value, dict):
                 walk(value, name + "_", here)
             elif name in _SECTIONS and not _did_you_mean(key, prefix, fields_only=True):

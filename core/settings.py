@@ -7,8 +7,8 @@ it, and its bounds.  Everything else is derived from that one source:
 - :func:`Settings.from_env` / :meth:`Settings.to_env` (entry points and
   child processes), and :data:`ENV_VARS`, the variable -> help list that the
   CLI's ``--help`` prints and the compose/manifest tests check against;
-- :func:`settings_table`, the README's settings table (a docs-truth test
-  keeps the README equal to it);
+- :func:`settings_table`, the settings reference docs/settings.md (a docs-truth test
+  keeps that file equal to it);
 - :func:`json_schema`, the JSON Schema shipped as ``docs/settings.schema.json``.
 
 ``from_env`` is only ever called by an entry point, never at import time.
@@ -39,6 +39,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core import names
+from core.defaults import (
+    CLOCK_SPEED,
+    COMMAND_TTL_S,
+    EPS_REF,
+    HEARTBEAT_S,
+    ITL_SLO_MS,
+    LATENESS_S,
+    MAX_DELIVERIES,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    STALE_WINDOWS,
+    TTFT_SLO_MS,
+    WINDOW_S,
+)
 from core.signing import Keyring
 from core.transport import transport_reason
 from core.vocab import PID_GAIN_NAMES, default_pid_gains
@@ -50,6 +64,7 @@ __all__ = [
     "DEFAULT_MODELS",
     "ENV_VARS",
     "REQUEST_CLASSES",
+    "SECTIONS",
     "ClassSlo",
     "ModelSpec",
     "Secret",
@@ -57,6 +72,8 @@ __all__ = [
     "SettingsError",
     "gains_reason",
     "json_schema",
+    "section",
+    "section_of",
     "settings_table",
 ]
 
@@ -130,10 +147,10 @@ class ModelSpec:
     """
 
     name: str
-    ttft_slo_ms: float = 1000.0
-    itl_slo_ms: float = 150.0
-    min_replicas: int = 1
-    max_replicas: int = 64
+    ttft_slo_ms: float = TTFT_SLO_MS
+    itl_slo_ms: float = ITL_SLO_MS
+    min_replicas: int = MIN_REPLICAS
+    max_replicas: int = MAX_REPLICAS
     # Requests/s one replica sustains within the SLO (profiling, see sim.profiling).
     # Set = the feedforward path sizes the fleet from demand; None = feedback only.
     replica_capacity_rps: float | None = None
@@ -463,21 +480,21 @@ class Settings:
         min_items=1,
     )
     window_s: float = _setting(
-        10.0,
+        WINDOW_S,
         "GOVERNOR_WINDOW_S",
         "tumbling window length in (trace) seconds; also the control period (windows are whole milliseconds)",
         "float",
         ge=0.001,
     )
     lateness_s: float = _setting(
-        2.0,
+        LATENESS_S,
         "GOVERNOR_LATENESS_S",
         "how long a window waits for late records before it closes",
         "float",
         ge=0,
     )
     eps_ref: float = _setting(
-        0.02,
+        EPS_REF,
         "GOVERNOR_EPS_REF",
         "SLO-violation-rate reference of the scaling PID",
         "float",
@@ -492,7 +509,7 @@ class Settings:
         factory=default_pid_gains,
     )
     command_ttl_s: float = _setting(
-        60.0,
+        COMMAND_TTL_S,
         "GOVERNOR_COMMAND_TTL_S",
         "seconds a command stays valid after it is issued",
         "float",
@@ -533,7 +550,7 @@ class Settings:
         "bool",
     )
     max_deliveries: int = _setting(
-        5,
+        MAX_DELIVERIES,
         "GOVERNOR_MAX_DELIVERIES",
         "deliveries of one command stream entry (XPENDING counter) before the executor ends it as "
         "failed, reason 'delivery limit', and acknowledges it",
@@ -541,14 +558,14 @@ class Settings:
         ge=1,
     )
     heartbeat_s: float = _setting(
-        5.0,
+        HEARTBEAT_S,
         "GOVERNOR_HEARTBEAT_S",
         "seconds between an executor's writes of its heartbeat key <prefix>:executor:<zone>:heartbeat (TTL 3x this)",
         "float",
         gt=0,
     )
     clock_speed: float = _setting(
-        1.0,
+        CLOCK_SPEED,
         "GOVERNOR_CLOCK_SPEED",
         "trace seconds per wall second (1 in production; >1 replays faster)",
         "float",
@@ -703,7 +720,7 @@ class Settings:
     )
 
     stale_windows: int = _setting(
-        3,
+        STALE_WINDOWS,
         "GOVERNOR_STALE_WINDOWS",
         "windows with missing telemetry (no request records while the GPUs work, no GPU samples, "
         "or no window at all) before a (model, zone) is reported stale; the loop holds from the first",
@@ -1068,28 +1085,89 @@ def _load_keys_file(path: str) -> Secret:
     return Secret(",".join(f"{kid}:{key.hex()}" for kid, key in ring.keys.items()))
 
 
+#: The settings by component: section -> its fields (every field in exactly one, a test
+#: checks).  Each component takes its section's values as a small parameter object built
+#: once at start (e.g. ``streams.routing_driver.RoutingDriverParams.from_settings``);
+#: the README table and the JSON Schema (``x-section``) are grouped by it.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "broker": (
+        "kafka_bootstrap", "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
+        "kafka_sasl_password", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "topic_prefix",
+        "partitions", "fetch_max_wait_ms", "session_timeout_s",
+    ),
+    "redis": ("redis_url", "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file"),
+    "fleet": ("zones", "models", "zone_redundancy", "max_replicas_total"),
+    "loop": (
+        "window_s", "lateness_s", "clock_speed", "clock_origin_s", "max_future_s", "max_nodes_per_window",
+        "stale_windows", "snapshot_max_age_s", "data_dir",
+    ),
+    "scaler": (
+        "eps_ref", "pid_gains", "gains_file", "controller", "drift", "dead_time_comp", "learn_capacity", "observer",
+        "startup_hint_s",
+    ),
+    "routing": ("fallbacks",),
+    "breaker": ("breaker_min_requests",),
+    "commands": ("command_ttl_s", "command_keys", "command_keys_file", "max_clock_skew_s", "accept_unsigned_v1"),
+    "executors": (
+        "max_deliveries", "heartbeat_s", "executor_backends", "workloads", "gateway_routes", "k8s_api_url",
+        "kubeconfig", "platform_replicas_s",
+    ),
+    "webhook": (
+        "webhook_url", "webhook_hmac_key", "webhook_hmac_key_file", "webhook_auth", "webhook_auth_file",
+        "webhook_timeout_s", "webhook_attempt_timeout_s", "webhook_ca_file",
+    ),
+    "scrape": (
+        "scrape_endpoints", "scrape_engine", "scrape_interval_s", "scrape_model_map", "scrape_violations",
+        "scrape_http_sd", "scrape_k8s_selector", "scrape_k8s_namespace", "scrape_k8s_port", "scrape_prometheus_url",
+        "scrape_zone_label", "scrape_max_targets",
+    ),
+    "observability": ("metrics_port", "metrics_addr", "web_port", "log_level", "log_format"),
+}  # fmt: skip
+_SECTION_OF = {member: name for name, members in SECTIONS.items() for member in members}
+
+
+def section_of(field_name: str) -> str:
+    """The section of a settings field.
+
+    >>> section_of("window_s"), section_of("fallbacks")
+    ('loop', 'routing')
+    """
+    return _SECTION_OF[field_name]
+
+
+def section(settings: Settings, name: str) -> dict[str, Any]:
+    """A grouped view: the fields of section ``name`` and their values.
+
+    >>> section(Settings(), "breaker")
+    {'breaker_min_requests': 1000}
+    """
+    return {f: getattr(settings, f) for f in SECTIONS[name]}
+
+
 #: environment variable -> help, in field order (the CLI's --help lists them).
 ENV_VARS: dict[str, str] = {f.metadata["env"]: f.metadata["help"] for f in dataclasses.fields(Settings)}
 
 
 def settings_table() -> str:
-    """The README's settings table: variable, default, meaning (markdown).
+    """The settings reference's table (docs/settings.md): section, variable, default, meaning (markdown), by section.
 
     >>> settings_table().splitlines()[2]
-    '| `KAFKA_BOOTSTRAP` | `127.0.0.1:9092` | host:port of the Kafka brokers; unset = start the embedded broker |'
+    '| broker | `KAFKA_BOOTSTRAP` | `127.0.0.1:9092` | host:port of the Kafka brokers; unset = start the embedded broker |'
     """
     defaults = Settings().to_env()
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for env, help_text in ENV_VARS.items():
-        shown = defaults[env] or "(unset)"
-        rows.append(f"| `{env}` | `{shown}` | {help_text} |")
+    meta = {f.name: f.metadata for f in dataclasses.fields(Settings)}
+    rows = ["| section | variable | default | meaning |", "|---|---|---|---|"]
+    for name, members in SECTIONS.items():
+        for f in members:
+            env = meta[f]["env"]
+            rows.append(f"| {name} | `{env}` | `{defaults[env] or '(unset)'}` | {meta[f]['help']} |")
     return "\n".join(rows)
 
 
 def json_schema() -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of the settings, keyed by field name.
 
-    Each property carries its environment variable as ``x-env``.
+    Each property carries its environment variable as ``x-env`` and its section as ``x-section``.
 
     >>> json_schema()["properties"]["eps_ref"]["exclusiveMaximum"]
     1
@@ -1101,6 +1179,7 @@ def json_schema() -> dict[str, Any]:
         prop = CODECS[meta["kind"]].schema()
         prop["description"] = meta["help"]
         prop["x-env"] = meta["env"]
+        prop["x-section"] = section_of(f.name)
         default = getattr(defaults, f.name)
         if meta["kind"] == "models":
             default = [m.to_dict() for m in default]

@@ -87,6 +87,7 @@ from redis.exceptions import ResponseError
 from controllers.hlc import Hlc
 from core import names
 from core.clock import ScaledClock
+from core.defaults import HEARTBEAT_S, MAX_DELIVERIES
 from executors.backends import Backend, BackendRefused, BackendRejected, BackendUnavailable, applied_by
 from executors.entry import apply_at, decode_entry, echo, stored_int, valid_int
 from executors.guard import CommandGuard
@@ -133,8 +134,8 @@ class ZoneExecutor:
         timing: ZoneTiming | None = None,
         probe_interval_s: float = 5.0,
         rtt_factor: float | None = None,
-        max_deliveries: int = 5,
-        heartbeat_s: float = 5.0,
+        max_deliveries: int = MAX_DELIVERIES,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.zone = zone
         self.prefix = prefix
@@ -161,7 +162,7 @@ class ZoneExecutor:
         self.probe_interval_s = probe_interval_s
         reg = self.metrics.registry
         self.publisher = ResultPublisher(results, results_topic, zone, reg)
-        self.intake = Intake(zone, guard.keyring.key_ids, guard.settings.accept_unsigned_v1, reg)
+        self.intake = Intake(zone, guard.keyring.key_ids, guard.accept_unsigned_v1, reg)
         self.held: dict[str, Held] = {}  # by Command.order_field: commands waiting for apply_at_ms
         self.timing = timing or ZoneTiming(
             zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor
@@ -221,7 +222,7 @@ class ZoneExecutor:
         target = None if at is None else min(at, float(cmd.expires_at_ms))
         if target is None or target <= self.corrected_now_ms():
             return None
-        room_ms = min(self.guard.settings.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
+        room_ms = min(self.guard.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
         return Held(entry_id, fields, cmd, target, time.monotonic() + self.clock.to_wall_s(max(0.0, room_ms)))
 
     def _block_ms(self) -> int:

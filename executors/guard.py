@@ -27,10 +27,12 @@ as ``rejected``, acknowledges the entry and touches nothing else):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from controllers.hlc import Hlc
-from core.settings import Settings
+from core.defaults import CLOCK_SPEED
+from core.settings import ModelSpec, Settings
 from core.signing import Keyring, MissingKeysError
 from streams.command_payloads import CanaryPayload, split_pair
 from streams.commands import Command, command_id
@@ -40,17 +42,33 @@ __all__ = ["CommandGuard"]
 
 @dataclass(frozen=True)
 class CommandGuard:
+    """The guard's parameters: what it reads of the settings, taken once at start (:meth:`from_settings`)."""
+
     keyring: Keyring
-    settings: Settings
-    clock_speed: float = 1.0
+    models: Mapping[str, ModelSpec]  # name -> spec (GOVERNOR_MODELS)
+    zones: frozenset[str]
+    families: frozenset[str]  # the primaries of GOVERNOR_FALLBACKS
+    command_ttl_s: float
+    max_clock_skew_s: float
+    accept_unsigned_v1: bool
+    clock_speed: float = CLOCK_SPEED
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CommandGuard:
-        """The guard of a deployment; :class:`MissingKeysError` when it has no key."""
-        ring = settings.keyring()
+    def from_settings(cls, settings: Settings, keyring: Keyring | None = None) -> CommandGuard:
+        """The guard of a deployment (``keyring``: else the settings' own); :class:`MissingKeysError` without one."""
+        ring = keyring or settings.keyring()
         if ring is None:
             raise MissingKeysError
-        return cls(ring, settings, settings.clock_speed)
+        return cls(
+            ring,
+            {m.name: m for m in settings.models},
+            frozenset(settings.zones),
+            frozenset(primary for primary, _ in settings.fallbacks),
+            settings.command_ttl_s,
+            settings.max_clock_skew_s,
+            settings.accept_unsigned_v1,
+            settings.clock_speed,
+        )
 
     def check(self, cmd: Command, source_version: int, now_ms: int) -> str | None:
         """None if ``cmd`` (decoded from a record of schema ``source_version``) may be applied; else why not."""
@@ -63,7 +81,7 @@ class CommandGuard:
 
     def _authentic(self, cmd: Command, source_version: int) -> str | None:
         if source_version == 1:
-            if not self.settings.accept_unsigned_v1:
+            if not self.accept_unsigned_v1:
                 return "unsigned schema-v1 command refused (GOVERNOR_ACCEPT_UNSIGNED_V1 is off)"
             return None  # v1 keeps its stored id
         why = self.keyring.verify(asdict(cmd))
@@ -75,17 +93,16 @@ class CommandGuard:
         return None
 
     def _target(self, cmd: Command) -> str | None:
-        s = self.settings
-        models = {m.name for m in s.models}
+        models = self.models
         if cmd.kind == "breaker":
             pair = split_pair(cmd.model)
             if pair is None or pair[0] not in models:
                 return f"unknown breaker target {cmd.model!r}: model not in GOVERNOR_MODELS"
-            if pair[1] not in s.zones:
+            if pair[1] not in self.zones:
                 return f"unknown breaker target {cmd.model!r}: zone not in GOVERNOR_ZONES"
             return None
         if cmd.kind == "route":
-            families = models | {primary for primary, _ in s.fallbacks}
+            families = models.keys() | self.families
             if cmd.model not in families:
                 return f"unknown route family {cmd.model!r} (not in GOVERNOR_MODELS or GOVERNOR_FALLBACKS)"
             return None
@@ -96,7 +113,7 @@ class CommandGuard:
             if canary not in models:
                 return f"unknown canary model {canary!r} (not in GOVERNOR_MODELS)"
         if cmd.kind == "scale":
-            spec = s.model(cmd.model)
+            spec = models.get(cmd.model)
             n = cmd.target_replicas
             if spec is not None and n is not None and not spec.min_replicas <= n <= spec.max_replicas:
                 return (
@@ -106,11 +123,11 @@ class CommandGuard:
         return None
 
     def _time(self, cmd: Command, now_ms: int) -> str | None:
-        ttl_ms = int(self.settings.command_ttl_s * 1000)
+        ttl_ms = int(self.command_ttl_s * 1000)
         life = cmd.expires_at_ms - cmd.issued_at_ms
         if life > ttl_ms:
             return f"lifetime {life} ms above the command TTL ({ttl_ms} ms, GOVERNOR_COMMAND_TTL_S)"
-        limit = now_ms + self.settings.max_clock_skew_s * 1000 * self.clock_speed
+        limit = now_ms + self.max_clock_skew_s * 1000 * self.clock_speed
         apply_at = cmd.detail.get("apply_at_ms")
         stamps: list[tuple[str, float]] = [
             ("issued_at_ms", cmd.issued_at_ms),  # else a lifetime within the TTL could start years ahead
@@ -123,6 +140,6 @@ class CommandGuard:
             if value > limit:
                 return (
                     f"{name} {value} is more than GOVERNOR_MAX_CLOCK_SKEW_S="
-                    f"{self.settings.max_clock_skew_s:g} ahead of the executor's clock ({now_ms})"
+                    f"{self.max_clock_skew_s:g} ahead of the executor's clock ({now_ms})"
                 )
         return None

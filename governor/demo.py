@@ -340,7 +340,7 @@ def run_demo(settings: Settings, args: Namespace) -> int:
         from sim.profiling import profile
 
         spec = settings.models[0]
-        cfg = LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
+        cfg = LoopConfig.of(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
         capacity, headroom = profile(load_trace(args.trace), cfg)
         headroom = spec.replica_headroom or headroom  # a spec's own headroom wins over the profile's
         print(

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from controllers.window_record import decode_window
-from core.settings import ModelSpec, Settings
-from core.vocab import default_pid_gains
+from core.defaults import COMMAND_TTL_S, WINDOW_S
+from core.settings import DEFAULT_MODELS, ModelSpec, Settings
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
@@ -76,40 +76,64 @@ class Fault:
             raise LoopConfigError(f"fault kind {self.kind!r} unknown")
 
 
+#: The fast loop's model: ``ModelSpec``'s defaults, with room to 256 replicas a zone so the
+#: benchmarks' fleets never meet the bound (the published control tables ran with it).
+FAST_LOOP_MAX_REPLICAS = 256
+_SPEC_KEYS = {
+    "model": "name",
+    "ttft_slo_ms": "ttft_slo_ms",
+    "itl_slo_ms": "itl_slo_ms",
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "replica_capacity_rps": "replica_capacity_rps",  # set = governor uses its feedforward path
+    "replica_headroom": "replica_headroom",  # the profile's (sim.profiling.replica_headroom); None = 1.25
+}
+
+
+def fast_loop_settings(**changes: Any) -> Settings:
+    """The settings the fast loop runs governor with: :class:`Settings`' defaults but
+    one model (:data:`FAST_LOOP_MAX_REPLICAS`) and commands valid for 3 windows;
+    ``changes`` name :class:`ModelSpec` fields (``model`` for its name) or settings fields."""
+    spec = {k: changes.pop(key) for key, k in _SPEC_KEYS.items() if key in changes}
+    spec.setdefault("name", DEFAULT_MODELS[0].name)
+    spec.setdefault("max_replicas", FAST_LOOP_MAX_REPLICAS)
+    if "pid_gains" in changes:
+        changes["pid_gains"] = dict(changes["pid_gains"])
+    window_s = changes.get("window_s", WINDOW_S)
+    return Settings(models=(ModelSpec(**spec),), command_ttl_s=max(COMMAND_TTL_S, 3 * window_s), **changes)
+
+
 @dataclass(frozen=True)
 class LoopConfig:
-    model: str = "llama2-70b"
-    zones: tuple[str, ...] = ("az-a", "az-b")
+    """One fast-loop run: the governor ``settings`` it runs (its one model, zones, SLOs,
+    gains, feature switches; no copy of any of them here) and what only the simulation has.
+
+    :meth:`of` builds one from keywords of either kind; :meth:`replace` changes either.
+
+    >>> cfg = LoopConfig.of(window_s=5.0, ttft_slo_ms=300.0, seed=3)
+    >>> cfg.settings.window_s, cfg.spec.ttft_slo_ms, cfg.seed, cfg.window_s
+    (5.0, 300.0, 3, 5.0)
+    >>> cfg.replace(zone_redundancy=1, tick_s=0.5).settings.zone_redundancy
+    1
+    """
+
+    settings: Settings = field(default_factory=fast_loop_settings)
     initial_replicas: int = 4
-    min_replicas: int = 1
-    max_replicas: int = 256
-    startup_s: float = 30.0
+    startup_s: float = 30.0  # the simulated replicas' start-up time (the settings' startup_hint_s follows it)
     actuation_delay_s: float = 2.0
-    window_s: float = 10.0
-    lateness_s: float = 2.0
     tick_s: float = 1.0
     gpus_per_replica: int = 8
-    ttft_slo_ms: float = 1000.0
-    itl_slo_ms: float = 150.0
-    pid_gains: Mapping[str, float] = field(default_factory=default_pid_gains)
-    eps_ref: float = 0.02
     seed: int = 0
     hardware: str = "h100-80gb"
     tensor_parallel: int = 8
-    replica_capacity_rps: float | None = None  # set = governor uses its feedforward path
-    replica_headroom: float | None = None  # the profile's (sim.profiling.replica_headroom); None = 1.25
-    controller: str = "pid"
-    dead_time_comp: bool = True
-    drift: bool = True
-    observer: bool = False
-    learn_capacity: bool = True  # GOVERNOR_LEARN_CAPACITY: the feedforward's capacity learned online
-    zone_redundancy: int = 0  # GOVERNOR_ZONE_REDUNDANCY: zone losses sized for in standing capacity
     # The global balancer in front of the zones: "uniform" sends a zone its share as soon as
     # it is reachable (so a healed zone gets traffic while its replicas still start);
     # "health" also skips zones with no ready replica (a load balancer's health check).
     balancer: str = "uniform"
 
     def __post_init__(self) -> None:
+        if len(self.settings.models) != 1:
+            raise LoopConfigError(f"settings: the fast loop runs one model (got {len(self.settings.models)})")
         if self.tick_s <= 0 or self.window_s < self.tick_s:
             raise LoopConfigError("need 0 < tick_s <= window_s")
         if self.actuation_delay_s < 0 or self.startup_s < 0:
@@ -119,32 +143,88 @@ class LoopConfig:
         if self.balancer not in ("uniform", "health"):
             raise LoopConfigError(f"balancer={self.balancer!r}: choose uniform or health")
 
-    def settings(self) -> Settings:
-        spec = ModelSpec(
-            self.model,
-            ttft_slo_ms=self.ttft_slo_ms,
-            itl_slo_ms=self.itl_slo_ms,
-            min_replicas=self.min_replicas,
-            max_replicas=self.max_replicas,
-            replica_capacity_rps=self.replica_capacity_rps,
-            replica_headroom=self.replica_headroom,
-        )
-        return Settings(
-            startup_hint_s=self.startup_s,
-            controller=self.controller,
-            dead_time_comp=self.dead_time_comp,
-            drift=self.drift,
-            observer=self.observer,
-            learn_capacity=self.learn_capacity,
-            zone_redundancy=self.zone_redundancy,
-            zones=self.zones,
-            models=(spec,),
-            window_s=self.window_s,
-            lateness_s=self.lateness_s,
-            eps_ref=self.eps_ref,
-            pid_gains=dict(self.pid_gains),
-            command_ttl_s=max(60.0, 3 * self.window_s),
-        )
+    @classmethod
+    def of(cls, **kw: Any) -> LoopConfig:
+        """A run from keywords: the simulation's fields, and settings or model fields
+        (:func:`fast_loop_settings`); the start-up hint is the simulated start-up time."""
+        sim = {f.name: kw.pop(f.name) for f in dataclasses.fields(cls) if f.name in kw and f.name != "settings"}
+        return cls(fast_loop_settings(startup_hint_s=sim.get("startup_s", cls.startup_s), **kw), **sim)
+
+    def replace(self, **kw: Any) -> LoopConfig:
+        """This run with ``kw`` changed (simulation, settings or model fields)."""
+        sim = {k: kw.pop(k) for k in list(kw) if k in self.__dataclass_fields__}
+        settings = self.settings
+        spec = {k: kw.pop(key) for key, k in _SPEC_KEYS.items() if key in kw}
+        if spec:
+            settings = settings.replace(models=(dataclasses.replace(self.spec, **spec),))
+        if "pid_gains" in kw:
+            kw["pid_gains"] = dict(kw["pid_gains"])
+        if "window_s" in kw:
+            kw["command_ttl_s"] = max(COMMAND_TTL_S, 3 * kw["window_s"])
+        if "startup_s" in sim:
+            kw["startup_hint_s"] = sim["startup_s"]
+        return dataclasses.replace(self, settings=settings.replace(**kw) if kw else settings, **sim)
+
+    # -- read-only views of the settings (the run's model and loop) ------------
+    @property
+    def spec(self) -> ModelSpec:
+        return self.settings.models[0]
+
+    @property
+    def model(self) -> str:
+        return self.spec.name
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.settings.zones
+
+    @property
+    def min_replicas(self) -> int:
+        return self.spec.min_replicas
+
+    @property
+    def max_replicas(self) -> int:
+        return self.spec.max_replicas
+
+    @property
+    def ttft_slo_ms(self) -> float:
+        return self.spec.ttft_slo_ms
+
+    @property
+    def itl_slo_ms(self) -> float:
+        return self.spec.itl_slo_ms
+
+    @property
+    def replica_capacity_rps(self) -> float | None:
+        return self.spec.replica_capacity_rps
+
+    @property
+    def replica_headroom(self) -> float | None:
+        return self.spec.replica_headroom
+
+    @property
+    def window_s(self) -> float:
+        return self.settings.window_s
+
+    @property
+    def lateness_s(self) -> float:
+        return self.settings.lateness_s
+
+    @property
+    def eps_ref(self) -> float:
+        return self.settings.eps_ref
+
+    @property
+    def pid_gains(self) -> Mapping[str, float]:
+        return self.settings.pid_gains
+
+    @property
+    def controller(self) -> str:
+        return self.settings.controller
+
+    @property
+    def zone_redundancy(self) -> int:
+        return self.settings.zone_redundancy
 
 
 @dataclass
@@ -227,7 +307,7 @@ class _FastRun:
             epoch_ms0=EPOCH_MS0,
         )
         # The worker's own loop: its processor makes every strategy's windows, its drivers decide for governor.
-        self.loop = ControlLoop(cfg.settings())
+        self.loop = ControlLoop(cfg.settings)
         self.governor = strategy == "governor"
         self.scalers: dict[str, Autoscaler] = (
             {} if self.governor else {z: cast(StrategyFactory, strategy)(z) for z in cfg.zones}

@@ -26,6 +26,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from core.defaults import EPS_REF
 from sim.fastloop import LoopConfig
 from sim.profiling import attainment_at
 from sim.traces import load_trace
@@ -50,14 +51,14 @@ class PlantGain:
 def violation_rate(trace_name: str, qps: float, replicas: int, duration_s: float, seeds: tuple[int, ...]) -> float:
     """Mean violation rate of ``replicas`` fixed replicas at ``qps`` over ``seeds``."""
     trace = load_trace(trace_name)
-    return sum(1.0 - attainment_at(trace, qps, replicas, LoopConfig(seed=s), duration_s) for s in seeds) / len(seeds)
+    return sum(1.0 - attainment_at(trace, qps, replicas, LoopConfig.of(seed=s), duration_s) for s in seeds) / len(seeds)
 
 
 def measure_plant_gain(
     trace_name: str = "azure-conv",
     *,
     replicas: int = 4,
-    eps_ref: float = 0.02,
+    eps_ref: float = EPS_REF,
     step: float = 0.05,
     duration_s: float = 600.0,
     seeds: tuple[int, ...] = (0, 1, 2),

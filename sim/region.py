@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial import ConvexHull, QhullError
 
+from core.defaults import EPS_REF, ITL_SLO_MS, TTFT_SLO_MS
 from sim.fastloop import LoopConfig
 from sim.fastloop import run as run_loop
 from sim.traces import Trace, load_trace
@@ -159,9 +160,9 @@ class RegionConfig:
     seed: int = 0
     model: str = "llama2-70b"
     zones: tuple[str, ...] = ("az-a", "az-b")
-    ttft_slo_ms: float = 1000.0
-    itl_slo_ms: float = 150.0
-    eps_ref: float = 0.02
+    ttft_slo_ms: float = TTFT_SLO_MS
+    itl_slo_ms: float = ITL_SLO_MS
+    eps_ref: float = EPS_REF
 
     def __post_init__(self) -> None:
         axes = {
@@ -257,7 +258,7 @@ def run_point(
     from sim.baselines.static import StaticParams, StaticReplicas
 
     wl = _scaled(from_trace(trace, float(rate_rps), cfg.duration_s), prompt_scale, output_scale)
-    loop = LoopConfig(
+    loop = LoopConfig.of(
         model=cfg.model,
         zones=cfg.zones,
         initial_replicas=replicas,

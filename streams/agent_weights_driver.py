@@ -107,7 +107,7 @@ class AgentWeightsDriver:
 
     Examples
     --------
-    >>> d = AgentWeightsDriver(Settings(zones=("az-a",)))
+    >>> d = AgentWeightsDriver.from_settings(Settings(zones=("az-a",)))
     >>> from dataclasses import replace
     >>> from controllers.window_record import decode_window
     >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
@@ -121,7 +121,7 @@ class AgentWeightsDriver:
 
     def __init__(
         self,
-        settings: Settings,
+        command_ttl_s: float,
         params: AgentWeightParams | None = None,
         *,
         alpha: float = EWMA_ALPHA,
@@ -131,13 +131,20 @@ class AgentWeightsDriver:
             raise ValueError(f"alpha={alpha!r}: must lie in (0, 1]")
         if not 0.0 <= min_delta < 1.0:
             raise ValueError(f"min_delta={min_delta!r}: must lie in [0, 1)")
-        self.settings = settings
+        self.command_ttl_s = command_ttl_s
         self.params = params or AgentWeightParams()
         self.alpha = alpha
         self.min_delta = min_delta
         self.signals: dict[Target, tuple[float, float, float]] = {}
         self.published: dict[Target, dict[str, float]] = {}
         self.last_end_ms: dict[Target, int] = {}
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, params: AgentWeightParams | None = None, **kw: Any
+    ) -> AgentWeightsDriver:
+        """A driver with the settings' command TTL (the one setting it reads)."""
+        return cls(settings.command_ttl_s, params, **kw)
 
     def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]:
         """Feed one window record; returns the ``agents`` command to publish, if any."""
@@ -161,7 +168,7 @@ class AgentWeightsDriver:
         if last is not None and max(abs(new[k] - last[k]) for k in AGENT_PATHS) <= self.min_delta:
             return []
         self.published[target] = new
-        ttl = int(self.settings.command_ttl_s * 1000)
+        ttl = int(self.command_ttl_s * 1000)
         reason = (
             "agent weights "
             + " ".join(f"{k} {v:.2f}" for k, v in new.items())

@@ -69,7 +69,14 @@ from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SNAPSHOT_VERSION", "BreakerDriver", "Transition", "fresh_zone_window", "parse_window"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "BreakerDriver",
+    "BreakerDriverParams",
+    "Transition",
+    "fresh_zone_window",
+    "parse_window",
+]
 
 SNAPSHOT_VERSION = 1
 HORIZON_S = 300.0  # the design source's "SLO attainment of the last 5 minutes" (docs/model.md §13 (breaker))
@@ -149,12 +156,27 @@ def _key(target: Target) -> str:
     return f"{target[0]}|{target[1]}"
 
 
+@dataclass(frozen=True)
+class BreakerDriverParams:
+    """What the breaker driver reads of the settings, built once at start (:meth:`from_settings`)."""
+
+    zones: tuple[str, ...]
+    window_s: float
+    command_ttl_s: float
+    breaker: BreakerParams  # the controller's (controllers.breaker)
+
+    @classmethod
+    def from_settings(cls, s: Settings, breaker: BreakerParams | None = None) -> BreakerDriverParams:
+        """The breaker driver's parameters of ``s`` (``breaker``: the controller's, else from the settings)."""
+        return cls(s.zones, s.window_s, s.command_ttl_s, breaker or BreakerParams(min_requests=s.breaker_min_requests))
+
+
 class BreakerDriver:
     """One adaptive breaker per ``model|zone`` target, fed by zone windows.
 
     Examples
     --------
-    >>> d = BreakerDriver(Settings(zones=("az-a", "az-b"), breaker_min_requests=200))
+    >>> d = BreakerDriver.from_settings(Settings(zones=("az-a", "az-b"), breaker_min_requests=200))
     >>> from controllers.window_record import decode_window
     >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
     ...                    "count": 300, "error_rate": 0.02, "violation_rate": 0.02})
@@ -164,13 +186,18 @@ class BreakerDriver:
     ('open', [])
     """
 
-    def __init__(self, settings: Settings, params: BreakerParams | None = None) -> None:
-        self.settings = settings
-        self.params = params or BreakerParams(min_requests=settings.breaker_min_requests)
+    def __init__(self, config: BreakerDriverParams) -> None:
+        self.config = config
+        self.params = config.breaker
         self.states: dict[Target, BreakerState] = {}
         self.history: dict[Target, AttainmentHistory] = {}
         self.last_end_ms: dict[Target, int] = {}
         self._transitions: list[Transition] = []
+
+    @classmethod
+    def from_settings(cls, settings: Settings, breaker: BreakerParams | None = None) -> BreakerDriver:
+        """A driver with the parameters of ``settings`` (:class:`BreakerDriverParams`)."""
+        return cls(BreakerDriverParams.from_settings(settings, breaker))
 
     def state_of(self, target: str) -> str:
         """The current state of ``"<model>|<zone>"`` (``closed`` when never seen)."""
@@ -194,7 +221,7 @@ class BreakerDriver:
         if w is None:
             return []
         target = (w.model, w.zone)
-        hist = self.history.get(target) or AttainmentHistory(window_s=self.settings.window_s, horizon_s=HORIZON_S)
+        hist = self.history.get(target) or AttainmentHistory(window_s=self.config.window_s, horizon_s=HORIZON_S)
         self.history[target] = hist.add(w.requests, w.on_time)
         cmds = self._step(target, BreakerObs(w.requests, w.errors, self.attainment(w.model)), w.end_ms, now_ms)
         for other, st in sorted(self.states.items()):
@@ -218,7 +245,7 @@ class BreakerDriver:
 
     def _commands(self, target: Target, out: BreakerOutput, end_ms: int, now_ms: int) -> list[Command]:
         key = _key(target)
-        ttl = int(self.settings.command_ttl_s * 1000)
+        ttl = int(self.config.command_ttl_s * 1000)
         payload = {
             "target": key,
             "state": out.state_name,
@@ -238,7 +265,7 @@ class BreakerDriver:
                 controller="breaker",
                 payload=dict(payload),
             )
-            for z in self.settings.zones
+            for z in self.config.zones
         ]
 
     # -- snapshots ------------------------------------------------------------

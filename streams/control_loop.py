@@ -139,11 +139,11 @@ class ControlLoop:
         self.ingests = PartitionedIngest(settings)  # one processor per partition on a worker (partitioned)
         self.scaler = Scaler(settings)
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
-        self.breaker = BreakerDriver(settings)
-        self.agent_weights = AgentWeightsDriver(settings)
+        self.breaker = BreakerDriver.from_settings(settings)
+        self.agent_weights = AgentWeightsDriver.from_settings(settings)
         # Routing runs on a window before the scaler sees it: the forecast 2 windows past
         # the scaler's last one is the window the new routes apply to.
-        self.routing = RoutingDriver(
+        self.routing = RoutingDriver.from_settings(
             settings,
             breaker_of=self.breaker.state_of,
             forecast_of=lambda m, z: self.scaler.rate_forecast(m, z, steps=2),

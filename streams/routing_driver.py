@@ -21,7 +21,40 @@ log = logging.getLogger(__name__)
 
 ROUTING_SNAPSHOT_VERSION = 1
 
-__all__ = ["RoutingDriver"]
+__all__ = ["RoutingDriver", "RoutingDriverParams"]
+
+
+@dataclass(frozen=True)
+class RoutingDriverParams:
+    """What the routing driver reads of the settings, built once at start (:meth:`from_settings`).
+
+    ``classes`` gives each family (by its primary) the router's request
+    classes with the primary model's configured class SLOs
+    (``ModelSpec.classes``; :func:`controllers.routing.configured_classes`).
+
+    >>> from core.settings import ModelSpec
+    >>> s = Settings(models=(ModelSpec("big", classes={"trading": {"ttft_slo_ms": 150.0}}),), fallbacks=(("big", "small"),))
+    >>> [c.ttft_slo_ms for c in RoutingDriverParams.from_settings(s).classes["big"]]
+    [150.0, 800.0, 10000.0]
+    """
+
+    zones: tuple[str, ...]
+    window_s: float
+    command_ttl_s: float
+    fallbacks: tuple[tuple[str, str], ...]
+    capacity_rps: Mapping[str, float]  # model -> requests/s one replica sustains (profiled)
+    classes: Mapping[str, tuple[rt.RequestClass, ...]]  # family primary -> its request classes
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RoutingDriverParams:
+        """The routing driver's parameters of ``s``."""
+        classes = {}
+        for primary, _ in s.fallbacks:
+            spec = s.model(primary)
+            slos = {} if spec is None else {c: o.ttft_slo_ms for c, o in spec.classes.items()}
+            classes[primary] = rt.configured_classes(slos)
+        capacity = {m.name: m.replica_capacity_rps for m in s.models if m.replica_capacity_rps}
+        return cls(s.zones, s.window_s, s.command_ttl_s, s.fallbacks, capacity, classes)
 
 
 @dataclass
@@ -50,9 +83,8 @@ class RoutingDriver:
     capacity, the router predicts the queue growth from it.
     """
 
-    settings: Settings
+    params: RoutingDriverParams
     min_change: float = 0.05
-    classes: tuple[rt.RequestClass, ...] = rt.DEFAULT_CLASSES
     breaker_of: Callable[[str], str] | None = None
     # (variant, zone) -> arrival-rate forecast for the window the routes will apply to
     forecast_of: Callable[[str, str], float | None] | None = None
@@ -62,16 +94,21 @@ class RoutingDriver:
     _published: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     _pending: dict[tuple[str, int], dict[rt.Target, WindowRecord]] = field(default_factory=dict)
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **kw: Any) -> RoutingDriver:
+        """A driver with the parameters of ``settings`` (:class:`RoutingDriverParams`)."""
+        return cls(RoutingDriverParams.from_settings(settings), **kw)
+
     def __post_init__(self) -> None:
-        for primary, fallback in self.settings.fallbacks:
+        for primary, fallback in self.params.fallbacks:
             self._params[primary] = rt.RoutingParams(primary=primary, fallback=fallback)
             self._family[primary] = self._family[fallback] = primary
 
     def obs(self, w: WindowRecord) -> rt.TargetObs:
         """A target's :class:`TargetObs` from its zone window."""
         ready = w.replicas_ready
-        spec = self.settings.model(w.model)
-        cap = spec.replica_capacity_rps * ready if spec is not None and spec.replica_capacity_rps else None
+        per_replica = self.params.capacity_rps.get(w.model)
+        cap = per_replica * ready if per_replica else None
         breaker = "closed" if self.breaker_of is None else self.breaker_of(f"{w.model}|{w.zone}")
         return rt.TargetObs(
             ttft_p95_ms=w.ttft_p95_ms,
@@ -92,7 +129,7 @@ class RoutingDriver:
             return []
         start = w.window_start_ms
         self._pending.setdefault((family, start), {})[rt.Target(w.model, w.zone)] = w
-        want = 2 * len(self.settings.zones)
+        want = 2 * len(self.params.zones)
         cmds: list[Command] = []
         for key in sorted(k for k in self._pending if k[0] == family):
             if len(self._pending[key]) >= want or key[1] < start:
@@ -105,8 +142,8 @@ class RoutingDriver:
             params,
             self._state.get(family, rt.RoutingState()),
             {t: self.obs(w) for t, w in windows.items()},
-            self.classes,
-            self.settings.window_s,
+            self.params.classes.get(family, rt.DEFAULT_CLASSES),
+            self.params.window_s,
         )
         self._state[family] = state
         weights = {c: {t.key: w for t, w in ws.items()} for c, ws in d.weights.items() if ws}
@@ -126,7 +163,7 @@ class RoutingDriver:
             return []
         self._published[family] = weights
         basis_ms = max(w.window_end_ms for w in windows.values())
-        ttl = int(self.settings.command_ttl_s * 1000)
+        ttl = int(self.params.command_ttl_s * 1000)
         reason = "; ".join(f"{c}: {r}" for c, r in sorted(d.reasons.items()))
         return [
             Command(
@@ -140,7 +177,7 @@ class RoutingDriver:
                 controller="routing",
                 payload={"weights": weights, "fallback": dict(d.fallback)},
             )
-            for z in self.settings.zones
+            for z in self.params.zones
         ]
 
     @property

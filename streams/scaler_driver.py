@@ -62,6 +62,7 @@ from controllers.pid import PidMeasurement, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.window_record import WindowRecord
 from core.budget import Allowance
+from core.defaults import TTFT_SLO_MS
 from core.settings import Settings
 from streams.commands import Command
 from streams.snapshots import SnapshotVersionError
@@ -596,7 +597,7 @@ class Scaler:
 
     def _slo(self, model: str) -> float:
         spec = self.settings.model(model)
-        return spec.ttft_slo_ms if spec else 1000.0
+        return spec.ttft_slo_ms if spec else TTFT_SLO_MS
 
     def _drift(self, ks: KeyState, model: str, zone: str, w: WindowRecord, arrival: float, basis: int) -> None:
         checks = ((ks.latency_drift, w.ttft_p95_ms), (ks.rate_drift, arrival))

@@ -40,7 +40,9 @@ class TelemetryWatch:
     """Staleness of every configured (model, zone) (see the module docstring)."""
 
     def __init__(self, settings: Settings, metrics: WorkerMetrics | None = None) -> None:
-        self.settings = settings
+        self.zones = frozenset(settings.zones)
+        self.window_ms = int(settings.window_s * 1000)
+        self.lateness_ms = int(settings.lateness_s * 1000)
         self.metrics = metrics
         self.params = StaleParams(settings.stale_windows)
         self.models = {spec.name for spec in settings.models}
@@ -52,7 +54,7 @@ class TelemetryWatch:
 
         Staleness changes are appended to ``events``.
         """
-        if w.model not in self.models or w.zone not in self.settings.zones:
+        if w.model not in self.models or w.zone not in self.zones:
             return None
         key = (w.model, w.zone)
         if w.window_end_ms <= self.last_end_ms.get(key, -1):
@@ -69,8 +71,7 @@ class TelemetryWatch:
     def check_silence(self, now_ms: int) -> list[dict[str, Any]]:
         """Mark stale every (model, zone) with no window for ``stale_windows`` window lengths; the events."""
         events: list[dict[str, Any]] = []
-        window_ms = int(self.settings.window_s * 1000)
-        lateness_ms = int(self.settings.lateness_s * 1000)
+        window_ms, lateness_ms = self.window_ms, self.lateness_ms
         for key, last in self.last_end_ms.items():
             before = self.stale.get(key, StaleState())
             if not before.stale and silent(self.params, last, now_ms, window_ms, lateness_ms):

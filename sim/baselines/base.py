@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
+from core.defaults import ITL_SLO_MS, MAX_REPLICAS, MIN_REPLICAS, TTFT_SLO_MS
+
 __all__ = [
     "Autoscaler",
     "BaselineBase",
@@ -145,10 +147,10 @@ class BaselineBase:
     def __init__(
         self,
         *,
-        min_replicas: int = 1,
-        max_replicas: int = 64,
-        slo_ttft_ms: float = 1000.0,
-        slo_itl_ms: float = 150.0,
+        min_replicas: int = MIN_REPLICAS,
+        max_replicas: int = MAX_REPLICAS,
+        slo_ttft_ms: float = TTFT_SLO_MS,
+        slo_itl_ms: float = ITL_SLO_MS,
         replica_capacity_rps: float | None = None,
     ) -> None:
         check(

@@ -136,7 +136,7 @@ def _fast_decisions(
         "actuation_delay_s": 1.0,
         "max_replicas": 64,
     }
-    cfg = LoopConfig(**(kwargs | overrides))
+    cfg = LoopConfig.of(**(kwargs | overrides))
     window_ms = round(cfg.window_s * 1000)
     assert sim.fastloop.EPOCH_MS0 % window_ms == 0  # fast windows end at trace t = k * window_s
     # Shift the fast loop's epoch so its windows end at the live phase too.

@@ -72,7 +72,7 @@ async def test_agent_signals_in_the_telemetry_reach_every_zones_routing_hash(
             assert set(value["paths"]) == {"rag", "tool", "llm"}
         # Constant signals: one publication per zone, never a second (weights do not move).
         assert worker.log_text().count(f"agents {MODEL}") == 2, worker.tail()
-        restored = AgentWeightsDriver(settings)
+        restored = AgentWeightsDriver.from_settings(settings)
         for _ in range(50):
             parts = await read_snapshot(redis, settings, MODEL)
             if parts and restored.restore(parts["agents"]) == 2:

@@ -72,7 +72,7 @@ async def test_errors_above_the_threshold_open_the_breaker_in_every_zones_hash(
         assert all(ex.stats.outcomes.get("applied", 0) >= 1 for ex in executors)
         assert "breaker" in worker.log_text() and "Traceback" not in worker.log_text()
         # The control agent saved the breaker with the other snapshots (every >= 2 s).
-        restored = BreakerDriver(settings)
+        restored = BreakerDriver.from_settings(settings)
         for _ in range(50):
             parts = await read_snapshot(redis, settings, MODEL)
             if parts and restored.restore(parts["breaker"]) and restored.state_of(TARGET) == "open":

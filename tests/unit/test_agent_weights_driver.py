@@ -52,7 +52,7 @@ def _w(*args: Any, **kw: Any) -> WindowRecord:
 
 
 def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
-    d = AgentWeightsDriver(S)
+    d = AgentWeightsDriver.from_settings(S)
     (cmd,) = d.on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}), 5_000)
     want = weights(AgentSignals(0.9, 0.9, 0.2)).as_dict()
     assert cmd.kind == "agents" and cmd.zone == "az-a" and cmd.model == M and cmd.controller == "agent_weights"
@@ -63,7 +63,7 @@ def test_the_first_window_with_signals_publishes_the_4_1_weights() -> None:
     assert Command.decode(cmd.encode()) == cmd
     # The same decision taken again (a restarted worker re-reading the window) has the same id.
     assert (
-        AgentWeightsDriver(S)
+        AgentWeightsDriver.from_settings(S)
         .on_window(_w(10_000, 0.9, 0.9, 0.2, paths={"rag": 6, "tool": 1, "llm": 3}), 5_000)[0]
         .command_id
         == cmd.command_id
@@ -86,7 +86,7 @@ _AGENT_FIELDS = ("agent_signals_n", "agent_stability_mean", "agent_rag_score_mea
     ],
 )
 def test_windows_without_usable_signals_publish_nothing(window: WindowRecord, why: str) -> None:
-    d = AgentWeightsDriver(S)
+    d = AgentWeightsDriver.from_settings(S)
     assert d.on_window(window, 0) == [], why
     assert not d.signals
 
@@ -108,7 +108,7 @@ def test_malformed_agent_fields_never_reach_the_driver(window: dict[str, Any], f
 
 
 def test_no_command_while_the_weights_move_less_than_the_threshold() -> None:
-    d = AgentWeightsDriver(S)
+    d = AgentWeightsDriver.from_settings(S)
     assert len(d.on_window(_w(10_000, 0.5, 0.5, 0.5), 0)) == 1
     # A small change: the EWMA moves 30 % of it, the weights less than 0.05.
     assert d.on_window(_w(20_000, 0.55, 0.5, 0.5), 0) == []
@@ -123,7 +123,7 @@ def test_no_command_while_the_weights_move_less_than_the_threshold() -> None:
 
 
 def test_the_signals_are_an_ewma_of_the_window_means() -> None:
-    d = AgentWeightsDriver(S)
+    d = AgentWeightsDriver.from_settings(S)
     means = [(0.9, 0.9, 0.2), (0.1, 0.3, 0.8), (0.5, 0.5, 0.5), (1.0, 0.0, 1.0)]
     want = means[0]
     for i, m in enumerate(means):
@@ -138,9 +138,9 @@ def test_the_signals_are_an_ewma_of_the_window_means() -> None:
 
 def test_bad_driver_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="alpha"):
-        AgentWeightsDriver(S, alpha=0.0)
+        AgentWeightsDriver.from_settings(S, alpha=0.0)
     with pytest.raises(ValueError, match="min_delta"):
-        AgentWeightsDriver(S, min_delta=1.0)
+        AgentWeightsDriver.from_settings(S, min_delta=1.0)
 
 
 def _stream() -> list[WindowRecord]:
@@ -157,18 +157,18 @@ def _stream() -> list[WindowRecord]:
 @pytest.mark.parametrize("cut", [1, 7, 12, 20])  # first window, mid-transition, boundaries
 def test_a_restored_agent_weights_driver_decides_like_the_original(cut: int) -> None:
     rest = assert_restores_alike(
-        lambda: AgentWeightsDriver(S), lambda d, w: d.on_window(w, w.window_end_ms), _stream(), cut
+        lambda: AgentWeightsDriver.from_settings(S), lambda d, w: d.on_window(w, w.window_end_ms), _stream(), cut
     )
     assert rest  # every cut has publications ahead
 
 
 def test_agent_weights_snapshot_of_another_version_is_ignored() -> None:
-    d = AgentWeightsDriver(S)
+    d = AgentWeightsDriver.from_settings(S)
     d.on_window(_w(10_000, 0.9, 0.9, 0.2), 0)
     with pytest.raises(SnapshotVersionError):
         d.restore({"version": 99, "targets": {}})
     assert (M, "az-a") in d.signals
-    assert AgentWeightsDriver(S).restore(plain(d.snapshot())) == 1
+    assert AgentWeightsDriver.from_settings(S).restore(plain(d.snapshot())) == 1
 
 
 P = {

@@ -62,7 +62,7 @@ def _tripped(d: BreakerDriver) -> list[Command]:
 
 
 def test_trip_emits_one_command_per_zone_with_the_exact_payload() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     cmds = _tripped(d)
     assert [c.zone for c in cmds] == list(ZONES)
     thr = 0.005 * (1 + 0.5 * (1 - 0.98))  # attainment: 2 % of the requests violated
@@ -85,11 +85,11 @@ def test_trip_emits_one_command_per_zone_with_the_exact_payload() -> None:
 
 
 def test_no_command_while_the_state_is_unchanged() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     for i in range(1, 6):  # 0.4 % errors on 300-request windows: below the 0.5 % threshold
         assert d.on_window(_w(10 * i, 300, 0.004), i) == []
     assert d.drain_transitions() == [] and d.state_of(f"{M}|az-a") == "closed"
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     _tripped(d)
     assert d.on_window(_w(30, 500, 0.5), 3) == []  # open: traffic while open is ignored
     assert d.on_window(_w(40, 0), 4) == []  # 20 s of the 30 s cool-down
@@ -97,7 +97,7 @@ def test_no_command_while_the_state_is_unchanged() -> None:
 
 
 def test_half_open_after_open_for_s_then_closes_after_passing_probes() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     _tripped(d)
     cmds = d.on_window(_w(50, 0), 5)  # 30 s after the trip at 20 s
     assert {c.payload["state"] for c in cmds} == {"half_open"} and len(cmds) == len(ZONES)
@@ -110,7 +110,7 @@ def test_half_open_after_open_for_s_then_closes_after_passing_probes() -> None:
 
 
 def test_failed_probes_reopen_with_backoff() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     _tripped(d)
     d.on_window(_w(50, 0), 5)
     cmds = d.on_window(_w(60, 20, 0.1), 6)
@@ -120,7 +120,7 @@ def test_failed_probes_reopen_with_backoff() -> None:
 
 
 def test_an_open_target_without_windows_is_advanced_by_other_targets_windows() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     _tripped(d)
     assert d.on_window(_w(40, 100, zone="az-b"), 4) == []  # az-a's cool-down not over
     cmds = d.on_window(_w(50, 100, zone="az-b"), 5)
@@ -132,7 +132,7 @@ def test_an_open_target_without_windows_is_advanced_by_other_targets_windows() -
 
 
 def test_redelivered_window_is_ignored() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     w = _w(10, 150, 0.02)
     d.on_window(w, 1)
     assert d.on_window(w, 1) == []  # would have made 300 requests and tripped
@@ -140,7 +140,7 @@ def test_redelivered_window_is_ignored() -> None:
 
 
 def test_attainment_is_the_models_over_every_zone_for_five_minutes() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     d.on_window(_w(10, 100, 0.0, violation_rate=0.0), 1)
     d.on_window(_w(10, 100, 0.0, violation_rate=0.5, zone="az-b"), 1)
     d.on_window(_w(10, 100, 0.0, violation_rate=1.0, model="bloom-176b"), 1)  # another model
@@ -180,7 +180,7 @@ def test_malformed_windows_are_dead_lettered_not_fed_to_the_breaker(bad: dict[st
 
 
 def test_node_windows_and_other_records_are_ignored() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     assert d.on_window(decode_window({**_raw(10, 5000, 0.5), "scope": "node", "node": "az-a/n1"}), 1) == []
     assert d.states == {}
     with pytest.raises(WindowRecordError, match="^kind:"):  # not a window: dead-lettered by the loop
@@ -235,13 +235,13 @@ def assert_restores_alike(
 @pytest.mark.parametrize("cut", [3, 9, 14, 20])
 def test_a_restored_breaker_driver_decides_like_the_original(cut: int) -> None:
     rest = assert_restores_alike(
-        lambda: BreakerDriver(S), lambda d, w: d.on_window(w, w.window_end_ms + 5), _stream(), cut
+        lambda: BreakerDriver.from_settings(S), lambda d, w: d.on_window(w, w.window_end_ms + 5), _stream(), cut
     )
     assert rest  # every cut has transitions ahead (trip at 2, probes at 8-10, recovery at 22-24)
 
 
 def test_breaker_snapshot_of_another_version_is_ignored() -> None:
-    d = BreakerDriver(S)
+    d = BreakerDriver.from_settings(S)
     _tripped(d)
     with pytest.raises(SnapshotVersionError):
         d.restore({"version": 99, "targets": {}})
@@ -250,7 +250,7 @@ def test_breaker_snapshot_of_another_version_is_ignored() -> None:
     assert bad["targets"][f"{M}|az-a"]["state"]["name"] == "open"
     bad["targets"][f"{M}|az-a"]["state"]["name"] = "ajar"
     with pytest.raises(ValueError):  # the worker's SnapshotStore logs it and starts fresh
-        BreakerDriver(S).restore(bad)
+        BreakerDriver.from_settings(S).restore(bad)
     with pytest.raises(ValueError):
         d.restore(bad)
     assert d.state_of(f"{M}|az-a") == "open"  # a failed restore changes nothing

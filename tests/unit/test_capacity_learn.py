@@ -163,7 +163,6 @@ def test_a_wrong_profile_costs_less_than_its_factor_in_the_closed_loop(error: fl
     pessimistic one (157k -> 96k), where the profile alone pays the factor.  (300 s no longer
     shows it: the reclaim waits for a warm forecast, 12 windows, so both runs hold the
     warm-start fleet for 120 s of the 300.)"""
-    import dataclasses
     from argparse import Namespace
 
     from bench.control import prepare
@@ -177,7 +176,7 @@ def test_a_wrong_profile_costs_less_than_its_factor_in_the_closed_loop(error: fl
     s = prepare(args, "replay")
     out = {}
     for learn in (True, False):
-        cfg = dataclasses.replace(s.cfg, replica_capacity_rps=s.capacity, learn_capacity=learn)
+        cfg = s.cfg.replace(replica_capacity_rps=s.capacity, learn_capacity=learn)
         out[learn] = run("governor", s.scenario.workload, cfg, s.scenario.faults, s.scenario.duration_s).metrics
     if error > 1:
         assert out[True]["slo_attainment"] > out[False]["slo_attainment"] + 0.04

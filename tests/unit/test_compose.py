@@ -346,7 +346,7 @@ def test_compose_runs_with_feedforward_at_the_profiled_capacity(services: dict[s
         for spec in Settings.from_env(_env(services[name])).models:
             assert spec.replica_capacity_rps is not None, f"{name}: {spec.name} has no replica_capacity_rps"
     for spec in Settings.from_env(_env(services["worker"])).models:
-        cfg = LoopConfig(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
+        cfg = LoopConfig.of(model=spec.name, ttft_slo_ms=spec.ttft_slo_ms, itl_slo_ms=spec.itl_slo_ms)
         capacity, headroom = profile(trace, cfg)
         assert spec.replica_capacity_rps == round(capacity, 4), spec.name
         assert spec.replica_headroom == round(headroom, 4), spec.name

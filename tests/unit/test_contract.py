@@ -509,26 +509,26 @@ DRIVERS = [
     ),
     Case(
         "breaker_driver",
-        lambda: DriverSubject(BreakerDriver(_settings())),
+        lambda: DriverSubject(BreakerDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("breaker", lambda c: _breaker_clamp(brk_out(c.payload))),
-        [(lambda: BreakerDriver(_settings(), brk.BreakerParams(min_requests=-1)), "min_requests")],
+        [(lambda: BreakerDriver.from_settings(_settings(), brk.BreakerParams(min_requests=-1)), "min_requests")],
     ),
     Case(
         "routing_driver",
-        lambda: DriverSubject(RoutingDriver(_settings())),
+        lambda: DriverSubject(RoutingDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("route"),
         [(lambda: Settings.from_env({"GOVERNOR_FALLBACKS": "big=big"}), "GOVERNOR_FALLBACKS")],
     ),
     Case(
         "agent_weights_driver",
-        lambda: DriverSubject(AgentWeightsDriver(_settings())),
+        lambda: DriverSubject(AgentWeightsDriver.from_settings(_settings())),
         _zone_windows,
         _commands_clamp("agents", _weights_sum_to_one),
         [
-            (lambda: AgentWeightsDriver(_settings(), alpha=0.0), "alpha"),
-            (lambda: AgentWeightsDriver(_settings(), min_delta=1.0), "min_delta"),
+            (lambda: AgentWeightsDriver.from_settings(_settings(), alpha=0.0), "alpha"),
+            (lambda: AgentWeightsDriver.from_settings(_settings(), min_delta=1.0), "min_delta"),
         ],
     ),
     Case(

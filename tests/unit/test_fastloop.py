@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from controllers.window_record import decode_window
@@ -15,7 +13,7 @@ from sim.traces import load_trace
 pytestmark = pytest.mark.timeout(300)
 
 TRACE = load_trace("azure-conv")
-CFG = LoopConfig(initial_replicas=2, startup_s=20.0)
+CFG = LoopConfig.of(initial_replicas=2, startup_s=20.0)
 
 
 def test_same_seed_same_run() -> None:
@@ -53,7 +51,7 @@ def test_governor_scales_up_on_a_load_step_through_the_pipeline_code() -> None:
 def test_feedforward_adds_capacity_earlier_than_feedback_alone() -> None:
     sc = build("step", TRACE, 4.0, 600.0)
     fb = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
-    ff = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.4), sc.faults, sc.duration_s)
+    ff = run("governor", sc.workload, CFG.replace(replica_capacity_rps=3.4), sc.faults, sc.duration_s)
     first = lambda r: min(t for t, _z, _n, reason in r.decisions if "up" in reason or "reconcile" in reason)  # noqa: E731
     assert first(ff) <= first(fb)
     assert ff.metrics["slo_attainment"] >= fb.metrics["slo_attainment"]
@@ -64,7 +62,7 @@ def test_zone_cut_is_detected_shifted_and_handed_back_when_ready() -> None:
     one, healed when it reports again at 420 s, and routes traffic back only once its
     replicas are ready: no request reaches az-b between the heal and the return."""
     sc = build("zone-cut", TRACE, 8.0, 600.0)
-    r = run("governor", sc.workload, dataclasses.replace(CFG, replica_capacity_rps=3.0), sc.faults, sc.duration_s)
+    r = run("governor", sc.workload, CFG.replace(replica_capacity_rps=3.0), sc.faults, sc.duration_s)
     zone_ev = [
         (e["kind"], e["zone"], (e["window_end_ms"] - EPOCH_MS0) / 1000.0)
         for e in r.events
@@ -85,9 +83,9 @@ def test_zone_cut_is_detected_shifted_and_handed_back_when_ready() -> None:
 
 def test_zone_redundancy_costs_gpu_seconds_without_a_loss() -> None:
     sc = build("replay", TRACE, 8.0, 300.0)
-    cfg = dataclasses.replace(CFG, replica_capacity_rps=3.0)
+    cfg = CFG.replace(replica_capacity_rps=3.0)
     plain = run("governor", sc.workload, cfg, sc.faults, sc.duration_s)
-    n1 = run("governor", sc.workload, dataclasses.replace(cfg, zone_redundancy=1), sc.faults, sc.duration_s)
+    n1 = run("governor", sc.workload, cfg.replace(zone_redundancy=1), sc.faults, sc.duration_s)
     assert n1.metrics["gpu_seconds"] > plain.metrics["gpu_seconds"]
     assert not [e for e in n1.events if e["kind"].startswith("zone_")]
 
@@ -99,7 +97,7 @@ def test_health_checked_balancer_keeps_traffic_off_a_zone_with_nothing_ready() -
     r = run(
         lambda zone: BASELINES["static"](StaticParams(replicas=3)),
         sc.workload,
-        dataclasses.replace(CFG, balancer="health"),
+        CFG.replace(balancer="health"),
         sc.faults,
         sc.duration_s,
         name="static",
@@ -167,8 +165,8 @@ def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ScenarioError):
         build("nope", TRACE, 10.0, 100.0)
     with pytest.raises(LoopConfigError):
-        LoopConfig(tick_s=20.0, window_s=10.0)
+        LoopConfig.of(tick_s=20.0, window_s=10.0)
     with pytest.raises(LoopConfigError):
         Fault("meteor", "az-a", 1.0)
     with pytest.raises(LoopConfigError):
-        LoopConfig(balancer="anycast")
+        LoopConfig.of(balancer="anycast")

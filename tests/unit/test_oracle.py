@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -39,20 +38,20 @@ def test_ceiling_worked_by_hand_on_three_requests() -> None:
     # r1: 100,000 prompt tokens: the prefill alone is over 1 s: unservable on any fleet.
     # r2: 8,000 prompt, 100 output: TTFT fine, ITL = 30.4 + slope * (8,050 - 576) > 31 ms: unservable.
     w = Workload(np.array([0.0, 0.5, 1.0]), np.array([512, 100_000, 8_000]), np.array([10, 10, 100]), None, "3")
-    cfg = LoopConfig(ttft_slo_ms=1000.0, itl_slo_ms=31.0)
+    cfg = LoopConfig.of(ttft_slo_ms=1000.0, itl_slo_ms=31.0)
     assert PERF.prefill_ms(512) <= PERF.prefill_ms(2048) < 135
     assert PERF.prefill_ms(100_000) > 1000
     assert round(PERF.decode_step_ms(1), 1) == 30.4
     assert PERF.decode_step_ms(1) + PERF.decode_ctx_slope_ms * (8_050 - 576) > 31
     assert request_slo_ok(w, cfg).tolist() == [True, False, False]
     assert ceiling(w, cfg) == pytest.approx(1 / 3)
-    assert ceiling(w, dataclasses.replace(cfg, itl_slo_ms=150.0)) == pytest.approx(2 / 3)
+    assert ceiling(w, cfg.replace(itl_slo_ms=150.0)) == pytest.approx(2 / 3)
 
 
 def test_ceiling_is_what_a_huge_idle_fleet_serves_request_by_request() -> None:
     # An independent reference: the event-driven fleet itself, jitter off, far more replicas than load.
     w = build("replay", load_trace("mooncake"), 1.0, 120.0).workload
-    cfg = LoopConfig(ttft_slo_ms=6000.0, itl_slo_ms=150.0)
+    cfg = LoopConfig.of(ttft_slo_ms=6000.0, itl_slo_ms=150.0)
     fleet = Fleet(FleetConfig(models={"m": PERF}, zones=("z",), initial_replicas=150, jitter=False))
     for i in range(len(w)):
         fleet.submit(float(w.arrival_s[i]), "z", "m", int(w.prompt_tokens[i]), int(w.output_tokens[i]), f"r{i}")
@@ -66,7 +65,7 @@ def test_ceiling_is_what_a_huge_idle_fleet_serves_request_by_request() -> None:
 
 def test_zone_assignment_is_the_fast_loops_draw() -> None:
     sc = build("replay", AZURE, 4.0, 30.0)
-    cfg = LoopConfig(initial_replicas=2)
+    cfg = LoopConfig.of(initial_replicas=2)
     r = run(_factory("static", cfg, 1.0, 2), sc.workload, cfg, (), sc.duration_s)
     zones = {rec["request_id"]: rec["zone"] for rec in r.finished}
     drawn = zone_assignment(sc.workload, cfg)
@@ -75,7 +74,7 @@ def test_zone_assignment_is_the_fast_loops_draw() -> None:
 
 @pytest.mark.parametrize(("scenario", "seed"), [("step", 0), ("burst", 1), ("spike", 2)])
 def test_lower_bound_is_below_every_strategys_gpu_seconds(scenario: str, seed: int) -> None:
-    cfg = LoopConfig(initial_replicas=3, seed=seed)
+    cfg = LoopConfig.of(initial_replicas=3, seed=seed)
     sc = build(scenario, AZURE, 3.0, 300.0, cfg.zones)  # >= 240 s: burst keeps its bursts apart
     lb = lower_bound_gpu_seconds(sc.workload, cfg)
     assert lb > 0
@@ -94,7 +93,7 @@ def test_lower_bound_is_below_every_strategys_gpu_seconds(scenario: str, seed: i
 
 
 def test_oracle_reaches_the_ceiling_on_a_step_at_no_less_than_the_bound() -> None:
-    cfg = LoopConfig(initial_replicas=2)
+    cfg = LoopConfig.of(initial_replicas=2)
     sc = build("step", AZURE, 6.0, 300.0, cfg.zones)
     cap = replica_capacity_rps(AZURE, cfg, duration_s=120.0, iters=6)
     res = run(oracle_factory(sc.workload, cfg, cap, sc.faults, sc.duration_s), sc.workload, cfg, (), sc.duration_s)
@@ -110,7 +109,7 @@ def test_the_causal_oracle_follows_a_step_only_after_it_came_and_pays_for_not_kn
     """Same schedule, read only up to now: the oracle orders for a step one start-up before it
     arrives, the causal oracle only after it has seen it, so it never knows the step in advance
     and at the same headroom it is no better than the oracle."""
-    cfg = LoopConfig(initial_replicas=1, actuation_delay_s=0.0)
+    cfg = LoopConfig.of(initial_replicas=1, actuation_delay_s=0.0)
     rng = np.random.default_rng(3)
     step_at, end = 150.0, 300.0
     arrivals = np.sort(np.concatenate([rng.uniform(0, step_at, 150), rng.uniform(step_at, end, 1800)]))

@@ -31,7 +31,7 @@ def test_bisection_finds_low_and_high_capacities_to_a_fraction_of_a_percent(
 
 def test_the_profiled_rate_keeps_the_target_on_the_real_simulator() -> None:
     """On the real fast simulator (Mooncake, its SLO): four replicas at the profiled rate keep the target."""
-    trace, cfg = load_trace("mooncake"), LoopConfig(ttft_slo_ms=6000.0, itl_slo_ms=150.0)
+    trace, cfg = load_trace("mooncake"), LoopConfig.of(ttft_slo_ms=6000.0, itl_slo_ms=150.0)
     cap = prof.replica_capacity_rps(trace, cfg)
     target = min(0.98, prof.attainment_at(trace, 0.4, 4, cfg, 5000.0) - 0.01)
     assert prof.attainment_at(trace, cap * 4, 4, cfg, 2000.0 / (cap * 4)) >= target
@@ -46,7 +46,7 @@ def test_the_profile_does_not_fall_to_its_floor_on_another_seed() -> None:
     """
     trace = load_trace("mooncake")
     caps = [
-        prof.replica_capacity_rps(trace, LoopConfig(ttft_slo_ms=6000.0, itl_slo_ms=150.0, seed=seed))
+        prof.replica_capacity_rps(trace, LoopConfig.of(ttft_slo_ms=6000.0, itl_slo_ms=150.0, seed=seed))
         for seed in range(4)
     ]
     assert min(caps) > 0.15, caps
@@ -102,6 +102,6 @@ def test_the_two_traces_get_the_headroom_their_curves_call_for_on_the_real_simul
     """Azure conversation (1 s TTFT) falls off a cliff past its capacity: 1.2 or more.  Mooncake (6 s
     TTFT) slopes, and its queue absorbs most of a replica short: less than 1.1."""
     azure = prof.profile(load_trace("azure-conv"), LoopConfig())
-    moon = prof.profile(load_trace("mooncake"), LoopConfig(ttft_slo_ms=6000.0, itl_slo_ms=150.0))
+    moon = prof.profile(load_trace("mooncake"), LoopConfig.of(ttft_slo_ms=6000.0, itl_slo_ms=150.0))
     assert 1.2 <= azure[1] <= 1.25, azure
     assert 1.0 <= moon[1] < 1.1, moon

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from controllers.window_record import WindowRecord, decode_window
-from core.settings import Settings, SettingsError
+from core.settings import ClassSlo, ModelSpec, Settings, SettingsError
 from streams.canary_driver import window_obs
 from streams.commands import Command
 from streams.routing_driver import RoutingDriver
@@ -15,6 +15,7 @@ from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 P, F = "llama2-70b", "llama2-13b"
+F_SPEC = ModelSpec(F)
 
 
 def _w(model: str, zone: str, start: int, p95: float, scope: str = "zone") -> WindowRecord:
@@ -55,7 +56,7 @@ def test_settings_parse_fallbacks() -> None:
 
 
 def test_slow_primary_moves_degradable_classes_to_the_fallback_and_back() -> None:
-    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    d = RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
     assert d.on_window(_w(P, "az-a", 0, 2000.0, scope="node"), 1) == []
     assert d.on_window(_w("bloom-176b", "az-a", 0, 2000.0), 1) == []
     cmds = _feed(d, 0, 2000.0)
@@ -75,7 +76,7 @@ def test_slow_primary_moves_degradable_classes_to_the_fallback_and_back() -> Non
 
 
 def test_a_missing_zone_window_is_judged_when_a_later_window_arrives() -> None:
-    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    d = RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
     assert d.on_window(_w(P, "az-a", 0, 2000.0), 1) == []
     assert d.on_window(_w(F, "az-a", 0, 100.0), 1) == []
     cmds = d.on_window(_w(P, "az-a", 10_000, 2000.0), 1)
@@ -90,7 +91,7 @@ def test_window_obs_of_an_absent_window_is_empty() -> None:
 
 def test_an_open_breaker_takes_its_target_out_of_the_routing() -> None:
     states = {f"{P}|az-a": "open", f"{P}|az-b": "half_open"}
-    d = RoutingDriver(
+    d = RoutingDriver.from_settings(
         Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)), breaker_of=lambda t: states.get(t, "closed")
     )
     assert d.obs(_w(P, "az-a", 0, 100.0)).breaker == "open"
@@ -104,8 +105,8 @@ def test_the_breaker_drivers_state_feeds_the_router() -> None:
     from streams.breaker_driver import BreakerDriver
 
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),), breaker_min_requests=200)
-    brk = BreakerDriver(s)
-    d = RoutingDriver(s, breaker_of=brk.state_of)
+    brk = BreakerDriver.from_settings(s)
+    d = RoutingDriver.from_settings(s, breaker_of=brk.state_of)
     trip = dataclasses.replace(_w(P, "az-a", 0, 100.0), count=500, error_rate=0.1, violation_rate=0.1)
     assert brk.on_window(trip, 1)[0].payload["state"] == "open"
     weights = _feed(d, 0, 100.0)[0].payload["weights"]
@@ -125,17 +126,17 @@ def _routing_stream() -> list[WindowRecord]:
 def test_a_restored_routing_driver_decides_like_the_original(cut: int) -> None:
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))
     rest = assert_restores_alike(
-        lambda: RoutingDriver(s), lambda d, w: d.on_window(w, w.window_end_ms), _routing_stream(), cut
+        lambda: RoutingDriver.from_settings(s), lambda d, w: d.on_window(w, w.window_end_ms), _routing_stream(), cut
     )
     assert rest
 
 
 def test_routing_snapshot_drops_families_no_longer_routed() -> None:
-    d = RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
+    d = RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),)))
     _feed(d, 0, 2000.0)
     data = plain(d.snapshot())
-    assert RoutingDriver(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(data) == 1
-    assert RoutingDriver(Settings(zones=("az-a", "az-b"))).restore(data) == 0
+    assert RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), fallbacks=((P, F),))).restore(data) == 1
+    assert RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"))).restore(data) == 0
     with pytest.raises(SnapshotVersionError):
         d.restore({"version": 0})
 
@@ -154,10 +155,22 @@ def test_a_forecast_surge_moves_traffic_off_the_target_before_its_queue_grows() 
     def surge(model: str, zone: str) -> float | None:
         return 20.0 if (model, zone) == (P, "az-a") else None
 
-    calm, ahead = RoutingDriver(s), RoutingDriver(s, forecast_of=surge)
+    calm, ahead = RoutingDriver.from_settings(s), RoutingDriver.from_settings(s, forecast_of=surge)
     assert ahead.obs(_w(P, "az-a", 0, 100.0)).forecast_rps == 20.0
     assert calm.obs(_w(P, "az-a", 0, 100.0)).forecast_rps is None
     w_calm = _feed(calm, 0, 100.0)[0].payload["weights"]["batch"]
     w_ahead = _feed(ahead, 0, 100.0)[0].payload["weights"]["batch"]
     assert w_calm[f"{P}|az-a"] == pytest.approx(w_calm[f"{P}|az-b"])
     assert w_ahead[f"{P}|az-a"] < 0.5 * w_ahead[f"{P}|az-b"], w_ahead
+
+
+def test_a_configured_class_slo_changes_the_routing_decision() -> None:
+    """A primary at 500 ms misses trading's default 300 ms (fallback) but meets a configured 2 s (stays)."""
+    models = (ModelSpec(P), F_SPEC)
+    strict = RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), models=models, fallbacks=((P, F),)))
+    loose_p = ModelSpec(P, classes={"trading": ClassSlo(ttft_slo_ms=2000.0)})
+    loose = RoutingDriver.from_settings(Settings(zones=("az-a", "az-b"), models=(loose_p, F_SPEC), fallbacks=((P, F),)))
+    assert "trading" in _feed(strict, 0, 500.0)[0].payload["fallback"]
+    routed = _feed(loose, 0, 500.0)[0].payload
+    assert "trading" not in routed["fallback"]
+    assert sum(w for t, w in routed["weights"]["trading"].items() if t.startswith(P)) > 0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -175,13 +176,13 @@ def test_worker_and_executor_refuse_to_start_without_a_key(
 
 # -- the executor's guard ------------------------------------------------------------------------------------------
 RING = Keyring.parse(NEW)
-GUARD = CommandGuard(
-    RING,
+GUARD = CommandGuard.from_settings(
     Settings(
         models=(ModelSpec("m", max_replicas=8), ModelSpec("llama2-70b"), ModelSpec("m@v2")),
         zones=("az-a", "az-b"),
         fallbacks=(("chat", "m"),),
     ),
+    RING,
 )
 
 
@@ -225,7 +226,7 @@ def test_the_guard_checks_breaker_targets_scale_bounds_ttl_and_v1() -> None:
     assert "above the command TTL" in (_check(make_cmd(issued_at_ms=0, expires_at_ms=60_001)) or "")
     assert _check(make_cmd(issued_at_ms=0, expires_at_ms=60_000)) is None
     assert "GOVERNOR_ACCEPT_UNSIGNED_V1" in (GUARD.check(make_cmd(), 1, 1_000) or "")
-    lenient = CommandGuard(RING, GUARD.settings.replace(accept_unsigned_v1=True))
+    lenient = dataclasses.replace(GUARD, accept_unsigned_v1=True)
     assert lenient.check(make_cmd(), 1, 1_000) is None
 
 

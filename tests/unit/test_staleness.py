@@ -111,7 +111,7 @@ def test_zone_loss_by_silence_needs_the_executor_heartbeat_gone() -> None:
 
 
 SC = build("replay", load_trace("azure-conv"), qps=20, duration_s=3000)
-CFG = LoopConfig(initial_replicas=4, startup_s=30.0, min_replicas=0)
+CFG = LoopConfig.of(initial_replicas=4, startup_s=30.0, min_replicas=0)
 
 
 @pytest.mark.parametrize("kind", ["requests_silent", "gpu_silent"])
