@@ -90,7 +90,7 @@ def platform_replicas(prefix: str, zone: str) -> str:
 def admission(prefix: str) -> str:
     """Hash ``<orchestrator>|<task> -> JSON`` of periodic agent tasks and their admission state
     (``governor admission add|list|check|remove`` write and read it; the worker decides:
-    :mod:`streams.admission_driver`)."""
+    :mod:`loop.admission_driver`)."""
     return f"{prefix}:admission"
 
 

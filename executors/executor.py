@@ -96,7 +96,7 @@ from executors.loop import TRANSPORT, is_nogroup, retry_until_ok, run_until_stop
 from executors.outcomes import OutcomeRelay
 from executors.results import ExecutorStats, ResultPublisher, result_record
 from executors.timing import Held, ZoneTiming, supersedes
-from streams.commands import Command, CommandError, hlc_stale
+from loop.commands import Command, CommandError, hlc_stale
 from streams.metrics_export import ExecutorMetrics
 
 log = logging.getLogger(__name__)

@@ -339,7 +339,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return run_analyze(settings, args)
     if args.command == "worker":
         from governor.worker import run_worker
-        from streams.scaler_driver import controller_problem
+        from loop.scaler_driver import controller_problem
 
         problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
         if problem:

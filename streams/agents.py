@@ -1,5 +1,5 @@
 """The Faust agents (thin): they move bytes between topics and call the pure
-processors in :mod:`streams.pipeline` and :mod:`streams.scaler_driver`.
+processors in :mod:`loop.pipeline` and :mod:`loop.scaler_driver`.
 
     telemetry --ingest--> metrics (+ deadletter)   telemetry keyed model|zone
     metrics   --control--> commands                window records keyed by model
@@ -54,16 +54,16 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.signing import MissingKeysError
 from core.transport import redis_options
-from streams.admission_driver import AdmissionDriver
+from loop.admission_driver import AdmissionDriver
+from loop.canary_driver import CanaryDriver
+from loop.commands import Command, CommandError
+from loop.control_loop import ControlLoop, Ingested
+from loop.pipeline import dead_letter
 from streams.app import GovernorApp
 from streams.boundary import AgentWatch, unprocessable
-from streams.canary_driver import CanaryDriver
-from streams.commands import Command, CommandError
-from streams.control_loop import ControlLoop, Ingested
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance
-from streams.pipeline import dead_letter
 from streams.side_redis import SideChannel
 from streams.snapshots import SnapshotStore
 
@@ -135,7 +135,7 @@ def build_pipeline(
     metrics: WorkerMetrics | None = None,
     readiness: Readiness | None = None,
 ) -> Pipeline:
-    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`
+    """The worker's Faust agents around one :class:`~loop.control_loop.ControlLoop`
     (``readiness``: failed by an agent's crash until it runs again)."""
     metrics = metrics or WorkerMetrics()
     watch = AgentWatch(metrics, readiness, ("ingest", "control", "bridge"))
@@ -153,7 +153,7 @@ def build_pipeline(
         str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
     )
     zones = set(settings.zones)
-    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
+    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (loop.canary_driver)
     snapshots = SnapshotStore(  # sealed, one key per model and routed family (streams.snapshots)
         redis,
         settings.topic_prefix,
@@ -251,7 +251,7 @@ def build_pipeline(
     allowance_keys = [names.zone_allowance(settings.topic_prefix, z) for z in settings.zones]  # core/budget.py
     platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
     platform_refused: dict[str, list[str]] = {}
-    admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (streams/admission_driver.py)
+    admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (loop/admission_driver.py)
     admission_key = names.admission(settings.topic_prefix)
 
     async def review_admission() -> None:
@@ -293,7 +293,7 @@ def build_pipeline(
         loop.set_heartbeats(None if read is None else [z for z, b in zip(settings.zones, read[:n], strict=True) if b])
         loop.set_allowances(None if read is None else dict(zip(settings.zones, read[n:], strict=True)))
         await review_admission()
-        for zone, key in platform_keys:  # replica truth from the platform (streams/platform_truth.py)
+        for zone, key in platform_keys:  # replica truth from the platform (loop/platform_truth.py)
             fields = await side.call("platform replicas", functools.partial(redis.hgetall, key))
             refused = loop.platform.set(zone, fields or {})
             if refused != platform_refused.get(zone):  # said once per change, not every second

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from core.vocab import DEAD_LETTER_KINDS
-from streams.deadletters import dead_letter_kind
+from loop.deadletters import dead_letter_kind
 from streams.health import HealthServer, Readiness, build_info
 
 _LABELS = ("model", "zone")

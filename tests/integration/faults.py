@@ -29,7 +29,7 @@ from core.settings import Settings
 from governor.embedded import _die_with_parent, free_port, redis_answers, redis_binary
 from governor.ledger import Ledger, read_ledger
 from governor.processes import ChildProcess
-from streams.commands import Command
+from loop.commands import Command
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.1) -> None:

@@ -15,7 +15,7 @@ from core.settings import Settings
 from executors.backends import RoutingBackend
 from governor import canary_cli
 from governor.cli import main
-from streams.canary_driver import CanaryDriver
+from loop.canary_driver import CanaryDriver
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

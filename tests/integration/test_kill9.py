@@ -34,7 +34,7 @@ from core.settings import Secret, Settings
 from executors.executor import GROUP
 from governor.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
 from governor.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.faults import (
     Receiver,
     RedisServer,

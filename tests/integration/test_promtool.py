@@ -7,7 +7,7 @@ tests when it is missing instead.
 
 The exporters' text is the real thing: the worker's registry
 (:class:`streams.metrics_export.WorkerMetrics`) after telemetry batches went
-through :class:`streams.control_loop.ControlLoop` (windows closed, a decision
+through :class:`loop.control_loop.ControlLoop` (windows closed, a decision
 made), every family given a sample, rendered by ``prometheus_client``; and the
 executor's (:class:`~streams.metrics_export.ExecutorMetrics`).
 
@@ -33,7 +33,7 @@ from prometheus_client import generate_latest
 
 from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import ExecutorMetrics, WorkerMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -65,7 +65,7 @@ from governor.redis_acl import (
     redis_url_for,
     run_redis_acl,
 )
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.redis7 import redis7, version
 

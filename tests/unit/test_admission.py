@@ -1,4 +1,4 @@
-"""Admission of periodic agent tasks (controllers/admission.py, streams/admission_driver.py, the CLI offline)."""
+"""Admission of periodic agent tasks (controllers/admission.py, loop/admission_driver.py, the CLI offline)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from controllers.admission import AgentTask, admit, evaluate
 from controllers.errors import ParameterError
 from controllers.window_record import decode_window
-from streams.admission_driver import AdmissionDriver
+from loop.admission_driver import AdmissionDriver
 
 
 def _task(name: str, period: float, prio: int, **kw: Any) -> AgentTask:
@@ -219,7 +219,7 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
         assert gate.wait(30), "the event loop never got to run while the review was held"
         return admit(*args, **kw)
 
-    monkeypatch.setattr("streams.admission_driver.admit", held)
+    monkeypatch.setattr("loop.admission_driver.admit", held)
     results: list[tuple[dict[str, bytes], list[dict[str, Any]]]] = []
 
     async def review_round() -> None:
@@ -241,7 +241,7 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
 
 
 def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -258,7 +258,7 @@ def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest
 
 
 def test_a_set_too_costly_to_analyse_is_a_clear_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -291,7 +291,7 @@ def test_an_orchestrator_runs_at_most_its_cap() -> None:
 
 
 def test_registry_parsing_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -325,7 +325,7 @@ def test_cli_reads_entries_bounded(tmp_path: Path) -> None:
 
 
 def test_a_review_never_writes_over_an_entry_changed_while_it_ran() -> None:
-    from streams.admission_driver import still_current
+    from loop.admission_driver import still_current
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))

@@ -43,11 +43,11 @@ from controllers import routing as rt
 from controllers import zone_capacity as zc
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
-from streams.agent_weights_driver import AgentWeightsDriver
-from streams.breaker_driver import BreakerDriver
-from streams.kv_policy_driver import KvPolicyDriver
-from streams.routing_driver import RoutingDriver
-from streams.scaler_driver import Scaler
+from loop.agent_weights_driver import AgentWeightsDriver
+from loop.breaker_driver import BreakerDriver
+from loop.kv_policy_driver import KvPolicyDriver
+from loop.routing_driver import RoutingDriver
+from loop.scaler_driver import Scaler
 
 GIB = 1 << 30
 

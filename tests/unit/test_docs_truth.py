@@ -42,7 +42,7 @@ INDEX_COLUMNS = [
 # Which package each path column's modules must live in.
 COLUMN_PACKAGE = {
     "controller module(s)": "controllers/",
-    "stream driver": "streams/",
+    "stream driver": "loop/",
     "simulator part": "sim/",
     "tests": "tests/",
 }
@@ -69,7 +69,7 @@ def paths_in(span: str) -> list[str]:
 
     >>> paths_in("streams/agents.py")
     ['streams/agents.py']
-    >>> paths_in("governor bench kv"), paths_in("streams/*_driver.py"), paths_in("runs/<name>/report.json")
+    >>> paths_in("governor bench kv"), paths_in("loop/*_driver.py"), paths_in("runs/<name>/report.json")
     ([], [], [])
     >>> paths_in("sim/fastloop.py:LoopConfig"), paths_in("/work/shared/x.md")
     (['sim/fastloop.py'], [])

@@ -1,4 +1,4 @@
-"""The per-key wiring of the controllers (streams.scaler_driver.Scaler), without I/O."""
+"""The per-key wiring of the controllers (loop.scaler_driver.Scaler), without I/O."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from controllers.fixable import fixable_violation_rate
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
-from streams.commands import Command
-from streams.scaler_driver import Scaler
+from loop.commands import Command
+from loop.scaler_driver import Scaler
 from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import plain
 
@@ -376,7 +376,7 @@ def test_a_budget_never_clamps_below_min_replicas() -> None:
 def test_the_feedforward_plans_with_the_profiles_headroom_under_the_gain(
     headroom: float | None, gains: dict[str, float], target_util: float
 ) -> None:
-    from streams.scaler_driver import ff_params_for
+    from loop.scaler_driver import ff_params_for
 
     spec = ModelSpec(MODEL, replica_capacity_rps=2.0, replica_headroom=headroom)
     s = Settings(models=(spec,), zones=("az-a",), pid_gains={**Settings().pid_gains, **gains})
@@ -397,7 +397,7 @@ def test_a_zones_allowance_caps_its_targets_so_its_executor_is_not_asked_for_mor
     read the allowances, asks for no more, so a zone that wants more gets its share, not refusals."""
     from core import names
     from core.budget import default_allowances
-    from streams.control_loop import ControlLoop
+    from loop.control_loop import ControlLoop
 
     s = _budget_scaler(total=12)
     shares = default_allowances(("az-a", "az-b"), 12, {})

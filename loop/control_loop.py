@@ -6,7 +6,7 @@ event, so the loop can be driven, and tested, without a broker:
 
 - :meth:`ControlLoop.ingest` a telemetry message (dead letters, windows closed), and
   :meth:`ControlLoop.close_due` the windows whose lateness has passed (on a worker:
-  per telemetry partition, :mod:`streams.partitioned_ingest`);
+  per telemetry partition, :mod:`loop.partitioned_ingest`);
 - :meth:`ControlLoop.decode` a metrics message into a :class:`WindowRecord`
   (or the dead letter that says why it is not one);
 - :meth:`ControlLoop.decide` a window record: the commands and events of every
@@ -59,18 +59,18 @@ from controllers.window_record import WindowRecord, WindowRecordError, decode_wi
 from core.budget import Allowance
 from core.settings import Settings
 from core.signing import Keyring
-from streams.agent_weights_driver import AgentWeightsDriver
-from streams.breaker_driver import BreakerDriver
-from streams.commands import Command
-from streams.kv_policy_driver import KvPolicyDriver
+from loop.agent_weights_driver import AgentWeightsDriver
+from loop.breaker_driver import BreakerDriver
+from loop.commands import Command
+from loop.kv_policy_driver import KvPolicyDriver
+from loop.partitioned_ingest import PartitionedIngest
+from loop.pipeline import ProcessResult, TelemetryProcessor, dead_letter
+from loop.platform_truth import PlatformTruth
+from loop.routing_driver import RoutingDriver
+from loop.scaler_driver import Scaler
+from loop.telemetry_watch import TelemetryWatch
 from streams.metrics_export import WorkerMetrics
-from streams.partitioned_ingest import PartitionedIngest
-from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
-from streams.platform_truth import PlatformTruth
-from streams.routing_driver import RoutingDriver
-from streams.scaler_driver import Scaler
 from streams.snapshots import SnapshotVersionError
-from streams.telemetry_watch import TelemetryWatch
 
 __all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
 
@@ -321,7 +321,7 @@ class ControlLoop:
     # -- missing telemetry -----------------------------------------------------------------
     def set_allowances(self, raw: Mapping[str, Any] | None) -> None:
         """Each zone's stored share of the fleet budget (None: no view, the last one kept); the scaler caps a
-        zone's targets at it (:meth:`streams.scaler_driver.Scaler._budget_cap`); a malformed one is unknown."""
+        zone's targets at it (:meth:`loop.scaler_driver.Scaler._budget_cap`); a malformed one is unknown."""
         if raw is not None:
             decoded = {z: Allowance.decode(v) for z, v in raw.items()}
             self.scaler.allowances = {z: a for z, a in decoded.items() if a is not None}

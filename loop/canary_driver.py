@@ -39,7 +39,7 @@ from controllers import canary as can
 from controllers.window_record import WindowRecord
 from core import names
 from core.settings import Settings
-from streams.commands import Command
+from loop.commands import Command
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ executor enforces, :mod:`executors.budget`), never below ``min_replicas``
 (:meth:`Scaler._budget_cap`); the level is clamped with it (anti-windup).
 
 A decision that changes the replica count becomes a
-:class:`~streams.commands.Command`; when the fleet's provisioned count
+:class:`~loop.commands.Command`; when the fleet's provisioned count
 disagrees with the target for ``reconcile_after`` windows the target is
 re-issued.  :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the learned
 state (controller, forecaster, detectors) across a worker restart.  No I/O.
@@ -67,7 +67,7 @@ from controllers.sde_fit import OnlineOuFit, OuEstimate
 from controllers.window_record import WindowRecord
 from core.budget import Allowance
 from core.settings import Settings
-from streams.commands import Command
+from loop.commands import Command
 from streams.snapshots import SnapshotVersionError
 
 log = logging.getLogger(__name__)
