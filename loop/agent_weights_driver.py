@@ -52,7 +52,7 @@ from core.settings import Settings
 from core.vocab import AGENT_PATHS
 from loop.breaker_driver import Target, fresh_zone_window
 from loop.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 

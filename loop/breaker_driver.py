@@ -65,7 +65,7 @@ from controllers.breaker import (
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from loop.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,8 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
-import redis.asyncio as aioredis
-from redis.exceptions import WatchError
-
 from controllers import canary as can
 from controllers.window_record import WindowRecord
-from core import names
 from core.settings import Settings
 from loop.commands import Command
 
@@ -93,99 +88,68 @@ def window_obs(w: WindowRecord | None) -> can.VersionObs:
 
 
 @dataclass
-class _Pair:
+class Pair:
     canary: WindowRecord | None = None
     stable: WindowRecord | None = None
 
 
 @dataclass
 class CanaryDriver:
-    """Advances the rollouts stored in Redis from the worker's zone windows."""
+    """Pairs the zone windows of a rollout's two versions and advances the rollout (pure; the worker's
+    :class:`streams.canary_store.CanaryStore` reads the rollout from Redis and writes the step back)."""
 
     settings: Settings
-    redis: aioredis.Redis
-    max_retries: int = 5
-    _pairs: dict[tuple[str, str, int], _Pair] = field(default_factory=dict)
+    _pairs: dict[tuple[str, str, int], Pair] = field(default_factory=dict)
 
-    @property
-    def prefix(self) -> str:
-        return self.settings.topic_prefix
+    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[Pair | None] | None:
+        """Feed one window of a model family whose rollout is ``rollout`` (None: no rollout).
 
-    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
-        """Feed one window record; returns the ``canary`` commands to publish.
-
-        The one driver that does I/O: a rollout lives in Redis, where ``governor
-        canary`` writes it, and each step is an optimistic transaction on it.
+        Returns the pairs to judge, oldest first (``[None]``: none, but a start or an abort may need its
+        share published), or None when the window is not the rollout's.
         """
-        if m.scope != "zone":
-            return []
-        name, zone, start = m.model, m.zone, m.window_start_ms
-        base, _, version = name.partition("@")
-        raw = await self.redis.get(names.canary_state(self.prefix, base))
-        if raw is None:
-            return []
-        rollout = orjson.loads(raw)
+        if m.scope != "zone" or rollout is None:
+            return None
+        base, _, version = m.model.partition("@")
         if version and version != rollout["version"]:
-            return []
-        pair = self._pairs.setdefault((base, zone, start), _Pair())
+            return None
+        zone, start = m.zone, m.window_start_ms
+        pair = self._pairs.setdefault((base, zone, start), Pair())
         if version:
             pair.canary = m
         else:
             pair.stable = m
-        due = []
+        due: list[Pair | None] = []
         for key in sorted(k for k in self._pairs if k[0] == base and k[1] == zone):
             p = self._pairs[key]
             if (p.canary is not None and p.stable is not None) or key[2] < start:
-                due.append((key, self._pairs.pop(key)))
-        cmds: list[Command] = []
-        for (_, _, _), p in due:
-            cmds += await self._step(base, p, m.window_end_ms, now_ms)
-        if not due:  # nothing judged, but a start or an abort may need its share published
-            cmds += await self._step(base, None, m.window_end_ms, now_ms)
-        return cmds
+                due.append(self._pairs.pop(key))
+        return due or [None]
 
-    async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
-        key = names.canary_state(self.prefix, base)
-        for _ in range(self.max_retries):
-            try:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return []
-                    rollout = orjson.loads(raw)
-                    params = params_from_dict(rollout["params"])
-                    state = can.CanaryState.from_dict(rollout["state"])
-                    basis_ms = seen_ms
-                    if pair is not None and state.name == "running":
-                        ref = pair.stable or pair.canary
-                        assert ref is not None
-                        end_ms = ref.window_end_ms
-                        state, out = can.step(
-                            params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0
-                        )
-                        if out.changed:
-                            log.info("canary %s: %s", rollout["canary"], out.reason)
-                    share = can.traffic_share(params, state)
-                    publish = share != rollout["published_share"]
-                    # Executors refuse a basis older than the last applied one: never go back.
-                    basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
-                    if state.to_dict() == rollout["state"] and not publish:
-                        await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return []
-                    rollout.update(state=state.to_dict(), published_share=share, updated_ms=now_ms)
-                    if publish:
-                        rollout["published_basis_ms"] = basis_ms
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, orjson.dumps(rollout))
-                    await pipe.execute()
-            except WatchError:
-                continue
-            if not publish:
-                return []
-            return self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name)
-        log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
-        return []
+    def advance(
+        self, rollout: dict[str, Any], pair: Pair | None, seen_ms: int, now_ms: int
+    ) -> tuple[dict[str, Any] | None, list[Command]]:
+        """One step of a rollout: (the rollout to write back, or None when nothing changed; its commands)."""
+        params = params_from_dict(rollout["params"])
+        state = can.CanaryState.from_dict(rollout["state"])
+        basis_ms = seen_ms
+        if pair is not None and state.name == "running":
+            ref = pair.stable or pair.canary
+            assert ref is not None
+            end_ms = ref.window_end_ms
+            state, out = can.step(params, state, window_obs(pair.canary), window_obs(pair.stable), end_ms / 1000.0)
+            if out.changed:
+                log.info("canary %s: %s", rollout["canary"], out.reason)
+        share = can.traffic_share(params, state)
+        publish = share != rollout["published_share"]
+        # Executors refuse a basis older than the last applied one: never go back.
+        basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
+        if state.to_dict() == rollout["state"] and not publish:
+            return None, []
+        rollout = {**rollout, "state": state.to_dict(), "published_share": share, "updated_ms": now_ms}
+        if not publish:
+            return rollout, []
+        rollout["published_basis_ms"] = basis_ms
+        return rollout, self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name)
 
     def _commands(
         self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str

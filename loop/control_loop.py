@@ -62,15 +62,15 @@ from core.signing import Keyring
 from loop.agent_weights_driver import AgentWeightsDriver
 from loop.breaker_driver import BreakerDriver
 from loop.commands import Command
+from loop.errors import SnapshotVersionError
 from loop.kv_policy_driver import KvPolicyDriver
 from loop.partitioned_ingest import PartitionedIngest
 from loop.pipeline import ProcessResult, TelemetryProcessor, dead_letter
 from loop.platform_truth import PlatformTruth
+from loop.ports import LoopMetrics
 from loop.routing_driver import RoutingDriver
 from loop.scaler_driver import Scaler
 from loop.telemetry_watch import TelemetryWatch
-from streams.metrics_export import WorkerMetrics
-from streams.snapshots import SnapshotVersionError
 
 __all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
 
@@ -130,9 +130,7 @@ class ControlLoop:
     ``keyring`` (optional) signs and verifies window records; without it nothing is verified.
     """
 
-    def __init__(
-        self, settings: Settings, metrics: WorkerMetrics | None = None, keyring: Keyring | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, metrics: LoopMetrics | None = None, keyring: Keyring | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.keyring = keyring

@@ -37,7 +37,7 @@ from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
 from controllers.window_record import WindowRecord
 from loop.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.errors import SnapshotVersionError
 
 __all__ = ["KvPolicyDriver"]
 

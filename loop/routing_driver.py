@@ -15,7 +15,7 @@ from controllers import routing as rt
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings
 from loop.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ from controllers.window_record import WindowRecord
 from core.budget import Allowance
 from core.settings import Settings
 from loop.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class Scaler:
         """Load a :meth:`snapshot` (all or nothing; keys it holds replace those in memory).
 
         Returns the number of keys it restored; a snapshot of another version or
-        controller raises :class:`~streams.snapshots.SnapshotVersionError`.
+        controller raises :class:`~loop.errors.SnapshotVersionError`.
         """
         if data.get("version") != SNAPSHOT_VERSION or data.get("controller") != self.settings.controller:
             raise SnapshotVersionError(

@@ -55,12 +55,13 @@ from core.settings import Settings
 from core.signing import MissingKeysError
 from core.transport import redis_options
 from loop.admission_driver import AdmissionDriver
-from loop.canary_driver import CanaryDriver
 from loop.commands import Command, CommandError
 from loop.control_loop import ControlLoop, Ingested
 from loop.pipeline import dead_letter
+from streams.admission_review import OffLoopReview
 from streams.app import GovernorApp
 from streams.boundary import AgentWatch, unprocessable
+from streams.canary_store import CanaryStore
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance
@@ -153,7 +154,7 @@ def build_pipeline(
         str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
     )
     zones = set(settings.zones)
-    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (loop.canary_driver)
+    canary = CanaryStore(settings, redis)  # rollouts in <prefix>:canary:<model> (loop.canary_driver)
     snapshots = SnapshotStore(  # sealed, one key per model and routed family (streams.snapshots)
         redis,
         settings.topic_prefix,
@@ -252,6 +253,7 @@ def build_pipeline(
     platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
     platform_refused: dict[str, list[str]] = {}
     admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (loop/admission_driver.py)
+    admission_runner = OffLoopReview(admission)  # the review off the event loop (streams/admission_review.py)
     admission_key = names.admission(settings.topic_prefix)
 
     async def review_admission() -> None:
@@ -261,13 +263,13 @@ def build_pipeline(
         Not waited for: the analysis runs in a worker thread, one review at a time (AdmissionDriver.launch).
         """
         if 0 in ownership.assigned:
-            admission.launch(admission_round)
+            admission_runner.launch(admission_round)
 
     async def admission_round() -> None:
         entries = await side.call("admission", functools.partial(redis.hgetall, admission_key))
         if not entries:
             return
-        writes, evs = await admission.review_off_loop(entries, clock.now_ms())
+        writes, evs = await admission_runner.review(entries, clock.now_ms())
         if 0 not in ownership.assigned:  # released while the review ran: the new owner reviews
             return
         if writes:  # only entries nobody changed or removed meanwhile (the review took a while)

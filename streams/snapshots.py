@@ -79,7 +79,6 @@ __all__ = [
     "REASONS",
     "Opened",
     "SnapshotStore",
-    "SnapshotVersionError",
     "open_snapshot",
     "seal_snapshot",
 ]
@@ -91,10 +90,6 @@ MAGIC = b"GSNAP "
 REASONS = ("unauthenticated", "unreadable", "version", "scope", "stale")
 _REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 _MAX_HEADER = 200  # "GSNAP <kid> <64 hex>\n": a key id is short
-
-
-class SnapshotVersionError(ValueError):
-    """A driver's snapshot data is of a version (or controller) this code does not read."""
 
 
 @dataclass(frozen=True)

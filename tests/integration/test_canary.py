@@ -15,7 +15,7 @@ from core.settings import Settings
 from executors.backends import RoutingBackend
 from governor import canary_cli
 from governor.cli import main
-from loop.canary_driver import CanaryDriver
+from streams.canary_store import CanaryStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -80,7 +80,7 @@ async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings:
     canary_cli.start(settings, MODEL, "v2", CanaryParams(hold_s=60.0), now_s=0.0)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
-        driver = CanaryDriver(settings, redis)
+        driver = CanaryStore(settings, redis)
         now = int(time.time() * 1000)
         # The first window after start publishes the 1 % share to every zone.
         cmds = await driver.on_window(_window(MODEL, "az-a", 0, 990, 0.0), now)
@@ -114,7 +114,7 @@ async def test_abort_publishes_share_zero_on_the_next_window(settings: Settings)
     canary_cli.start(settings, MODEL, "v2", CanaryParams(hold_s=60.0), now_s=0.0)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
-        driver = CanaryDriver(settings, redis)
+        driver = CanaryStore(settings, redis)
         now = int(time.time() * 1000)
         assert len(await driver.on_window(_window(MODEL, "az-a", 0, 990, 0.0), now)) == 2
         assert await driver.on_window(_window(f"{MODEL}@v2", "az-a", 0, 10, 0.0), now) == []

@@ -209,7 +209,10 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     import asyncio
     import threading
 
+    from streams.admission_review import OffLoopReview
+
     drv = AdmissionDriver(10.0)
+    runner = OffLoopReview(drv)
     drv.on_window(_win(0, 100.0))
     reg = _many(1000, 8)
     gate, entered = threading.Event(), threading.Event()
@@ -223,10 +226,10 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     results: list[tuple[dict[str, bytes], list[dict[str, Any]]]] = []
 
     async def review_round() -> None:
-        results.append(await drv.review_off_loop(reg, 1_000))
+        results.append(await runner.review(reg, 1_000))
 
-    assert drv.launch(review_round)
-    assert not drv.launch(review_round)  # one review at a time
+    assert runner.launch(review_round)
+    assert not runner.launch(review_round)  # one review at a time
     await asyncio.to_thread(entered.wait, 30)
     drv.on_window(_win(1, 120.0))  # the loop goes on: a window arrives, decisions would be published
     gate.set()
@@ -237,7 +240,7 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     writes, events = results[0]
     _apply(reg, writes)
     assert set(_states(reg).values()) == {"admitted"} and len(events) == 1000
-    assert drv.launch(review_round)  # the next one may start
+    assert runner.launch(review_round)  # the next one may start
 
 
 def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:

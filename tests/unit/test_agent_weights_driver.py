@@ -13,8 +13,8 @@ from controllers.window_record import WindowRecord, WindowRecordError, decode_wi
 from core.settings import Settings
 from loop.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
 from loop.commands import Command, CommandError
+from loop.errors import SnapshotVersionError
 from streams.metrics_export import WorkerMetrics
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 S = Settings(zones=("az-a", "az-b"), command_ttl_s=30.0)

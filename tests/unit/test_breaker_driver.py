@@ -16,8 +16,8 @@ from core.settings import Settings
 from loop.breaker_driver import BreakerDriver, parse_window
 from loop.commands import Command
 from loop.control_loop import ControlLoop
+from loop.errors import SnapshotVersionError
 from streams.metrics_export import WorkerMetrics
-from streams.snapshots import SnapshotVersionError
 
 pytestmark = pytest.mark.timeout(30)
 

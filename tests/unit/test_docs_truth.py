@@ -40,9 +40,9 @@ INDEX_COLUMNS = [
     "tests",
 ]
 # Which package each path column's modules must live in.
-COLUMN_PACKAGE = {
+COLUMN_PACKAGE: dict[str, str | tuple[str, ...]] = {
     "controller module(s)": "controllers/",
-    "stream driver": "loop/",
+    "stream driver": ("loop/", "streams/"),  # the pure loop, or the worker around it
     "simulator part": "sim/",
     "tests": "tests/",
 }

@@ -22,10 +22,10 @@ from controllers.windows import (
 )
 from core.settings import Settings
 from loop.commands import Command, CommandError
+from loop.errors import SnapshotVersionError
 from loop.kv_policy_driver import KvPolicyDriver
 from loop.pipeline import TelemetryProcessor
 from sim.live import apply_relocation
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 from tests.unit.test_fleet import BLOCK_B, M, fragmented
 

@@ -10,8 +10,8 @@ from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings, SettingsError
 from loop.canary_driver import window_obs
 from loop.commands import Command
+from loop.errors import SnapshotVersionError
 from loop.routing_driver import RoutingDriver
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 P, F = "llama2-70b", "llama2-13b"

@@ -10,8 +10,8 @@ from controllers.fixable import fixable_violation_rate
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from loop.commands import Command
+from loop.errors import SnapshotVersionError
 from loop.scaler_driver import Scaler
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import plain
 
 MODEL = "m"
