@@ -338,8 +338,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_analyze(settings, args)
     if args.command == "worker":
+        from controllers.scaling_law import controller_problem
         from governor.worker import run_worker
-        from loop.scaler_driver import controller_problem
 
         problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
         if problem:

@@ -26,7 +26,8 @@ def _scaler(lift_z: float | None = None) -> Scaler:
                      replica_capacity_rps=0.2, replica_headroom=1.0)  # fmt: skip
     gains = dict(DEFAULT_PID_GAINS) if lift_z is None else {**DEFAULT_PID_GAINS, "ff_lift_z": lift_z}
     s = Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a",), learn_capacity=False, pid_gains=gains))
-    assert s.ff_params[MODEL].lift_z == (2.0 if lift_z is None else lift_z)
+    ffp = s.laws[MODEL].feedforward
+    assert ffp is not None and ffp.lift_z == (2.0 if lift_z is None else lift_z)
     return s
 
 
