@@ -163,7 +163,7 @@ def snapshot(prefix: str, scope: str) -> str:
 
 def status(prefix: str) -> str:
     """Hash ``model|zone -> JSON`` the worker writes after each zone window: what ``governor status``
-    shows of that (model, zone) (:func:`streams.agents.build_pipeline`)."""
+    shows of that (model, zone) (:class:`loop.effects.StatusRow`, written by :class:`streams.agents.Worker`)."""
     return f"{prefix}:status"
 
 

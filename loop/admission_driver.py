@@ -51,6 +51,7 @@ from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR, AgentTask, Decisio
 from controllers.errors import ParameterError
 from controllers.rta import AnalysisBudget, AnalysisTooCostly
 from controllers.window_record import WindowRecord
+from loop.commands import Command
 
 __all__ = [
     "still_current",
@@ -117,14 +118,18 @@ class AdmissionDriver:
         self._analysed: dict[str, tuple[tuple[Any, ...], Verdict | None]] = {}
         self._resume = ""  # the orchestrator the last review stopped at (its budget spent), "" when it finished
 
-    def on_window(self, w: WindowRecord) -> None:
-        """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it)."""
+    def on_window(self, w: WindowRecord, now_ms: int = 0) -> list[Command]:
+        """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it).
+
+        No command: admission decides on the registry (:meth:`review`), its writes and events are effects.
+        """
         if w.scope != "zone" or w.e2e_p99_ms is None or not w.count:
-            return
+            return []
         if len(self._p99) >= MAX_TASKS and (w.model, w.zone) not in self._p99:
-            return
+            return []
         self._p99[(w.model, w.zone)] = (float(w.e2e_p99_ms), w.window_end_ms)
         self._last_end = max(self._last_end, w.window_end_ms)
+        return []
 
     def latencies(self) -> dict[str, float]:
         """Model -> the largest fresh P99 over its zones (ms)."""

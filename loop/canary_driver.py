@@ -31,10 +31,14 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 from controllers import canary as can
 from controllers.window_record import WindowRecord
+from core import names
 from core.settings import Settings
 from loop.commands import Command
+from loop.effects import SwapWrite
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +99,45 @@ class Pair:
 
 @dataclass
 class CanaryDriver:
-    """Pairs the zone windows of a rollout's two versions and advances the rollout (pure; the worker's
-    :class:`streams.canary_store.CanaryStore` reads the rollout from Redis and writes the step back)."""
+    """Pairs the zone windows of a rollout's two versions and advances the rollout (pure: the rollout
+    comes in as read (:meth:`observe`), each step goes out as a :class:`~loop.effects.SwapWrite`
+    guarding its commands, which the worker's :class:`streams.canary_store.CanaryStore` performs)."""
 
     settings: Settings
     _pairs: dict[tuple[str, str, int], Pair] = field(default_factory=dict)
+    rollouts: dict[str, bytes | None] = field(default_factory=dict)  # family -> its rollout as last read
+    _writes: list[SwapWrite] = field(default_factory=list)
+
+    def observe(self, model: str, raw: bytes | None) -> None:
+        """The rollout of ``model``'s family as read before its window (None: none)."""
+        self.rollouts[model.partition("@")[0]] = raw
+
+    def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
+        """Step the window's rollout (as last observed); the step and its commands wait in :meth:`drain_writes`.
+
+        Returns no command of its own: a canary command goes out only once its step is written.
+        """
+        base = m.model.partition("@")[0]
+        raw = self.rollouts.pop(base, None) if m.scope == "zone" else None
+        due = self.due(m, None if raw is None else orjson.loads(raw))
+        if raw is None or due is None:
+            return []
+        rollout, cmds = orjson.loads(raw), []
+        changed = False
+        for pair in due:
+            after, step_cmds = self.advance(rollout, pair, m.window_end_ms, now_ms)
+            if after is not None:
+                rollout, changed = after, True
+                cmds += step_cmds
+        if changed:
+            then = tuple((c, f"canary {c.model} -> {c.payload['share']:.2f}") for c in cmds)
+            key = names.canary_state(self.settings.topic_prefix, base)
+            self._writes.append(SwapWrite(key, orjson.dumps(rollout), raw, then))
+        return []
+
+    def drain_writes(self) -> list[SwapWrite]:
+        writes, self._writes = self._writes, []
+        return writes
 
     def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[Pair | None] | None:
         """Feed one window of a model family whose rollout is ``rollout`` (None: no rollout).

@@ -22,6 +22,8 @@ class LoopMetrics(Protocol):
     ff_mode: Any
     sde: Any
     stale: Any
+    admission_feasible: Any
+    admission_margin: Any
 
     def observe_window(self, m: Mapping[str, Any]) -> None: ...
 

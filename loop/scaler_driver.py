@@ -1,8 +1,7 @@
 """Window records -> ``scale`` commands, per (model, zone): the bookkeeping around the scaling law.
 
-The law itself (leading violation signal, zones, observer, drift, feedforward,
-feedback: :func:`controllers.scaling_law.decide`) is pure; this driver keeps one
-state per key and, for each closed zone window:
+The law (:func:`controllers.scaling_law.decide`) is pure; this driver keeps one state per key and,
+for each closed zone window:
 
 - drops a window it already decided (redelivery: same decision, no new command);
 - computes the fleet budget left to the key (:meth:`Scaler._budget_cap`): the model's
@@ -286,6 +285,11 @@ class Scaler:
             and model in (None, m)
             and zone in (None, z)
         }
+
+    def key_status(self, model: str, zone: str) -> tuple[int | None, bool | None]:
+        """The key's target and feedforward mode (None, None before its first window): its status row."""
+        ks = self.states.get((model, zone))
+        return (None, None) if ks is None else (ks.ctrl.last_target, ks.ff_mode)
 
     def sde_estimates(self) -> dict[tuple[str, str], OuEstimate]:
         """Fitted OU parameters of each key's TTFT P50 (docs/model.md §10 (sde), fitted online)."""

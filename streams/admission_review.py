@@ -1,28 +1,29 @@
 """The worker's half of admission: a review runs in a worker thread, one at a time, never awaited by a decision.
 
-The analysis is the pure :meth:`loop.admission_driver.AdmissionDriver.review`; this module only moves it
-off the event loop (see the driver's docstring, "Never in the way of a decision").
+The analysis is the loop's (:meth:`loop.control_loop.ControlLoop.observe` of
+:class:`loop.effects.AdmissionEntries`, :meth:`loop.admission_driver.AdmissionDriver.review`);
+this module only moves it off the event loop (see the driver's docstring, "Never in the way
+of a decision").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
-
-from loop.admission_driver import AdmissionDriver
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 __all__ = ["OffLoopReview"]
 
+T = TypeVar("T")
+
 
 class OffLoopReview:
-    """Runs :class:`AdmissionDriver` reviews in the background, one at a time."""
+    """Runs reviews in the background, one at a time, their analysis in a worker thread."""
 
-    def __init__(self, driver: AdmissionDriver) -> None:
-        self.driver = driver
+    def __init__(self) -> None:
         self._job: asyncio.Future[None] | None = None
 
     def launch(self, review_round: Callable[[], Awaitable[None]]) -> bool:
@@ -33,10 +34,9 @@ class OffLoopReview:
         self._job.add_done_callback(_report)
         return True
 
-    async def review(self, entries: Mapping[Any, Any], now_ms: int) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
-        """The driver's review in a worker thread on copies of its inputs: the event loop goes on deciding."""
-        latencies = self.driver.latencies()  # read here, on the loop that writes them (on_window)
-        return await asyncio.to_thread(self.driver.review, dict(entries), now_ms, latencies)
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread (its inputs copies the event loop no longer writes)."""
+        return await asyncio.to_thread(fn, *args)
 
 
 def _report(job: asyncio.Future[None]) -> None:

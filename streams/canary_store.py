@@ -1,26 +1,25 @@
-"""The canary rollouts in Redis, stepped by the pure :class:`loop.canary_driver.CanaryDriver`.
+"""The canary rollouts in Redis: read for the loop, written back by compare-and-set.
 
 A rollout is the key ``<prefix>:canary:<model>`` (``governor canary start``
-writes it).  For each zone window of a rollout's family the store reads the
-rollout, asks the driver which window pairs are due, and applies each step
-as an optimistic transaction: an operator's ``abort`` between read and
-write makes it re-read, never overwrite it.
+writes it).  Before each zone window the shell reads the family's rollout
+(:meth:`CanaryStore.read`) and the loop observes it
+(:class:`loop.effects.Rollout`); the loop's canary driver returns its step as
+a :class:`loop.effects.SwapWrite`, applied here as an optimistic transaction
+(:meth:`CanaryStore.swap`): an operator's ``abort`` between read and write
+wins, and the next window starts from it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from controllers.window_record import WindowRecord
 from core import names
 from core.settings import Settings
-from loop.canary_driver import CanaryDriver, Pair
-from loop.commands import Command
+from loop.effects import SwapWrite
 
 log = logging.getLogger(__name__)
 
@@ -29,46 +28,29 @@ __all__ = ["CanaryStore"]
 
 @dataclass
 class CanaryStore:
-    """Advances the rollouts stored in Redis from the worker's zone windows."""
+    """Reads and swaps the rollouts stored in Redis."""
 
     settings: Settings
     redis: aioredis.Redis
-    max_retries: int = 5
-    driver: CanaryDriver = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.driver = CanaryDriver(self.settings)
+    async def read(self, model: str) -> bytes | None:
+        """The rollout of ``model``'s family (a canary version's too), or None."""
+        raw = await self.redis.get(names.canary_state(self.settings.topic_prefix, model.partition("@")[0]))
+        return raw.encode() if isinstance(raw, str) else raw
 
-    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
-        """Feed one window record; returns the ``canary`` commands to publish."""
-        if m.scope != "zone":
-            return []
-        base = m.model.partition("@")[0]
-        raw = await self.redis.get(names.canary_state(self.settings.topic_prefix, base))
-        due = self.driver.due(m, None if raw is None else orjson.loads(raw))
-        cmds: list[Command] = []
-        for pair in due or ():
-            cmds += await self._step(base, pair, m.window_end_ms, now_ms)
-        return cmds
-
-    async def _step(self, base: str, pair: Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
-        key = names.canary_state(self.settings.topic_prefix, base)
-        for _ in range(self.max_retries):
+    async def swap(self, write: SwapWrite) -> bool:
+        """Set the key if it still holds what the step was computed from; whether it did."""
+        async with self.redis.pipeline(transaction=True) as pipe:
             try:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return []
-                    rollout, cmds = self.driver.advance(orjson.loads(raw), pair, seen_ms, now_ms)
-                    if rollout is None:
-                        await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return []
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, orjson.dumps(rollout))
-                    await pipe.execute()
+                await pipe.watch(write.key)
+                if await pipe.get(write.key) != write.expect:
+                    await pipe.unwatch()  # type: ignore[no-untyped-call]
+                    log.info("canary %s changed since it was read: its step is dropped", write.key)
+                    return False
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.set(write.key, write.value)
+                await pipe.execute()
             except WatchError:
-                continue
-            return cmds
-        log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
-        return []
+                log.info("canary %s changed while it was written: its step is dropped", write.key)
+                return False
+        return True

@@ -212,7 +212,7 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     from streams.admission_review import OffLoopReview
 
     drv = AdmissionDriver(10.0)
-    runner = OffLoopReview(drv)
+    runner = OffLoopReview()
     drv.on_window(_win(0, 100.0))
     reg = _many(1000, 8)
     gate, entered = threading.Event(), threading.Event()
@@ -226,7 +226,7 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     results: list[tuple[dict[str, bytes], list[dict[str, Any]]]] = []
 
     async def review_round() -> None:
-        results.append(await runner.review(reg, 1_000))
+        results.append(await runner.run(drv.review, dict(reg), 1_000, drv.latencies()))
 
     assert runner.launch(review_round)
     assert not runner.launch(review_round)  # one review at a time
