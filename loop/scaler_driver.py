@@ -140,7 +140,7 @@ class Scaler:
         ks.last_basis_ms = basis
         zones = self.zones.get(model, zc.ZoneCapacityState())
         cap = self._budget_cap(model, zone)
-        ks, self.zones[model], d = law.decide(p, ks, zones, w, alive=self.alive, budget_cap=cap)
+        ks, self.zones[model], d = law.decide(p, ks, zones, w, alive=self.alive, budget_cap=cap, hand_over=True)
         self.states[(model, zone)] = ks
         self._publish(d.events, basis)
         self.decisions += 1
