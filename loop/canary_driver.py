@@ -42,7 +42,7 @@ from loop.effects import SwapWrite
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
+__all__ = ["Advanced", "CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
 
 
 def params_to_dict(p: can.CanaryParams) -> dict[str, Any]:
@@ -91,6 +91,14 @@ def window_obs(w: WindowRecord | None) -> can.VersionObs:
     return can.VersionObs(n, errors, w.ttft_p99_ms, p50_ms=w.ttft_p50_ms, p95_ms=w.ttft_p95_ms)
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """One step of a rollout: the rollout to store (None: unchanged) and the commands to publish."""
+
+    rollout: dict[str, Any] | None
+    commands: list[Command]
+
+
 @dataclass
 class Pair:
     canary: WindowRecord | None = None
@@ -119,37 +127,50 @@ class CanaryDriver:
         """
         base = m.model.partition("@")[0]
         raw = self.rollouts.pop(base, None) if m.scope == "zone" else None
-        due = self.due(m, None if raw is None else orjson.loads(raw))
-        if raw is None or due is None:
+        if raw is None:
             return []
-        rollout, cmds = orjson.loads(raw), []
-        changed = False
-        for pair in due:
-            after, step_cmds = self.advance(rollout, pair, m.window_end_ms, now_ms)
-            if after is not None:
-                rollout, changed = after, True
-                cmds += step_cmds
-        if changed:
-            then = tuple((c, f"canary {c.model} -> {c.payload['share']:.2f}") for c in cmds)
+        step = self.step(orjson.loads(raw), m, now_ms)
+        if step.rollout is not None:
+            then = tuple((c, f"canary {c.model} -> {c.payload['share']:.2f}") for c in step.commands)
             key = names.canary_state(self.settings.topic_prefix, base)
-            self._writes.append(SwapWrite(key, orjson.dumps(rollout), raw, then))
+            self._writes.append(SwapWrite(key, orjson.dumps(step.rollout), raw, then))
         return []
+
+    def step(self, rollout: dict[str, Any], m: WindowRecord, now_ms: int) -> Advanced:
+        """Every pair ``m`` completes, judged in turn on ``rollout`` (held in memory, not changed): the
+        rollout after them (None: unchanged) and their commands.
+
+        >>> from controllers.window_record import decode_window
+        >>> d = CanaryDriver(Settings(zones=("az-a",)))
+        >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 5})
+        >>> out = d.step(new_rollout("m", "v2", can.CanaryParams(), 0.0), w, 10_000)
+        >>> [(c.zone, c.payload["share"]) for c in out.commands], out.rollout["published_share"]
+        ([('az-a', 0.01)], 0.01)
+        """
+        after: dict[str, Any] | None = None
+        cmds: list[Command] = []
+        for pair in self.due(m, rollout):
+            out = self.advance(after or rollout, pair, m.window_end_ms, now_ms)
+            if out.rollout is not None:
+                after = out.rollout
+                cmds += out.commands
+        return Advanced(after, cmds)
 
     def drain_writes(self) -> list[SwapWrite]:
         writes, self._writes = self._writes, []
         return writes
 
-    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[Pair | None] | None:
+    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[Pair | None]:
         """Feed one window of a model family whose rollout is ``rollout`` (None: no rollout).
 
         Returns the pairs to judge, oldest first (``[None]``: none, but a start or an abort may need its
-        share published), or None when the window is not the rollout's.
+        share published; ``[]``: the window is not the rollout's).
         """
         if m.scope != "zone" or rollout is None:
-            return None
+            return []
         base, _, version = m.model.partition("@")
         if version and version != rollout["version"]:
-            return None
+            return []
         zone, start = m.zone, m.window_start_ms
         pair = self._pairs.setdefault((base, zone, start), Pair())
         if version:
@@ -163,9 +184,7 @@ class CanaryDriver:
                 due.append(self._pairs.pop(key))
         return due or [None]
 
-    def advance(
-        self, rollout: dict[str, Any], pair: Pair | None, seen_ms: int, now_ms: int
-    ) -> tuple[dict[str, Any] | None, list[Command]]:
+    def advance(self, rollout: dict[str, Any], pair: Pair | None, seen_ms: int, now_ms: int) -> Advanced:
         """One step of a rollout: (the rollout to write back, or None when nothing changed; its commands)."""
         params = params_from_dict(rollout["params"])
         state = can.CanaryState.from_dict(rollout["state"])
@@ -182,12 +201,12 @@ class CanaryDriver:
         # Executors refuse a basis older than the last applied one: never go back.
         basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
         if state.to_dict() == rollout["state"] and not publish:
-            return None, []
+            return Advanced(None, [])
         rollout = {**rollout, "state": state.to_dict(), "published_share": share, "updated_ms": now_ms}
         if not publish:
-            return rollout, []
+            return Advanced(rollout, [])
         rollout["published_basis_ms"] = basis_ms
-        return rollout, self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name)
+        return Advanced(rollout, self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name))
 
     def _commands(
         self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str
