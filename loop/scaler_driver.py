@@ -1,20 +1,13 @@
 """Window records -> ``scale`` commands, per (model, zone): the bookkeeping around the scaling law.
 
-The law (:func:`controllers.scaling_law.decide`) is pure; this driver keeps one state per key and,
-for each closed zone window:
-
-- drops a window it already decided (redelivery: same decision, no new command);
-- computes the fleet budget left to the key (:meth:`Scaler._budget_cap`): the model's
-  ``max_replicas_total`` and ``GOVERNOR_MAX_REPLICAS_TOTAL`` minus the other keys' latest
-  targets, and the zone's allowance when the worker has read it (what the zone's executor
-  enforces, :mod:`executors.budget`), never below ``min_replicas``;
-- holds a restored key's scale-down until fresh windows confirm it (:meth:`Scaler._hold_restored`);
-- turns a decision that changes the replica count into a :class:`~loop.commands.Command`,
-  and re-issues the target when the fleet disagrees with it for ``reconcile_after`` windows.
-
-The model's zone view (``zone_lost`` / ``zone_healed`` / ``zone_returned`` events;
-:meth:`Scaler.zone_weights`) is kept per model.  :meth:`Scaler.snapshot` /
-:meth:`Scaler.restore` carry the learned state across a worker restart.  No I/O.
+The law (:func:`controllers.scaling_law.decide`) is pure; per closed zone window this driver drops a
+window it already decided (redelivery), computes the fleet budget left to the key
+(:meth:`Scaler._budget_cap`: ``max_replicas_total``, ``GOVERNOR_MAX_REPLICAS_TOTAL``, the zone's
+allowance, never below ``min_replicas``), holds a restored key's scale-down until fresh windows
+confirm it (:meth:`Scaler._hold_restored`), makes the :class:`~loop.commands.Command` and re-issues a
+target the fleet disagrees with for ``reconcile_after`` windows.  It keeps each model's zone view
+(:meth:`Scaler.zone_weights`); :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the state
+across a restart.  No I/O.
 """
 
 from __future__ import annotations
