@@ -268,16 +268,9 @@ class Scaler:
         """The current target of every configured (model, zone) that has one (optionally of one model or zone):
         ``governor_replicas_target``.  A restored key has none until it decides a fresh window: a replayed
         snapshot's target, exported, would scale a KEDA-driven fleet down at once (:meth:`_hold_restored`)."""
-        return {
-            (m, z): ks.ctrl.last_target
-            for (m, z), ks in self.states.items()
-            if ks.ctrl.last_target is not None
-            and ks.fresh
-            and m in self.laws
-            and z in self.settings.zones
-            and model in (None, m)
-            and zone in (None, z)
-        }
+        ours = [(m, z) for m, z in self.states if m in self.laws and z in self.settings.zones]
+        keys = [(m, z) for m, z in ours if model in (None, m) and zone in (None, z) and self.states[(m, z)].fresh]
+        return {k: t for k in keys if (t := self.states[k].ctrl.last_target) is not None}
 
     def key_status(self, model: str, zone: str) -> tuple[int | None, bool | None]:
         """The key's target and feedforward mode (None, None before its first window): its status row."""
