@@ -1,6 +1,6 @@
 """``governor bench admission``: what one admission review costs at 100 and 1,000 registered tasks.
 
-No servers: the worker's :class:`~streams.admission_driver.AdmissionDriver` on an
+No servers: the worker's :class:`~loop.admission_driver.AdmissionDriver` on an
 in-memory registry, and the analysis alone (:func:`controllers.rta.analyse`) on one
 orchestrator's whole set.  Tasks are seeded: C = the model's P99 (100 ms), periods
 drawn so each orchestrator's utilisation is about 0.6, priorities rate-monotonic.
@@ -30,7 +30,7 @@ import orjson
 from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR
 from controllers.rta import Task, analyse
 from controllers.window_record import decode_window
-from streams.admission_driver import AdmissionDriver
+from loop.admission_driver import AdmissionDriver
 
 __all__ = ["add_parser", "measure", "run_admission_bench"]
 

@@ -1,7 +1,7 @@
 """``governor bench traffic --scenario canary``: a bad version rolled out 1 -> 5 -> 20 -> 100 %.
 
 ``llama2-70b@v2`` is rolled out by the canary driver's steps
-(:class:`streams.canary_driver.CanaryCore`) on the windows of the stream
+(:meth:`loop.canary_driver.CanaryDriver.step`) on the windows of the stream
 worker's control loop (:class:`bench.traffic_sim.LoopPolicy`), and its
 ``canary`` commands set the share a gateway sends to v2 (the loop's breaker
 commands apply too).  Versions:
@@ -35,10 +35,10 @@ from bench.traffic_sim import (
     workload,
 )
 from core.settings import ModelSpec, Settings
+from loop.canary_driver import new_rollout, params_from_dict
 from sim.fastloop import EPOCH_MS0
 from sim.fleet import Fleet
 from sim.gateway import CommandGateway
-from streams.canary_driver import new_rollout, params_from_dict
 
 TERMINAL = ("promoted", "rolled_back", "aborted")  # a rollout's final states (controllers.canary)
 

@@ -68,7 +68,7 @@ from core.transport import kafka_options, redis_options
 from launch.embedded import EmbeddedServers, _die_with_parent, free_port
 from launch.processes import WORKER_READY, ChildProcess, start_worker
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 
 MODEL = "llama2-70b"
 ENCODERS = {"rows": encode_envelope, "columns": encode_columns}

@@ -5,10 +5,10 @@ A fixed fleet (:mod:`sim.fleet`) replays one seeded workload in ticks of
 (:class:`sim.gateway.CommandGateway`: route weights, breakers, canary shares,
 as an executor writes them and a gateway reads them).  A *policy* sees every
 tick's finished requests.  The controlled arms run the product: the stream
-worker's :class:`~streams.control_loop.ControlLoop` (:class:`LoopPolicy`) gets
+worker's :class:`~loop.control_loop.ControlLoop` (:class:`LoopPolicy`) gets
 the fleet's request records and GPU samples, makes the windows, decides with
 its drivers (routing, breaker, agent weights; the canary's steps are the
-canary driver's, :class:`streams.canary_driver.CanaryCore`), and its commands
+canary driver's, :meth:`loop.canary_driver.CanaryDriver.step`), and its commands
 go to the gateway.  Scale commands are not applied: the replicas are fixed,
 so the arms of one scenario differ only in their traffic policy and their
 GPU-seconds are equal.
@@ -31,13 +31,13 @@ import numpy as np
 
 from controllers.routing_model import DEFAULT_CLASSES
 from core.settings import Settings
+from loop.canary_driver import CanaryDriver
+from loop.commands import Command
+from loop.control_loop import ControlLoop
 from sim.fastloop import EPOCH_MS0
 from sim.fleet import Fleet, FleetConfig
 from sim.gateway import CommandGateway
 from sim.perf_model import PerfModel
-from streams.canary_driver import CanaryCore
-from streams.commands import Command
-from streams.control_loop import ControlLoop
 
 PRIMARY, FALLBACK = "bloom-176b", "llama2-70b"
 FAMILY = PRIMARY  # the worker names a routed family by its primary (route commands' model)
@@ -188,7 +188,7 @@ class LoopPolicy:
     the worker's timer), and each zone window is decoded and decided on
     (:meth:`ControlLoop.decide`).  With a canary ``rollout`` (the JSON that
     ``governor canary start`` stores), the canary driver's steps
-    (:class:`CanaryCore`) run on each window first, as the worker's control
+    (:meth:`CanaryDriver.step`) run on each window first, as the worker's control
     agent awaits the canary driver before :meth:`ControlLoop.decide`.  The
     route, breaker, canary and agents commands reach the gateway at once
     (:meth:`CommandGateway.apply`); scale commands are counted, not applied
@@ -197,7 +197,7 @@ class LoopPolicy:
 
     def __init__(self, settings: Settings, rollout: dict[str, Any] | None = None, rollout_at_s: float = 0.0) -> None:
         self.loop = ControlLoop(settings)
-        self.canary = CanaryCore(settings)
+        self.canary = CanaryDriver(settings)
         self.pending_rollout, self.rollout_at_s = rollout, rollout_at_s
         self.rollout: dict[str, Any] | None = None
         self.rollout_log: list[dict[str, Any]] = []  # each change of the rollout's state: t_s, state, share
@@ -213,7 +213,8 @@ class LoopPolicy:
         cmds: list[Command] = []
         if self.rollout is not None:
             before = self.rollout["state"]
-            self.rollout, cmds = self.canary.on_window(self.rollout, rec, now_ms)
+            step = self.canary.step(self.rollout, rec, now_ms)
+            self.rollout, cmds = step.rollout or self.rollout, step.commands
             if self.rollout["state"] != before:
                 st = self.rollout["state"]
                 self.rollout_log.append({"t_s": t, "state": st, "share": self.rollout["published_share"]})

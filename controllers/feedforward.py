@@ -28,7 +28,7 @@ within the SLO's slack.  ``capacity_rps`` is one replica's sustainable request r
 the SLO (from profiling, as Dynamo's planner takes it; see
 :mod:`sim.profiling`).
 
-The controller in :mod:`streams.scaler_driver` combines this with the feedback
+The controller in :mod:`loop.scaler_driver` combines this with the feedback
 PID: the feedforward requirement lifts the PID's replica level when it is
 higher (bumpless: the integrator starts from where the demand is), the PID
 adds what the model misses, and when nothing violates the level decays

@@ -1,7 +1,7 @@
 """Zone-aware capacity: detect a lost zone, shift its demand and routing to the
 others, hand them back when it heals, and (optionally) keep N+k standing floors.
 
-The per-(model, zone) controllers in :mod:`streams.scaler_driver` see one zone each;
+The per-(model, zone) controllers in :mod:`loop.scaler_driver` see one zone each;
 a zone that is cut off stops reporting, and its traffic lands on the others
 only as a rerouted load that their feedback and feedforward must notice first.
 This module looks across the zones of one model and turns their windows into

@@ -90,7 +90,7 @@ def platform_replicas(prefix: str, zone: str) -> str:
 def admission(prefix: str) -> str:
     """Hash ``<orchestrator>|<task> -> JSON`` of periodic agent tasks and their admission state
     (``governor admission add|list|check|remove`` write and read it; the worker decides:
-    :mod:`streams.admission_driver`)."""
+    :mod:`loop.admission_driver`)."""
     return f"{prefix}:admission"
 
 
@@ -163,7 +163,7 @@ def snapshot(prefix: str, scope: str) -> str:
 
 def status(prefix: str) -> str:
     """Hash ``model|zone -> JSON`` the worker writes after each zone window: what ``governor status``
-    shows of that (model, zone) (:func:`streams.agents.build_pipeline`)."""
+    shows of that (model, zone) (:class:`loop.effects.StatusRow`, written by :class:`streams.agents.Worker`)."""
     return f"{prefix}:status"
 
 

@@ -1087,7 +1087,7 @@ def _load_keys_file(path: str) -> Secret:
 
 #: The settings by component: section -> its fields (every field in exactly one, a test
 #: checks).  Each component takes its section's values as a small parameter object built
-#: once at start (e.g. ``streams.routing_driver.RoutingDriverParams.from_settings``);
+#: once at start (e.g. ``loop.routing_driver.RoutingDriverParams.from_settings``);
 #: the README table and the JSON Schema (``x-section``) are grouped by it.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": (

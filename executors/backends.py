@@ -51,7 +51,7 @@ command they can never apply (acknowledged and reported as failed).
   hash (JSON ``{"weights": {"rag", "tool", "llm"}, "signals":
   {"stability", "rag_score", "tool_conf"}, "paths": {path: share},
   "model", "command_id", "basis_ms", "issued_at_ms"}``; weights sum to 1,
-  :mod:`streams.agent_weights_driver`): an agent orchestrator serving ``<model>`` in
+  :mod:`loop.agent_weights_driver`): an agent orchestrator serving ``<model>`` in
   that zone reads it and draws each turn's path (retrieval, a tool call or
   plain generation) by ``weights``; it should ignore a field whose
   ``basis_ms`` is older than one it has already used.  Fields starting
@@ -103,7 +103,7 @@ from core import names
 from executors.budget import BudgetExceeded, FleetBudget, ZoneBudget
 from executors.errors import BackendRefused, BackendRejected, BackendUnavailable
 from executors.webhook import WebhookBackend
-from streams.command_payloads import (
+from loop.command_payloads import (
     AgentsPayload,
     BreakerPayload,
     CanaryPayload,
@@ -111,7 +111,7 @@ from streams.command_payloads import (
     RoutePayload,
     ScalePayload,
 )
-from streams.commands import Command
+from loop.commands import Command
 
 __all__ = [
     "Backend",
@@ -192,7 +192,7 @@ class SimFleetBackend:
 def would(cmd: Command) -> str:
     """What applying ``cmd`` would do, in its kind's words (the dry-run backend's log line).
 
-    >>> from streams.commands import Command
+    >>> from loop.commands import Command
     >>> c = Command(kind="breaker", zone="z", model="m|z2", reason="", issued_at_ms=0, expires_at_ms=1, basis_ms=0,
     ...             payload={"target": "m|z2", "state": "open", "probe_budget": 5, "threshold": 0.5, "error_ratio": 0.9})
     >>> would(c)

@@ -54,8 +54,8 @@ from core.budget import Allowance
 from core.settings import Settings
 from executors.entry import stored_int
 from executors.errors import BackendRefused, BackendRejected, BackendUnavailable
-from streams.command_payloads import ScalePayload
-from streams.commands import Command
+from loop.command_payloads import ScalePayload
+from loop.commands import Command
 
 __all__ = ["BudgetExceeded", "BudgetedBackend", "FleetBudget", "ZoneBudget"]
 

@@ -1,7 +1,7 @@
 """One executor, several backends: each command kind goes to the backend configured for it.
 
 ``GOVERNOR_EXECUTOR_BACKENDS`` is a comma-separated list of ``kind=backend``
-(:func:`parse_spec`): a kind of :data:`streams.commands.COMMAND_KINDS`, or
+(:func:`parse_spec`): a kind of :data:`loop.commands.COMMAND_KINDS`, or
 ``*`` for every kind not named; a backend of :data:`REGISTRY`.  For
 example ``scale=sim,relocate=webhook,route=routing,breaker=routing,
 canary=routing`` sends scale commands to the cluster, relocations to a
@@ -37,7 +37,7 @@ from executors.backends import Backend, DryRunBackend, RoutingBackend, SimFleetB
 from executors.budget import BudgetedBackend, FleetBudget, ZoneBudget
 from executors.errors import BackendRefused
 from executors.webhook import WebhookBackend
-from streams.commands import COMMAND_KINDS, Command
+from loop.commands import COMMAND_KINDS, Command
 
 __all__ = [
     "REGISTRY",

@@ -1,7 +1,7 @@
 """What an executor trusts of a stream entry and of its own stored state: nothing unchecked.
 
 Pure helpers of :class:`executors.executor.ZoneExecutor`, none of which
-raises anything but :class:`~streams.commands.CommandError` (and that only
+raises anything but :class:`~loop.commands.CommandError` (and that only
 from :func:`decode_entry`):
 
 * :func:`decode_entry` -- a stream entry's fields to ``(record, Command)``.
@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from core.jsonsafe import MAX_DEPTH, too_deep
-from streams.commands import Command, CommandError
+from loop.commands import Command, CommandError
 
 __all__ = [
     "ECHO_CAP",
@@ -117,7 +117,7 @@ def decode_entry(fields: Any) -> tuple[dict[str, Any], Command]:
 def apply_at(cmd: Command) -> float | None:
     """``detail.apply_at_ms`` of a command, if it carries a finite number.
 
-    >>> from streams.commands import Command
+    >>> from loop.commands import Command
     >>> c = Command(kind="scale", zone="z", model="m", target_replicas=1, reason="", issued_at_ms=0,
     ...             expires_at_ms=1, basis_ms=0, detail={"apply_at_ms": 5})
     >>> apply_at(c)

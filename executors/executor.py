@@ -94,11 +94,11 @@ from executors.guard import CommandGuard
 from executors.heartbeat import Heartbeat
 from executors.intake import Intake, JunkBatch
 from executors.loop import TRANSPORT, is_nogroup, retry_until_ok, run_until_stopped
+from executors.metrics import ExecutorMetrics
 from executors.outcomes import OutcomeRelay
 from executors.results import ExecutorStats, ResultPublisher, result_record
 from executors.timing import Held, ZoneTiming, supersedes
-from streams.commands import Command, CommandError, hlc_stale
-from streams.metrics_export import ExecutorMetrics
+from loop.commands import Command, CommandError, hlc_stale
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from controllers.gateway_weights import HALF_OPEN_SHARE, canary_split, gate_weig
 from core.workloads import REF_FIELDS, GatewayRoute
 from executors.backends import BackendRejected
 from executors.k8s import ANNOTATION_PREFIX, MERGE_PATCH, retrying
-from streams.commands import Command
+from loop.commands import Command
 
 __all__ = ["GROUP", "GatewayBackend", "route_weights"]
 

@@ -11,7 +11,7 @@ as ``rejected``, acknowledges the entry and touches nothing else):
   bytes (:mod:`core.signing`); schema-v1 commands carry none and are
   accepted only while ``GOVERNOR_ACCEPT_UNSIGNED_V1`` is on;
 * **identity** -- a v2 ``command_id`` must be the one recomputed from the
-  decision (:func:`streams.commands.command_id`);
+  decision (:func:`loop.commands.command_id`);
 * **target** -- known for its kind: a model of ``GOVERNOR_MODELS`` (scale,
   relocate, agents; canary: the base model and ``model@version``), a
   ``model|zone`` with a known model and a zone of ``GOVERNOR_ZONES``
@@ -34,8 +34,8 @@ from controllers.hlc import Hlc
 from core.defaults import CLOCK_SPEED
 from core.settings import ModelSpec, Settings
 from core.signing import Keyring, MissingKeysError
-from streams.command_payloads import CanaryPayload, split_pair
-from streams.commands import Command, command_id
+from loop.command_payloads import CanaryPayload, split_pair
+from loop.commands import Command, command_id
 
 __all__ = ["CommandGuard"]
 

@@ -55,7 +55,7 @@ from kubernetes.client.exceptions import ApiException
 from core.workload_api import MERGE_PATCH, WorkloadApi
 from core.workloads import Workload
 from executors.backends import BackendRejected, BackendUnavailable
-from streams.commands import Command
+from loop.commands import Command
 
 __all__ = ["ANNOTATION_PREFIX", "MERGE_PATCH", "KubernetesBackend", "api_client", "replica_counts", "retrying"]
 

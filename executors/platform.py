@@ -10,7 +10,7 @@ An executor whose chain has a backend that can read replica counts (the
 ``<prefix>:platform:<zone>:replicas`` (:func:`core.names.platform_replicas`,
 field = model, value = JSON with ``at_ms`` on the executor's scaled clock and
 ``source``).  The worker uses a reading while it is fresh
-(:meth:`streams.control_loop.ControlLoop.set_platform_replicas`).
+(:meth:`loop.control_loop.ControlLoop.set_platform_replicas`).
 
 A failed read writes nothing for that workload (the worker's reading ages out
 and it falls back to the GPU records); a Redis failure is logged and retried

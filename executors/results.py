@@ -21,7 +21,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry, Counter
 
 from executors.entry import encode_result
-from streams.commands import Command
+from loop.commands import Command
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controllers.hlc import ClockOffsetEstimator, RttEstimator
-from streams.commands import Command
+from loop.commands import Command
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +188,9 @@ class Held:
 
 def supersedes(new: Command, held: Command) -> bool:
     """Whether ``new`` replaces ``held`` (same ``order_field``): by HLC when both are stamped
-    (:func:`~streams.commands.hlc_stale`'s rule: an equal stamp is not older), else by ``basis_ms``.
+    (:func:`~loop.commands.hlc_stale`'s rule: an equal stamp is not older), else by ``basis_ms``.
 
-    >>> from streams.commands import Command
+    >>> from loop.commands import Command
     >>> def c(basis, hlc=0):
     ...     return Command(kind="scale", zone="z", model="m", target_replicas=1, reason="", issued_at_ms=0,
     ...                    expires_at_ms=1, basis_ms=basis).with_hlc(hlc)

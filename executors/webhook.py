@@ -1,7 +1,7 @@
 """The webhook backend: each command POSTed, signed, to a platform's URL.
 
 **Request.**  ``POST GOVERNOR_WEBHOOK_URL`` (``--webhook-url`` wins), body =
-the command JSON (:meth:`streams.commands.Command.encode`: every field, the
+the command JSON (:meth:`loop.commands.Command.encode`: every field, the
 command's own ``key_id`` and ``signature`` included), with the headers
 
 =========================  ===================================================
@@ -70,7 +70,7 @@ from yarl import URL
 
 from core.settings import Settings, SettingsError
 from executors.errors import BackendRejected, BackendUnavailable
-from streams.commands import Command
+from loop.commands import Command
 
 __all__ = ["MIN_KEY_BYTES", "WebhookBackend", "retry_after_s", "signature"]
 

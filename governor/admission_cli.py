@@ -2,7 +2,7 @@
 
 An agent orchestrator registers each periodic task it runs; the stream worker
 admits it, rejects it, or holds it until its model's latency is measured, and
-re-checks the admitted set as the measured P99s move (:mod:`streams.admission_driver`,
+re-checks the admitted set as the measured P99s move (:mod:`loop.admission_driver`,
 the analysis in :mod:`controllers.admission` and :mod:`controllers.rta`).  The
 registry is the Redis hash ``<prefix>:admission`` (``REDIS_URL``)::
 
@@ -38,7 +38,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
-from streams.admission_driver import MAX_ENTRIES, MAX_ENTRY_BYTES
+from loop.admission_driver import MAX_ENTRIES, MAX_ENTRY_BYTES
 
 __all__ = ["add_parser", "run_admission"]
 

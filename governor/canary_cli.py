@@ -1,7 +1,7 @@
 """``governor canary start|status|abort``: the operator's side of a rollout.
 
 The rollout lives in Redis (``<prefix>:canary:<model>``, see
-:mod:`streams.canary_driver`); the stream worker advances it from the metrics
+:mod:`loop.canary_driver`); the stream worker advances it from the metrics
 windows and publishes the ``canary`` commands.  These commands only read and
 write that key, against ``REDIS_URL`` (no embedded servers).
 
@@ -30,7 +30,7 @@ from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
-from streams.canary_driver import new_rollout, params_from_dict
+from loop.canary_driver import new_rollout, params_from_dict
 
 
 class CanaryCliError(RuntimeError):

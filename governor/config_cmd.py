@@ -65,7 +65,7 @@ def run_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     if args.config == "check":
-        from streams.scaler_driver import controller_problem  # the controllers' own ranges, not a copy
+        from controllers.scaling_law import controller_problem  # the controllers' own ranges, not a copy
 
         problem = controller_problem(settings)
         if problem:

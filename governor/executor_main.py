@@ -33,10 +33,10 @@ from executors.chain import REGISTRY, BackendContext, build_backend, close_backe
 from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from executors.loop import retry_until_ok, sleep_or_stop
+from executors.metrics import ExecutorMetrics
 from executors.platform import PlatformReporter, replica_source
 from launch.processes import EXECUTOR_READY, ready_log
-from streams.health import Readiness
-from streams.metrics_export import ExecutorMetrics
+from streams.health import Readiness, build_info, serve
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ async def _run(settings: Settings, zone: str, redis: aioredis.Redis, backend: Ba
     # /healthz answers from the start; /readyz says 503 (with the reason) until Kafka and Redis answer.
     readiness = Readiness(("kafka", "redis"))
     metrics = ExecutorMetrics()
-    metrics.serve(settings.metrics_port, settings.metrics_addr, readiness)
+    build_info(metrics.registry)  # governor_build_info{version,python} 1
+    serve(metrics.registry, settings.metrics_port, settings.metrics_addr, readiness)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

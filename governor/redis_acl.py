@@ -79,7 +79,7 @@ refused (exit 2); ``--redis-version`` tailors the connection rules to one
 * ``P:status`` (``HSET``) and ``P:worker:heartbeat`` (``SET ... PX``): what
   ``governor status`` shows.
 * ``P:admission`` -- periodic agent tasks (``HGETALL``, ``HSET``): the worker
-  decides them (:mod:`streams.admission_driver`).
+  decides them (:mod:`loop.admission_driver`).
 * ``P:platform:Y:replicas`` of every zone -- ``HGETALL``: the replica truth the
   zone's executor reads from its platform (read only from 7.0, like the heartbeats).
 

@@ -42,7 +42,7 @@ WATCH_S = 5.0  # seconds between the Redis PINGs behind /readyz
 
 def main(settings: Settings, args: argparse.Namespace) -> int:
     """``governor worker``: a bad controller setting is refused before any server is touched."""
-    from streams.scaler_driver import controller_problem
+    from controllers.scaling_law import controller_problem
 
     problem = controller_problem(settings)  # before any server: a bad gain is a setting, not a crash
     if problem:

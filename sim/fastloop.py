@@ -3,7 +3,7 @@ an autoscaler, with no broker, no Redis and no wall clock.
 
 It replays a workload through :class:`sim.fleet.Fleet` in ticks of trace time
 and feeds every finished-request and GPU record through the *same*
-:class:`streams.control_loop.ControlLoop` the stream worker runs (its
+:class:`loop.control_loop.ControlLoop` the stream worker runs (its
 processor makes the windows, DDSketch and all).  ``governor`` decides with that
 loop's drivers on the typed window records, as the worker does; baselines (:mod:`sim.baselines`) decide from the same
 windows plus instantaneous fleet observations, every ``period_s``.  Decisions
@@ -14,7 +14,7 @@ The global balancer in front of the zones sends each request to a seeded
 uniform zone; a cut zone's requests go to the reachable ones.  With
 ``LoopConfig.balancer="health"`` it also skips zones with no ready replica
 (a load balancer's health check).  For ``governor`` it follows the Scaler's
-zone weights (:meth:`streams.scaler_driver.Scaler.zone_weights`) whenever they
+zone weights (:meth:`loop.scaler_driver.Scaler.zone_weights`) whenever they
 are not uniform, i.e. while zone-aware capacity keeps traffic off a lost or
 healing zone -- the fast loop's stand-in for the ``route`` commands the
 worker would send to the gateways.
@@ -39,10 +39,10 @@ import numpy as np
 from controllers.window_record import decode_window
 from core.defaults import COMMAND_TTL_S, WINDOW_S
 from core.settings import DEFAULT_MODELS, ModelSpec, Settings
+from loop.control_loop import ControlLoop
 from sim.fleet import Fleet, FleetConfig
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
-from streams.control_loop import ControlLoop
 
 if TYPE_CHECKING:
     from sim.baselines.base import Autoscaler
@@ -277,7 +277,7 @@ class _FastRun:
 
     faults -> arrivals (the global balancer) -> actuation (decisions whose delay
     has passed) -> observe (the fleet advances, its telemetry goes through the
-    worker's :class:`~streams.control_loop.ControlLoop`, governor decides on the
+    worker's :class:`~loop.control_loop.ControlLoop`, governor decides on the
     closed zone windows) -> account (GPU-seconds, timeline) and the baselines'
     decisions.
     """

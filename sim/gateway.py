@@ -24,9 +24,9 @@ import numpy as np
 
 from controllers.gateway_weights import HALF_OPEN_SHARE, gate_weights
 from core import names
+from loop.commands import Command
 from sim.replica import FleetConfigError
 from sim.router import DEFAULT_CLASS, parse_target
-from streams.commands import Command
 
 __all__ = ["HALF_OPEN_SHARE", "BreakerView", "CommandGateway", "TrafficGate", "gate_weights", "sync_routing_from_redis"]
 

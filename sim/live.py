@@ -26,7 +26,7 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
   and the zone's executor relays it to the results topic
   (``executors/outcomes.py``).
 
-Generation check (see :mod:`streams.kv_policy_driver`): a busy replica's allocator
+Generation check (see :mod:`loop.kv_policy_driver`): a busy replica's allocator
 generation changes with every allocation, so a request planned on a window
 seconds old would nearly always be refused by an exact check.  The live fleet
 uses the generation as a coarse *layout* generation: it refuses with

@@ -1,5 +1,5 @@
-"""The Faust agents (thin): they move bytes between topics and call the pure
-processors in :mod:`streams.pipeline` and :mod:`streams.scaler_driver`.
+"""The worker shell (:class:`Worker`): Faust agents and timers that move bytes between topics and
+Redis, call the pure :class:`~loop.control_loop.ControlLoop` and perform the effects it returns.
 
     telemetry --ingest--> metrics (+ deadletter)   telemetry keyed model|zone
     metrics   --control--> commands                window records keyed by model
@@ -24,6 +24,14 @@ agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
 Each agent handles a message inside one boundary (:mod:`streams.boundary`).
+What lives in Redis (rollouts, admission entries, executor heartbeats, platform
+replicas, allowances) is read here and enters the loop through its one port,
+:meth:`~loop.control_loop.ControlLoop.observe`; each decision comes back as one
+:class:`~loop.effects.Effects` value (commands, events, status rows, writes),
+performed by :meth:`Worker.perform`.  One short method per agent, timer or
+effect: no nested functions (a test holds the shell to ``ruff --select C901``
+at complexity 12).
+
 """
 
 from __future__ import annotations
@@ -44,22 +52,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
+from controllers.hlc import Hlc
 from controllers.window_record import WindowRecord
 from core import names
 from core.clock import ScaledClock
 from core.settings import Settings
 from core.signing import MissingKeysError
 from core.transport import redis_options
-from streams.admission_driver import AdmissionDriver
+from loop import effects
+from loop.admission_driver import still_current
+from loop.commands import Command, CommandError
+from loop.control_loop import ControlLoop, Ingested
+from loop.pipeline import dead_letter
+from streams.admission_review import OffLoopReview
 from streams.app import GovernorApp
 from streams.boundary import AgentWatch, unprocessable
-from streams.canary_driver import CanaryDriver
-from streams.commands import Command, CommandError
-from streams.control_loop import ControlLoop, Ingested
+from streams.canary_store import CanaryStore
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance
-from streams.pipeline import dead_letter
 from streams.side_redis import SideChannel
 from streams.snapshots import SnapshotStore
 
@@ -124,332 +135,357 @@ def _headers(raw: Any) -> dict[str, Any]:
     return {k: v for k, v in raw}
 
 
-def build_pipeline(
-    app: GovernorApp,
-    settings: Settings,
-    clock: ScaledClock,
-    metrics: WorkerMetrics | None = None,
-    readiness: Readiness | None = None,
-) -> Pipeline:
-    """The worker's Faust agents around one :class:`~streams.control_loop.ControlLoop`
+def _source(msg: Any) -> dict[str, Any]:
+    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+
+
+class Worker:
+    """The worker's Faust agents and timers around one :class:`~loop.control_loop.ControlLoop`
     (``readiness``: failed by an agent's crash until it runs again)."""
-    metrics = metrics or WorkerMetrics()
-    watch = AgentWatch(metrics, readiness, ("ingest", "control", "bridge"))
-    keyring = settings.keyring()
-    if keyring is None:
-        raise MissingKeysError
-    loop = ControlLoop(settings, metrics, keyring)  # window records carry a MAC header
-    loop.ingests.partitioned, parts = True, settings.partitions  # a watermark per telemetry partition
-    telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
-    metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
-    commands = app.topic(settings.topic("commands"), partitions=parts)
-    deadletter = app.topic(settings.topic("deadletter"), partitions=1)
-    events = app.topic(settings.topic("events"), partitions=parts)
-    redis = aioredis.Redis.from_url(
-        str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
-    )
-    zones = set(settings.zones)
-    canary = CanaryDriver(settings, redis)  # rollouts in <prefix>:canary:<model> (streams.canary_driver)
-    snapshots = SnapshotStore(  # sealed, one key per model and routed family (streams.snapshots)
-        redis,
-        settings.topic_prefix,
-        loop,
-        keyring,
-        clock.now_ms,
-        max_age_s=settings.snapshot_max_age_s,
-        metrics=metrics,
-    )
 
-    # Window records keyed by model (family), on its partition: a model's zones meet at one worker.
-    ownership = Ownership(settings)
+    def __init__(
+        self,
+        app: GovernorApp,
+        settings: Settings,
+        clock: ScaledClock,
+        metrics: WorkerMetrics | None = None,
+        readiness: Readiness | None = None,
+    ) -> None:
+        self.app, self.settings, self.clock = app, settings, clock
+        self.metrics = metrics = metrics or WorkerMetrics()
+        self.watch = AgentWatch(metrics, readiness, ("ingest", "control", "bridge"))
+        keyring = settings.keyring()
+        if keyring is None:
+            raise MissingKeysError
+        self.keyring = keyring
+        self.loop = loop = ControlLoop(settings, metrics, keyring)  # window records carry a MAC header
+        loop.ingests.partitioned, parts = True, settings.partitions  # a watermark per telemetry partition
+        self.telemetry = app.topic(settings.topic("telemetry"), partitions=parts)
+        self.metrics_topic = app.topic(settings.topic("metrics"), partitions=parts)
+        self.commands = app.topic(settings.topic("commands"), partitions=parts)
+        self.deadletter = app.topic(settings.topic("deadletter"), partitions=1)
+        self.events = app.topic(settings.topic("events"), partitions=parts)
+        self.redis = aioredis.Redis.from_url(
+            str(settings.redis_url), socket_timeout=5.0, socket_connect_timeout=5.0, **redis_options(settings)
+        )
+        self.zones = set(settings.zones)
+        self.canary = CanaryStore(settings, self.redis)  # rollouts in <prefix>:canary:<model>
+        self.snapshots = SnapshotStore(  # sealed, one key per model and routed family (streams.snapshots)
+            self.redis, settings.topic_prefix, loop, keyring, clock.now_ms,
+            max_age_s=settings.snapshot_max_age_s, metrics=metrics,
+        )  # fmt: skip
+        # Window records keyed by model (family), on its partition: a model's zones meet at one worker.
+        self.ownership = Ownership(settings)
+        # Telemetry is acknowledged (its offset committed) only once every window it fed has closed:
+        # a worker killed mid-window re-reads those records (ControlLoop.committable). Rebalances
+        # (streams.ownership): on revocation drop open windows, save snapshots; on assignment
+        # release the models gone elsewhere, restore those gained (Faust resumes streams after).
+        self.rebalance = Rebalance(loop, self.ownership, self.snapshots, settings.topic("metrics"))
+        # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
+        self.side = SideChannel()
+        prefix, zones = settings.topic_prefix, settings.zones
+        self.heartbeat_keys = [names.executor_heartbeat(prefix, z) for z in zones]
+        self.allowance_keys = [names.zone_allowance(prefix, z) for z in zones]  # core/budget.py
+        self.platform_keys = [(z, names.platform_replicas(prefix, z)) for z in zones]
+        self.admission_key = names.admission(prefix)
+        self.reviews = OffLoopReview()  # the admission review off the event loop (streams/admission_review.py)
+        self.status_key, self.worker_beat = names.status(prefix), names.worker_heartbeat(prefix)
+        self.next_heartbeat_read = 0.0
+        self.hlc = Hlc()  # the bridge's: one hybrid logical clock per worker
+        self._register()
 
-    async def send_dead_letter(dl: dict[str, Any]) -> None:
-        await deadletter.send(value=orjson.dumps(dl))
+    def _register(self) -> None:
+        app, watch = self.app, self.watch
+        app.agent(self.telemetry, name="ingest")(watch.agent("ingest")(self.ingest))
+        app.agent(self.metrics_topic, name="control")(watch.agent("control")(self.control))
+        app.agent(self.commands, name="bridge")(watch.agent("bridge")(self.bridge))
+        tick_s = max(0.05, self.clock.to_wall_s(self.settings.window_s * 1000) / 10)
+        app.timer(tick_s, name="close-windows")(self.close_windows)
+        app.on_partitions_revoked.connect(self.on_revoked)  # type: ignore[arg-type]  # Faust wants signal=
+        app.on_partitions_assigned.connect(self.on_assigned)  # type: ignore[arg-type]
 
-    def sign_windows(closed: list[dict[str, Any]]) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
-        return [(m["model"], *loop.sign_window(m)) for m in closed]
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.app, self.loop, self.metrics, self.snapshots, self.ownership, self.rebalance, self.watch)
 
-    async def publish_windows(closed: list[dict[str, Any]], signed: list[Any] | None = None) -> None:
-        for model, value, headers in signed if signed is not None else sign_windows(closed):
-            await metrics_topic.send(
-                key=ownership.key(model), partition=ownership.partition(model), value=value, headers=headers
+    def now_s(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    # -- sending ----------------------------------------------------------------------------------
+    async def send_dead_letter(self, dl: dict[str, Any]) -> None:
+        await self.deadletter.send(value=orjson.dumps(dl))
+
+    async def dead_letter_of(self, prefix: str, exc: BaseException, msg: Any, raw: Any) -> dict[str, Any]:
+        """The boundary (streams.boundary): what a message makes raise is its dead letter, counted and sent."""
+        dl = unprocessable(prefix, exc, _source(msg), raw, self.clock.now_ms())
+        self.metrics.observe_dead_letter(dl["reason"])
+        await self.send_dead_letter(dl)
+        return dl
+
+    def sign_windows(self, closed: list[dict[str, Any]]) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
+        return [(m["model"], *self.loop.sign_window(m)) for m in closed]
+
+    async def publish_windows(self, closed: list[dict[str, Any]], signed: list[Any] | None = None) -> None:
+        own = self.ownership
+        for model, value, headers in signed if signed is not None else self.sign_windows(closed):
+            await self.metrics_topic.send(
+                key=own.key(model), partition=own.partition(model), value=value, headers=headers
             )
-        for dl in loop.ingests.drain_dead_letters():  # the node cap's: one per closed window, with its count
-            await send_dead_letter(dl)
+        for dl in self.loop.ingests.drain_dead_letters():  # the node cap's: one per closed window, with its count
+            await self.send_dead_letter(dl)
 
-    async def publish(cmd: Command, what: str, value: bytes | None = None) -> None:
-        metrics.commands.labels(cmd.kind, cmd.zone).inc()
+    async def publish(self, cmd: Command, what: str, value: bytes | None = None) -> None:
+        self.metrics.commands.labels(cmd.kind, cmd.zone).inc()
         log.info("command %s %s %s (%s)", cmd.command_id, cmd.zone, what, cmd.reason, extra=_fields(cmd))
         # Signed here too: the bridge re-signs only what the control agent signed, so whoever can
         # write to the commands topic cannot have the bridge sign a command of their own.
-        await commands.send(key=cmd.zone.encode(), value=value or cmd.signed(keyring).encode())
+        await self.commands.send(key=cmd.zone.encode(), value=value or cmd.signed(self.keyring).encode())
 
-    # Telemetry is acknowledged (its offset committed) only once every window it fed has closed:
-    # a worker killed mid-window re-reads those records (ControlLoop.committable). Rebalances
-    # (streams.ownership): on revocation drop open windows, save snapshots; on assignment
-    # release the models gone elsewhere, restore those gained (Faust resumes streams after).
-    rebalance = Rebalance(loop, ownership, snapshots, settings.topic("metrics"))
-    ack_closed = rebalance.ack_closed
+    @staticmethod
+    def encode_events(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
+        return [(partition_key(ev["model"], ev["zone"]), orjson.dumps(ev)) for ev in events]
 
-    def highwater(partition: int) -> int | None:  # of a telemetry partition; None: not known, not assigned
+    async def save_snapshots(self) -> None:
+        await self.side.call("snapshots", functools.partial(self.snapshots.save, self.now_s()))
+
+    # -- effects ------------------------------------------------------------------------------------
+    async def perform(
+        self, fx: effects.Effects, signed: list[bytes] | None = None, events: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        """Perform one decision's effects: writes (a swap's commands once it is written), status rows,
+        events, commands, dead letters (``signed``, ``events``: encoded inside the agent's boundary)."""
+        for write in fx.writes:
+            await self.write(write)
+        for row in fx.status:
+            await self.write_status(row)
+        for key, value in events if events is not None else self.encode_events(fx.events):
+            await self.events.send(key=key, value=value)
+        values: list[bytes | None] = list(signed) if signed is not None else [None] * len(fx.commands)
+        for cmd, what, signed_cmd in zip(fx.commands, fx.described, values, strict=True):
+            await self.publish(cmd, what, signed_cmd)
+        for dl in fx.dead_letters:
+            await self.send_dead_letter(dl)
+
+    async def write(self, write: effects.HashWrite | effects.SwapWrite) -> None:
+        if isinstance(write, effects.SwapWrite):
+            if await self.side.call("canary", functools.partial(self.canary.swap, write)):
+                for cmd, what in write.then:
+                    await self.publish(cmd, what)
+            return
+        fields = dict(write.fields)
+        if write.reviewed is not None:  # only entries nobody changed or removed meanwhile (a review takes a while)
+            now = await self.side.call("admission", functools.partial(self.redis.hgetall, write.key))
+            fields = still_current(fields, write.reviewed, now or {})
+        if fields:
+            mapping: dict[EncodableT, EncodableT] = {k: v for k, v in fields.items()}
+            await self.side.call("admission", functools.partial(self.redis.hset, write.key, mapping=mapping))
+
+    async def write_status(self, row: effects.StatusRow) -> None:
+        """One HSET per zone window: what ``governor status`` shows of (model, zone); never raises."""
+        value = orjson.dumps(row.record)
+        await self.side.call("status", functools.partial(self.redis.hset, self.status_key, row.field, value))
+
+    # -- ingest ------------------------------------------------------------------------------------
+    async def ingest(self, stream: Any) -> None:
+        async for event in stream.noack().events():
+            await self.ingest_one(event)
+
+    async def ingest_one(self, event: Any) -> None:
+        msg, generation = event.message, self.rebalance.generation
+        try:  # the boundary (streams.boundary): what a message makes raise is its dead letter
+            res = self.loop.ingest(event.value, _source(msg), self.clock.now_ms())
+            signed = self.sign_windows(res.windows)
+        except Exception as exc:  # noqa: BLE001 - nothing a message holds stops ingest
+            dl = unprocessable("bad envelope", exc, _source(msg), event.value, self.clock.now_ms())
+            log.error("ingest of %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
+            self.metrics.observe_dead_letter(dl["reason"])
+            res, signed = Ingested(dead_letters=[dl]), []
+        if res.dead_letters:
+            # One log line per message, not per record: a replay of old data or a broken
+            # producer must not become a flood of log lines (measured: the per-record line
+            # was ~30 % of the worker's time on an all-late stream).
+            first = res.dead_letters[0]["reason"]
+            n, topic, part, off = len(res.dead_letters), msg.topic, msg.partition, msg.offset
+            log.info("%d dead letter(s) from %s[%d]@%d, first: %s", n, topic, part, off, first)
+        for dl in res.dead_letters:
+            await self.send_dead_letter(dl)
+        await self.publish_windows(res.windows, signed)
+        self.rebalance.hold(event, res.max_ts_ms, generation)
+        self.rebalance.ack_closed()
+
+    def highwater(self, partition: int) -> int | None:
+        """Of a telemetry partition; None: not known, not assigned."""
         try:
-            return app.consumer.highwater(TP(settings.topic("telemetry"), partition))
+            return self.app.consumer.highwater(TP(self.settings.topic("telemetry"), partition))
         except (AssertionError, KeyError, AttributeError):  # aiokafka asserts the partition is assigned
             return None
 
-    @app.agent(telemetry, name="ingest")
-    @watch.agent("ingest")
-    async def ingest(stream: Any) -> None:
-        async for event in stream.noack().events():
-            msg = event.message
-            source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            generation = rebalance.generation
-            try:  # the boundary (streams.boundary): what a message makes raise is its dead letter
-                res = loop.ingest(event.value, source, clock.now_ms())
-                signed = sign_windows(res.windows)
-            except Exception as exc:  # noqa: BLE001 - nothing a message holds stops ingest
-                dl = unprocessable("bad envelope", exc, source, event.value, clock.now_ms())
-                log.error("ingest of %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
-                metrics.observe_dead_letter(dl["reason"])
-                res, signed = Ingested(dead_letters=[dl]), []
-            if res.dead_letters:
-                # One log line per message, not per record: a replay of old data or a broken
-                # producer must not become a flood of log lines (measured: the per-record line
-                # was ~30 % of the worker's time on an all-late stream).
-                log.info(
-                    "%d dead letter(s) from %s[%d]@%d, first: %s",
-                    len(res.dead_letters),
-                    msg.topic,
-                    msg.partition,
-                    msg.offset,
-                    res.dead_letters[0]["reason"],
-                )
-            for dl in res.dead_letters:
-                await send_dead_letter(dl)
-            await publish_windows(res.windows, signed)
-            rebalance.hold(event, res.max_ts_ms, generation)
-            ack_closed()
+    async def close_windows(self) -> None:
+        """The timer: windows due by the clock, liveness, and a snapshot at most every_s old, traffic or not."""
+        if not self.app.rebalancing:  # consumers paused: a window closed by the clock now would miss records
+            await self.publish_windows(self.loop.close_due(self.clock.now_ms(), self.highwater))
+            self.rebalance.ack_closed()
+        await self.watch_liveness()
+        await self.save_snapshots()
 
-    @app.timer(  # type: ignore[untyped-decorator]  # Faust's timer decorator is untyped
-        max(0.05, clock.to_wall_s(settings.window_s * 1000) / 10), name="close-windows"
-    )
-    async def close_windows() -> None:
-        if not app.rebalancing:  # consumers paused: a window closed by the clock now would miss records
-            await publish_windows(loop.close_due(clock.now_ms(), highwater))
-            ack_closed()
-        await watch_liveness()
-        # Saved here too: a snapshot is at most every_s old, traffic or not.
-        await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
+    # -- what lives in Redis, through the loop's port ----------------------------------------------
+    async def observe(self, event: effects.InputEvent) -> None:
+        await self.perform(self.loop.observe(event))
 
-    # Best-effort Redis work (canary, status, heartbeats, snapshots) never holds up a decision.
-    side = SideChannel()
-    heartbeat_keys = [names.executor_heartbeat(settings.topic_prefix, z) for z in settings.zones]
-    allowance_keys = [names.zone_allowance(settings.topic_prefix, z) for z in settings.zones]  # core/budget.py
-    platform_keys = [(z, names.platform_replicas(settings.topic_prefix, z)) for z in settings.zones]
-    platform_refused: dict[str, list[str]] = {}
-    admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks (streams/admission_driver.py)
-    admission_key = names.admission(settings.topic_prefix)
+    async def watch_liveness(self) -> None:
+        """Executor heartbeats (zone loss needs its executor gone) and silent (model, zone)s, every >= 1 s."""
+        if self.now_s() < self.next_heartbeat_read:
+            return
+        self.next_heartbeat_read = self.now_s() + 1.0
+        keys = self.heartbeat_keys + self.allowance_keys
+        read = await self.side.call("heartbeats", functools.partial(self.redis.mget, keys))
+        zones, n = self.settings.zones, len(self.settings.zones)
+        # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
+        await self.observe(
+            effects.Heartbeats(None if read is None else [z for z, b in zip(zones, read[:n], strict=True) if b])
+        )
+        await self.observe(effects.Allowances(None if read is None else dict(zip(zones, read[n:], strict=True))))
+        self.review_admission()
+        for zone, key in self.platform_keys:  # replica truth from the platform (loop/platform_truth.py)
+            fields = await self.side.call("platform replicas", functools.partial(self.redis.hgetall, key))
+            await self.observe(effects.PlatformReplicas(zone, fields or {}))
+        await self.observe(effects.Tick(self.clock.now_ms()))
+        await self.beat()
 
-    async def review_admission() -> None:
+    async def beat(self) -> None:
+        """The worker's own liveness, for ``governor status``."""
+        beat = orjson.dumps({"ts_ms": self.clock.now_ms(), "wall_ms": int(time.time() * 1000)})
+        ttl_ms = int(max(3.0, 3 * self.settings.heartbeat_s) * 1000)
+        await self.side.call("worker heartbeat", functools.partial(self.redis.set, self.worker_beat, beat, px=ttl_ms))
+
+    def review_admission(self) -> None:
         """Start a review: decide pending tasks, re-check admitted sets (at most once a second, with the heartbeats).
 
         One writer: the worker holding metrics partition 0 (several workers would race on the registry).
-        Not waited for: the analysis runs in a worker thread, one review at a time (AdmissionDriver.launch).
+        Not waited for: the analysis runs in a worker thread, one review at a time (OffLoopReview.launch).
         """
-        if 0 in ownership.assigned:
-            admission.launch(admission_round)
+        if 0 in self.ownership.assigned:
+            self.reviews.launch(self.admission_round)
 
-    async def admission_round() -> None:
-        entries = await side.call("admission", functools.partial(redis.hgetall, admission_key))
+    async def admission_round(self) -> None:
+        entries = await self.side.call("admission", functools.partial(self.redis.hgetall, self.admission_key))
         if not entries:
             return
-        writes, evs = await admission.review_off_loop(entries, clock.now_ms())
-        if 0 not in ownership.assigned:  # released while the review ran: the new owner reviews
+        event = effects.AdmissionEntries(dict(entries), self.clock.now_ms(), self.loop.admission.latencies())
+        fx = await self.reviews.run(self.loop.observe, event)
+        if 0 in self.ownership.assigned:  # released while the review ran: the new owner reviews
+            await self.perform(fx)
+
+    # -- control ------------------------------------------------------------------------------------
+    async def control(self, stream: Any) -> None:
+        async for event in stream.events():
+            w = await self.decode(event)
+            if w is not None and await self.ready_to_decide(w, event.message):
+                await self.decide(w, event)
+
+    async def decode(self, event: Any) -> WindowRecord | None:
+        """The window record of a metrics message, or None (its dead letter sent)."""
+        msg = event.message
+        try:  # the boundary (streams.boundary): a record that makes decoding raise is its dead letter
+            w, dl = self.loop.decode(event.value, _source(msg), self.clock.now_ms(), _headers(msg.headers))
+        except Exception as exc:  # noqa: BLE001 - nothing a message holds stops the control agent
+            await self.dead_letter_of("bad metrics record", exc, msg, event.value)
+            return None
+        if w is None:
+            assert dl is not None
+            await self.send_dead_letter(dl)
+            return None
+        if self.ownership.partition(w.model) != msg.partition:
+            # Authentic (MAC'd) but not on its model's partition: written by a worker of an earlier
+            # version (keyed model|zone). Deciding it here could decide a model another worker owns.
+            reason = f"misrouted window record: {w.model!r} belongs on partition {self.ownership.partition(w.model)}"
+            self.metrics.observe_dead_letter(reason)
+            raw = bytes(event.value or b"").decode("utf-8", "replace")[:4096]
+            await self.send_dead_letter(dead_letter(reason, _source(msg), raw, self.clock.now_ms()))
+            return None
+        return w
+
+    async def ready_to_decide(self, w: WindowRecord, msg: Any) -> bool:
+        """Whether this worker decides ``w`` (its partition held), after reading its rollout for the loop."""
+        if msg.partition not in self.ownership.assigned:  # read across a rebalance: its new owner decides it
+            log.debug("window record of partition %d skipped: not held since the rebalance", msg.partition)
+            return False
+        if w.scope == "zone":
+            raw = await self.side.call("canary", functools.partial(self.canary.read, w.model))
+            self.loop.observe(effects.Rollout(w.model, raw))
+        return msg.partition in self.ownership.assigned  # released while the rollout read awaited Redis
+
+    async def decide(self, w: WindowRecord, event: Any) -> None:
+        msg = event.message
+        try:  # the boundary: the decision and what it publishes, encoded before anything is sent
+            fx = self.loop.decide(w, self.clock.now_ms())
+            signed = [cmd.signed(self.keyring).encode() for cmd in fx.commands]
+            events = self.encode_events(fx.events)
+        except Exception as exc:  # noqa: BLE001 - a window the drivers cannot take is its dead letter
+            dl = await self.dead_letter_of("bad metrics record", exc, msg, event.value)
+            log.error("decision on %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
             return
-        if writes:  # only entries nobody changed or removed meanwhile (the review took a while)
-            now = await side.call("admission", functools.partial(redis.hgetall, admission_key))
-            writes = admission.still_current(writes, entries, now or {})
-        if writes:
-            fields: dict[EncodableT, EncodableT] = {k: v for k, v in writes.items()}
-            await side.call("admission", functools.partial(redis.hset, admission_key, mapping=fields))
-        for ev in evs:
-            await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
+        await self.perform(fx, signed, events)
+        await self.save_snapshots()
 
-    next_heartbeat_read = [0.0]
+    # -- bridge -------------------------------------------------------------------------------------
+    async def bridge(self, stream: Any) -> None:
+        # Each bridged command is a send event of the worker's hybrid logical clock, stamped (tick at
+        # the clock's physical ms) before the XADD.  The stamp is not part of command_id, so a
+        # re-delivered decision is still dropped as a duplicate.  The bridge is the last writer
+        # before Redis: it signs after stamping.
+        async for event in stream.events():
+            await self.bridge_one(event)
 
-    async def watch_liveness() -> None:
-        """Executor heartbeats (zone loss needs its executor gone) and silent (model, zone)s, every >= 1 s."""
-        now_s = asyncio.get_running_loop().time()
-        if now_s < next_heartbeat_read[0]:
-            return
-        next_heartbeat_read[0] = now_s + 1.0
-        read = await side.call("heartbeats", lambda: redis.mget(heartbeat_keys + allowance_keys))
-        n = len(settings.zones)
-        # No view (Redis hangs or is down): silence alone decides, as before heartbeats.
-        loop.set_heartbeats(None if read is None else [z for z, b in zip(settings.zones, read[:n], strict=True) if b])
-        loop.set_allowances(None if read is None else dict(zip(settings.zones, read[n:], strict=True)))
-        await review_admission()
-        for zone, key in platform_keys:  # replica truth from the platform (streams/platform_truth.py)
-            fields = await side.call("platform replicas", functools.partial(redis.hgetall, key))
-            refused = loop.platform.set(zone, fields or {})
-            if refused != platform_refused.get(zone):  # said once per change, not every second
-                platform_refused[zone] = refused
-                for why in refused:
-                    log.warning("platform replicas of %s refused: %s", zone, why)
-        for ev in loop.check_silence(clock.now_ms()):
-            await events.send(key=partition_key(ev["model"], ev["zone"]), value=orjson.dumps(ev))
-        beat = {"ts_ms": clock.now_ms(), "wall_ms": int(time.time() * 1000)}
-        ttl_ms = int(max(3.0, 3 * settings.heartbeat_s) * 1000)  # the worker's own liveness, for governor status
-        await side.call("worker heartbeat", lambda: redis.set(worker_beat, orjson.dumps(beat), px=ttl_ms))
+    def stamp(self, raw: Any) -> tuple[Command, Hlc, bytes, int]:
+        """A command from the topic, checked, stamped and signed: (command, the clock after, entry, now)."""
+        cmd = Command.decode(raw)
+        if cmd.zone not in self.zones:
+            raise CommandError(f"unknown zone {cmd.zone!r} (GOVERNOR_ZONES={sorted(self.zones)})")
+        why = self.keyring.verify(asdict(cmd))
+        if why is not None:
+            raise CommandError(f"unauthenticated command: {why}")
+        now = self.clock.now_ms()
+        stamped = self.hlc.tick(now)
+        return cmd, stamped, cmd.with_hlc(stamped.encode()).signed(self.keyring).encode(), now
 
-    status_key, worker_beat = names.status(settings.topic_prefix), names.worker_heartbeat(settings.topic_prefix)
-    last_drift: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def write_status(w: WindowRecord, decided_events: list[dict[str, Any]]) -> None:
-        """One HSET per zone window: what ``governor status`` shows of (model, zone); never raises."""
-        key = (w.model, w.zone)
-        for ev in decided_events:
-            if ev.get("kind") == "drift":
-                last_drift[(ev["model"], ev["zone"])] = {k: ev.get(k) for k in ("signal", "direction", "window_end_ms")}
-        ks, stale, spec = loop.scaler.states.get(key), loop.watch.stale.get(key), settings.model(w.model)
-        record = {
-            **{f: getattr(w, f) for f in ("window_end_ms", "rate_rps", "violation_rate", "unfixable_rate")},
-            **{f: getattr(w, f) for f in ("ttft_p95_ms", "replicas_ready", "replicas_starting")},
-            "ttft_slo_ms": w.ttft_slo_ms or (spec.ttft_slo_ms if spec else None),
-            "written_ms": clock.now_ms(),
-            "target": None if ks is None else ks.ctrl.last_target,
-            "ff_mode": None if ks is None else ks.ff_mode,
-            "drift": last_drift.get(key),
-            "stale": bool(stale and stale.stale),
-            "stale_reason": stale.reason if stale else "",
-            "zone_status": loop.scaler.zone_status(w.model).get(w.zone, ""),
-        }
-        await side.call("status", lambda: redis.hset(status_key, f"{w.model}|{w.zone}", orjson.dumps(record)))
-
-    async def drive_canary(w: WindowRecord) -> None:
+    async def bridge_one(self, event: Any) -> None:
+        msg = event.message
         try:
-            steps = await side.call("canary", lambda: canary.on_window(w, clock.now_ms()))
-        except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: operator's to fix
-            log.error("canary step failed for %s: %s", w.model, exc)
+            cmd, stamped, entry, now = self.stamp(event.value)
+        except (CommandError, ValueError, TypeError, RecursionError) as exc:  # nothing a message holds stops it
+            reason = str(exc) if str(exc).startswith("unauthenticated") else f"bad command: {exc}"
+            self.metrics.observe_dead_letter(reason)
+            raw = bytes(event.value or b"").decode("utf-8", "replace")
+            await self.send_dead_letter(dead_letter(reason, _source(msg), raw, self.clock.now_ms()))
             return
-        for cc in steps or []:
-            await publish(cc, f"canary {cc.model} -> {cc.payload['share']:.2f}")
+        except Exception as exc:  # noqa: BLE001 - the boundary (streams.boundary): anything else too
+            await self.dead_letter_of("bad command", exc, msg, event.value)
+            return
+        self.hlc = stamped
+        stream_key = names.command_stream(self.settings.topic_prefix, cmd.zone)
+        await xadd_with_retry(self.redis, stream_key, {"cmd": entry, "bridged_ms": str(now).encode()}, self.metrics)
+        self.metrics.bridged.labels(cmd.zone).inc()
 
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust's receiver type requires signal=
-    async def _revoked(sender, revoked, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    # -- rebalances -----------------------------------------------------------------------------------
+    async def on_revoked(self, sender: Any, revoked: Any = None, **kwargs: Any) -> None:
         try:
-            done = await rebalance.revoked(asyncio.get_running_loop().time())
+            done = await self.rebalance.revoked(self.now_s())
             log.info("rebalance: partitions revoked; %s", done)
         except Exception:  # a rebalance that raises would crash the worker: logged, the next one retries
             log.exception("rebalance: revocation failed")
 
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def _assigned(sender, assigned, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    async def on_assigned(self, sender: Any, assigned: Any = (), **kwargs: Any) -> None:
         try:
-            done = await rebalance.assigned((tp.topic, tp.partition) for tp in assigned)
+            done = await self.rebalance.assigned((tp.topic, tp.partition) for tp in assigned)
             log.info("control owns %d models: %s", len(done["models"]), done, extra={"ownership": done})
-            next_heartbeat_read[0] = 0.0  # executor heartbeats known before a gained model's first window:
-            await watch_liveness()  # its zones arrive with different lags, and a lag alone is no zone loss
+            self.next_heartbeat_read = 0.0  # executor heartbeats known before a gained model's first window:
+            await self.watch_liveness()  # its zones arrive with different lags, and a lag alone is no zone loss
         except Exception:
             log.exception("rebalance: assignment failed")
 
-    @app.agent(metrics_topic, name="control")
-    @watch.agent("control")
-    async def control(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-            try:  # the boundary (streams.boundary): a record that makes decoding raise is its dead letter
-                w, dl = loop.decode(event.value, source, clock.now_ms(), _headers(msg.headers))
-            except Exception as exc:  # noqa: BLE001 - nothing a message holds stops the control agent
-                w, dl = None, unprocessable("bad metrics record", exc, source, event.value, clock.now_ms())
-                metrics.observe_dead_letter(dl["reason"])
-            if w is None:
-                assert dl is not None
-                await send_dead_letter(dl)
-                continue
-            if ownership.partition(w.model) != msg.partition:
-                # Authentic (MAC'd) but not on its model's partition: written by a worker of an earlier
-                # version (keyed model|zone). Deciding it here could decide a model another worker owns.
-                reason = f"misrouted window record: {w.model!r} belongs on partition {ownership.partition(w.model)}"
-                metrics.observe_dead_letter(reason)
-                raw = bytes(event.value or b"").decode("utf-8", "replace")[:4096]
-                await send_dead_letter(dead_letter(reason, source, raw, clock.now_ms()))
-                continue
-            if msg.partition not in ownership.assigned:  # read across a rebalance: its new owner decides it
-                log.debug("window record of partition %d skipped: not held since the rebalance", msg.partition)
-                continue
-            if w.scope == "zone":
-                await drive_canary(w)
-            if msg.partition not in ownership.assigned:  # released while the canary step awaited Redis
-                continue
-            try:  # the boundary: the decision and what it publishes, encoded before anything is sent
-                if w.scope == "zone":
-                    admission.on_window(w)
-                decided = loop.decide(w, clock.now_ms())
-                evs = [(partition_key(ev["model"], ev["zone"]), orjson.dumps(ev)) for ev in decided.events]
-                cmds = [cmd.signed(keyring).encode() for cmd in decided.commands]
-            except Exception as exc:  # noqa: BLE001 - a window the drivers cannot take is its dead letter
-                dl = unprocessable("bad metrics record", exc, source, event.value, clock.now_ms())
-                log.error("decision on %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
-                metrics.observe_dead_letter(dl["reason"])
-                await send_dead_letter(dl)
-                continue
-            if w.scope == "zone":
-                await write_status(w, decided.events)
-            for key, value in evs:
-                await events.send(key=key, value=value)
-            for cmd, what, signed_cmd in zip(decided.commands, decided.described, cmds, strict=True):
-                await publish(cmd, what, signed_cmd)
-            await side.call("snapshots", lambda: snapshots.save(asyncio.get_running_loop().time()))
 
-    @app.agent(commands, name="bridge")
-    @watch.agent("bridge")
-    async def bridge(stream: Any) -> None:
-        # One hybrid logical clock per worker: each bridged command is a send event,
-        # stamped (tick at the clock's physical ms) before the XADD.  The stamp is not
-        # part of command_id, so a re-delivered decision is still dropped as a duplicate.
-        # The bridge is the last writer before Redis: it signs after stamping.
-        from controllers.hlc import Hlc
-
-        hlc = Hlc()
-        async for event in stream.events():
-            msg = event.message
-            try:
-                cmd = Command.decode(event.value)
-                if cmd.zone not in zones:
-                    raise CommandError(f"unknown zone {cmd.zone!r} (GOVERNOR_ZONES={sorted(zones)})")
-                why = keyring.verify(asdict(cmd))
-                if why is not None:
-                    raise CommandError(f"unauthenticated command: {why}")
-                now = clock.now_ms()
-                stamped = hlc.tick(now)
-                entry = cmd.with_hlc(stamped.encode()).signed(keyring).encode()
-            except (CommandError, ValueError, TypeError, RecursionError) as exc:  # nothing a message holds stops it
-                reason = str(exc) if str(exc).startswith("unauthenticated") else f"bad command: {exc}"
-                metrics.observe_dead_letter(reason)
-                await send_dead_letter(
-                    dead_letter(
-                        reason,
-                        {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset},
-                        bytes(event.value or b"").decode("utf-8", "replace"),
-                        clock.now_ms(),
-                    )
-                )
-                continue
-            except Exception as exc:  # noqa: BLE001 - the boundary (streams.boundary): anything else too
-                source = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-                dl = unprocessable("bad command", exc, source, event.value, clock.now_ms())
-                metrics.observe_dead_letter(dl["reason"])
-                await send_dead_letter(dl)
-                continue
-            hlc = stamped
-            await xadd_with_retry(
-                redis,
-                names.command_stream(settings.topic_prefix, cmd.zone),
-                {"cmd": entry, "bridged_ms": str(now).encode()},
-                metrics,
-            )
-            metrics.bridged.labels(cmd.zone).inc()
-
-    return Pipeline(app, loop, metrics, snapshots, ownership, rebalance, watch)
+def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock, **kw: Any) -> Pipeline:
+    """The worker's Faust agents around one :class:`~loop.control_loop.ControlLoop` (:class:`Worker`;
+    ``kw``: its ``metrics`` and ``readiness``)."""
+    return Worker(app, settings, clock, **kw).pipeline

@@ -4,7 +4,7 @@ Each Faust agent (:mod:`streams.agents`) handles a message inside one ``try``:
 whatever the pure work on it raises (decoding, validating, windowing,
 deciding, encoding what goes out) becomes one dead letter -- the reason with
 the exception, the message's topic, partition and offset, and its raw bytes
-clipped (:func:`streams.deadletters.dead_letter`) -- and the agent takes the
+clipped (:func:`loop.deadletters.dead_letter`) -- and the agent takes the
 next message.  Sends to Kafka and writes to Redis stay outside that ``try``:
 a broker or Redis that is down is a temporary failure, retried, never a dead
 letter.
@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from streams.deadletters import dead_letter
+from loop.deadletters import dead_letter
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 

@@ -40,7 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HealthServer", "Readiness", "build_info", "governor_version"]
+__all__ = ["HealthServer", "Readiness", "build_info", "governor_version", "serve"]
 
 
 def governor_version() -> str:
@@ -150,3 +150,11 @@ class HealthServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def serve(
+    registry: CollectorRegistry, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None
+) -> HealthServer | None:
+    """Serve ``registry`` as /metrics, with /healthz and /readyz, on ``addr:port`` (GOVERNOR_METRICS_ADDR,
+    GOVERNOR_METRICS_PORT; 0 = off)."""
+    return HealthServer(registry, readiness, port, addr) if port > 0 else None

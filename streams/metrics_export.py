@@ -1,4 +1,4 @@
-"""Prometheus metrics of the stream worker and the executors.
+"""Prometheus metrics of the stream worker (the executors' are :mod:`executors.metrics`).
 
 Metric names are a contract with ``infra/prometheus`` (alerts) and
 ``infra/grafana`` (dashboard); a test checks the dashboard against them.
@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from core.vocab import DEAD_LETTER_KINDS
-from streams.deadletters import dead_letter_kind
-from streams.health import HealthServer, Readiness, build_info
+from loop.deadletters import dead_letter_kind
+from streams.health import HealthServer, Readiness, build_info, serve
 
 _LABELS = ("model", "zone")
 _BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_breaker_state
@@ -204,24 +204,4 @@ class WorkerMetrics:
     def serve(self, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None) -> HealthServer | None:
         """Serve /metrics, /healthz and /readyz on ``addr:port`` (GOVERNOR_METRICS_ADDR,
         GOVERNOR_METRICS_PORT; 0 = off); see :mod:`streams.health`."""
-        return HealthServer(self.registry, readiness, port, addr) if port > 0 else None
-
-
-class ExecutorMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
-        self.build_info = build_info(r)  # governor_build_info{version,python} 1
-        self.outcomes = Counter(
-            "governor_commands_applied_total", "commands by outcome", ("zone", "outcome"), registry=r
-        )
-        self.expired = Counter("governor_commands_expired_total", "commands refused as expired", ("zone",), registry=r)
-        self.latency = Gauge(
-            "governor_command_latency_seconds", "issue -> apply latency of the last command (s)", ("zone",), registry=r
-        )
-        self.paused = Gauge(
-            "governor_executor_paused", "1 while governor pause holds this zone's commands", ("zone",), registry=r
-        )
-
-    def serve(self, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None) -> HealthServer | None:
-        """As :meth:`WorkerMetrics.serve`."""
-        return HealthServer(self.registry, readiness, port, addr) if port > 0 else None
+        return serve(self.registry, port, addr, readiness)

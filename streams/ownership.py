@@ -20,7 +20,7 @@ On a rebalance (Faust's eager protocol revokes every partition, then assigns)
 the worker (:mod:`streams.agents`):
 
 - on revocation: drops its open telemetry windows (:func:`reset_ingest`,
-  :mod:`streams.partitioned_ingest`: their records were not acknowledged, so
+  :mod:`loop.partitioned_ingest`: their records were not acknowledged, so
   whoever is assigned re-reads and windows them again), saves the snapshots
   of everything it decided on and stops writing them until it owns them again;
 - on assignment: drops what it windowed in between (an event in hand when the
@@ -57,7 +57,7 @@ from aiokafka.partitioner import murmur2
 from core.settings import Settings
 
 if TYPE_CHECKING:
-    from streams.control_loop import ControlLoop
+    from loop.control_loop import ControlLoop
 
 __all__ = ["Ownership", "Rebalance", "partition_of", "release", "reset_ingest"]
 

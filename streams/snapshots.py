@@ -40,7 +40,7 @@ Someone who can write Redis but holds no key can delete a snapshot or put
 back an older sealed one of the same scope (a replay, bounded by the maximum
 age); they cannot make the loop load state of their choosing, and a replayed
 scaler state cannot shrink a fleet: a restored key scales below its fleet only
-once three fresh windows call for it (:meth:`streams.scaler_driver.Scaler.restore`).
+once three fresh windows call for it (:meth:`loop.scaler_driver.Scaler.restore`).
 
 >>> from core.signing import Keyring
 >>> ring = Keyring.parse("k1:" + bytes(range(32)).hex())
@@ -79,7 +79,6 @@ __all__ = [
     "REASONS",
     "Opened",
     "SnapshotStore",
-    "SnapshotVersionError",
     "open_snapshot",
     "seal_snapshot",
 ]
@@ -91,10 +90,6 @@ MAGIC = b"GSNAP "
 REASONS = ("unauthenticated", "unreadable", "version", "scope", "stale")
 _REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 _MAX_HEADER = 200  # "GSNAP <kid> <64 hex>\n": a key id is short
-
-
-class SnapshotVersionError(ValueError):
-    """A driver's snapshot data is of a version (or controller) this code does not read."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +144,7 @@ def open_snapshot(
 
 
 class Scoped(Protocol):
-    """What the store needs of the control loop (:class:`streams.control_loop.ControlLoop`)."""
+    """What the store needs of the control loop (:class:`loop.control_loop.ControlLoop`)."""
 
     def scopes(self) -> list[str]: ...
 

@@ -29,7 +29,7 @@ from bench.ledger import Ledger, read_ledger
 from core.settings import Settings
 from launch.embedded import _die_with_parent, free_port, redis_answers, redis_binary
 from launch.processes import ChildProcess
-from streams.commands import Command
+from loop.commands import Command
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.1) -> None:

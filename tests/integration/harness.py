@@ -19,7 +19,7 @@ from executors.executor import ZoneExecutor
 from executors.guard import CommandGuard
 from launch.processes import WORKER_READY, start_worker
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 
 
 def with_models(settings: Settings, *models: str | ModelSpec) -> Settings:

@@ -19,7 +19,7 @@ from controllers.agent_weights import AgentSignals, weights
 from core import names
 from core.settings import Settings
 from launch.embedded import free_port
-from streams.agent_weights_driver import AgentWeightsDriver
+from loop.agent_weights_driver import AgentWeightsDriver
 from tests.integration.harness import field_in_every_zone, read_snapshot, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

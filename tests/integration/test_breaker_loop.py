@@ -16,7 +16,7 @@ from governor_telemetry.producer import TelemetryProducer
 from core import names
 from core.settings import Settings
 from launch.embedded import free_port
-from streams.breaker_driver import BreakerDriver
+from loop.breaker_driver import BreakerDriver
 from tests.integration.harness import field_in_every_zone, read_snapshot, worker_and_executors
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -15,7 +15,10 @@ from core.settings import Settings
 from executors.backends import RoutingBackend
 from governor import canary_cli
 from governor.cli import main
-from streams.canary_driver import CanaryDriver
+from loop.commands import Command
+from loop.control_loop import ControlLoop
+from loop.effects import Rollout, SwapWrite
+from streams.canary_store import CanaryStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -76,11 +79,34 @@ def test_cli_commands_use_the_environment(
     assert "cannot reach Redis at 127.0.0.1:1 (REDIS_URL)" in err and "Traceback" not in err
 
 
+class _Shell:
+    """The worker shell's canary path: read the rollout, observe it, decide, swap, publish what it guards."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+        self.store, self.loop = CanaryStore(settings, redis), ControlLoop(settings)
+
+    async def read(self, w: WindowRecord) -> None:
+        if w.scope == "zone":
+            self.loop.observe(Rollout(w.model, await self.store.read(w.model)))
+
+    async def decide(self, w: WindowRecord, now: int) -> list[Command]:
+        cmds: list[Command] = []
+        for write in self.loop.decide(w, now).writes:
+            assert isinstance(write, SwapWrite)
+            if await self.store.swap(write):
+                cmds += [c for c, _what in write.then]
+        return cmds
+
+    async def on_window(self, w: WindowRecord, now: int) -> list[Command]:
+        await self.read(w)
+        return await self.decide(w, now)
+
+
 async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings: Settings) -> None:
     canary_cli.start(settings, MODEL, "v2", CanaryParams(hold_s=60.0), now_s=0.0)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
-        driver = CanaryDriver(settings, redis)
+        driver = _Shell(settings, redis)
         now = int(time.time() * 1000)
         # The first window after start publishes the 1 % share to every zone.
         cmds = await driver.on_window(_window(MODEL, "az-a", 0, 990, 0.0), now)
@@ -111,16 +137,21 @@ async def test_driver_rolls_back_a_bad_canary_and_publishes_share_zero(settings:
 
 
 async def test_abort_publishes_share_zero_on_the_next_window(settings: Settings) -> None:
+    # Aborted between the read of a window's rollout and the write of its step: the swap refuses
+    # the step (its commands are not published), the abort stands, the next window publishes share 0.
     canary_cli.start(settings, MODEL, "v2", CanaryParams(hold_s=60.0), now_s=0.0)
     redis = aioredis.Redis.from_url(str(settings.redis_url))
     try:
-        driver = CanaryDriver(settings, redis)
+        shell = _Shell(settings, redis)
         now = int(time.time() * 1000)
-        assert len(await driver.on_window(_window(MODEL, "az-a", 0, 990, 0.0), now)) == 2
-        assert await driver.on_window(_window(f"{MODEL}@v2", "az-a", 0, 10, 0.0), now) == []
+        assert len(await shell.on_window(_window(MODEL, "az-a", 0, 990, 0.0), now)) == 2  # the 1 % share
+        assert await shell.on_window(_window(f"{MODEL}@v2", "az-a", 0, 10, 0.0), now) == []
+        w = _window(MODEL, "az-a", 10_000, 990, 0.0)
+        await shell.read(w)
         canary_cli.abort(settings, MODEL, "ops")
-        cmds = await driver.on_window(_window(MODEL, "az-a", 10_000, 990, 0.0), now)
-        assert [c.payload["share"] for c in cmds] == [0.0, 0.0]
+        assert await shell.decide(w, now) == []  # computed from the running rollout: refused
         assert canary_cli.status(settings, MODEL)["state"]["name"] == "aborted"
+        cmds = await shell.on_window(_window(MODEL, "az-a", 20_000, 990, 0.0), now)
+        assert [c.payload["share"] for c in cmds] == [0.0] * len(settings.zones)
     finally:
         await redis.aclose()

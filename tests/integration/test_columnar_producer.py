@@ -16,7 +16,7 @@ from governor_telemetry.records import validate_record
 from core.settings import Settings
 from core.transport import kafka_options
 from launch.topics import ensure_topics
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 
 def _records(now: int, zone: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from core.settings import ModelSpec, Settings
 from core.signing import Keyring, generate_keys
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, sign, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -15,10 +15,10 @@ import redis.asyncio as aioredis
 
 from core.settings import Settings
 from executors.backends import RoutingBackend
+from loop.commands import Command
 from sim.fleet import Fleet, FleetConfig
 from sim.gateway import CommandGateway, TrafficGate, sync_routing_from_redis
 from sim.perf_model import PerfModel
-from streams.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

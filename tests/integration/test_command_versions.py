@@ -16,7 +16,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -21,7 +21,7 @@ from core.settings import Settings
 from executors.backends import BackendUnavailable, DryRunBackend, SimFleetBackend
 from executors.executor import ZoneExecutor
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

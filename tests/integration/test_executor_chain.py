@@ -20,7 +20,7 @@ from core.settings import Settings
 from executors.chain import BackendContext, ChainBackend, build_backend, close_backend
 from executors.executor import ZoneExecutor
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.test_executor import _results
 

@@ -34,7 +34,7 @@ from executors.entry import ECHO_CAP
 from executors.executor import GROUP, ZoneExecutor
 from launch.embedded import free_port, redis_answers, redis_binary
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.test_executor import _results, wait_for
 

@@ -32,7 +32,7 @@ from executors.backends import Backend, FleetBudget, SimFleetBackend
 from executors.executor import ZoneExecutor
 from governor.budget_cli import run_budget, write_default_allowances
 from governor.pause_cli import run_pause
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed, with_models
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

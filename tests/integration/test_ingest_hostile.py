@@ -24,7 +24,7 @@ from governor_telemetry.records import encode_envelope
 from core.settings import Settings
 from launch.processes import WORKER_READY, start_worker
 from launch.topics import ensure_topics
-from streams.deadletters import MAX_DEAD_LETTER_BYTES
+from loop.deadletters import MAX_DEAD_LETTER_BYTES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

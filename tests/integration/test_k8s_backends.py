@@ -26,7 +26,7 @@ from core.workloads import parse_routes, parse_workloads
 from executors.backends import BackendRejected, BackendUnavailable, FleetBudget
 from executors.gateway import INTENT, GatewayBackend
 from executors.k8s import ANNOTATION_PREFIX, KubernetesBackend
-from streams.commands import Command
+from loop.commands import Command
 from tests.kube_api import KubeAPI
 
 ROUTE_GV = "gateway.networking.k8s.io/v1"
@@ -272,7 +272,7 @@ async def test_platform_reporter_writes_what_the_worker_reads(api: KubeAPI, sett
     from core import names
     from executors.chain import ChainBackend
     from executors.platform import PlatformReporter, replica_source
-    from streams.platform_truth import PlatformTruth
+    from loop.platform_truth import PlatformTruth
 
     api.auto_ready = False
     api.add_deployment("vllm-m", namespace="llm", replicas=4)

@@ -31,7 +31,7 @@ from core.settings import Secret, Settings
 from executors.executor import GROUP
 from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.faults import (
     Receiver,
     RedisServer,

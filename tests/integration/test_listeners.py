@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
+from executors.metrics import ExecutorMetrics
 from launch.embedded import free_port
 from launch.processes import EXECUTOR_READY, start_executor
-from streams.metrics_export import ExecutorMetrics, WorkerMetrics
+from streams.health import serve
+from streams.metrics_export import WorkerMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -45,7 +47,7 @@ def _healthz(port: int) -> int:
 @pytest.mark.parametrize("metrics", [WorkerMetrics, ExecutorMetrics])
 def test_the_exporters_serve_loopback_only_by_default(metrics: type[WorkerMetrics | ExecutorMetrics]) -> None:
     port = free_port()
-    server = metrics().serve(port)
+    server = serve(metrics().registry, port)
     assert server is not None
     try:
         assert _healthz(port) == 200

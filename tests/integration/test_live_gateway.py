@@ -13,12 +13,12 @@ import redis.asyncio as aioredis
 
 from core.settings import Settings
 from executors.backends import SimFleetBackend
+from loop.commands import Command
 from sim.fleet import Fleet, FleetConfig
 from sim.gateway import HALF_OPEN_SHARE
 from sim.live import LiveFleet
 from sim.perf_model import PerfModel
 from sim.workloads import Workload
-from streams.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -205,7 +205,7 @@ async def test_malformed_records_land_in_dead_letter_topic_with_reason(loop: Set
 
 async def test_worker_snapshots_the_controllers_learned_state_to_redis(loop: Settings) -> None:
     """What a restarted worker restores: the control agent saves the Scaler's state."""
-    from streams.scaler_driver import Scaler
+    from loop.scaler_driver import Scaler
 
     redis = aioredis.Redis.from_url(str(loop.redis_url))
     try:

@@ -37,7 +37,7 @@ from core import names
 from core.settings import ModelSpec, Settings
 from launch.processes import EXECUTOR_READY, WORKER_READY, ChildProcess, start_executor, start_worker
 from launch.topics import ensure_topics
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.ownership import partition_of
 from streams.snapshots import SnapshotStore
 from tests.integration.faults import Background, kill9, ledger_settles, records, results, tails, violating, wait_until

@@ -26,7 +26,7 @@ from governor_telemetry.records import encode_envelope
 from core.settings import Settings
 from launch.processes import WORKER_READY, start_worker
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.test_ingest_hostile import _read
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -7,9 +7,9 @@ tests when it is missing instead.
 
 The exporters' text is the real thing: the worker's registry
 (:class:`streams.metrics_export.WorkerMetrics`) after telemetry batches went
-through :class:`streams.control_loop.ControlLoop` (windows closed, a decision
+through :class:`loop.control_loop.ControlLoop` (windows closed, a decision
 made), every family given a sample, rendered by ``prometheus_client``; and the
-executor's (:class:`~streams.metrics_export.ExecutorMetrics`).
+executor's (:class:`~executors.metrics.ExecutorMetrics`).
 
 ``promtool check metrics`` finds abbreviated units in five names today
 (``KNOWN_FINDINGS``).  Renaming a metric is a contract change (alerts,
@@ -33,8 +33,9 @@ from prometheus_client import generate_latest
 
 from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
-from streams.metrics_export import ExecutorMetrics, WorkerMetrics
+from executors.metrics import ExecutorMetrics
+from loop.control_loop import ControlLoop
+from streams.metrics_export import WorkerMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -65,7 +65,7 @@ from governor.redis_acl import (
     run_redis_acl,
 )
 from launch.embedded import free_port, redis_answers
-from streams.commands import Command
+from loop.commands import Command
 from tests.integration.harness import guard, signed
 from tests.integration.redis7 import redis7, version
 

@@ -28,11 +28,11 @@ from executors.backends import SimFleetBackend
 from executors.executor import ZoneExecutor
 from launch.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
 from launch.topics import ensure_topics
+from loop.commands import Command
+from loop.kv_policy_driver import KvPolicyDriver
 from sim.fleet import Fleet, FleetConfig
 from sim.live import LiveFleet
 from sim.workloads import Workload
-from streams.commands import Command
-from streams.kv_policy_driver import KvPolicyDriver
 from tests.integration.harness import guard, signed
 from tests.unit.test_fleet import BLOCK_B, PM, M, fragmented
 

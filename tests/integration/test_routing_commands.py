@@ -22,7 +22,7 @@ from executors.backends import (
     WebhookBackend,
 )
 from executors.executor import ZoneExecutor
-from streams.commands import Command, CommandError
+from loop.commands import Command, CommandError
 from tests.integration.harness import guard, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -53,7 +53,7 @@ def test_route_command_ids_encode_weights_and_scale_ids_hash_the_target() -> Non
     scale = Command(
         kind="scale", zone="z", model="m", target_replicas=3, reason="", issued_at_ms=0, expires_at_ms=1, basis_ms=5
     )
-    from streams.commands import command_id
+    from loop.commands import command_id
 
     assert scale.command_id == command_id("scale", "z", "m", 5, {"target_replicas": 3})
     with pytest.raises(CommandError):

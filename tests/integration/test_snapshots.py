@@ -21,7 +21,7 @@ from controllers.window_record import WindowRecord, decode_window
 from core import names
 from core.settings import ModelSpec, Settings
 from core.signing import Keyring, generate_keys
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 from streams.snapshots import SnapshotStore
 

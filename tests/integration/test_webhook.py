@@ -23,7 +23,7 @@ from core.settings import Settings, SettingsError
 from core.signing import Keyring
 from executors.backends import BackendRejected, BackendUnavailable
 from executors.webhook import WebhookBackend
-from streams.commands import Command
+from loop.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

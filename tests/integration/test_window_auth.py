@@ -28,7 +28,7 @@ from core.settings import Settings
 from core.signing import Keyring, generate_keys
 from launch.processes import WORKER_READY, start_worker
 from launch.topics import ensure_topics
-from streams.commands import Command
+from loop.commands import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

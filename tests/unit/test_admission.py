@@ -1,4 +1,4 @@
-"""Admission of periodic agent tasks (controllers/admission.py, streams/admission_driver.py, the CLI offline)."""
+"""Admission of periodic agent tasks (controllers/admission.py, loop/admission_driver.py, the CLI offline)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from controllers.admission import AgentTask, admit, evaluate
 from controllers.errors import ParameterError
 from controllers.window_record import decode_window
-from streams.admission_driver import AdmissionDriver
+from loop.admission_driver import AdmissionDriver
 
 
 def _task(name: str, period: float, prio: int, **kw: Any) -> AgentTask:
@@ -209,7 +209,10 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     import asyncio
     import threading
 
+    from streams.admission_review import OffLoopReview
+
     drv = AdmissionDriver(10.0)
+    runner = OffLoopReview()
     drv.on_window(_win(0, 100.0))
     reg = _many(1000, 8)
     gate, entered = threading.Event(), threading.Event()
@@ -219,14 +222,14 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
         assert gate.wait(30), "the event loop never got to run while the review was held"
         return admit(*args, **kw)
 
-    monkeypatch.setattr("streams.admission_driver.admit", held)
+    monkeypatch.setattr("loop.admission_driver.admit", held)
     results: list[tuple[dict[str, bytes], list[dict[str, Any]]]] = []
 
     async def review_round() -> None:
-        results.append(await drv.review_off_loop(reg, 1_000))
+        results.append(await runner.run(drv.review, dict(reg), 1_000, drv.latencies()))
 
-    assert drv.launch(review_round)
-    assert not drv.launch(review_round)  # one review at a time
+    assert runner.launch(review_round)
+    assert not runner.launch(review_round)  # one review at a time
     await asyncio.to_thread(entered.wait, 30)
     drv.on_window(_win(1, 120.0))  # the loop goes on: a window arrives, decisions would be published
     gate.set()
@@ -237,11 +240,11 @@ async def test_a_review_runs_off_the_event_loop_one_at_a_time(monkeypatch: pytes
     writes, events = results[0]
     _apply(reg, writes)
     assert set(_states(reg).values()) == {"admitted"} and len(events) == 1000
-    assert drv.launch(review_round)  # the next one may start
+    assert runner.launch(review_round)  # the next one may start
 
 
 def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -258,7 +261,7 @@ def test_review_bounds_its_work_and_resumes_where_it_stopped(monkeypatch: pytest
 
 
 def test_a_set_too_costly_to_analyse_is_a_clear_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -291,7 +294,7 @@ def test_an_orchestrator_runs_at_most_its_cap() -> None:
 
 
 def test_registry_parsing_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.admission_driver as ad
+    import loop.admission_driver as ad
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))
@@ -325,7 +328,7 @@ def test_cli_reads_entries_bounded(tmp_path: Path) -> None:
 
 
 def test_a_review_never_writes_over_an_entry_changed_while_it_ran() -> None:
-    from streams.admission_driver import still_current
+    from loop.admission_driver import still_current
 
     drv = AdmissionDriver(10.0)
     drv.on_window(_win(0, 100.0))

@@ -1,4 +1,4 @@
-"""The mixed-agent driver (streams.agent_weights_driver): zone windows with agent signals ->
+"""The mixed-agent driver (loop.agent_weights_driver): zone windows with agent signals ->
 EWMA -> weights (docs/model.md §15 (agents)) -> ``agents`` commands when a weight moves by
 more than 0.05; the ``agents`` command's payload validation; restore-equivalence."""
 
@@ -11,10 +11,10 @@ import pytest
 from controllers.agent_weights import AgentSignals, weights
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
-from streams.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
-from streams.commands import Command, CommandError
+from loop.agent_weights_driver import EWMA_ALPHA, PUBLISH_DELTA, AgentWeightsDriver
+from loop.commands import Command, CommandError
+from loop.errors import SnapshotVersionError
 from streams.metrics_export import WorkerMetrics
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 S = Settings(zones=("az-a", "az-b"), command_ttl_s=30.0)

@@ -13,11 +13,11 @@ import pytest
 
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
-from streams.breaker_driver import BreakerDriver, parse_window
-from streams.commands import Command
-from streams.control_loop import ControlLoop
+from loop.breaker_driver import BreakerDriver, parse_window
+from loop.commands import Command
+from loop.control_loop import ControlLoop
+from loop.errors import SnapshotVersionError
 from streams.metrics_export import WorkerMetrics
-from streams.snapshots import SnapshotVersionError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,7 +12,7 @@ from controllers.capacity_learn import CapacityParams, CapacityState, CapacityWi
 from controllers.errors import ParameterError
 from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
-from streams.scaler_driver import Scaler
+from loop.scaler_driver import Scaler
 
 P = CapacityParams()
 SLO_ITL = 150.0

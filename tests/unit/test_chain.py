@@ -15,7 +15,7 @@ from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, a
 from executors.chain import REGISTRY, BackendContext, ChainBackend, build_backend, parse_spec
 from executors.errors import BackendRefused
 from executors.webhook import WebhookBackend, retry_after_s
-from streams.commands import COMMAND_KINDS, Command
+from loop.commands import COMMAND_KINDS, Command
 
 ALL = sorted(COMMAND_KINDS)
 

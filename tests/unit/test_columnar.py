@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.settings import ModelSpec, Settings
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 SETTINGS = Settings(
     window_s=1.0,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from streams.command_payloads import (
+from loop.command_payloads import (
     AgentsPayload,
     BreakerPayload,
     CanaryPayload,
@@ -15,7 +15,7 @@ from streams.command_payloads import (
     RoutePayload,
     ScalePayload,
 )
-from streams.commands import (
+from loop.commands import (
     COMMAND_KINDS,
     PAYLOAD_TYPES,
     TARGET_TYPES,

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controllers.hlc import Hlc
-from streams.command_payloads import BreakerPayload
-from streams.commands import (
+from loop.command_payloads import BreakerPayload
+from loop.commands import (
     COMMAND_KINDS,
     COMMAND_SCHEMA_VERSION,
     Command,
@@ -76,7 +76,7 @@ def test_v2_round_trip_is_the_identity(kind: str) -> None:
     assert Command.decode(orjson.loads(raw)) == c  # a dict decodes too
 
 
-# Records exactly as the schema-v1 code (git: streams/commands.py before v2) encoded them.
+# Records exactly as the schema-v1 code (git: loop/commands.py before v2) encoded them.
 V1_BREAKER = (
     b'{"kind":"breaker","zone":"az-a","model":"m|az-b","target_replicas":0,"reason":"trip","issued_at_ms":1000,'
     b'"expires_at_ms":61000,"basis_ms":900,"previous_replicas":null,"controller":"breaker","detail":{},'
@@ -261,7 +261,7 @@ def test_a_detail_nested_past_the_limit_is_a_command_error_not_a_crash_when_sign
     import orjson
 
     from core.jsonsafe import MAX_DEPTH
-    from streams.commands import Command, CommandError
+    from loop.commands import Command, CommandError
 
     raw = b'{"schema_version": 2, "kind": "scale", "zone": "az-a", "model": "m", "target_replicas": 1, '
     raw += b'"reason": "x", "issued_at_ms": 1, "expires_at_ms": 2, "basis_ms": 1, "detail": {"x": ' + b"[" * 300 + b"0"

@@ -213,8 +213,8 @@ def test_gains_from_the_environment_and_a_gains_file_are_checked_by_name_and_val
 
 
 def test_every_gain_a_controller_reads_is_a_known_name() -> None:
+    from controllers.scaling_law import FF_TUNABLES
     from core.vocab import PID_GAIN_NAMES
-    from streams.scaler_driver import FF_TUNABLES
 
     fpid_names = {"alpha", "eta", "gamma", "beta", "memory"}  # what pid_params_for passes to FpidParams
     assert {f"ff_{n}" for n in FF_TUNABLES} | fpid_names | {"kp", "ki", "kd", "deadband"} == set(PID_GAIN_NAMES)

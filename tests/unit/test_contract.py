@@ -20,6 +20,7 @@ A new controller or driver joins the battery by adding one case.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -36,14 +37,15 @@ from controllers import fpid, pid
 from controllers import kv_policy as kvp
 from controllers import observer as obs
 from controllers import routing as rt
+from controllers import scaling_law as law
 from controllers import zone_capacity as zc
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
-from streams.agent_weights_driver import AgentWeightsDriver
-from streams.breaker_driver import BreakerDriver
-from streams.kv_policy_driver import KvPolicyDriver
-from streams.routing_driver import RoutingDriver
-from streams.scaler_driver import Scaler
+from loop.agent_weights_driver import AgentWeightsDriver
+from loop.breaker_driver import BreakerDriver
+from loop.kv_policy_driver import KvPolicyDriver
+from loop.routing_driver import RoutingDriver
+from loop.scaler_driver import Scaler
 
 GIB = 1 << 30
 
@@ -275,6 +277,34 @@ def _opt_dump(s: Any) -> Any:
     return None if s is None else s.to_dict()
 
 
+# The composed scaling law of one key (controllers.scaling_law): its state is the key's and the model's zone view.
+def _law(**kw: Any) -> Pure:
+    p = law.params_for(_settings(**kw), "big")
+    return Pure(p, (p.new_state(), zc.ZoneCapacityState()), _law_call, _law_dump, _law_load)
+
+
+def _law_call(p: Any, s: Any, w: WindowRecord) -> tuple[Any, Any]:
+    state, zones, decision = law.decide(p, s[0], s[1], w, budget_cap=20)
+    return (state, zones), decision
+
+
+def _law_dump(s: Any) -> Any:
+    return {"key": s[0].to_state(), "zones": s[1].to_dict()}
+
+
+def _law_load(d: Any) -> Any:
+    return law.ScalingState.from_state(d["key"]), zc.ZoneCapacityState.from_dict(d["zones"])
+
+
+def _law_inputs() -> list[Any]:
+    return [w for w in _zone_windows() if (w.model, w.zone) == ("big", "az-a")]
+
+
+def _law_clamp(d: Any) -> None:
+    assert 1 <= d.target <= 20, d  # within the model's replicas and the budget cap it was given
+    assert 0.0 <= d.violation_rate <= 1.0 and d.zone_floor_rps >= 0.0
+
+
 CONTROLLERS = [
     Case(
         "pid",
@@ -384,6 +414,23 @@ CONTROLLERS = [
         _kalman_inputs,
         _kalman_clamp,
         [(lambda: obs.LoopDelay(weight=0.0), "weight")],
+    ),
+    Case(
+        "scaling_law",
+        _law,
+        _law_inputs,
+        _law_clamp,
+        [
+            (lambda: dataclasses.replace(law.params_for(_settings(), "big"), eps_ref=0.0), "eps_ref"),
+            (lambda: dataclasses.replace(law.params_for(_settings(), "big"), horizon_steps=0), "horizon_steps"),
+        ],
+    ),
+    Case(
+        "scaling_law_fpid_observer",
+        lambda: _law(controller="fpid", observer=True, learn_capacity=True, pid_gains={"kp": 0.2, "ki": 0.05}),
+        _law_inputs,
+        _law_clamp,
+        [(lambda: dataclasses.replace(law.params_for(_settings(), "big"), window_s=-1.0), "window_s")],
     ),
 ]
 

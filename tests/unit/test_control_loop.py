@@ -14,7 +14,7 @@ import pytest
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from core.signing import Keyring
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
 T0 = 1_700_000_000_000

@@ -48,9 +48,9 @@ INDEX_COLUMNS = [
     "tests",
 ]
 # Which package each path column's modules must live in.
-COLUMN_PACKAGE = {
+COLUMN_PACKAGE: dict[str, str | tuple[str, ...]] = {
     "controller module(s)": "controllers/",
-    "stream driver": "streams/",
+    "stream driver": ("loop/", "streams/"),  # the pure loop, or the worker around it
     "simulator part": "sim/",
     "tests": "tests/",
 }
@@ -77,7 +77,7 @@ def paths_in(span: str) -> list[str]:
 
     >>> paths_in("streams/agents.py")
     ['streams/agents.py']
-    >>> paths_in("governor bench kv"), paths_in("streams/*_driver.py"), paths_in("runs/<name>/report.json")
+    >>> paths_in("governor bench kv"), paths_in("loop/*_driver.py"), paths_in("runs/<name>/report.json")
     ([], [], [])
     >>> paths_in("sim/fastloop.py:LoopConfig"), paths_in("/work/shared/x.md")
     (['sim/fastloop.py'], [])

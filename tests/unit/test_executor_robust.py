@@ -25,7 +25,7 @@ from executors.backends import DryRunBackend
 from executors.entry import ECHO_CAP, MAX_DEPTH, RESULT_CAP, decode_entry, echo, encode_result, stored_int
 from executors.executor import ZoneExecutor
 from executors.timing import Held
-from streams.commands import Command, CommandError
+from loop.commands import Command, CommandError
 from tests.integration.harness import guard, sign
 
 MODEL = "m"

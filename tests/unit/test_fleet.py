@@ -474,7 +474,7 @@ def test_agent_fields_of_a_workload_reach_the_request_records_and_the_zone_windo
     from governor_telemetry.records import encode_envelope, validate_record
 
     from core.settings import ModelSpec, Settings
-    from streams.pipeline import TelemetryProcessor
+    from loop.pipeline import TelemetryProcessor
 
     f = make(initial_replicas=2, epoch_ms0=0)
     agent = {"agent_stability": 0.9, "agent_rag_score": 0.9, "agent_tool_conf": 0.2, "agent_path": "rag"}

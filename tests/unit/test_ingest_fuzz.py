@@ -27,8 +27,8 @@ from governor_telemetry.columnar import encode_columns
 from governor_telemetry.records import encode_envelope
 
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
-from streams.deadletters import MAX_DEAD_LETTER_BYTES
+from loop.control_loop import ControlLoop
+from loop.deadletters import MAX_DEAD_LETTER_BYTES
 from streams.metrics_export import WorkerMetrics
 
 MODEL = "m"

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from core.settings import ModelSpec, Settings
 from core.vocab import DEAD_LETTER_KINDS
-from streams.control_loop import ControlLoop
-from streams.deadletters import MAX_DEAD_LETTER_BYTES, dead_letter
+from loop.control_loop import ControlLoop
+from loop.deadletters import MAX_DEAD_LETTER_BYTES, dead_letter
 from streams.metrics_export import WorkerMetrics
 
 MODEL = "m"

@@ -21,8 +21,8 @@ from controllers.window_record import decode_window
 from controllers.window_result import result
 from controllers.windows import initialize
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
-from streams.deadletters import MAX_DEAD_LETTER_BYTES, dead_letter
+from loop.control_loop import ControlLoop
+from loop.deadletters import MAX_DEAD_LETTER_BYTES, dead_letter
 from streams.metrics_export import WorkerMetrics
 
 MODEL = "m"

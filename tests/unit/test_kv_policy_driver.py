@@ -21,11 +21,11 @@ from controllers.windows import (
     merge,
 )
 from core.settings import Settings
+from loop.commands import Command, CommandError
+from loop.errors import SnapshotVersionError
+from loop.kv_policy_driver import KvPolicyDriver
+from loop.pipeline import TelemetryProcessor
 from sim.live import apply_relocation
-from streams.commands import Command, CommandError
-from streams.kv_policy_driver import KvPolicyDriver
-from streams.pipeline import TelemetryProcessor
-from streams.snapshots import SnapshotVersionError
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 from tests.unit.test_fleet import BLOCK_B, M, fragmented
 

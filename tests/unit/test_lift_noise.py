@@ -1,4 +1,4 @@
-"""The feedforward lift needs evidence beyond one window's counting noise (streams.scaler_driver).
+"""The feedforward lift needs evidence beyond one window's counting noise (loop.scaler_driver).
 
 A Mooncake-like zone (1.75 req/s, 0.2 req/s a replica) sees its measured rate scatter by
 one sd (0.42 req/s) from window to window.  The level rises at once on a lift and falls a
@@ -13,7 +13,7 @@ import pytest
 from controllers.errors import ParameterError
 from core.settings import ModelSpec, Settings
 from core.vocab import DEFAULT_PID_GAINS
-from streams.scaler_driver import Scaler
+from loop.scaler_driver import Scaler
 from tests.unit.test_scaler_driver import MODEL, _window
 
 MEAN, SD = 1.75, (1.75 / 10.0) ** 0.5
@@ -26,7 +26,8 @@ def _scaler(lift_z: float | None = None) -> Scaler:
                      replica_capacity_rps=0.2, replica_headroom=1.0)  # fmt: skip
     gains = dict(DEFAULT_PID_GAINS) if lift_z is None else {**DEFAULT_PID_GAINS, "ff_lift_z": lift_z}
     s = Scaler(Settings(models=(spec,), window_s=10.0, zones=("az-a",), learn_capacity=False, pid_gains=gains))
-    assert s.ff_params[MODEL].lift_z == (2.0 if lift_z is None else lift_z)
+    ffp = s.laws[MODEL].feedforward
+    assert ffp is not None and ffp.lift_z == (2.0 if lift_z is None else lift_z)
     return s
 
 

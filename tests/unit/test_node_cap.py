@@ -18,7 +18,7 @@ from governor_telemetry.records import encode_envelope
 from controllers.errors import ParameterError
 from controllers.node_cap import NodeCap
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
 MODEL, ZONE = "m", "az-a"

@@ -1,6 +1,6 @@
 """Several workers, one correct view: model-keyed control, per-partition windows, rebalances.
 
-No broker and no Redis: :mod:`streams.ownership` and :mod:`streams.partitioned_ingest`
+No broker and no Redis: :mod:`streams.ownership` and :mod:`loop.partitioned_ingest`
 are plain objects the Faust agents call (tests/integration/test_multi_worker.py runs
 them in two real workers).
 """
@@ -17,7 +17,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance, partition_of, release
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from governor_telemetry.records import encode_envelope
 
-import streams.pipeline as pipeline
+import loop.pipeline as pipeline
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS
 from controllers.window_result import result
 from controllers.windows import (
@@ -23,7 +23,7 @@ from controllers.windows import (
     merge,
 )
 from core.settings import Settings
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 SETTINGS = Settings(window_s=1.0, lateness_s=0.2)
 MODEL = SETTINGS.models[0].name
@@ -240,7 +240,7 @@ def test_backlog_after_a_restart_is_windowed_not_dead_lettered_as_late() -> None
     from governor_telemetry.records import encode_envelope
 
     from core.settings import Settings
-    from streams.pipeline import TelemetryProcessor
+    from loop.pipeline import TelemetryProcessor
 
     p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
     now = 10_000_000  # the clock is ~2 h ahead of the backlog's event times

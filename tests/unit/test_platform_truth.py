@@ -1,4 +1,4 @@
-"""Replica truth from the platform (streams/platform_truth.py) as the control loop uses it."""
+"""Replica truth from the platform (loop/platform_truth.py) as the control loop uses it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
-from streams.platform_truth import PlatformTruth
+from loop.control_loop import ControlLoop
+from loop.platform_truth import PlatformTruth
 from tests.unit.test_scaler_driver import _window
 
 SETTINGS = Settings(

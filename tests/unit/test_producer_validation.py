@@ -2,7 +2,7 @@
 
 No broker: ``send_nowait`` and ``send`` only buffer until a batch is full, and the
 producer here is never started.  "Ingest" is the worker's real path
-(:class:`streams.pipeline.TelemetryProcessor` on a batch envelope), so the two
+(:class:`loop.pipeline.TelemetryProcessor` on a batch envelope), so the two
 sides are compared, not two copies of the rules.
 """
 
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.settings import ModelSpec, Settings
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 T0 = 1_700_000_000_000
 MODEL = "m"

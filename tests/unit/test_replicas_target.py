@@ -16,7 +16,7 @@ import orjson
 
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
 T0 = 1_700_000_000_000

@@ -8,10 +8,10 @@ import pytest
 
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ClassSlo, ModelSpec, Settings, SettingsError
-from streams.canary_driver import window_obs
-from streams.commands import Command
-from streams.routing_driver import RoutingDriver
-from streams.snapshots import SnapshotVersionError
+from loop.canary_driver import window_obs
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
+from loop.routing_driver import RoutingDriver
 from tests.unit.test_breaker_driver import assert_restores_alike, plain
 
 P, F = "llama2-70b", "llama2-13b"
@@ -102,7 +102,7 @@ def test_an_open_breaker_takes_its_target_out_of_the_routing() -> None:
 
 
 def test_the_breaker_drivers_state_feeds_the_router() -> None:
-    from streams.breaker_driver import BreakerDriver
+    from loop.breaker_driver import BreakerDriver
 
     s = Settings(zones=("az-a", "az-b"), fallbacks=((P, F),), breaker_min_requests=200)
     brk = BreakerDriver.from_settings(s)

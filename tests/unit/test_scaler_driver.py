@@ -1,4 +1,4 @@
-"""The per-key wiring of the controllers (streams.scaler_driver.Scaler), without I/O."""
+"""The per-key wiring of the controllers (loop.scaler_driver.Scaler), without I/O."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from controllers.fixable import fixable_violation_rate
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
-from streams.commands import Command
-from streams.scaler_driver import Scaler
-from streams.snapshots import SnapshotVersionError
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
+from loop.scaler_driver import Scaler
 from tests.unit.test_breaker_driver import plain
 
 MODEL = "m"
@@ -128,6 +128,7 @@ def test_a_jump_of_the_unfixable_share_counts_as_fixable() -> None:
     assert fixable_violation_rate(_window(20, eps=0.12, unfixable=0.12), ks.unfixable_base) > 0.11
     level = ks.ctrl.level
     _run(jump, [_window(20 + k, eps=0.12, unfixable=0.12) for k in range(3)])
+    ks = jump.states[(MODEL, "az-a")]  # the law returns a new state each window
     assert ks.ctrl.level is not None and level is not None and ks.ctrl.level > level * 1.1
     base = steady.states[(MODEL, "az-a")].unfixable_base
     assert base is not None and abs(base - 0.04) < 1e-9
@@ -320,9 +321,9 @@ def test_rate_forecast_is_none_until_the_forecaster_is_warm_then_follows_the_rat
 def test_the_feedforward_lift_is_capped_per_window() -> None:
     """The same 4 -> 31 demand jump as above, with max_ff_step = 2: the level may only double."""
     s = Scaler(_settings(capacity=2.0))
-    ffp = s.ff_params[MODEL]
+    ffp = s.laws[MODEL].feedforward
     assert ffp is not None and ffp.max_ff_step == 8.0  # the default never binds on this jump
-    s.ff_params[MODEL] = dataclasses.replace(ffp, max_ff_step=2.0)
+    s.laws[MODEL] = dataclasses.replace(s.laws[MODEL], feedforward=dataclasses.replace(ffp, max_ff_step=2.0))
     _run(s, [_window(0, rate=10.0, queue=0.0)])
     level_before = s.states[(MODEL, "az-a")].ctrl.level or 4.0
     (cmd,) = s.on_window(_window(1, rate=10.0, queue=100.0), 20_000)
@@ -376,7 +377,7 @@ def test_a_budget_never_clamps_below_min_replicas() -> None:
 def test_the_feedforward_plans_with_the_profiles_headroom_under_the_gain(
     headroom: float | None, gains: dict[str, float], target_util: float
 ) -> None:
-    from streams.scaler_driver import ff_params_for
+    from controllers.scaling_law import ff_params_for
 
     spec = ModelSpec(MODEL, replica_capacity_rps=2.0, replica_headroom=headroom)
     s = Settings(models=(spec,), zones=("az-a",), pid_gains={**Settings().pid_gains, **gains})
@@ -397,7 +398,7 @@ def test_a_zones_allowance_caps_its_targets_so_its_executor_is_not_asked_for_mor
     read the allowances, asks for no more, so a zone that wants more gets its share, not refusals."""
     from core import names
     from core.budget import default_allowances
-    from streams.control_loop import ControlLoop
+    from loop.control_loop import ControlLoop
 
     s = _budget_scaler(total=12)
     shares = default_allowances(("az-a", "az-b"), 12, {})

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from streams.scaler_driver import KeyState, Scaler
+from loop.scaler_driver import KeyState, Scaler
 from tests.unit.test_scaler_driver import MODEL, _run, _settings, _window
 
 

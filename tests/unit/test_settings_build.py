@@ -3,7 +3,7 @@ and then stops the worker while it builds its drivers.
 
 Each numeric field is set, alone, to the ends of its declared range (just inside an open end)
 and to a thousand times its default; whatever ``Settings`` accepts must build a
-:class:`streams.control_loop.ControlLoop` and pass :func:`streams.scaler_driver.controller_problem`.
+:class:`loop.control_loop.ControlLoop` and pass :func:`controllers.scaling_law.controller_problem`.
 (Found this way: ``GOVERNOR_WINDOW_S=1e-6`` passed ``> 0`` and made a 0 ms window.)
 """
 
@@ -13,9 +13,10 @@ import dataclasses
 
 import pytest
 
+from controllers.scaling_law import controller_problem
 from core.settings import ModelSpec, Settings, SettingsError
-from streams.control_loop import ControlLoop
-from streams.scaler_driver import Scaler, controller_problem
+from loop.control_loop import ControlLoop
+from loop.scaler_driver import Scaler
 from tests.unit.test_scaler_driver import MODEL, _window
 
 BASE = Settings(models=(ModelSpec("m", replica_capacity_rps=2.0),), zones=("az-a", "az-b"))

@@ -26,7 +26,7 @@ PACKAGES = ("core", "controllers", "streams", "executors", "sim", "governor", "t
 # Parameters named differently from the field they default.
 ALIASES = {"slo_ttft_ms": "ttft_slo_ms", "slo_itl_ms": "itl_slo_ms"}
 # (file, name): a parameter that shares a field's name but not its meaning.
-UNRELATED = {("streams/commands.py", "controller")}  # the controller that issued a command, not GOVERNOR_CONTROLLER
+UNRELATED = {("loop/commands.py", "controller")}  # the controller that issued a command, not GOVERNOR_CONTROLLER
 
 
 def field_defaults() -> dict[str, Any]:

@@ -9,10 +9,10 @@ import pytest
 
 from core.settings import SECTIONS, Settings, SettingsError, json_schema, section, section_of, settings_table
 from executors.guard import CommandGuard
-from streams.agent_weights_driver import AgentWeightsDriver
-from streams.breaker_driver import BreakerDriver, BreakerDriverParams
-from streams.control_loop import ControlLoop
-from streams.routing_driver import RoutingDriver, RoutingDriverParams
+from loop.agent_weights_driver import AgentWeightsDriver
+from loop.breaker_driver import BreakerDriver, BreakerDriverParams
+from loop.control_loop import ControlLoop
+from loop.routing_driver import RoutingDriver, RoutingDriverParams
 
 
 def test_every_field_is_in_exactly_one_section() -> None:

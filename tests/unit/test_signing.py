@@ -15,7 +15,7 @@ from core.settings import ModelSpec, Settings, SettingsError
 from core.signing import Keyring, canonical_bytes, generate_keys
 from executors.guard import CommandGuard
 from governor.cli import main
-from streams.commands import COMMAND_KINDS, Command
+from loop.commands import COMMAND_KINDS, Command
 from tests.unit.test_command_payloads import cmd_of, make_cmd
 
 OLD_HEX, NEW_HEX = bytes(range(32)).hex(), bytes(range(32, 64)).hex()  # fixed, not uniform: weak keys are refused

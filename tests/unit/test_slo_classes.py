@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from governor_telemetry.records import encode_envelope
 
-import streams.pipeline as pipeline
+import loop.pipeline as pipeline
 from controllers.errors import ParameterError
 from controllers.routing_model import DEFAULT_CLASSES
 from controllers.window_columns import REQUEST_CLASS_CODES, request_batch
 from controllers.windows import SloSpec, add_requests, initialize
 from core.settings import REQUEST_CLASSES, ClassSlo, ModelSpec, Settings
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 T0 = 1_700_000_000_000
 # Model SLO 1000/150; trading tighter on TTFT, voice tighter on ITL, batch looser on both.

@@ -12,10 +12,10 @@ from controllers import zone_capacity as zc
 from controllers.staleness import StaleParams, StaleState, classify, silent, step
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
+from loop.control_loop import ControlLoop
 from sim.fastloop import Fault, LoopConfig, run
 from sim.scenarios import build
 from sim.traces import load_trace
-from streams.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
 
 T0 = 1_700_000_000_000

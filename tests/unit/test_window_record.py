@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core.settings import Settings
 from core.vocab import AGENT_PATHS
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,7 +113,7 @@ def test_a_malformed_record_raises_naming_the_field(obj: Any, field: str) -> Non
 
 @pytest.mark.parametrize(("obj", "field"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
 def test_the_loop_dead_letters_a_malformed_record_with_the_field(obj: Any, field: str) -> None:
-    from streams.control_loop import ControlLoop
+    from loop.control_loop import ControlLoop
 
     loop = ControlLoop(Settings(zones=("az-a",)))
     src = {"topic": "metrics", "partition": 0, "offset": 3}

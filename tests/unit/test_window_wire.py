@@ -1,7 +1,7 @@
 """The window record's wire format is frozen: the bytes a worker signs for a window stay byte-identical.
 
 Issue 32 item 5 rebuilt the record's shape (aggregate, result, record) from one field table; the
-MAC-signed metrics message (:meth:`streams.control_loop.ControlLoop.sign_window`) and the decoded
+MAC-signed metrics message (:meth:`loop.control_loop.ControlLoop.sign_window`) and the decoded
 record (:meth:`controllers.window_record.WindowRecord.to_dict`) must not change by a byte, or
 workers of two versions would stop reading each other's windows.  The fixture was written by the
 code before that change (commit 2b29a4c); regenerate it only for a deliberate format change
@@ -20,7 +20,7 @@ from governor_telemetry.records import encode_envelope
 from controllers.window_record import decode_window
 from core.settings import ModelSpec, Settings
 from core.signing import Keyring
-from streams.control_loop import ControlLoop
+from loop.control_loop import ControlLoop
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "window_records" / "signed.jsonl"
 MODEL = "m"

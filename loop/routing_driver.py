@@ -14,8 +14,8 @@ from typing import Any, cast
 from controllers import routing as rt
 from controllers.window_record import WindowRecord, decode_window
 from core.settings import Settings
-from streams.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,11 @@ class RoutingDriver:
     so a restarted worker routes as the stopped one.
 
     ``breaker_of`` maps a target ``"variant|zone"`` to its circuit breaker's
-    state (the worker passes :meth:`streams.breaker_driver.BreakerDriver.state_of`);
+    state (the worker passes :meth:`loop.breaker_driver.BreakerDriver.state_of`);
     :func:`controllers.routing.step` gives an ``open`` target no traffic and a
     ``half_open`` one its floor share (the probes).  ``forecast_of`` gives a
     target's arrival-rate forecast (the worker passes the scaler's River
-    forecaster, :meth:`streams.scaler_driver.Scaler.rate_forecast`); with a
+    forecaster, :meth:`loop.scaler_driver.Scaler.rate_forecast`); with a
     capacity, the router predicts the queue growth from it.
     """
 

@@ -38,7 +38,7 @@ current windows early and make every good record after it late.  Open
 windows are bounded by models x zones x GOVERNOR_MAX_NODES_PER_WINDOW x the
 windows between the closed horizon and clock + allowance
 (:attr:`TelemetryProcessor.max_open_windows`).  Dead letters are bounded
-(:mod:`streams.deadletters`).  A caller without a wall clock (``now_ms``
+(:mod:`loop.deadletters`).  A caller without a wall clock (``now_ms``
 before 2000: tests that pass 0) gets neither the future check nor the cap.
 
 :meth:`TelemetryProcessor.close_due` closes windows whose end plus the
@@ -79,7 +79,7 @@ from controllers.windows import (
     merge,
 )
 from core.settings import REQUEST_CLASSES, ModelSpec, Settings
-from streams.deadletters import dead_letter
+from loop.deadletters import dead_letter
 
 __all__ = ["ProcessResult", "TelemetryProcessor", "dead_letter"]
 

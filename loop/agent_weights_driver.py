@@ -50,9 +50,9 @@ from controllers.agent_weights import AgentSignals, AgentWeightParams, weights
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from core.vocab import AGENT_PATHS
-from streams.breaker_driver import Target, fresh_zone_window
-from streams.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.breaker_driver import Target, fresh_zone_window
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ in a rebalance whose records are older than the ones it is reading live: the
 partitions of a SIGKILLed worker are re-read from their committed offsets,
 seconds behind.  One watermark over every partition would be moved by the live
 partitions and make the whole backlog *late* (dead-lettered, windows short).
-:class:`PartitionedIngest` keeps one :class:`~streams.pipeline.TelemetryProcessor`
+:class:`PartitionedIngest` keeps one :class:`~loop.pipeline.TelemetryProcessor`
 per partition -- its own watermark, its own window clock, created when the
 partition's first message arrives (so it never closes windows by the clock
 before it has read anything) -- and a (model, zone) never spans two of them:
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.settings import Settings
-from streams.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor
 
 __all__ = ["PartitionedIngest"]
 

@@ -36,8 +36,8 @@ from typing import Any
 from controllers.errors import ParameterError
 from controllers.kv_policy import KvObs, KvPolicyParams, KvPolicyState, step
 from controllers.window_record import WindowRecord
-from streams.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
 
 __all__ = ["KvPolicyDriver"]
 

@@ -27,9 +27,9 @@ are marked ``invalid`` with the reason once and never analysed; past
 the registry (several workers would each review it: documented in docs/architecture.md).
 
 **Never in the way of a decision.**  The worker starts a review
-(:meth:`AdmissionDriver.launch`) and does not wait for it: the analysis runs in
+(:meth:`streams.admission_review.OffLoopReview.launch`) and does not wait for it: the analysis runs in
 a worker thread on copies of the entries and latencies
-(:meth:`AdmissionDriver.review_off_loop`), one review at a time, and its writes
+(:meth:`streams.admission_review.OffLoopReview.review`), one review at a time, and its writes
 and events are applied when it is done.  Its work is bounded too: one
 admission or re-check may evaluate :data:`CALL_TERMS` recurrence terms (a task
 whose set needs more is rejected, saying so; an admitted set that does keeps its
@@ -40,10 +40,9 @@ review, which starts where this one stopped).  An orchestrator runs at most
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -52,6 +51,7 @@ from controllers.admission import MAX_TASKS_PER_ORCHESTRATOR, AgentTask, Decisio
 from controllers.errors import ParameterError
 from controllers.rta import AnalysisBudget, AnalysisTooCostly
 from controllers.window_record import WindowRecord
+from loop.commands import Command
 
 __all__ = [
     "still_current",
@@ -117,16 +117,19 @@ class AdmissionDriver:
         # the latencies move once a window, so an unchanged set is not analysed again.  None: too costly to analyse.
         self._analysed: dict[str, tuple[tuple[Any, ...], Verdict | None]] = {}
         self._resume = ""  # the orchestrator the last review stopped at (its budget spent), "" when it finished
-        self._job: asyncio.Future[None] | None = None
 
-    def on_window(self, w: WindowRecord) -> None:
-        """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it)."""
+    def on_window(self, w: WindowRecord, now_ms: int = 0) -> list[Command]:
+        """Keep a zone window's end-to-end P99 (bounded by the configured models x zones that reach it).
+
+        No command: admission decides on the registry (:meth:`review`), its writes and events are effects.
+        """
         if w.scope != "zone" or w.e2e_p99_ms is None or not w.count:
-            return
+            return []
         if len(self._p99) >= MAX_TASKS and (w.model, w.zone) not in self._p99:
-            return
+            return []
         self._p99[(w.model, w.zone)] = (float(w.e2e_p99_ms), w.window_end_ms)
         self._last_end = max(self._last_end, w.window_end_ms)
+        return []
 
     def latencies(self) -> dict[str, float]:
         """Model -> the largest fresh P99 over its zones (ms)."""
@@ -137,27 +140,12 @@ class AdmissionDriver:
                 out[model] = max(out.get(model, 0.0), p99)
         return out
 
-    def launch(self, review_round: Callable[[], Awaitable[None]]) -> bool:
-        """Start ``review_round`` in the background unless the last one is still running; never waits for it."""
-        if self._job is not None and not self._job.done():
-            return False
-        self._job = asyncio.ensure_future(review_round())
-        self._job.add_done_callback(_report)
-        return True
-
     @staticmethod
     def still_current(
         writes: Mapping[str, bytes], reviewed: Mapping[Any, Any], current: Mapping[Any, Any]
     ) -> dict[str, bytes]:
         """:func:`still_current`, for the shell that writes a review back."""
         return still_current(writes, reviewed, current)
-
-    async def review_off_loop(
-        self, entries: Mapping[Any, Any], now_ms: int
-    ) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
-        """:meth:`review` in a worker thread on copies of its inputs: the event loop goes on deciding meanwhile."""
-        latencies = self.latencies()  # read here, on the loop that writes them (on_window)
-        return await asyncio.to_thread(self.review, dict(entries), now_ms, latencies)
 
     def review(
         self, entries: Mapping[Any, Any], now_ms: int, latencies: Mapping[str, float] | None = None
@@ -304,12 +292,6 @@ def still_current(
 
 
 _META = ("state", "reason", "registered_ms", "decided_ms", "response_ms", "margin")
-
-
-def _report(job: asyncio.Future[None]) -> None:
-    """A review that failed is logged (the next one starts as usual)."""
-    if not job.cancelled() and job.exception() is not None:
-        log.error("admission review failed", exc_info=job.exception())
 
 
 def _x(margin: float | None) -> str:

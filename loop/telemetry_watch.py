@@ -29,7 +29,7 @@ from typing import Any
 from controllers.staleness import HOLD_KINDS, StaleParams, StaleState, classify, silent, step
 from controllers.window_record import WindowRecord
 from core.settings import Settings
-from streams.metrics_export import WorkerMetrics
+from loop.ports import LoopMetrics
 
 __all__ = ["TelemetryWatch"]
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 class TelemetryWatch:
     """Staleness of every configured (model, zone) (see the module docstring)."""
 
-    def __init__(self, settings: Settings, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: LoopMetrics | None = None) -> None:
         self.zones = frozenset(settings.zones)
         self.window_ms = int(settings.window_s * 1000)
         self.lateness_ms = int(settings.lateness_s * 1000)

@@ -32,18 +32,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
-from redis.exceptions import WatchError
 
 from controllers import canary as can
 from controllers.window_record import WindowRecord
 from core import names
 from core.settings import Settings
-from streams.commands import Command
+from loop.commands import Command
+from loop.effects import SwapWrite
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Advanced", "CanaryCore", "CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
+__all__ = ["Advanced", "CanaryDriver", "new_rollout", "params_from_dict", "params_to_dict", "window_obs"]
 
 
 def params_to_dict(p: can.CanaryParams) -> dict[str, Any]:
@@ -92,12 +91,6 @@ def window_obs(w: WindowRecord | None) -> can.VersionObs:
     return can.VersionObs(n, errors, w.ttft_p99_ms, p50_ms=w.ttft_p50_ms, p95_ms=w.ttft_p95_ms)
 
 
-@dataclass
-class _Pair:
-    canary: WindowRecord | None = None
-    stable: WindowRecord | None = None
-
-
 @dataclass(frozen=True)
 class Advanced:
     """One step of a rollout: the rollout to store (None: unchanged) and the commands to publish."""
@@ -107,47 +100,92 @@ class Advanced:
 
 
 @dataclass
-class CanaryCore:
-    """The canary driver without its store (no I/O): window pairing and one step of a rollout.
+class Pair:
+    canary: WindowRecord | None = None
+    stable: WindowRecord | None = None
 
-    :class:`CanaryDriver` keeps the rollouts in Redis and runs :meth:`advance` inside an
-    optimistic transaction; :meth:`on_window` runs the same steps on a rollout held in
-    memory (the traffic benchmark, ``governor bench traffic --scenario canary``).
 
-    >>> core = CanaryCore(Settings(zones=("az-a",)))
-    >>> r = new_rollout("m", "v2", can.CanaryParams(), 0.0)
-    >>> from controllers.window_record import decode_window
-    >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 5})
-    >>> r, cmds = core.on_window(r, w, 10_000)
-    >>> [(c.zone, c.payload["share"]) for c in cmds], r["published_share"]
-    ([('az-a', 0.01)], 0.01)
-    """
+@dataclass
+class CanaryDriver:
+    """Pairs the zone windows of a rollout's two versions and advances the rollout (pure: the rollout
+    comes in as read (:meth:`observe`), each step goes out as a :class:`~loop.effects.SwapWrite`
+    guarding its commands, which the worker's :class:`streams.canary_store.CanaryStore` performs)."""
 
     settings: Settings
-    _pairs: dict[tuple[str, str, int], _Pair] = field(default_factory=dict)
+    _pairs: dict[tuple[str, str, int], Pair] = field(default_factory=dict)
+    rollouts: dict[str, bytes | None] = field(default_factory=dict)  # family -> its rollout as last read
+    _writes: list[SwapWrite] = field(default_factory=list)
 
-    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[_Pair | None]:
-        """The pairs ``m`` completes for ``rollout`` (``[None]``: nothing judged, a start or an abort may
-        still need its share published; ``[]``: the window is not this rollout's)."""
+    def observe(self, model: str, raw: bytes | None) -> None:
+        """The rollout of ``model``'s family as read before its window (None: none)."""
+        self.rollouts[model.partition("@")[0]] = raw
+
+    def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
+        """Step the window's rollout (as last observed); the step and its commands wait in :meth:`drain_writes`.
+
+        Returns no command of its own: a canary command goes out only once its step is written.
+        """
+        base = m.model.partition("@")[0]
+        raw = self.rollouts.pop(base, None) if m.scope == "zone" else None
+        if raw is None:
+            return []
+        step = self.step(orjson.loads(raw), m, now_ms)
+        if step.rollout is not None:
+            then = tuple((c, f"canary {c.model} -> {c.payload['share']:.2f}") for c in step.commands)
+            key = names.canary_state(self.settings.topic_prefix, base)
+            self._writes.append(SwapWrite(key, orjson.dumps(step.rollout), raw, then))
+        return []
+
+    def step(self, rollout: dict[str, Any], m: WindowRecord, now_ms: int) -> Advanced:
+        """Every pair ``m`` completes, judged in turn on ``rollout`` (held in memory, not changed): the
+        rollout after them (None: unchanged) and their commands.
+
+        >>> from controllers.window_record import decode_window
+        >>> d = CanaryDriver(Settings(zones=("az-a",)))
+        >>> w = decode_window({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000, "count": 5})
+        >>> out = d.step(new_rollout("m", "v2", can.CanaryParams(), 0.0), w, 10_000)
+        >>> [(c.zone, c.payload["share"]) for c in out.commands], out.rollout["published_share"]
+        ([('az-a', 0.01)], 0.01)
+        """
+        after: dict[str, Any] | None = None
+        cmds: list[Command] = []
+        for pair in self.due(m, rollout):
+            out = self.advance(after or rollout, pair, m.window_end_ms, now_ms)
+            if out.rollout is not None:
+                after = out.rollout
+                cmds += out.commands
+        return Advanced(after, cmds)
+
+    def drain_writes(self) -> list[SwapWrite]:
+        writes, self._writes = self._writes, []
+        return writes
+
+    def due(self, m: WindowRecord, rollout: dict[str, Any] | None) -> list[Pair | None]:
+        """Feed one window of a model family whose rollout is ``rollout`` (None: no rollout).
+
+        Returns the pairs to judge, oldest first (``[None]``: none, but a start or an abort may need its
+        share published; ``[]``: the window is not the rollout's).
+        """
         if m.scope != "zone" or rollout is None:
             return []
         base, _, version = m.model.partition("@")
         if version and version != rollout["version"]:
             return []
-        pair = self._pairs.setdefault((base, m.zone, m.window_start_ms), _Pair())
+        zone, start = m.zone, m.window_start_ms
+        pair = self._pairs.setdefault((base, zone, start), Pair())
         if version:
             pair.canary = m
         else:
             pair.stable = m
-        due: list[_Pair | None] = []
-        for key in sorted(k for k in self._pairs if k[0] == base and k[1] == m.zone):
+        due: list[Pair | None] = []
+        for key in sorted(k for k in self._pairs if k[0] == base and k[1] == zone):
             p = self._pairs[key]
-            if (p.canary is not None and p.stable is not None) or key[2] < m.window_start_ms:
+            if (p.canary is not None and p.stable is not None) or key[2] < start:
                 due.append(self._pairs.pop(key))
         return due or [None]
 
-    def advance(self, rollout: dict[str, Any], pair: _Pair | None, seen_ms: int, now_ms: int) -> Advanced:
-        """Judge ``pair`` (None: publish only) against ``rollout`` (the stored JSON; not changed)."""
+    def advance(self, rollout: dict[str, Any], pair: Pair | None, seen_ms: int, now_ms: int) -> Advanced:
+        """One step of a rollout: (the rollout to write back, or None when nothing changed; its commands)."""
         params = params_from_dict(rollout["params"])
         state = can.CanaryState.from_dict(rollout["state"])
         basis_ms = seen_ms
@@ -164,23 +202,15 @@ class CanaryCore:
         basis_ms = max(basis_ms, int(rollout.get("published_basis_ms", 0)))
         if state.to_dict() == rollout["state"] and not publish:
             return Advanced(None, [])
-        new = {**rollout, "state": state.to_dict(), "published_share": share, "updated_ms": now_ms}
+        rollout = {**rollout, "state": state.to_dict(), "published_share": share, "updated_ms": now_ms}
         if not publish:
-            return Advanced(new, [])
-        new["published_basis_ms"] = basis_ms
-        return Advanced(new, self.commands(new, share, basis_ms, now_ms, state.reason or state.name))
+            return Advanced(rollout, [])
+        rollout["published_basis_ms"] = basis_ms
+        return Advanced(rollout, self._commands(rollout, share, basis_ms, now_ms, state.reason or state.name))
 
-    def on_window(self, rollout: dict[str, Any], m: WindowRecord, now_ms: int) -> tuple[dict[str, Any], list[Command]]:
-        """Every step ``m`` makes on a rollout held in memory: the rollout after them and the commands."""
-        cmds: list[Command] = []
-        for pair in self.due(m, rollout):
-            step = self.advance(rollout, pair, m.window_end_ms, now_ms)
-            rollout = step.rollout or rollout
-            cmds += step.commands
-        return rollout, cmds
-
-    def commands(self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str) -> list[Command]:
-        """One ``canary`` command per zone: the share of the stable model's requests sent to the version."""
+    def _commands(
+        self, rollout: dict[str, Any], share: float, basis_ms: int, now_ms: int, reason: str
+    ) -> list[Command]:
         ttl = int(self.settings.command_ttl_s * 1000)
         payload = {"model": rollout["model"], "version": rollout["version"], "share": share}
         return [
@@ -197,59 +227,3 @@ class CanaryCore:
             )
             for z in self.settings.zones
         ]
-
-
-@dataclass
-class CanaryDriver:
-    """Advances the rollouts stored in Redis from the worker's zone windows (the steps: :class:`CanaryCore`)."""
-
-    settings: Settings
-    redis: aioredis.Redis
-    max_retries: int = 5
-    core: CanaryCore = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.core = CanaryCore(self.settings)
-
-    @property
-    def prefix(self) -> str:
-        return self.settings.topic_prefix
-
-    async def on_window(self, m: WindowRecord, now_ms: int) -> list[Command]:
-        """Feed one window record; returns the ``canary`` commands to publish.
-
-        The one driver that does I/O: a rollout lives in Redis, where ``governor
-        canary`` writes it, and each step is an optimistic transaction on it.
-        """
-        if m.scope != "zone":
-            return []
-        base = m.model.partition("@")[0]
-        raw = await self.redis.get(names.canary_state(self.prefix, base))
-        if raw is None:
-            return []
-        cmds: list[Command] = []
-        for pair in self.core.due(m, orjson.loads(raw)):
-            cmds += await self._step(base, pair, m.window_end_ms, now_ms)
-        return cmds
-
-    async def _step(self, base: str, pair: _Pair | None, seen_ms: int, now_ms: int) -> list[Command]:
-        key = names.canary_state(self.prefix, base)
-        for _ in range(self.max_retries):
-            try:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return []
-                    step = self.core.advance(orjson.loads(raw), pair, seen_ms, now_ms)
-                    if step.rollout is None:
-                        await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return []
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, orjson.dumps(step.rollout))
-                    await pipe.execute()
-            except WatchError:
-                continue
-            return step.commands
-        log.warning("canary %s: gave up after %d conflicting writes", base, self.max_retries)
-        return []

@@ -8,7 +8,7 @@ Schema version 2 is a tagged union on ``kind``:
   with both parts non-empty and equals its payload's ``target``; a canary's
   equals its payload's ``model``; a model or family name has no ``|``);
 * the **payload** has one type per kind (:data:`PAYLOAD_TYPES`, in
-  :mod:`streams.command_payloads`), every field checked;
+  :mod:`loop.command_payloads`), every field checked;
   :attr:`Command.typed_payload` returns it.  ``scale`` keeps an empty
   ``payload``: its decision is the top-level ``target_replicas`` (and
   ``previous_replicas``), which only ``scale`` commands carry -- every other
@@ -68,7 +68,7 @@ import orjson
 from core import vocab
 from core.jsonsafe import MAX_DEPTH, too_deep
 from core.signing import Keyring
-from streams.command_payloads import (
+from loop.command_payloads import (
     AGENT_SIGNALS,
     AgentsPayload,
     BreakerPayload,

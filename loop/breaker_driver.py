@@ -64,8 +64,8 @@ from controllers.breaker import (
 )
 from controllers.window_record import WindowRecord
 from core.settings import Settings
-from streams.commands import Command
-from streams.snapshots import SnapshotVersionError
+from loop.commands import Command
+from loop.errors import SnapshotVersionError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""One typed payload per command kind (:class:`streams.commands.Command`'s ``typed_payload``).
+"""One typed payload per command kind (:class:`loop.commands.Command`'s ``typed_payload``).
 
 Each payload type is a frozen dataclass that checks every field when it is
 built, with ``from_dict(d)`` (a command's ``payload`` JSON object: every
@@ -10,17 +10,17 @@ puts there:
 ========  ========================================================  ==========================================
 kind      payload keys                                              producer
 ========  ========================================================  ==========================================
-scale     none (``target_replicas``, ``previous_replicas`` are      :meth:`streams.scaler_driver.Scaler`
+scale     none (``target_replicas``, ``previous_replicas`` are      :meth:`loop.scaler_driver.Scaler`
           top-level fields; :class:`ScalePayload` reads them)
-route     ``weights`` ``{class: {"variant|zone": weight >= 0}}``,   :class:`streams.routing_driver.RoutingDriver`,
+route     ``weights`` ``{class: {"variant|zone": weight >= 0}}``,   :class:`loop.routing_driver.RoutingDriver`,
           optional ``fallback`` ``{class: reason}``                 ``Scaler.zone_route_commands`` (class ``*``)
-breaker   ``target`` ``"model|zone"``, ``state`` (closed, open,     :class:`streams.breaker_driver.BreakerDriver`
+breaker   ``target`` ``"model|zone"``, ``state`` (closed, open,     :class:`loop.breaker_driver.BreakerDriver`
           half_open), ``probe_budget`` int >= 0, ``threshold``
           >= 0, ``error_ratio`` in [0, 1]
-canary    ``model``, ``version``, ``share`` in [0, 1]               :class:`streams.canary_driver.CanaryDriver`
-relocate  ``node``, ``action`` (compact, move), ``max_bytes`` and   :class:`streams.kv_policy_driver.KvPolicyDriver`
+canary    ``model``, ``version``, ``share`` in [0, 1]               :class:`loop.canary_driver.CanaryDriver`
+relocate  ``node``, ``action`` (compact, move), ``max_bytes`` and   :class:`loop.kv_policy_driver.KvPolicyDriver`
           ``expected_generation`` (ints >= 0)
-agents    ``weights`` ``{rag, tool, llm}``, ``signals``             :class:`streams.agent_weights_driver.AgentWeightsDriver`
+agents    ``weights`` ``{rag, tool, llm}``, ``signals``             :class:`loop.agent_weights_driver.AgentWeightsDriver`
           ``{stability, rag_score, tool_conf}``, ``paths``
           ``{path: share}`` (numbers in [0, 1])
 ========  ========================================================  ==========================================
@@ -31,7 +31,7 @@ agents    ``weights`` ``{rag, tool, llm}``, ``signals``             :class:`stre
 >>> CanaryPayload.from_dict({"model": "m", "version": "v2", "share": 1.5})
 Traceback (most recent call last):
 ...
-streams.command_payloads.CommandError: canary payload field 'share': must be a number in [0, 1], got 1.5
+loop.command_payloads.CommandError: canary payload field 'share': must be a number in [0, 1], got 1.5
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ class RoutePayload(PayloadBase):
 
 @dataclass(frozen=True)
 class BreakerPayload(PayloadBase):
-    """One target's breaker state (:class:`streams.breaker_driver.BreakerDriver`)."""
+    """One target's breaker state (:class:`loop.breaker_driver.BreakerDriver`)."""
 
     KIND = "breaker"
     REQUIRED = ("target", "state", "probe_budget", "threshold", "error_ratio")

@@ -6,11 +6,14 @@ event, so the loop can be driven, and tested, without a broker:
 
 - :meth:`ControlLoop.ingest` a telemetry message (dead letters, windows closed), and
   :meth:`ControlLoop.close_due` the windows whose lateness has passed (on a worker:
-  per telemetry partition, :mod:`streams.partitioned_ingest`);
+  per telemetry partition, :mod:`loop.partitioned_ingest`);
 - :meth:`ControlLoop.decode` a metrics message into a :class:`WindowRecord`
   (or the dead letter that says why it is not one);
-- :meth:`ControlLoop.decide` a window record: the commands and events of every
-  in-memory driver, in a fixed order;
+- :meth:`ControlLoop.decide` a window record: the effects (:class:`loop.effects.Effects`:
+  commands, events, status rows, writes) of every driver, in a fixed order;
+- :meth:`ControlLoop.observe` an input event: what lives in Redis (rollouts, admission
+  entries, heartbeats, platform replicas, allowances) and the clock, the one port
+  through which it enters (:mod:`loop.effects`);
 - :meth:`ControlLoop.snapshot_scopes` / :meth:`ControlLoop.restore_scope` the
   drivers' state as plain data, one scope per model and per routed family
   (sealed and stored by :mod:`streams.snapshots`);
@@ -19,11 +22,9 @@ event, so the loop can be driven, and tested, without a broker:
   on, ``infra/k8s/keda/``).
 
 The Faust agents in :mod:`streams.agents` only move bytes to and from these
-methods; the fast simulator (:mod:`sim.fastloop`) drives the same class, so the
-simulator and the worker cannot drift apart.  The canary driver is the one
-driver outside: its rollouts live in Redis (the operator's ``governor canary``
-writes them), so the control agent awaits it before :meth:`decide`.
-Every driver follows one protocol (:class:`Driver`).
+methods and perform the effects; the fast simulator (:mod:`sim.fastloop`) drives
+the same class, so the simulator and the worker cannot drift apart.  Every driver
+follows one protocol (:class:`WindowDriver`; with its state, :class:`Driver`).
 
 Window records are authenticated when the loop has a keyring (the worker:
 ``settings.keyring()``): :meth:`ControlLoop.sign_window` gives the bytes and
@@ -56,23 +57,38 @@ from typing import Any, Protocol
 import orjson
 
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
+from core import names
 from core.budget import Allowance
 from core.settings import Settings
 from core.signing import Keyring
-from streams.agent_weights_driver import AgentWeightsDriver
-from streams.breaker_driver import BreakerDriver
-from streams.commands import Command
-from streams.kv_policy_driver import KvPolicyDriver
-from streams.metrics_export import WorkerMetrics
-from streams.partitioned_ingest import PartitionedIngest
-from streams.pipeline import ProcessResult, TelemetryProcessor, dead_letter
-from streams.platform_truth import PlatformTruth
-from streams.routing_driver import RoutingDriver
-from streams.scaler_driver import Scaler
-from streams.snapshots import SnapshotVersionError
-from streams.telemetry_watch import TelemetryWatch
+from loop.admission_driver import AdmissionDriver
+from loop.agent_weights_driver import AgentWeightsDriver
+from loop.breaker_driver import BreakerDriver
+from loop.canary_driver import CanaryDriver
+from loop.commands import Command
+from loop.effects import (
+    AdmissionEntries,
+    Allowances,
+    Effects,
+    HashWrite,
+    Heartbeats,
+    InputEvent,
+    PlatformReplicas,
+    Rollout,
+    StatusRow,
+    Tick,
+)
+from loop.errors import SnapshotVersionError
+from loop.kv_policy_driver import KvPolicyDriver
+from loop.partitioned_ingest import PartitionedIngest
+from loop.pipeline import ProcessResult, TelemetryProcessor, dead_letter
+from loop.platform_truth import PlatformTruth
+from loop.ports import LoopMetrics
+from loop.routing_driver import RoutingDriver
+from loop.scaler_driver import Scaler
+from loop.telemetry_watch import TelemetryWatch
 
-__all__ = ["ControlLoop", "Decisions", "Driver", "Ingested"]
+__all__ = ["ControlLoop", "Driver", "Ingested", "WindowDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +105,14 @@ def _header_str(v: Any) -> str | None:
     return str(v)
 
 
-class Driver(Protocol):
-    """What every in-memory driver offers the loop."""
+class WindowDriver(Protocol):
+    """What every driver offers the loop: one window record in, the commands to publish now out."""
 
     def on_window(self, record: WindowRecord, now_ms: int) -> list[Command]: ...
+
+
+class Driver(WindowDriver, Protocol):
+    """A driver whose learned state the loop snapshots (the canary's and admission's live in Redis)."""
 
     def snapshot(self, only: str | None = None) -> dict[str, Any]: ...
 
@@ -110,19 +130,6 @@ class Ingested:
     capped: int = 0  # records the node cap dropped (PartitionedIngest.drain_dead_letters: one letter a window)
 
 
-@dataclass
-class Decisions:
-    """What one window record produced: commands (with a log line each) and events."""
-
-    commands: list[Command] = field(default_factory=list)
-    described: list[str] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, cmd: Command, what: str) -> None:
-        self.commands.append(cmd)
-        self.described.append(what)
-
-
 class ControlLoop:
     """The worker's processor and drivers, one method per event (see the module docstring).
 
@@ -130,9 +137,7 @@ class ControlLoop:
     ``keyring`` (optional) signs and verifies window records; without it nothing is verified.
     """
 
-    def __init__(
-        self, settings: Settings, metrics: WorkerMetrics | None = None, keyring: Keyring | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, metrics: LoopMetrics | None = None, keyring: Keyring | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.keyring = keyring
@@ -158,12 +163,23 @@ class ControlLoop:
         # Missing telemetry (controllers.staleness): per configured (model, zone), bounded.
         self.watch = TelemetryWatch(settings, metrics)
         self.platform = PlatformTruth(settings)  # replica truth from the platform (executors/platform.py)
+        self._platform_refused: dict[str, list[str]] = {}
+        self.canary = CanaryDriver(settings)  # rollouts: observe(Rollout) before the window, SwapWrite after
+        self.admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks
+        self._admission_key = names.admission(settings.topic_prefix)
+        self._last_drift: dict[tuple[str, str], dict[str, Any]] = {}  # the status rows' last drift per key
 
     @property
     def drivers(self) -> dict[str, Driver]:
         """The drivers by snapshot name, in the order :meth:`decide` runs them on a zone window."""
         d: dict[str, Driver] = {"kv": self.kv_policy, "breaker": self.breaker, "routing": self.routing}
         return {**d, "agents": self.agent_weights, "scaler": self.scaler}
+
+    @property
+    def window_drivers(self) -> dict[str, WindowDriver]:
+        """Every driver, in the order :meth:`decide` runs them on a window."""
+        d: dict[str, WindowDriver] = {"canary": self.canary, "admission": self.admission}
+        return {**d, **self.drivers}
 
     @property
     def processor(self) -> TelemetryProcessor:
@@ -262,16 +278,19 @@ class ControlLoop:
             self.metrics.observe_dead_letter(reason)
         return dead_letter(reason, source, record, now_ms)
 
-    def decide(self, w: WindowRecord, now_ms: int) -> Decisions:
-        """Every in-memory driver on one window record, in a fixed order.
+    def decide(self, w: WindowRecord, now_ms: int) -> Effects:
+        """Every driver on one window record, in a fixed order; the effects for the shell.
 
-        A node window goes to the KV policy; a zone window to the breaker (first:
-        routing sees this window's breaker state), the router and the agent
-        weights; every window to the scaler, whose events may add zone-aware
-        route commands.
+        A zone window goes to the canary (its rollout as last observed) and admission
+        (latencies) whatever it holds, then, past the telemetry checks, to the breaker
+        (first: routing sees this window's breaker state), the router and the agent
+        weights; a node window to the KV policy; every window to the scaler, whose events
+        may add zone-aware route commands.  A zone window's status row comes last.
         """
-        out = Decisions()
+        out, seen = Effects(), w
         if w.scope == "zone":
+            self._canary(w, now_ms, out)
+            self.admission.on_window(w)
             w = self.platform.apply(w)
         # Missing telemetry (TelemetryWatch): no request records, or a node cap that dropped over
         # 10 % of the records -> every driver holds; no GPU samples -> the replica counts are
@@ -279,6 +298,7 @@ class ControlLoop:
         hold = self.watch.held(w, out.events) if w.scope == "zone" else None
         if hold in ("no_requests", "node_cap"):
             self.export_targets(w.model, w.zone)  # held: the target stays exported, never drops
+            out.status.append(self._status_row(seen, out.events, now_ms))
             return out
         if w.model in self._configured:
             self.owned.add(f"model:{w.model}")
@@ -292,11 +312,74 @@ class ControlLoop:
             self._scale(w, now_ms, out)
         if w.scope == "zone":
             self.export_targets(w.model, w.zone)
+            out.status.append(self._status_row(seen, out.events, now_ms))
         if self.metrics is not None:
-            self._observe(out)
+            self._export(out)
         return out
 
-    def _scale(self, w: WindowRecord, now_ms: int, out: Decisions) -> None:
+    def _canary(self, w: WindowRecord, now_ms: int, out: Effects) -> None:
+        try:
+            self.canary.on_window(w, now_ms)
+        except (ValueError, KeyError, TypeError) as exc:  # a malformed rollout key: the operator's to fix
+            log.error("canary step failed for %s: %s", w.model, exc)
+        out.writes.extend(self.canary.drain_writes())
+
+    def _status_row(self, w: WindowRecord, events: list[dict[str, Any]], now_ms: int) -> StatusRow:
+        """What ``governor status`` shows of the window's (model, zone), after its decision."""
+        key = (w.model, w.zone)
+        for ev in events:
+            if ev.get("kind") == "drift":
+                self._last_drift[(ev["model"], ev["zone"])] = {
+                    k: ev.get(k) for k in ("signal", "direction", "window_end_ms")
+                }
+        target, ff_mode = self.scaler.key_status(w.model, w.zone)
+        stale, spec = self.watch.stale.get(key), self.settings.model(w.model)
+        record = {
+            **{f: getattr(w, f) for f in ("window_end_ms", "rate_rps", "violation_rate", "unfixable_rate")},
+            **{f: getattr(w, f) for f in ("ttft_p95_ms", "replicas_ready", "replicas_starting")},
+            "ttft_slo_ms": w.ttft_slo_ms or (spec.ttft_slo_ms if spec else None),
+            "written_ms": now_ms,
+            "target": target,
+            "ff_mode": ff_mode,
+            "drift": self._last_drift.get(key),
+            "stale": bool(stale and stale.stale),
+            "stale_reason": stale.reason if stale else "",
+            "zone_status": self.scaler.zone_status(w.model).get(w.zone, ""),
+        }
+        return StatusRow(f"{w.model}|{w.zone}", record)
+
+    # -- the port: what lives in Redis, and the clock ----------------------------------------
+    def observe(self, event: InputEvent) -> Effects:
+        """One input event (:mod:`loop.effects`): what the loop learns from outside, and its effects.
+
+        ``AdmissionEntries`` runs the admission review, the one slow decision: the worker
+        observes it in a worker thread (nothing else of the loop runs there).
+        """
+        out = Effects()
+        if isinstance(event, Heartbeats):
+            self.set_heartbeats(event.alive)
+        elif isinstance(event, Allowances):
+            self.set_allowances(event.raw)
+        elif isinstance(event, PlatformReplicas):
+            self._platform_replicas(event.zone, event.fields)
+        elif isinstance(event, Rollout):
+            self.canary.observe(event.model, event.raw)
+        elif isinstance(event, AdmissionEntries):
+            writes, out.events = self.admission.review(event.entries, event.now_ms, event.latencies)
+            if writes:
+                out.writes.append(HashWrite(self._admission_key, writes, reviewed=event.entries))
+        elif isinstance(event, Tick):
+            out.events = self.check_silence(event.now_ms)
+        return out
+
+    def _platform_replicas(self, zone: str, fields: Mapping[Any, Any]) -> None:
+        refused = self.platform.set(zone, fields)
+        if refused != self._platform_refused.get(zone):  # said once per change, not every second
+            self._platform_refused[zone] = refused
+            for why in refused:
+                log.warning("platform replicas of %s refused: %s", zone, why)
+
+    def _scale(self, w: WindowRecord, now_ms: int, out: Effects) -> None:
         for cmd in self.scaler.on_window(w, now_ms):
             out.add(cmd, f"{cmd.model} -> {cmd.target_replicas}")
         for ev in self.scaler.drain_events():
@@ -321,7 +404,7 @@ class ControlLoop:
     # -- missing telemetry -----------------------------------------------------------------
     def set_allowances(self, raw: Mapping[str, Any] | None) -> None:
         """Each zone's stored share of the fleet budget (None: no view, the last one kept); the scaler caps a
-        zone's targets at it (:meth:`streams.scaler_driver.Scaler._budget_cap`); a malformed one is unknown."""
+        zone's targets at it (:meth:`loop.scaler_driver.Scaler._budget_cap`); a malformed one is unknown."""
         if raw is not None:
             decoded = {z: Allowance.decode(v) for z, v in raw.items()}
             self.scaler.allowances = {z: a for z, a in decoded.items() if a is not None}
@@ -334,7 +417,7 @@ class ControlLoop:
         """Mark stale every (model, zone) whose windows stopped (:class:`TelemetryWatch`); its events."""
         return self.watch.check_silence(now_ms)
 
-    def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Decisions, route: bool = True) -> None:
+    def _zone_drivers(self, w: WindowRecord, now_ms: int, out: Effects, route: bool = True) -> None:
         for bc in self.breaker.on_window(w, now_ms):
             out.add(bc, f"breaker {bc.payload['target']} -> {bc.payload['state']}")
         transitions = self.breaker.drain_transitions()
@@ -353,7 +436,7 @@ class ControlLoop:
             if w.key in self.breaker.states:  # a target the breaker judges
                 self.metrics.observe_breaker(w.model, w.zone, self.breaker.states[w.key].name, changed=False)
 
-    def _observe(self, out: Decisions) -> None:
+    def _export(self, out: Effects) -> None:
         assert self.metrics is not None
         for cmd in out.commands:
             if cmd.kind == "agents":
