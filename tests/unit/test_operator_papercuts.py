@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from core.signing import generate_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,20 +43,23 @@ def test_config_show_into_a_closed_pipe_is_quiet() -> None:
     assert done.returncode == 141  # 128 + SIGPIPE: what `cat` and other Unix tools end with
 
 
-def test_executor_with_its_metrics_port_taken_says_so_in_one_line() -> None:
+@pytest.mark.parametrize("command", [["executor", "--zone", "az-a", "--backend", "dry-run"], ["worker"]])
+def test_a_taken_metrics_port_is_one_line_and_exit_2(command: list[str], tmp_path: Path) -> None:
+    """The executor and the worker serve /metrics through one function: both end in one line naming it."""
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen(1)
     port = held.getsockname()[1]
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "governor.cli", "executor", "--zone", "az-a", "--backend", "dry-run"],
+            [sys.executable, "-m", "governor.cli", *command],
             capture_output=True,
             env=_env(
                 GOVERNOR_METRICS_PORT=str(port),
                 GOVERNOR_METRICS_ADDR="127.0.0.1",
                 GOVERNOR_COMMAND_KEYS=generate_keys(),
                 GOVERNOR_ZONES="az-a",
+                GOVERNOR_DATA_DIR=str(tmp_path / "state"),
             ),
             cwd=ROOT,
             timeout=60,
