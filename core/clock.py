@@ -24,6 +24,17 @@ class ScaledClock:
             return int(wall * 1000)
         return int((self.origin_s + (wall - self.origin_s) * self.speed) * 1000)
 
+    def stamp(self) -> dict[str, float]:
+        """Now on this clock and on the wall, with the clock itself: what a heartbeat publishes, so
+        another process (``governor status`` in an operator's shell, at speed 1) can turn this run's
+        times into wall ages without being told ``GOVERNOR_CLOCK_SPEED`` / ``GOVERNOR_CLOCK_ORIGIN_S``."""
+        return {
+            "ts_ms": self.now_ms(),
+            "wall_ms": int(time.time() * 1000),
+            "clock_speed": self.speed,
+            "clock_origin_s": self.origin_s,
+        }
+
     def to_wall_s(self, dt_ms: float) -> float:
         """How many wall seconds a span of scaled milliseconds takes."""
         return dt_ms / 1000.0 / self.speed

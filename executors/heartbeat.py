@@ -3,8 +3,8 @@
 Every ``interval_s`` (``GOVERNOR_HEARTBEAT_S``, default 5) a running
 :class:`~executors.executor.ZoneExecutor` writes
 :func:`core.names.executor_heartbeat` (``SET ... PX``) with a TTL of three
-intervals, JSON ``{"ts_ms", "executor", "backend"}`` (``executor``: a unique
-id of this process, ``ts_ms``: its clock).  While the key exists some
+intervals, JSON ``{"ts_ms", "wall_ms", "executor", "backend"}`` (``executor``: a unique
+id of this process, ``ts_ms``: its clock, ``wall_ms``: the wall clock).  While the key exists some
 executor of the zone is alive; it disappears at most three intervals after
 the last one stopped or lost Redis.  A clean stop expires the key at once
 when this executor wrote it last (an optimistic compare-and-expire:
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,8 @@ class Heartbeat:
     async def beat(self) -> bool:
         """Write the key once; whether it was written (a failure is logged and counted)."""
         now = self.now_ms()
-        value = orjson.dumps({"ts_ms": now, "executor": self.executor, "backend": self.backend})
+        wall_ms = int(time.time() * 1000)  # status's age: wall time, whatever the run's clock
+        value = orjson.dumps({"ts_ms": now, "wall_ms": wall_ms, "executor": self.executor, "backend": self.backend})
         try:
             await self.redis.set(self.key, value, px=self.ttl_ms)
         except Exception as exc:  # noqa: BLE001 - never stops the executor

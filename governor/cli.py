@@ -195,6 +195,22 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``governor``: a reader that leaves early (``governor config show | head -1``) ends it quietly with
+    141 (128 + SIGPIPE), the status a shell gives ``cat`` or ``seq`` there: the output was cut short, which
+    ``set -o pipefail`` should see, but it is the reader's doing, not an error worth a traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a write still buffered fails here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # As the Python docs (signal, "Note on SIGPIPE") recommend: stdout to devnull, so the
+        # interpreter's last flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.log_format not in LOG_FORMATS:  # a bad GOVERNOR_LOG_FORMAT default skips argparse's check
         print(f"governor: bad setting: GOVERNOR_LOG_FORMAT={args.log_format!r}: choose text or json", file=sys.stderr)
@@ -226,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # the reader left: main() ends quietly
     except Exception as exc:
         line = _expected_failure(exc, settings)
         if line is not None:

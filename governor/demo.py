@@ -55,6 +55,7 @@ from launch.processes import (
     start_executor,
     start_worker,
 )
+from launch.progress import ProgressWriter
 from launch.topics import Collector, ensure_topics
 from sim.engine_metrics import FleetMetrics
 from sim.engine_server import EngineServer, ScrapeEngines
@@ -103,14 +104,10 @@ async def _wait_ingest_ready(engines: Any, child: ChildProcess, timeout_s: float
     await asyncio.to_thread(child.wait_for_log, needle, timeout_s)
 
 
-def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str], model: str):  # type: ignore[no-untyped-def]
-    last = [0.0]
-
+def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str], model: str, out: ProgressWriter):  # type: ignore[no-untyped-def]
     async def tick(t: float) -> None:
-        now = time.monotonic()
-        if now - last[0] < 1.0:
+        if not out.due():
             return
-        last[0] = now
         reps = " ".join(
             f"{z}={live.fleet.replicas(z, model).get('ready', 0)}(+{live.fleet.replicas(z, model).get('starting', 0)})"
             for z in zones
@@ -120,13 +117,10 @@ def _progress(live: LiveFleet, col: Collector, duration: float, zones: list[str]
         viol = max((w.get("violation_rate") or 0.0) for w in last_w) if last_w else 0.0
         p95 = max((w.get("ttft_p95_ms") or 0.0) for w in last_w) if last_w else 0.0
         applied = sum(1 for r in col.results if r.get("outcome") == "applied")
-        print(
-            f"\r t={t:6.0f}/{duration:.0f}s  sent={live.stats.submitted:>6}  replicas {reps}  "
+        out.update(
+            f"t={t:6.0f}/{duration:.0f}s  sent={live.stats.submitted:>6}  replicas {reps}  "
             f"TTFT p95 {p95:6.0f} ms  violations {100 * viol:5.1f}%  applied {applied:>3}  "
-            f"dead letters {len(col.dead_letters):>3} ",
-            end="",
-            file=sys.stderr,
-            flush=True,
+            f"dead letters {len(col.dead_letters):>3}"
         )
 
     return tick
@@ -185,6 +179,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         )
         workload = step_load(load_trace(args.trace), args.qps, args.duration_s, args.step_at_s, args.step_factor)
         wall0 = time.monotonic()
+        progress = ProgressWriter(sys.stderr)
         async with TelemetryProducer(
             settings.kafka_bootstrap,
             settings.topic("telemetry"),
@@ -207,7 +202,9 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
                 engines=engines,
             )
             tick = (
-                None if args.no_progress else _progress(live, collector, args.duration_s, list(settings.zones), model)
+                None
+                if args.no_progress
+                else _progress(live, collector, args.duration_s, list(settings.zones), model, progress)
             )
             stats = await live.run(args.duration_s, on_tick=tick)
             if engines is not None:
@@ -221,8 +218,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
         )
         await asyncio.sleep(clock.to_wall_s(last_s * 1000) + 2.0)
         wall = time.monotonic() - wall0
-        if not args.no_progress:
-            print(file=sys.stderr)
+        progress.end()
         for c in children:
             if not c.alive():
                 raise RuntimeError(f"{c.name} died during the run:\n{c.tail()}")

@@ -26,8 +26,10 @@ Everything comes from what the processes already write:
   other records.  Telemetry is committed only once every window it fed has
   closed, so about one window plus the lateness of telemetry is normal lag.
 
-Ages are wall seconds (the run's clock, ``GOVERNOR_CLOCK_SPEED``, divided
-out).  A one-shot run that cannot reach Redis or Kafka exits 2 within 10 s
+Ages are wall seconds: a heartbeat's from its ``wall_ms``; the windows' and
+commands' times are on the run's clock, which the worker publishes in its
+heartbeat (speed and origin, :func:`run_clock`), so a status run beside a
+demo at ``--speed 5`` needs no ``GOVERNOR_CLOCK_SPEED`` of its own.  A one-shot run that cannot reach Redis or Kafka exits 2 within 10 s
 with one line naming the address and its setting (``REDIS_URL`` /
 ``KAFKA_BOOTSTRAP``); ``--watch`` keeps retrying after a first good look.
 
@@ -222,6 +224,29 @@ def _age_s(now_ms: int, at_ms: Any, speed: float) -> float | None:
     return None if not isinstance(at_ms, int | float) else round((now_ms - at_ms) / 1000.0 / speed, 1)
 
 
+def _num_field(d: Any, key: str) -> float | None:
+    v = d.get(key) if isinstance(d, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def run_clock(worker_beat: Any, settings: Settings) -> ScaledClock:
+    """The run's clock: the one the worker publishes in its heartbeat (:meth:`ScaledClock.stamp`), else
+    this shell's settings.  A demo or replay runs at ``GOVERNOR_CLOCK_SPEED`` > 1 without telling the
+    operator's shell; converting its times with speed 1 showed ages hundreds of seconds below zero."""
+    speed, origin_s = _num_field(worker_beat, "clock_speed"), _num_field(worker_beat, "clock_origin_s")
+    if speed is not None and speed > 0 and origin_s is not None:
+        return ScaledClock(speed, origin_s)
+    return ScaledClock(settings.clock_speed, settings.clock_origin_s)
+
+
+def beat_age_s(beat: Any, clock: ScaledClock, wall_now_ms: int) -> float | None:
+    """A heartbeat's age in wall seconds: from its ``wall_ms`` when it has one, else its ``ts_ms`` on ``clock``."""
+    wall_ms = _num_field(beat, "wall_ms")
+    if wall_ms is not None:
+        return round((wall_now_ms - wall_ms) / 1000.0, 1)
+    return _age_s(clock.now_ms(), beat.get("ts_ms") if isinstance(beat, dict) else None, clock.speed)
+
+
 async def collect(settings: Settings, *, timeout_s: float = 3.0) -> dict[str, Any]:
     """One snapshot of the loop (the ``--json`` object); :class:`Unreachable` when Redis or Kafka is."""
     raw = await _read_redis(settings, timeout_s)
@@ -229,8 +254,8 @@ async def collect(settings: Settings, *, timeout_s: float = 3.0) -> dict[str, An
         kafka = await asyncio.wait_for(_read_kafka(settings, timeout_s), timeout_s * 2)
     except TimeoutError:  # it started (else Unreachable): a slow broker, not a missing one
         kafka = {"group": APP_ID, "lag": None, "dead_letters_60s": None, "error": f"no answer in {timeout_s * 2:g} s"}
-    clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
-    now, speed = clock.now_ms(), settings.clock_speed
+    clock = run_clock(raw["worker"], settings)
+    now, speed, wall_now = clock.now_ms(), clock.speed, int(time.time() * 1000)
     rows = []
     for field, rec in sorted(raw["status"].items()):
         model, _, zone = field.partition("|")
@@ -255,14 +280,14 @@ async def collect(settings: Settings, *, timeout_s: float = 3.0) -> dict[str, An
         )
 
     def beat(b: Any) -> dict[str, Any]:
-        ts = b.get("ts_ms") if isinstance(b, dict) else None
-        return {"alive": b is not None, "age_s": _age_s(now, ts, speed)}
+        return {"alive": b is not None, "age_s": beat_age_s(b, clock, wall_now)}
 
     paused = raw["paused"]
     return {
         "prefix": settings.topic_prefix,
         "now_ms": now,
-        "wall_ms": int(time.time() * 1000),
+        "wall_ms": wall_now,
+        "clock_speed": speed,
         "paused": paused is not None,
         "pause": paused,
         "worker": beat(raw["worker"]),

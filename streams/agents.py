@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -354,7 +353,7 @@ class Worker:
 
     async def beat(self) -> None:
         """The worker's own liveness, for ``governor status``."""
-        beat = orjson.dumps({"ts_ms": self.clock.now_ms(), "wall_ms": int(time.time() * 1000)})
+        beat = orjson.dumps(self.clock.stamp())  # the clock too: status converts with it
         ttl_ms = int(max(3.0, 3 * self.settings.heartbeat_s) * 1000)
         await self.side.call("worker heartbeat", functools.partial(self.redis.set, self.worker_beat, beat, px=ttl_ms))
 

@@ -38,6 +38,8 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from core.settings import SettingsError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["HealthServer", "Readiness", "build_info", "governor_version", "serve"]
@@ -156,5 +158,16 @@ def serve(
     registry: CollectorRegistry, port: int, addr: str = "127.0.0.1", readiness: Readiness | None = None
 ) -> HealthServer | None:
     """Serve ``registry`` as /metrics, with /healthz and /readyz, on ``addr:port`` (GOVERNOR_METRICS_ADDR,
-    GOVERNOR_METRICS_PORT; 0 = off)."""
-    return HealthServer(registry, readiness, port, addr) if port > 0 else None
+    GOVERNOR_METRICS_PORT; 0 = off).  An address that cannot be bound (the port taken, the address not
+    this host's) is a :class:`~core.settings.SettingsError` naming both settings: one line and exit 2."""
+    if port <= 0:
+        return None
+    try:
+        return HealthServer(registry, readiness, port, addr)
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot serve /metrics on {addr}:{port}: {exc.strerror or exc}; free the port or choose another with "
+            "GOVERNOR_METRICS_PORT (0 = off) or GOVERNOR_METRICS_ADDR",
+            field="metrics_port",
+            reason=f"{addr}:{port}: {exc.strerror or exc}",
+        ) from exc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -154,3 +155,37 @@ def test_an_unreachable_kafka_is_one_line_and_exit_2(settings: Settings) -> None
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "KAFKA_BOOTSTRAP" in lines[0] and "127.0.0.1:1" in lines[0], out.stderr
+
+
+async def test_status_beside_a_scaled_clock_run_shows_true_ages(settings: Settings) -> None:
+    """A demo at speed 5 (its origin 100 s ago: its clock 400 s ahead of the wall) writes what its worker and
+    executor write; ``governor status`` in a shell at speed 1, told nothing of that clock, shows ages >= 0
+    and close to the wall truth (issue 34 item 8: they were about -400 s)."""
+    import redis.asyncio as aioredis
+
+    from core.clock import ScaledClock
+    from core.transport import redis_options
+    from executors.heartbeat import Heartbeat
+
+    settings = settings.replace(zones=("az-a",))
+    run = ScaledClock(5.0, time.time() - 100.0)
+    p = settings.topic_prefix
+    redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
+    try:
+        await redis.set(names.worker_heartbeat(p), orjson.dumps(run.stamp()), px=30_000)  # as streams.agents
+        assert await Heartbeat(redis, p, "az-a", "ex1", "sim", 5.0, run.now_ms).beat()
+        ten_run_s_ago = run.now_ms() - 10_000  # 10 s of the run's clock = 2 wall seconds
+        await redis.hset(names.status(p), f"{MODEL}|az-a", orjson.dumps({"window_end_ms": ten_run_s_ago}))
+        await redis.hset(
+            names.executor_last_result(p, "az-a"), MODEL, orjson.dumps({"outcome": "applied", "at_ms": ten_run_s_ago})
+        )
+        snap = await collect(settings.replace(clock_speed=1.0, clock_origin_s=0.0))
+    finally:
+        await redis.aclose()
+    assert snap["clock_speed"] == 5.0
+    assert 0.0 <= snap["worker"]["age_s"] < 1.5
+    assert 0.0 <= snap["executors"]["az-a"]["age_s"] < 1.5
+    (row,) = snap["rows"]
+    assert 1.9 <= row["window_age_s"] < 3.5
+    assert 1.9 <= row["last_command"]["age_s"] < 3.5
+    assert not re.search(r"-[\d.]+ s ago", render_plain(snap)), render_plain(snap)
