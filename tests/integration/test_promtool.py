@@ -20,10 +20,8 @@ on any *new* finding meanwhile.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +34,12 @@ from core.settings import ModelSpec, Settings
 from executors.metrics import ExecutorMetrics
 from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
+from tests.integration.redis7 import debian_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMTOOL = Path("/usr/bin/promtool")
-INSTALL = ROOT / "infra" / "install-debian-packages.sh"
 PROM_DIR = ROOT / "infra" / "prometheus"
 
 T0 = 1_700_000_000_000
@@ -55,20 +53,8 @@ KNOWN_FINDINGS: dict[str, set[str]] = {"worker": set(), "executor": set()}
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    """``/usr/bin/promtool``, installed by the project's script when missing."""
-    if PROMTOOL.exists():
-        return PROMTOOL
-    if os.environ.get("GOVERNOR_SKIP_DEBIAN") == "1":
-        pytest.skip("GOVERNOR_SKIP_DEBIAN=1: Debian's prometheus (promtool) not installed, promtool tests skipped")
-    t0 = time.monotonic()
-    done = subprocess.run(["sh", str(INSTALL), "prometheus"], capture_output=True, text=True, timeout=540)
-    print(f"{INSTALL.name} prometheus ({time.monotonic() - t0:.1f} s):\n{done.stdout}{done.stderr}")
-    if done.returncode != 0 or not PROMTOOL.exists():
-        pytest.fail(
-            f"{INSTALL} could not install Debian's prometheus (exit {done.returncode}); "
-            f"set GOVERNOR_SKIP_DEBIAN=1 to skip the promtool tests:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    return PROMTOOL
+    """``/usr/bin/promtool``, installed by the project's script when missing (tests/integration/redis7.py)."""
+    return debian_binary("prometheus", PROMTOOL, "the promtool tests")
 
 
 def _promtool(promtool: Path, *args: str, stdin: bytes | None = None, cwd: Path | None = None) -> tuple[int, str]:
