@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from governor_telemetry.records import validate_record
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from adapters.scrape.deltas import (
     Histogram,
@@ -227,3 +229,50 @@ def test_cli_values_parse() -> None:
     for bad in ("h:8000=az-a", "http://h:8000/metrics"):
         with pytest.raises(ValueError):
             parse_endpoint(bad)
+
+
+def _histogram(edges: tuple[float, ...], values: list[float], per_request: bool = True) -> Histogram:
+    cum = tuple(float(sum(1 for v in values if v <= e)) for e in edges) + (float(len(values)),)
+    return Histogram(edges, cum, per_request=per_request)
+
+
+VLLM_TTFT_EDGES = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+VLLM_ITL_EDGES = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(
+    ttft=st.lists(st.floats(0.005, 4.0), min_size=1, max_size=30),
+    gaps=st.lists(st.lists(st.floats(0.005, 0.6), min_size=1, max_size=6), min_size=30, max_size=30),
+    ttft_slo=st.sampled_from([0.1, 0.3, 0.5, 0.7, 1.0]),
+    itl_slo=st.sampled_from([0.05, 0.12, 0.15, 0.18]),
+    per_token=st.booleans(),
+    failed=st.integers(0, 3),
+)
+@example(ttft=[0.05] * 8, gaps=[[0.18] * 4] * 30, ttft_slo=1.0, itl_slo=0.15, per_token=True, failed=0)  # issue 34
+def test_the_bounds_hold_the_true_violation_count(
+    ttft: list[float],
+    gaps: list[list[float]],
+    ttft_slo: float,
+    itl_slo: float,
+    per_token: bool,
+    failed: int,
+) -> None:
+    """Requests with known TTFT and token gaps -> histograms -> records: lower <= truth <= upper,
+    on and off bucket edges, per-request (vLLM TPOT) and per-token (SGLang, vLLM ITL) histograms."""
+    n = len(ttft)
+    gaps = gaps[:n]
+    failed = min(failed, n)
+    means = [sum(g) / len(g) for g in gaps]
+    truth = sum(1 for i in range(n) if i < failed or ttft[i] > ttft_slo or means[i] > itl_slo)
+    itl = (
+        _histogram(SGLANG_ITL_EDGES, [x for g in gaps for x in g], per_request=False)
+        if per_token
+        else _histogram(VLLM_ITL_EDGES, means)
+    )
+    h = _histogram(VLLM_TTFT_EDGES, ttft)
+    d = Snapshot(ttft=h, itl=itl, e2e=h, finished=n, failed=failed)
+    _, upper = records(d, ttft_slo_ms=ttft_slo * 1000, itl_slo_ms=itl_slo * 1000, combine="upper")
+    _, lower = records(d, ttft_slo_ms=ttft_slo * 1000, itl_slo_ms=itl_slo * 1000, combine="lower")
+    assert lower.realised <= truth <= upper.realised
+    assert upper.bounds[0] <= lower.realised and upper.realised <= upper.bounds[1] + 1e-9
