@@ -46,6 +46,11 @@ ENGINES: dict[str, dict[str, Any]] = {
         "running": "vllm:num_requests_running",
         "waiting": "vllm:num_requests_waiting",
         "kv": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        # default edges (vllm/v1/metrics/buckets.py), checked against the SLOs at start
+        "ttft_edges": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+        + (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+        "itl_edges": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+        + (20.0, 40.0, 80.0),
     },
     "sglang": {
         "prefix": "sglang:",
@@ -60,6 +65,29 @@ ENGINES: dict[str, dict[str, Any]] = {
         "waiting": "sglang:num_queue_reqs",
         "kv": ("sglang:token_usage",),
         "kv_total": "sglang:max_total_num_tokens",
+        # default edges (srt/metrics/collector.py, TokenizerMetricsCollector)
+        "ttft_edges": (
+            0.1,
+            0.2,
+            0.4,
+            0.6,
+            0.8,
+            1.0,
+            2.0,
+            4.0,
+            6.0,
+            8.0,
+            10.0,
+            20.0,
+            40.0,
+            60.0,
+            80.0,
+            100.0,
+            200.0,
+            400.0,
+        ),
+        "itl_edges": (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1)
+        + (0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0),
     },
 }
 

@@ -36,7 +36,15 @@ from typing import Any
 
 from governor_telemetry.producer import TelemetryProducer
 
-from adapters.scrape.deltas import COMBINE, Snapshot, Summary, edge_advice, snapshot_delta, window_records
+from adapters.scrape.deltas import (
+    COMBINE,
+    Histogram,
+    Snapshot,
+    Summary,
+    edge_advice,
+    snapshot_delta,
+    window_records,
+)
 from adapters.scrape.exposition import ENGINES, Sample, parse_exposition, snapshots_from_samples
 from adapters.scrape.targets import (
     Discovery,
@@ -101,6 +109,19 @@ class Scraper:
         #: misconfigurations seen, one count per target (and served model) per scrape:
         #: ``no_engine_series``, ``unmapped_model``; ``slo_off_edge`` once per histogram layout
         self.stats: Counter[str] = Counter()
+        self._check_default_edges()
+
+    def _check_default_edges(self) -> None:
+        """At start: each model's SLOs against the engine's default bucket edges (the served edges
+        are checked again at the first scrape that shows them; a layout is warned about once)."""
+        spec = ENGINES[self.engine]
+        itl_name, per_request = spec["itl"][0]
+        for model in self.settings.models:
+            defaults = Snapshot(
+                ttft=Histogram(spec["ttft_edges"], (), name=spec["ttft"]),
+                itl=Histogram(spec["itl_edges"], (), per_request=per_request, name=itl_name),
+            )
+            self._check_edges(model.name, defaults, model)
 
     def _fresh_engine(self, ep: Endpoint, snap: Snapshot, t_ms: int) -> tuple[Snapshot, int] | None:
         """A zero baseline for a first scrape that cannot hold anything already counted, else None.

@@ -160,9 +160,12 @@ def test_a_served_name_with_no_model_is_warned_about_and_counted(caplog: pytest.
 
 def test_an_slo_off_the_bucket_edges_is_warned_about_with_the_flag_to_add_one(caplog: pytest.LogCaptureFixture) -> None:
     for engine, flag in (("sglang", "--bucket-inter-token-latency"), ("vllm", "--custom-histogram-buckets")):
-        s = Scraper(SETTINGS, [NEW], engine)  # ITL SLO 150 ms: SGLang's edges 100/200 ms; vLLM has 150 ms
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="adapters.scrape.runner"):
+            # ITL SLO 150 ms: SGLang's edges 100/200 ms; vLLM has 150 ms.  Said at start (the
+            # engine's default edges), not again when the first scrape shows the same edges.
+            s = Scraper(SETTINGS, [NEW], engine)
+            assert s.stats["slo_off_edge"] == (engine == "sglang")
             s.step({NEW.url: page(engine, 1)}, 1_000_000)
             s.step({NEW.url: page(engine, 2)}, 1_005_000)
         msgs = [r.getMessage() for r in caplog.records if "not a bucket edge" in r.getMessage()]
@@ -172,9 +175,9 @@ def test_an_slo_off_the_bucket_edges_is_warned_about_with_the_flag_to_add_one(ca
         else:
             assert msgs == [] and s.stats["slo_off_edge"] == 0
     off = Settings(models=(ModelSpec("tiny", ttft_slo_ms=300.0, itl_slo_ms=150.0),))
-    s = Scraper(off, [NEW], "vllm")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="adapters.scrape.runner"):
+        s = Scraper(off, [NEW], "vllm")
         s.step({NEW.url: page("vllm", 1)}, 1_000_000)
     (msg,) = [r.getMessage() for r in caplog.records if "not a bucket edge" in r.getMessage()]
     assert "250 ms and 500 ms" in msg and "'{\"time_to_first_token\": [..., 0.3, ...]}'" in msg
