@@ -14,15 +14,19 @@ belongs to which request, so the request records are *reconstructed*; what that 
   (:func:`quantile` returns that interval).  The ``+Inf`` bucket has no upper edge: its
   values sit at twice the last edge, and a quantile there is a lower bound only.
 * **TTFT over the SLO** (:func:`over_slo`): exact when the SLO is a bucket edge, else
-  within ``[count above the next edge, count above the previous edge]``.  The reconstructed
-  records realise the uniform-within-bucket estimate, which lies in that interval.
+  within ``[count above the next edge, count above the previous edge]``: "upper" counts
+  everything above the largest edge at or below the SLO, "lower" only what is above the
+  smallest edge at or above it.  The records carry the end that ``combine`` names
+  (:func:`pin_over`: the values of the bucket that straddles the SLO are put above it
+  for "upper", at it for "lower"), so "upper" never counts fewer violations than there
+  were and "lower" never more.  :func:`edge_advice` says which edges to add.
 * **ITL**: vLLM's ``vllm:request_time_per_output_token_seconds`` is per request (each
   request's mean), so it is treated like TTFT.  vLLM's ``vllm:inter_token_latency_seconds``
   (older: ``vllm:time_per_output_token_seconds``) and SGLang's
   ``sglang:inter_token_latency_seconds`` count *tokens*: the requests whose mean ITL is over
-  the SLO are then bounded only by ``[0, min(n, slow tokens)]``; the records carry the
-  estimate "share of slow tokens x n".  A histogram whose count differs from ``n`` is
-  resampled to ``n`` values (same quantiles).
+  the SLO are then bounded only by ``[0, min(n, tokens above the largest edge <= SLO)]``
+  (``[n, n]`` when every token is surely over).  A histogram whose count differs from ``n``
+  is resampled to ``n`` values (same quantiles).
 * **Failed**: vLLM ``request_success_total`` with a ``finished_reason`` other than
   ``stop``/``length`` (``abort``, ``error``); SGLang ``num_aborted_requests_total``.
 
@@ -30,9 +34,12 @@ belongs to which request, so the request records are *reconstructed*; what that 
 SLO, and each histogram gives its part alone.  The combined count lies in
 ``[max(parts), min(n, sum(parts))]`` (:func:`violation_bounds`): the parts may overlap
 completely or not at all.  The records realise one end by how the parts are paired:
-``"upper"`` (the default, and what the controller sees) puts the slow-TTFT, slow-ITL and
-failed requests on different records, ``"lower"`` on the same ones.  Upper is the safe
-side for an SLO guard: it never reports meeting the SLO when the fleet may not.
+``"upper"`` (the default, and what the controller sees) takes each part's high end and puts
+the slow-TTFT, slow-ITL and failed requests on different records, so the records carry
+``min(n, sum of the highs)``; ``"lower"`` takes each part's low end on the same records
+(``max`` of the lows).  Upper is the safe side for an SLO guard: it never reports meeting
+the SLO when the fleet may not.  Both are exact when the SLOs are bucket edges and the
+histograms count requests.
 
 **Scrape interval vs windows.**  A delta's records are spread over the scrape interval
 ``(t_prev, t_now]`` (a low-discrepancy order, so every part of the interval gets a fair
@@ -60,7 +67,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["Histogram", "Snapshot", "Summary", "counter_delta", "histogram_delta", "over_slo", "quantile"]
-__all__ += ["snapshot_delta", "spread", "violation_bounds", "window_records", "gpu_record"]
+__all__ += ["snapshot_delta", "spread", "violation_bounds", "window_records", "gpu_record", "pin_over"]
+__all__ += ["edge_advice", "nearest_edges"]
 
 GOLDEN = 0.6180339887498949
 COMBINE = ("upper", "lower")
@@ -75,6 +83,7 @@ class Histogram:
     cumulative: tuple[float, ...]
     total: float = 0.0
     per_request: bool = True
+    name: str = ""  # the engine's metric name (for messages)
 
     @property
     def count(self) -> float:
@@ -255,11 +264,79 @@ def _realised(values: list[float], slo: float) -> int:
     return sum(1 for v in values if v > slo)
 
 
+def nearest_edges(edges: Sequence[float], x: float) -> tuple[float | None, float | None]:
+    """The largest edge ``<= x`` and the smallest ``>= x`` (None: there is none).
+
+    >>> nearest_edges((0.1, 0.2, 0.4), 0.15), nearest_edges((0.1, 0.2), 0.2), nearest_edges((0.1,), 5)
+    ((0.1, 0.2), (0.2, 0.2), (0.1, None))
+    """
+    below = max((e for e in edges if e <= x), default=None)
+    above = min((e for e in edges if e >= x), default=None)
+    return below, above
+
+
+def pin_over(values: list[float], slo: float, k: int, edges_ms: Sequence[float] = ()) -> list[float]:
+    """``values`` (largest first) with exactly ``k`` of them over ``slo``, largest first.
+
+    Values missing above the SLO are raised to the edge above it (the top of the bucket that
+    straddles the SLO; just over the SLO when there is none); values over the SLO beyond ``k``
+    are lowered to the SLO itself (not over).  The histogram allows both: it only says the
+    straddling bucket's values are somewhere in it.
+
+    >>> pin_over([300.0, 160.0, 120.0, 90.0], 150.0, 3, (100.0, 200.0, 400.0))
+    [300.0, 200.0, 160.0, 90.0]
+    >>> pin_over([300.0, 160.0, 120.0], 150.0, 1)
+    [300.0, 150.0, 120.0]
+    """
+    k = max(0, min(k, len(values)))
+    out = sorted(values, reverse=True)
+    over = _realised(out, slo)
+    if over < k:
+        _, above = nearest_edges(edges_ms, slo)
+        lift = above if above is not None and above > slo else math.nextafter(slo, math.inf)
+        for i in range(over, k):
+            out[i] = max(out[i], lift)
+    for i in range(k, over):
+        out[i] = slo
+    return sorted(out, reverse=True)
+
+
+def edge_advice(metric: str, edges: Sequence[float], slo_s: float) -> str | None:
+    """None when ``slo_s`` is a bucket edge of ``metric``; else what the two bounds are and how
+    to add the edge (the engine's own flag).
+
+    >>> edge_advice("vllm:time_to_first_token_seconds", (0.5, 1.0), 1.0) is None
+    True
+    >>> print(edge_advice("sglang:inter_token_latency_seconds", (0.1, 0.2), 0.15))  # doctest: +ELLIPSIS
+    SLO 150 ms is not a bucket edge of sglang:inter_token_latency_seconds (nearest edges 100 ms and 200 ms): ...
+    """
+    if any(math.isclose(e, slo_s, rel_tol=1e-9, abs_tol=1e-12) for e in edges):
+        return None
+    below, above = nearest_edges(edges, slo_s)
+
+    def ms(x: float | None) -> str:
+        return "none" if x is None else f"{x * 1000:g} ms"
+
+    family = "time_to_first_token" if "first_token" in metric else "inter_token_latency"
+    if metric.startswith("sglang:"):
+        flag = "--bucket-time-to-first-token" if family == "time_to_first_token" else "--bucket-inter-token-latency"
+        how = f"start SGLang with {flag} listing {slo_s:g} among the edges"
+    else:
+        how = f"start vLLM with --custom-histogram-buckets '{{\"{family}\": [..., {slo_s:g}, ...]}}'"
+        if family != "time_to_first_token":
+            how += " (its request_time_per_output_token histogram shares that family)"
+    return (
+        f"SLO {slo_s * 1000:g} ms is not a bucket edge of {metric} (nearest edges {ms(below)} and {ms(above)}): "
+        f"violations are known only within [above {ms(above)}, above {ms(below)}]; upper counts the latter, "
+        f"lower the former; to count exactly, {how}"
+    )
+
+
 def _scaled(part: tuple[float, float], h: Histogram, n: int) -> tuple[float, float]:
     """A part counted in ``h``'s population, in requests."""
     lo, hi = part
-    if not h.per_request:
-        return 0.0, min(float(n), hi)
+    if not h.per_request:  # tokens: all surely over -> every request's mean is over
+        return (float(n) if h.count > 0 and lo >= h.count else 0.0), min(float(n), hi)
     f = n / h.count if h.count > 0 else 0.0
     return min(float(n), lo * f), min(float(n), hi * f)
 
@@ -290,15 +367,17 @@ def window_records(
     failed = min(n, int(round(delta.failed)))
     ttft_ms = [v * 1000.0 for v in ttft]
     itl_ms = [v * 1000.0 for v in itl]
-    a, b = _realised(ttft_ms, ttft_slo_ms), _realised(itl_ms, itl_slo_ms)
     parts = [(float(failed), float(failed))]
     ttft_part = itl_part = (0.0, 0.0)
     if delta.ttft is not None and n:
         ttft_part = _scaled(over_slo(delta.ttft, ttft_slo_ms / 1000.0), delta.ttft, n)
         parts.append(ttft_part)
-    if delta.itl is not None and n:
+        ttft_ms = pin_over(ttft_ms, ttft_slo_ms, _end(ttft_part, combine), [e * 1000.0 for e in delta.ttft.edges])
+    if delta.itl is not None and n and itl_ms:
         itl_part = _scaled(over_slo(delta.itl, itl_slo_ms / 1000.0), delta.itl, n)
         parts.append(itl_part)
+        itl_ms = pin_over(itl_ms, itl_slo_ms, _end(itl_part, combine), [e * 1000.0 for e in delta.itl.edges])
+    a, b = _realised(ttft_ms, ttft_slo_ms), _realised(itl_ms, itl_slo_ms)
     bounds = violation_bounds(n, parts)
     # Pairing: record i gets the i-th largest TTFT; ITL and failures start at an offset.
     off_itl, off_fail = (a, (a + b)) if combine == "upper" else (0, 0)
@@ -349,6 +428,11 @@ def window_records(
         ttft_p99=quantile(delta.ttft, 0.99) if delta.ttft is not None else None,
     )
     return records, summary
+
+
+def _end(part: tuple[float, float], combine: str) -> int:
+    """The count of one part the records carry: its high end for upper, its low end for lower."""
+    return math.ceil(part[1] - 1e-9) if combine == "upper" else math.floor(part[0] + 1e-9)
 
 
 def _split(total: float, n: int) -> list[int]:

@@ -30,6 +30,7 @@ MAX_MODELS_PER_TARGET = 64  # served models one replica may report (a hostile ex
 #  prompt, generation, running, waiting, [kv usage gauges], kv total)
 ENGINES: dict[str, dict[str, Any]] = {
     "vllm": {
+        "prefix": "vllm:",
         "ttft": "vllm:time_to_first_token_seconds",
         "itl": [
             ("vllm:request_time_per_output_token_seconds", True),
@@ -45,8 +46,14 @@ ENGINES: dict[str, dict[str, Any]] = {
         "running": "vllm:num_requests_running",
         "waiting": "vllm:num_requests_waiting",
         "kv": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        # default edges (vllm/v1/metrics/buckets.py), checked against the SLOs at start
+        "ttft_edges": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+        + (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+        "itl_edges": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+        + (20.0, 40.0, 80.0),
     },
     "sglang": {
+        "prefix": "sglang:",
         "ttft": "sglang:time_to_first_token_seconds",
         "itl": [("sglang:inter_token_latency_seconds", False)],
         "e2e": "sglang:e2e_request_latency_seconds",
@@ -58,6 +65,29 @@ ENGINES: dict[str, dict[str, Any]] = {
         "waiting": "sglang:num_queue_reqs",
         "kv": ("sglang:token_usage",),
         "kv_total": "sglang:max_total_num_tokens",
+        # default edges (srt/metrics/collector.py, TokenizerMetricsCollector)
+        "ttft_edges": (
+            0.1,
+            0.2,
+            0.4,
+            0.6,
+            0.8,
+            1.0,
+            2.0,
+            4.0,
+            6.0,
+            8.0,
+            10.0,
+            20.0,
+            40.0,
+            60.0,
+            80.0,
+            100.0,
+            200.0,
+            400.0,
+        ),
+        "itl_edges": (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1)
+        + (0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0),
     },
 }
 
@@ -79,32 +109,40 @@ def _histogram(s: _Series, name: str, per_request: bool = True) -> Histogram | N
         return None
     edges = sorted(e for e in b if e != float("inf"))
     cum = tuple(b[e] for e in edges) + (b.get(float("inf"), b[edges[-1]] if edges else 0.0),)
-    return Histogram(tuple(edges), cum, s.sums.get(name, 0.0), per_request)
+    return Histogram(tuple(edges), cum, s.sums.get(name, 0.0), per_request, name)
 
 
 # (family name, family type, sample name, labels, value): one sample as the exposition parser gives it
 Sample = tuple[str, str, str, dict[str, str], float]
 
 
-def parse_exposition(text: str, engine: str) -> dict[str, Snapshot]:
-    """Exposition text -> one :class:`Snapshot` per ``model_name`` (ValueError: not exposition)."""
+def parse_exposition(text: str, engine: str, seen: set[str] | None = None) -> dict[str, Snapshot]:
+    """Exposition text -> one :class:`Snapshot` per ``model_name`` (ValueError: not exposition);
+    ``seen`` gets the engines (:data:`ENGINES`) that have at least one series in it."""
     samples = (
         (fam.name, fam.type, smp.name, smp.labels, float(smp.value))
         for fam in text_string_to_metric_families(text)
         for smp in fam.samples
     )
-    return snapshots_from_samples(samples, engine)
+    return snapshots_from_samples(samples, engine, seen)
 
 
-def snapshots_from_samples(samples: Iterable[Sample], engine: str) -> dict[str, Snapshot]:
+_PREFIXES = {spec["prefix"]: name for name, spec in ENGINES.items()}
+
+
+def snapshots_from_samples(samples: Iterable[Sample], engine: str, seen: set[str] | None = None) -> dict[str, Snapshot]:
     """Samples of one replica -> one :class:`Snapshot` per ``model_name`` (at most
-    ``MAX_MODELS_PER_TARGET``; the others are dropped with a warning)."""
+    ``MAX_MODELS_PER_TARGET``; the others are dropped with a warning).  ``seen`` (when given)
+    gets the engines with at least one series among the samples (a wrong ``--engine`` shows
+    as ``engine not in seen``)."""
     spec = ENGINES[engine]
     by_model: dict[str, _Series] = defaultdict(_Series)
     start: float | None = None
     kv_blocks: int | None = None
     dropped: set[str] = set()
     for fam_name, fam_type, name, labels, value in samples:
+        if seen is not None and (other := _PREFIXES.get(name[: name.find(":") + 1])) is not None:
+            seen.add(other)
         if name == "process_start_time_seconds":
             start = value
             continue

@@ -7,10 +7,14 @@ selector), GETs each one's ``/metrics``, parses the exposition text
 difference from the previous scrape into request and GPU records
 (:func:`adapters.scrape.deltas.window_records`, whose docstring states the reconstruction,
 its error bounds, how scrape intervals map onto windows and how counter resets are
-handled).  Records go to the telemetry topic through :class:`TelemetryProducer`.  The first
-scrape of a replica is its baseline (as ``rate()``), unless the engine started after the
-previous round (:meth:`Scraper._fresh_engine`); a failed scrape sends nothing and keeps the
-baseline; a target discovery no longer lists has its baseline dropped (bounded state).  With
+handled).  Records go to the telemetry topic through :class:`TelemetryProducer`, or, with
+``--print``, to stdout as JSON lines (``--once``: one scrape, then exit).  A replica's first
+scrape counts from zero when it is new to this adapter or started after the previous round,
+else it is the baseline (as ``rate()``; :meth:`Scraper._fresh_engine`); a failed scrape sends
+nothing and keeps the baseline; a target discovery no longer lists has its baseline dropped
+(bounded state).  A target with no series of its engine, a served model name that maps to no
+configured model, and an SLO that is not a bucket edge are warned about once each and counted
+in :attr:`Scraper.stats`.  With
 ``GOVERNOR_SCRAPE_PROMETHEUS_URL`` the same series are read from a Prometheus instead
 (:mod:`adapters.scrape.promql`).  Timestamps and ``--interval-s`` are on the run's
 :class:`core.clock.ScaledClock`.  Metric names and parsing: :mod:`adapters.scrape.exposition`.
@@ -20,18 +24,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import socket
 import sys
 import urllib.request
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
 from governor_telemetry.producer import TelemetryProducer
 
-from adapters.scrape.deltas import COMBINE, Snapshot, Summary, snapshot_delta, window_records
+from adapters.scrape.deltas import (
+    COMBINE,
+    Histogram,
+    Snapshot,
+    Summary,
+    edge_advice,
+    snapshot_delta,
+    window_records,
+)
 from adapters.scrape.exposition import ENGINES, Sample, parse_exposition, snapshots_from_samples
 from adapters.scrape.targets import (
     Discovery,
@@ -52,6 +65,8 @@ __all__ = ["ENGINES", "Endpoint", "Scraper", "add_parser", "parse_exposition", "
 __all__ += ["EndpointCollector", "Sample", "parse_endpoint", "snapshots_from_samples"]
 
 SUMMARIES_KEPT = 1024
+SCRAPED_KEPT = 65536  # target URLs remembered as scraped (first-scrape rule), oldest forgotten first
+WARNED_KEPT = 4096  # misconfigurations remembered as warned about (each is logged once)
 
 log = logging.getLogger(__name__)
 
@@ -76,30 +91,124 @@ class Scraper:
         engine: str,
         model_map: dict[str, str] | None = None,
         combine: str = "upper",
+        first_from_zero: bool = False,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: choose one of {sorted(ENGINES)}")
         self.settings, self.endpoints, self.engine = settings, list(endpoints), engine
         self.model_map, self.combine = model_map or {}, combine
+        self.first_from_zero = first_from_zero
         self._prev: dict[tuple[str, str], tuple[Snapshot, int]] = {}
         self.summaries: deque[tuple[str, str, Summary]] = deque(maxlen=SUMMARIES_KEPT)
-        # This and the previous scrape round's times (:meth:`_fresh_engine`).
+        # The first, this and the previous scrape round's times (:meth:`_fresh_engine`).
+        self._first_round_ms: int | None = None
         self._round_ms: int | None = None
         self._prev_round_ms: int | None = None
+        self._scraped: OrderedDict[str, None] = OrderedDict()  # URLs scraped at least once
+        self._warned: OrderedDict[tuple[str, ...], None] = OrderedDict()
+        #: misconfigurations seen, one count per target (and served model) per scrape:
+        #: ``no_engine_series``, ``unmapped_model``; ``slo_off_edge`` once per histogram layout
+        self.stats: Counter[str] = Counter()
+        self._check_default_edges()
 
-    def _fresh_engine(self, snap: Snapshot, t_ms: int) -> tuple[Snapshot, int] | None:
-        """A zero baseline for a first-seen engine that started after the previous round, else None.
+    def _check_default_edges(self) -> None:
+        """At start: each model's SLOs against the engine's default bucket edges (the served edges
+        are checked again at the first scrape that shows them; a layout is warned about once)."""
+        spec = ENGINES[self.engine]
+        itl_name, per_request = spec["itl"][0]
+        for model in self.settings.models:
+            defaults = Snapshot(
+                ttft=Histogram(spec["ttft_edges"], (), name=spec["ttft"]),
+                itl=Histogram(spec["itl_edges"], (), per_request=per_request, name=itl_name),
+            )
+            self._check_edges(model.name, defaults, model)
 
-        ``rate()`` keeps a first scrape as the baseline only; an engine whose ``process_start_time_seconds``
-        is later than the previous round cannot have counted anything already seen, so its first scrape is
-        all new (a replica scaled in under load serves requests before it is first scraped).
+    def _fresh_engine(self, ep: Endpoint, snap: Snapshot, t_ms: int) -> tuple[Snapshot, int] | None:
+        """A zero baseline for a first scrape that cannot hold anything already counted, else None.
+
+        ``rate()`` keeps a first scrape as the baseline only, which loses what a replica scaled in
+        under load served before it was first scraped.  Its counters cannot hold anything this
+        adapter has counted when either
+
+        * its start time (the engine's ``process_start_time_seconds``, else discovery's: a pod's
+          ``startTime``, the HTTP SD label ``__meta_start_time_s``) is after the previous round; or
+        * its URL has never been scraped by this adapter (new to discovery), unless a start time
+          says it started before this adapter's first round (its counts may be older than us).
+
+        Engines in Prometheus multiprocess mode (SGLang; vLLM with ``--api-server-count`` > 1)
+        export no start time: the second rule needs none.  A URL scraped before that comes back
+        with no start time (a target that flapped out of discovery) is a baseline: counting it
+        from zero would send its whole history again.  The adapter's first round is all
+        baselines (as ``rate()``) unless :attr:`first_from_zero` (``--once``).
         """
-        if snap.start_time_s is None or self._prev_round_ms is None:
+        start_s = snap.start_time_s if snap.start_time_s is not None else ep.start_time_s
+        start_ms = int(start_s * 1000) if start_s is not None else None
+        zero = Snapshot(start_time_s=snap.start_time_s)
+        if self._prev_round_ms is None:  # the adapter's first round
+            if not self.first_from_zero:
+                return None
+            return zero, min(start_ms, t_ms) if start_ms is not None else self.open_from_ms(t_ms)
+        if start_ms is not None and self._prev_round_ms < start_ms <= t_ms:
+            return zero, start_ms
+        if ep.url in self._scraped:
             return None
-        start_ms = int(snap.start_time_s * 1000)
-        if not self._prev_round_ms < start_ms <= t_ms:
+        first = self._first_round_ms if self._first_round_ms is not None else self._prev_round_ms
+        if start_ms is not None and start_ms <= first:
             return None
-        return Snapshot(start_time_s=snap.start_time_s), start_ms
+        return zero, max(self._prev_round_ms, min(start_ms or 0, t_ms))
+
+    def _warn_once(self, key: tuple[str, ...], msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            log.warning(msg, *args)
+        self._warned[key] = None
+        self._warned.move_to_end(key)
+        while len(self._warned) > WARNED_KEPT:
+            self._warned.popitem(last=False)
+
+    def _check_engine(self, ep: Endpoint, snaps: dict[str, Snapshot], seen: set[str]) -> None:
+        """Count (and warn once about) a target that shows no series of the configured engine."""
+        if self.engine in seen:
+            return
+        self.stats["no_engine_series"] += 1
+        others = sorted(seen - {self.engine})
+        hint = f"it serves {'/'.join(others)} series: --engine {others[0]}?" if others else "wrong URL or engine?"
+        self._warn_once(
+            ("engine", ep.url),
+            "%s shows no %s series (%s; an engine that has served nothing yet may show none): "
+            "no records from it while this lasts",
+            ep.url,
+            ENGINES[self.engine]["prefix"],
+            hint,
+        )
+
+    def _check_model(self, served: str, model: str) -> ModelSpec:
+        spec = self.settings.model(model)
+        if spec is not None:
+            return spec
+        self.stats["unmapped_model"] += 1
+        self._warn_once(
+            ("model", served),
+            "served model %r%s is not a configured model (%s): the worker will dead-letter its records; "
+            "map it with --model-map %s=MODEL or GOVERNOR_SCRAPE_MODEL_MAP",
+            served,
+            f" (mapped to {model!r})" if model != served else "",
+            ", ".join(m.name for m in self.settings.models),
+            served,
+        )
+        return ModelSpec(model)
+
+    def _check_edges(self, model: str, snap: Snapshot, spec: ModelSpec) -> None:
+        """Warn once per histogram layout whose edges do not include the model's SLO."""
+        for h, slo_ms in ((snap.ttft, spec.ttft_slo_ms), (snap.itl, spec.itl_slo_ms)):
+            if h is None or not h.edges:
+                continue
+            key = ("edges", model, h.name, repr(h.edges), repr(slo_ms))
+            if key in self._warned:
+                continue
+            advice = edge_advice(h.name or "the histogram", h.edges, slo_ms / 1000.0)
+            if advice is not None:
+                self.stats["slo_off_edge"] += 1
+                self._warn_once(key, "model %s: %s", model, advice)
 
     def set_endpoints(self, endpoints: list[Endpoint]) -> None:
         """The targets from now on; the baselines of targets no longer listed are dropped."""
@@ -131,11 +240,13 @@ class Scraper:
             if not isinstance(text, str):
                 log.warning("scrape of %s failed: %s", ep.url, text)
                 continue
+            seen: set[str] = set()
             try:
-                snaps = parse_exposition(text, self.engine)
+                snaps = parse_exposition(text, self.engine, seen)
             except ValueError as exc:
                 log.warning("scrape of %s is not exposition text: %s", ep.url, exc)
                 continue
+            self._check_engine(ep, snaps, seen)
             records.extend(self.observe(ep, snaps, now_ms))
         return records
 
@@ -151,6 +262,8 @@ class Scraper:
         now_ms = t_ms if now_ms is None else now_ms
         if self._round_ms is None or t_ms > self._round_ms:
             self._prev_round_ms, self._round_ms = self._round_ms, t_ms
+            if self._first_round_ms is None:
+                self._first_round_ms = t_ms
         open_from = self.open_from_ms(now_ms)
         t_ms = max(t_ms, open_from)
         records: list[dict[str, Any]] = []
@@ -159,11 +272,12 @@ class Scraper:
             prev = self._prev.get(key)
             self._prev[key] = (snap, t_ms)
             if prev is None:
-                prev = self._fresh_engine(snap, t_ms)
+                prev = self._fresh_engine(ep, snap, t_ms)
+            model = self.model_map.get(served, served)
+            spec = self._check_model(served, model)
+            self._check_edges(model, snap, spec)
             if prev is None:
                 continue  # the baseline
-            model = self.model_map.get(served, served)
-            spec = self.settings.model(model) or ModelSpec(model)
             recs, summary = window_records(
                 snapshot_delta(prev[0], snap),
                 model=model,
@@ -187,6 +301,10 @@ class Scraper:
                 summary.combine,
             )
             records.extend(recs)
+        self._scraped[ep.url] = None
+        self._scraped.move_to_end(ep.url)
+        while len(self._scraped) > SCRAPED_KEPT:
+            self._scraped.popitem(last=False)
         return records
 
 
@@ -294,6 +412,17 @@ def add_parser(ingest_sub: Any) -> None:
     p.add_argument("--http-sd", default=None, help="URL of a Prometheus HTTP SD document (GOVERNOR_SCRAPE_HTTP_SD)")
     p.add_argument("--k8s-selector", default=None, help="label selector of engine pods (GOVERNOR_SCRAPE_K8S_SELECTOR)")
     p.add_argument("--prometheus-url", default=None, help="read via PromQL (GOVERNOR_SCRAPE_PROMETHEUS_URL)")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="scrape once and exit; each target's counts so far are its records (no baseline round)",
+    )
+    p.add_argument(
+        "--print",
+        dest="print_records",
+        action="store_true",
+        help="print the records as JSON lines on stdout instead of producing them (no Kafka): check a setup",
+    )
 
 
 def _pick(flag: Any, setting: Any) -> Any:
@@ -360,14 +489,58 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             print(f"governor ingest scrape: {exc}", file=sys.stderr)
             return 2
     else:
-        scraper = Scraper(settings, [], engine, model_map, combine)
+        once = bool(getattr(args, "once", False))
+        scraper = Scraper(settings, [], engine, model_map, combine, first_from_zero=once)
         discovery = Discovery(sources, settings.zones, settings.scrape_max_targets)
         collector = EndpointCollector(scraper, discovery, timeout_s=max(1.0, min(10.0, interval_s)))
-    asyncio.run(_run_forever(settings, collector, interval_s))
+    scrapes = 1 if getattr(args, "once", False) else None
+    if getattr(args, "print_records", False):
+        return asyncio.run(_print_records(collector, interval_s, scrapes))
+    asyncio.run(_run_forever(settings, collector, interval_s, scrapes))
     return 0
 
 
-async def _run_forever(settings: Settings, collector: Collector, interval_s: float) -> None:
+class PrintProducer:
+    """What :class:`TelemetryProducer` would send, as JSON lines on a stream (``--print``): the same
+    validation (a record the worker would dead-letter raises ``ValueError``), no Kafka."""
+
+    def __init__(self, out: Any = None) -> None:
+        self.out = out if out is not None else sys.stdout
+        self.sent = 0
+
+    async def send(self, record: dict[str, Any]) -> None:
+        from governor_telemetry.records import validate_record
+
+        reason = validate_record(record)
+        if reason is not None:
+            raise ValueError(f"{reason}: {record.get('kind')} record of {record.get('model')!r}")
+        self.out.write(json.dumps(record, sort_keys=True) + "\n")
+        self.sent += 1
+
+    async def flush(self) -> None:
+        self.out.flush()
+
+
+async def _print_records(collector: Collector, interval_s: float, scrapes: int | None) -> int:
+    """``--print``: the records on stdout, a summary of what was seen on stderr."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    producer = PrintProducer()
+    sent = await scrape_loop(collector, producer, interval_s, scrapes=scrapes, stop=stop)
+    scraper = collector.scraper if isinstance(collector, EndpointCollector) else getattr(collector, "scraper", None)
+    stats = dict(scraper.stats) if isinstance(scraper, Scraper) else {}
+    targets = len(scraper.endpoints) if isinstance(scraper, Scraper) else 0
+    print(
+        f"governor ingest scrape: {sent} records from {targets} targets; misconfigurations seen: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "none"),
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _run_forever(settings: Settings, collector: Collector, interval_s: float, scrapes: int | None = None) -> None:
     from launch.topics import ensure_topics
 
     await ensure_topics(settings)
@@ -383,7 +556,7 @@ async def _run_forever(settings: Settings, collector: Collector, interval_s: flo
     ) as producer:
         where = getattr(collector, "describe", lambda: "")() or _describe(collector)
         ready_log().info("%s: %s, every %g s", INGEST_SCRAPE_READY, where, interval_s)
-        sent = await scrape_loop(collector, producer, interval_s, stop=stop)
+        sent = await scrape_loop(collector, producer, interval_s, scrapes=scrapes, stop=stop)
     log.info("scrape adapter stopped after %d records", sent)
 
 

@@ -6,14 +6,15 @@ list of :class:`Endpoint`.  Three sources, any combination:
 * :class:`StaticTargets`: ``GOVERNOR_SCRAPE_ENDPOINTS`` plus each ``--endpoint URL=zone``.
 * :class:`HttpSdTargets`: ``GOVERNOR_SCRAPE_HTTP_SD``, a Prometheus ``http_sd_configs``
   document (``[{"targets": ["host:port", ...], "labels": {"zone": "az-a", ...}}]``); the
-  zone label (``GOVERNOR_SCRAPE_ZONE_LABEL``, default ``zone``) is required per group, and
-  ``__scheme__`` (http/https) and ``__metrics_path__`` are honoured as Prometheus does.
+  zone label (``GOVERNOR_SCRAPE_ZONE_LABEL``, default ``zone``) is required per group,
+  ``__scheme__`` (http/https) and ``__metrics_path__`` are honoured as Prometheus does, and
+  ``__meta_start_time_s`` (unix seconds), when given, is when the group's engines started.
 * :class:`KubernetesTargets`: ``GOVERNOR_SCRAPE_K8S_SELECTOR`` (+ ``_NAMESPACE``, ``_PORT``):
   the pods matching the label selector, listed through the official ``kubernetes``
   client (in-cluster config in a pod, else the kubeconfig); only ``Running`` pods whose
   ``Ready`` condition is true and that are not being deleted; the zone is the pod's
   zone label when it has one, else its node's ``topology.kubernetes.io/zone``; the URL
-  is ``http://<podIP>:<port>/metrics``.  It needs get/list on pods and get on nodes
+  is ``http://<podIP>:<port>/metrics`` and the pod's ``startTime`` its start time.  It needs get/list on pods and get on nodes
   (``infra/k8s/rbac-ingest.yaml``).  The list is read from the API server's watch cache
   (``resourceVersion=0``), so a list every scrape costs the API server little.
 
@@ -31,11 +32,13 @@ import asyncio
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -46,6 +49,7 @@ __all__ += ["parse_endpoint", "parse_http_sd", "validate_targets"]
 log = logging.getLogger(__name__)
 
 ZONE_NODE_LABEL = "topology.kubernetes.io/zone"
+START_LABEL = "__meta_start_time_s"  # HTTP SD: when the group's engines started (unix seconds)
 MAX_SD_BYTES = 4 * 1024 * 1024
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})):(\d{1,5})$")
 _PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/\-]*$")
@@ -60,6 +64,9 @@ class DiscoveryError(RuntimeError):
 class Endpoint:
     url: str
     zone: str
+    #: when the target's process started (unix s), where discovery knows it (a pod's ``startTime``,
+    #: the HTTP SD label :data:`START_LABEL`); the scraper's first-scrape rule uses it
+    start_time_s: float | None = field(default=None, compare=False, repr=False)
 
     @property
     def node(self) -> str:
@@ -137,13 +144,25 @@ def parse_http_sd(body: bytes, zone_label: str = "zone") -> tuple[list[Endpoint]
         if not _PATH.match(path) or len(path) > 256:
             problems.append(f"group {i}: __metrics_path__ {path[:40]!r} is not a URL path")
             continue
+        start_s = _start_time(labels.get(START_LABEL))
+        if START_LABEL in labels and start_s is None:
+            problems.append(f"group {i}: {START_LABEL} {labels[START_LABEL][:40]!r} is not unix seconds (ignored)")
         for t in group["targets"]:
             m = _HOSTPORT.match(t) if isinstance(t, str) else None
             if m is None or not 0 < int(m.group(3)) < 65536:
                 problems.append(f"group {i}: target {str(t)[:60]!r} is not host:port")
                 continue
-            out.append(Endpoint(f"{scheme}://{t}{path}", zone))
+            out.append(Endpoint(f"{scheme}://{t}{path}", zone, start_s))
     return out, problems
+
+
+def _start_time(raw: str | None) -> float | None:
+    """A start time label as unix seconds (None: absent or not a finite positive number)."""
+    try:
+        v = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 class HttpSdTargets:
@@ -267,7 +286,9 @@ class KubernetesTargets:
                 problems.append(f"pod {name}: no {self.zone_label!r} label and node {node!r} has no {ZONE_NODE_LABEL}")
                 continue
             host = f"[{ip}]" if ip.version == 6 else str(ip)
-            out.append(Endpoint(f"http://{host}:{self.port}/metrics", zone))
+            started = getattr(status, "start_time", None)
+            start_s = started.timestamp() if isinstance(started, datetime) else None
+            out.append(Endpoint(f"http://{host}:{self.port}/metrics", zone, start_s))
         self._node_zones = {n: z for n, z in self._node_zones.items() if n in nodes}  # bounded by live nodes
         _log_problems(self.name, problems)
         return out

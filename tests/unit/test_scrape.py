@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from governor_telemetry.records import validate_record
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from adapters.scrape.deltas import (
     Histogram,
@@ -99,12 +101,39 @@ def test_vllm_delta_counts_and_bounds_by_hand() -> None:
     )
 
 
-def test_off_edge_slo_realises_a_count_inside_the_bounds() -> None:
+def test_off_edge_slo_records_carry_the_named_end_of_the_bounds() -> None:
     d = snapshot_delta(snap("vllm_1.txt", "vllm"), snap("vllm_2.txt", "vllm"))
-    recs, summ = records(d, ttft_slo_ms=600.0, itl_slo_ms=10_000.0)
-    slow = sum(1 for r in recs if r["kind"] == "request" and r["ttft_ms"] > 600.0)
-    # the two in (0.5, 0.75] are put at 0.5625 and 0.6875 s: one over, plus the two at 1.5 s
-    assert slow == 3 and 2 <= slow <= 4 and summ.ttft_over == (2, 4)
+    for combine, want in (("upper", 4), ("lower", 2)):
+        recs, summ = records(d, ttft_slo_ms=600.0, itl_slo_ms=10_000.0, combine=combine)
+        slow = sum(1 for r in recs if r["kind"] == "request" and r["ttft_ms"] > 600.0)
+        # the two in (0.5, 0.75] straddle the SLO: both over for upper, both at it for lower
+        assert summ.ttft_over == (2, 4) and slow == want, combine
+        assert all(
+            0.5 * 1000 < r["ttft_ms"] <= 750.0 for r in recs if r["kind"] == "request" and 500 < r["ttft_ms"] < 1000
+        )
+
+
+def _itl_delta(itl_s: float, n: int, edges: tuple[float, ...], tokens_each: int = 16) -> Snapshot:
+    """``n`` requests, every token ``itl_s`` apart, TTFT 50 ms; SGLang's per-token ITL histogram."""
+    cum = tuple(float(n * tokens_each) if itl_s <= e else 0.0 for e in edges) + (float(n * tokens_each),)
+    ttft = Histogram((0.1, 0.2), (float(n), float(n), float(n)))
+    return Snapshot(ttft=ttft, itl=Histogram(edges, cum, per_request=False), e2e=ttft, finished=n)
+
+
+SGLANG_ITL_EDGES = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2)
+
+
+def test_upper_never_counts_fewer_violations_than_there_were() -> None:
+    # issue 34: every token at 180 ms against a 150 ms ITL SLO: 8 of 8 violate; the records carried 4
+    recs, summ = records(_itl_delta(0.18, 8, SGLANG_ITL_EDGES), itl_slo_ms=150.0)
+    assert summ.bounds == (0, 8) and summ.realised == 8
+    assert sum(1 for r in recs if r["kind"] == "request" and r["itl_ms"] > 150.0) == 8
+    # 120 ms tokens: none violate; upper still says 8 (it cannot tell), lower says 0
+    _, low = records(_itl_delta(0.12, 8, SGLANG_ITL_EDGES), itl_slo_ms=150.0, combine="lower")
+    assert low.realised == 0
+    # every token above the SLO's bucket (250 ms > 200 ms): each request's mean is over, both ends say 8
+    _, both = records(_itl_delta(0.25, 8, SGLANG_ITL_EDGES), itl_slo_ms=150.0, combine="lower")
+    assert both.bounds == (8, 8) and both.realised == 8
 
 
 def test_quantiles_carry_their_bucket() -> None:
@@ -143,7 +172,8 @@ def test_sglang_per_token_itl_is_bounded_not_exact() -> None:
     assert over_slo(d.itl, 0.15) == (20, 20)  # tokens, not requests
     recs, summ = records(d)
     assert summ.itl_over == (0, 8)  # 20 slow tokens: 0 to min(8, 20) requests
-    assert summ.bounds == (2, 8) and summ.realised == 3  # TTFT 2 + failed 1 (+ ITL estimate 20/380 x 8 -> 0)
+    assert summ.bounds == (2, 8) and summ.realised == 8  # upper: TTFT 2 + failed 1 + ITL up to 8, at most 8
+    assert records(d, combine="lower")[1].realised == 2  # lower: the largest part (TTFT 2; failed among them)
     assert all(validate_record(r) is None for r in recs)
     gpu = recs[-1]
     assert (gpu["running"], gpu["queue_len"], gpu["kv_blocks_total"], gpu["kv_blocks_used"]) == (7, 3, 400000, 200000)
@@ -199,3 +229,50 @@ def test_cli_values_parse() -> None:
     for bad in ("h:8000=az-a", "http://h:8000/metrics"):
         with pytest.raises(ValueError):
             parse_endpoint(bad)
+
+
+def _histogram(edges: tuple[float, ...], values: list[float], per_request: bool = True) -> Histogram:
+    cum = tuple(float(sum(1 for v in values if v <= e)) for e in edges) + (float(len(values)),)
+    return Histogram(edges, cum, per_request=per_request)
+
+
+VLLM_TTFT_EDGES = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+VLLM_ITL_EDGES = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(
+    ttft=st.lists(st.floats(0.005, 4.0), min_size=1, max_size=30),
+    gaps=st.lists(st.lists(st.floats(0.005, 0.6), min_size=1, max_size=6), min_size=30, max_size=30),
+    ttft_slo=st.sampled_from([0.1, 0.3, 0.5, 0.7, 1.0]),
+    itl_slo=st.sampled_from([0.05, 0.12, 0.15, 0.18]),
+    per_token=st.booleans(),
+    failed=st.integers(0, 3),
+)
+@example(ttft=[0.05] * 8, gaps=[[0.18] * 4] * 30, ttft_slo=1.0, itl_slo=0.15, per_token=True, failed=0)  # issue 34
+def test_the_bounds_hold_the_true_violation_count(
+    ttft: list[float],
+    gaps: list[list[float]],
+    ttft_slo: float,
+    itl_slo: float,
+    per_token: bool,
+    failed: int,
+) -> None:
+    """Requests with known TTFT and token gaps -> histograms -> records: lower <= truth <= upper,
+    on and off bucket edges, per-request (vLLM TPOT) and per-token (SGLang, vLLM ITL) histograms."""
+    n = len(ttft)
+    gaps = gaps[:n]
+    failed = min(failed, n)
+    means = [sum(g) / len(g) for g in gaps]
+    truth = sum(1 for i in range(n) if i < failed or ttft[i] > ttft_slo or means[i] > itl_slo)
+    itl = (
+        _histogram(SGLANG_ITL_EDGES, [x for g in gaps for x in g], per_request=False)
+        if per_token
+        else _histogram(VLLM_ITL_EDGES, means)
+    )
+    h = _histogram(VLLM_TTFT_EDGES, ttft)
+    d = Snapshot(ttft=h, itl=itl, e2e=h, finished=n, failed=failed)
+    _, upper = records(d, ttft_slo_ms=ttft_slo * 1000, itl_slo_ms=itl_slo * 1000, combine="upper")
+    _, lower = records(d, ttft_slo_ms=ttft_slo * 1000, itl_slo_ms=itl_slo * 1000, combine="lower")
+    assert lower.realised <= truth <= upper.realised
+    assert upper.bounds[0] <= lower.realised and upper.realised <= upper.bounds[1] + 1e-9
