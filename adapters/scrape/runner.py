@@ -32,7 +32,7 @@ import sys
 import urllib.request
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from governor_telemetry.producer import TelemetryProducer
 
@@ -339,9 +339,17 @@ class EndpointCollector:
         return self.scraper.step(texts, now_ms)
 
 
+class RecordSink(Protocol):
+    """Where scraped records go: :class:`TelemetryProducer` (Kafka) or :class:`PrintProducer` (``--print``)."""
+
+    async def send(self, record: dict[str, Any]) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
 async def scrape_loop(
     scraper: Scraper | Collector,
-    producer: TelemetryProducer,
+    producer: RecordSink,
     interval_s: float,
     *,
     scrapes: int | None = None,
