@@ -905,6 +905,58 @@ class Settings:
         lt=100_001,
     )
 
+    # -- scraping without trust: TLS and tokens towards targets and Prometheus (adapters/scrape/trust.py) --
+    scrape_tls_ca_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_TLS_CA_FILE",
+        "CA bundle that signs https scrape targets' certificates (unset = the system CAs)",
+        "str",
+    )
+    scrape_tls_cert_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_TLS_CERT_FILE",
+        "client certificate for scrape targets that require one (mutual TLS; with GOVERNOR_SCRAPE_TLS_KEY_FILE)",
+        "str",
+    )
+    scrape_tls_key_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_TLS_KEY_FILE",
+        "private key of GOVERNOR_SCRAPE_TLS_CERT_FILE",
+        "str",
+    )
+    scrape_bearer_token_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_BEARER_TOKEN_FILE",
+        "file holding the bearer token sent to scrape targets (Authorization: Bearer; re-read for every "
+        "scrape, so a rotated token is used)",
+        "str",
+    )
+    scrape_prometheus_ca_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_PROMETHEUS_CA_FILE",
+        "CA bundle that signs an https GOVERNOR_SCRAPE_PROMETHEUS_URL's certificate (unset = the system CAs)",
+        "str",
+    )
+    scrape_prometheus_cert_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_PROMETHEUS_CERT_FILE",
+        "client certificate for the Prometheus of the PromQL source (mutual TLS; with "
+        "GOVERNOR_SCRAPE_PROMETHEUS_KEY_FILE)",
+        "str",
+    )
+    scrape_prometheus_key_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_PROMETHEUS_KEY_FILE",
+        "private key of GOVERNOR_SCRAPE_PROMETHEUS_CERT_FILE",
+        "str",
+    )
+    scrape_prometheus_bearer_token_file: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_PROMETHEUS_BEARER_TOKEN_FILE",
+        "file holding the bearer token sent to the Prometheus of the PromQL source (re-read for every query)",
+        "str",
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             reason = _bound_reason(f.metadata, getattr(self, f.name))
@@ -1120,6 +1172,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "scrape_endpoints", "scrape_engine", "scrape_interval_s", "scrape_model_map", "scrape_violations",
         "scrape_http_sd", "scrape_k8s_selector", "scrape_k8s_namespace", "scrape_k8s_port", "scrape_prometheus_url",
         "scrape_zone_label", "scrape_max_targets",
+    ),
+    "scrape_auth": (
+        "scrape_tls_ca_file", "scrape_tls_cert_file", "scrape_tls_key_file", "scrape_bearer_token_file",
+        "scrape_prometheus_ca_file", "scrape_prometheus_cert_file", "scrape_prometheus_key_file",
+        "scrape_prometheus_bearer_token_file",
     ),
     "observability": ("metrics_port", "metrics_addr", "web_port", "log_level", "log_format"),
 }  # fmt: skip

@@ -61,6 +61,7 @@ from adapters.scrape.deltas import Estimate, quantile, snapshot_delta
 from adapters.scrape.exposition import ENGINES, Sample, snapshots_from_samples
 from adapters.scrape.runner import Scraper
 from adapters.scrape.targets import Endpoint, validate_targets
+from adapters.scrape.trust import HttpTrust, TrustedHttp, TrustError
 from core.clock import ScaledClock
 from core.settings import Settings
 
@@ -170,6 +171,7 @@ class PromqlSource:
         self.engine, self.interval_s, self.timeout_s = engine, interval_s, timeout_s
         self.instance_label, self.zone_label = instance_label, settings.scrape_zone_label
         self.scraper = Scraper(settings, [], engine, model_map, combine)
+        self.http = TrustedHttp(HttpTrust.for_prometheus(settings))  # TrustError (a ValueError) at start
         self.clock = clock or ScaledClock(settings.clock_speed, settings.clock_origin_s)
         self._last_ts: dict[str, float] = {}  # instance -> Prometheus scrape time (s) of the baseline
         self._reported: set[str] = set()
@@ -185,11 +187,11 @@ class PromqlSource:
         req = urllib.request.Request(f"{self.base_url}/api/v1/query", data=form, method="POST")
         req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 (operator-given URL)
+            with self.http.open(req, self.timeout_s) as resp:
                 body: bytes = resp.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:  # Prometheus answers 400/422/503 with a JSON error
             body = exc.read(64 * 1024)
-        except OSError as exc:
+        except (OSError, TrustError) as exc:  # TrustError: the token file unreadable now
             raise PromqlError(f"POST {self.base_url}/api/v1/query: {exc}") from exc
         if len(body) > MAX_RESPONSE_BYTES:
             raise PromqlError(f"answer over {MAX_RESPONSE_BYTES} bytes")

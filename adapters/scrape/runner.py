@@ -55,6 +55,7 @@ from adapters.scrape.targets import (
     TargetSource,
     parse_endpoint,
 )
+from adapters.scrape.trust import HttpTrust, TrustedHttp
 from adapters.source import Collector
 from core.clock import ScaledClock
 from core.settings import ModelSpec, Settings
@@ -308,16 +309,22 @@ class Scraper:
         return records
 
 
-def fetch_text(url: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (operator-given URLs)
+def fetch_text(url: str, timeout_s: float, http: TrustedHttp | None = None) -> str:
+    """GET ``url`` with ``http``'s CA, client certificate and bearer token (None: none of them)."""
+    with (http or _PLAIN).open(urllib.request.Request(url), timeout_s) as resp:
         body: bytes = resp.read(64 * 1024 * 1024)
         return body.decode("utf-8", errors="replace")
 
 
-async def _fetch_all(endpoints: list[Endpoint], timeout_s: float) -> dict[str, str | BaseException]:
+_PLAIN = TrustedHttp(HttpTrust("GOVERNOR_SCRAPE_TLS"))
+
+
+async def _fetch_all(
+    endpoints: list[Endpoint], timeout_s: float, http: TrustedHttp | None = None
+) -> dict[str, str | BaseException]:
     async def one(ep: Endpoint) -> str | BaseException:
         try:
-            return await asyncio.to_thread(fetch_text, ep.url, timeout_s)
+            return await asyncio.to_thread(fetch_text, ep.url, timeout_s, http)
         except Exception as exc:  # one replica down is a warning, not the end of the adapter
             return exc
 
@@ -326,16 +333,17 @@ async def _fetch_all(endpoints: list[Endpoint], timeout_s: float) -> dict[str, s
 
 
 class EndpointCollector:
-    """Discovery, then a GET of every target, then :meth:`Scraper.step`."""
+    """Discovery, then a GET of every target (TLS and token: ``GOVERNOR_SCRAPE_TLS_*``), then :meth:`Scraper.step`."""
 
     def __init__(self, scraper: Scraper, discovery: Discovery | None = None, timeout_s: float = 5.0) -> None:
         self.scraper, self.discovery, self.timeout_s = scraper, discovery, timeout_s
         self.settings = scraper.settings
+        self.http = TrustedHttp(HttpTrust.for_targets(self.settings))  # TrustError: a setting unusable
 
     async def collect(self, now_ms: int) -> list[dict[str, Any]]:
         if self.discovery is not None:
             self.scraper.set_endpoints(await self.discovery.refresh())
-        texts = await _fetch_all(self.scraper.endpoints, timeout_s=self.timeout_s)
+        texts = await _fetch_all(self.scraper.endpoints, self.timeout_s, self.http)
         return self.scraper.step(texts, now_ms)
 
 
@@ -500,7 +508,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         once = bool(getattr(args, "once", False))
         scraper = Scraper(settings, [], engine, model_map, combine, first_from_zero=once)
         discovery = Discovery(sources, settings.zones, settings.scrape_max_targets)
-        collector = EndpointCollector(scraper, discovery, timeout_s=max(1.0, min(10.0, interval_s)))
+        try:
+            collector = EndpointCollector(scraper, discovery, timeout_s=max(1.0, min(10.0, interval_s)))
+        except ValueError as exc:  # adapters.scrape.trust.TrustError: a CA, certificate or token file
+            print(f"governor ingest scrape: {exc}", file=sys.stderr)
+            return 2
     scrapes = 1 if getattr(args, "once", False) else None
     if getattr(args, "print_records", False):
         return asyncio.run(_print_records(collector, interval_s, scrapes))

@@ -8,14 +8,20 @@ or sudo).  If that fails the calling test fails with the script's message;
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-__all__ = ["INSTALL", "PROMETHEUS", "REDIS7", "debian_binary", "prometheus", "redis7", "version"]
+__all__ = ["INSTALL", "PROMETHEUS", "REDIS7", "debian_binary", "prometheus", "redis7", "running_prometheus", "version"]
 
 REDIS7 = Path("/usr/bin/redis-server")
 PROMETHEUS = Path("/usr/bin/prometheus")
@@ -47,6 +53,43 @@ def redis7(purpose: str) -> Path:
 def prometheus(purpose: str) -> Path:
     """``/usr/bin/prometheus`` (and ``promtool``), installed by the project's script when missing."""
     return debian_binary("prometheus", PROMETHEUS, purpose)
+
+
+@contextlib.contextmanager
+def running_prometheus(config: dict[str, Any], workdir: Path, purpose: str) -> Iterator[str]:
+    """A real Prometheus with ``config`` on a free loopback port until the block ends: its base URL."""
+    binary = prometheus(purpose)
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    argv = [str(binary), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}"]
+    argv += [f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with (
+        (workdir / "prometheus.log").open("wb") as log,
+        subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) as proc,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while not _answers(f"{base}/-/ready"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"prometheus did not start:\n{(workdir / 'prometheus.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+            yield base
+        finally:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            proc.kill()  # a no-op once it has exited
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - loopback
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 def version(binary: Path) -> tuple[int, int]:

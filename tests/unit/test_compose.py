@@ -46,7 +46,10 @@ KNOWN_COMMANDS = {
     "servers",  # embedded Tansu + redis-server, for machines without Docker
     "demo",  # closed loop on the embedded servers (dev.py demo)
     "bench",  # benchmarks (dev.py bench)
+    "ingest",  # the telemetry adapters (infra/k8s/ingest-*.yaml)
 }
+# Subcommands whose pods serve no metrics port of their own (tests/unit/test_k8s_manifests.py checks theirs).
+ADAPTERS = {"ingest"}
 # Subcommands that start their own embedded broker/Redis: wrong inside compose
 # or Kubernetes, where the real ones run.
 EMBEDDED_ONLY = {"servers", "demo", "bench"}
@@ -444,6 +447,8 @@ def test_governor_healthcheck_asks_readyz_on_its_metrics_port(services: dict[str
 
 def test_k8s_probes_use_healthz_and_readyz() -> None:
     for where, c in _k8s_containers():
+        if c["command"][1] in ADAPTERS:
+            continue
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             get = c[probe]["httpGet"]
             assert (get["path"], get["port"]) == (path, "metrics"), f"{where}: {probe}"
@@ -656,7 +661,7 @@ def test_k8s_deployments_are_consistent() -> None:
                     shipped = secrets.get(key["name"], set()) | OUT_OF_BAND_SECRETS.get(key["name"], set())
                     assert key["key"] in shipped, f"{name}: {key}"
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-            assert ports.get("metrics") == metrics_port, name
+            assert cmd[1] in ADAPTERS or ports.get("metrics") == metrics_port, name
     # One executor Deployment per zone, no more, no less.
     assert sorted(executor_zones) == sorted(zones)
     services = [d for _, d in docs if d["kind"] == "Service"]

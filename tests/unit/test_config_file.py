@@ -96,8 +96,8 @@ ERRORS = [
     ("zone: [a]\n", "zone: unknown key (did you mean 'zones'?)"),  # a typo of a field
     ("scrape:\n  intervl_s: 5\n", "scrape.intervl_s: unknown key (did you mean 'interval_s'?)"),  # in a section
     ("bogus: 1\n", "bogus: unknown key"),  # nothing close
-    ("scrape: 5\n", "scrape: is a section: give a mapping of endpoints, engine, http_sd, interval_s, k8s_namespace, "
-     "k8s_port, ..."),  # a section needs a mapping
+    ("scrape: 5\n", "scrape: is a section: give a mapping of bearer_token_file, endpoints, engine, http_sd, "
+     "interval_s, k8s_namespace, ..."),  # a section needs a mapping
     ("scrape_interval_s: 5\nscrape: {interval_s: 4}\n",
      "scrape.interval_s: sets scrape_interval_s again (already set at scrape_interval_s)"),  # one field, two keys
     ("zones: [a]\nzones: [b]\n", "line 2, column 1: not valid YAML: duplicate key 'zones'"),

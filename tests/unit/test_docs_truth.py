@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,10 @@ DOCS = (
     "docs/internals.md",
     "docs/model.md",
     "docs/operations.md",
+    "infra/k8s/keda/README.md",
 )
+# The guides of the deployment bundle: what they quote of the manifests is what the manifests say.
+INFRA_DOCS = ("infra/README.md", "infra/k8s/keda/README.md")
 SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json")
 # Paths the docs name on purpose that are not in this repository.  Absolute paths
 # (outside the clone, e.g. /work/shared/...) are skipped altogether.
@@ -99,6 +103,36 @@ def test_every_path_in_backticks_exists(doc: str) -> None:
     assert named, f"{doc}: no paths found; is the extraction broken?"
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert not missing, f"{doc} names files that do not exist: {missing}"
+
+
+def _k8s_documents() -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for p in sorted((ROOT / "infra" / "k8s").rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+@pytest.mark.parametrize("doc", INFRA_DOCS)
+def test_the_infra_guides_quote_the_settings_and_flags_the_manifests_use(doc: str) -> None:
+    """`NAME: value` / `NAME=value` of a ConfigMap key is its value there; `--backend X` is a flag some
+    Deployment runs with (infra/k8s/keda/README.md said the executors run dry-run; they run the k8s one)."""
+    docs = _k8s_documents()
+    env = {k: v for d in docs if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
+    commands = [
+        " ".join(c["command"])
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    text = " ".join((ROOT / doc).read_text().split())  # a span may wrap
+    wrong = []
+    for span in re.findall(r"`([^`]+)`", text):
+        quoted = re.fullmatch(r"([A-Z][A-Z0-9_]+)(?::\s*|=)(.+)", span)
+        if quoted and quoted[1] in env and env[quoted[1]] != quoted[2]:
+            wrong.append(f"{span} (the ConfigMap: {env[quoted[1]]})")
+        flag = re.fullmatch(r"--backend[ =]([\w-]+)", span)
+        if flag and not any(f"--backend {flag[1]}" in cmd or f"--backend={flag[1]}" in cmd for cmd in commands):
+            wrong.append(f"{span} (no Deployment runs with it)")
+    assert not wrong, f"{doc} says what infra/k8s does not: {wrong}"
 
 
 def _model_sections() -> dict[int, str]:

@@ -260,8 +260,18 @@ def test_dashboard_configmap_is_the_grafana_dashboard() -> None:
 # -- pods, RBAC, monitoring --------------------------------------------------------------
 
 
-def _pods() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    return [(d["metadata"]["name"], d["spec"]["template"], d) for d in _kind("Deployment")]
+def _pods(app: str | None = "governor") -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """The Deployments whose pods are labelled ``app.kubernetes.io/name: app`` (None: every one).
+
+    ``governor``: the worker and the executors, which serve the metrics port; ``governor-ingest``:
+    the telemetry adapters (ingest-*.yaml), whose own tests are below.
+    """
+    deployments = _kind("Deployment")
+    return [
+        (d["metadata"]["name"], d["spec"]["template"], d)
+        for d in deployments
+        if app is None or d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == app
+    ]
 
 
 def test_probes_hit_the_health_endpoints_of_the_metrics_port() -> None:
@@ -309,16 +319,26 @@ REQUIRED_GRANTS = [
 ]
 
 
-def _granted_to_executor() -> set[tuple[str, str, str]]:
+CLUSTER = "(cluster)"  # the namespace of a ClusterRoleBinding's grants
+
+
+def _grants(account: str) -> set[tuple[str, str, str, str]]:
+    """What ServiceAccount ``governor/account`` may do: (namespace or CLUSTER, apiGroup, resource, verb)."""
     roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in _kind("Role")}
-    grants: set[tuple[str, str, str]] = set()
-    for rb in _kind("RoleBinding"):
-        if not any(s["name"] == "governor-executor" and s["namespace"] == "governor" for s in rb["subjects"]):
+    roles |= {(CLUSTER, r["metadata"]["name"]): r for r in _kind("ClusterRole")}
+    grants: set[tuple[str, str, str, str]] = set()
+    for rb in _kind("RoleBinding") + _kind("ClusterRoleBinding"):
+        if not any(s["name"] == account and s["namespace"] == "governor" for s in rb["subjects"]):
             continue
-        role = roles[(rb["metadata"]["namespace"], rb["roleRef"]["name"])]
+        ns = rb["metadata"].get("namespace", CLUSTER)
+        role = roles[(CLUSTER if rb["roleRef"]["kind"] == "ClusterRole" else ns, rb["roleRef"]["name"])]
         for rule in role["rules"]:
-            grants |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+            grants |= {(ns, g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     return grants
+
+
+def _granted_to_executor() -> set[tuple[str, str, str]]:
+    return {(g, r, v) for ns, g, r, v in _grants("governor-executor") if ns != CLUSTER}
 
 
 @pytest.mark.parametrize("grant", REQUIRED_GRANTS, ids=["/".join(g) for g in REQUIRED_GRANTS])
@@ -364,7 +384,7 @@ def test_every_deployment_is_isolated_by_an_ingress_network_policy() -> None:
     """A pod no NetworkPolicy selects accepts every connection: each Deployment's pods are selected."""
     policies = _ingress_policies()
     assert policies
-    for name, tmpl, doc in _pods():
+    for name, tmpl, doc in _pods(None):
         labels = tmpl["metadata"]["labels"]
         selecting = [
             p
@@ -380,6 +400,8 @@ def test_network_policies_admit_only_prometheus_to_the_metrics_port() -> None:
     """Each rule names its peers (no empty `from`, no ipBlock, no empty selector) and only the
     port every selected container calls `metrics`: /metrics, /healthz and /readyz."""
     for policy in _ingress_policies():
+        if policy["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/name") != "governor":
+            continue  # the telemetry adapters' (below)
         rules = policy["spec"].get("ingress", [])
         assert rules, "a policy that admits nothing would fail Prometheus (the kubelet is exempt)"
         for rule in rules:
@@ -404,3 +426,79 @@ def test_pods_bind_the_metrics_port_on_the_pod_ip_explicitly() -> None:
         for c in tmpl["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             assert env.get("GOVERNOR_METRICS_ADDR") == "0.0.0.0", f"{name}: set GOVERNOR_METRICS_ADDR in the pod spec"
+
+
+# -- the telemetry adapters (issue 34, item 6) ---------------------------------------------------
+
+
+def _adapter(subcommand: str) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+    """The one Deployment running ``governor ingest <subcommand>``: (its pod labels, pod spec, container)."""
+    found = [
+        (tmpl["metadata"]["labels"], tmpl["spec"], c)
+        for _, tmpl, _ in _pods(None)
+        for c in tmpl["spec"]["containers"]
+        if c["command"][:3] == ["governor", "ingest", subcommand]
+    ]
+    assert len(found) == 1, f"want one Deployment running `governor ingest {subcommand}`, found {len(found)}"
+    return found[0]
+
+
+def _adapter_settings(container: dict[str, Any]) -> Any:
+    """The Settings the container starts with: the ConfigMap it loads, then its own env."""
+    from core.settings import Settings
+
+    (cm,) = [d for d in _kind("ConfigMap") if d["metadata"]["name"] == "governor-env"]
+    env = {**cm["data"], **{e["name"]: e["value"] for e in container.get("env", [])}}
+    return Settings.from_env(env)
+
+
+def test_the_scrape_adapter_discovers_the_engines_with_a_role_in_their_namespace() -> None:
+    from governor.cli import build_parser
+
+    _, pod, c = _adapter("scrape")
+    settings = _adapter_settings(c)
+    args = build_parser().parse_args(c["command"][1:])
+    assert args.command == "ingest"
+    ns = settings.scrape_k8s_namespace
+    assert settings.scrape_k8s_selector and ns, "discovery by selector, in a namespace named in the pod spec"
+    inference = {r["metadata"]["namespace"] for r in _kind("Role") if r["metadata"]["name"] == "governor-executor"}
+    assert inference == {ns}, "the engines run where the executors scale the workloads"
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "governor-ingest"
+    grants = _grants(pod["serviceAccountName"])
+    for verb in ("get", "list", "watch"):  # adapters/scrape/targets.py: list_namespaced_pod (watch cache)
+        assert (ns, "", "pods", verb) in grants, verb
+    assert (CLUSTER, "", "nodes", "get") in grants  # read_node: each pod's zone
+    assert grants <= {(ns, "", "pods", v) for v in ("get", "list", "watch")} | {(CLUSTER, "", "nodes", "get")}
+    assert "ports" not in c and "livenessProbe" not in c, "it serves nothing"
+
+
+def test_the_otlp_receiver_listens_on_the_pod_ip_behind_its_service() -> None:
+    from governor.cli import build_parser
+
+    labels, pod, c = _adapter("otlp")
+    args = build_parser().parse_args(c["command"][1:])
+    _adapter_settings(c)
+    assert args.host == "0.0.0.0"
+    (port,) = c["ports"]
+    assert port["containerPort"] == args.port
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}, probe
+    assert pod["automountServiceAccountToken"] is False
+    (svc,) = [s for s in _kind("Service") if s["spec"].get("selector") and _matches(s["spec"]["selector"], labels)]
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == [port["name"]]
+    admitted = [
+        rule
+        for p in _ingress_policies()
+        if _matches(p["spec"]["podSelector"]["matchLabels"], labels)
+        for rule in p["spec"].get("ingress", [])
+    ]
+    assert admitted and all(r["ports"] == [{"port": port["name"], "protocol": "TCP"}] for r in admitted)
+    sources = [peer["namespaceSelector"]["matchLabels"] for r in admitted for peer in r["from"]]
+    engines_ns = _adapter_settings(_adapter("scrape")[2]).scrape_k8s_namespace
+    assert {"kubernetes.io/metadata.name": engines_ns} in sources, "the engines' exporters may send spans"
+
+
+def test_the_scrape_adapter_admits_no_connection() -> None:
+    labels, _, _ = _adapter("scrape")
+    selecting = [p for p in _ingress_policies() if _matches(p["spec"]["podSelector"]["matchLabels"], labels)]
+    assert selecting and all(not p["spec"].get("ingress") for p in selecting)
