@@ -33,8 +33,9 @@ round-robin over ``cores``), on a free loopback port.
   ``GOVERNOR_ENGINE_ID`` = its token.  :meth:`adopt` (after the owner's
   restart) scans ``/proc`` for this pool's processes and keeps each engine
   whose leader (pid = process group) carries the token the registry
-  recorded and whose port answers; it stops the rest of this pool's
-  processes (orphans, or engines the registry lost).  Nothing is ever
+  recorded and whose port answers (or that is still within its start-up
+  time); it stops the rest of this pool's processes (orphans, or engines the
+  registry lost).  The adopted engines are the new target.  Nothing is ever
   signalled unless ``/proc`` shows it carries this pool's variable: a
   corrupt or hostile registry (bad JSON, a pid of another program) can make
   the pool forget an engine, never kill a process it did not start.
@@ -126,6 +127,7 @@ class Engine:
     ready_at: float | None = None
     in_router: bool = False
     health_failures: int = 0
+    served: bool = False  # answered /health at least once (so it may have requests to drain)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -355,7 +357,7 @@ class EnginePool:
                     started_at=float(started_at) if isinstance(started_at, int | float) else self.clock(),
                 )
                 if await self._healthy(e):
-                    e.state = "ready"
+                    e.state, e.served = "ready", True
                     e.ready_at = float(ready_at) if isinstance(ready_at, int | float) else None
                 elif self.clock() - e.started_at > self.spec.startup_timeout_s:
                     log.warning("engine %s of pool %s answers no /health: stopped", e.url, self.tag)
@@ -368,7 +370,11 @@ class EnginePool:
             if strays:
                 await self._stop_pids(strays, self.spec.grace_s)
             self._engines = {e.port: e for e in adopted}
-            self.target = max(target, 0) if records else len(adopted)
+            # What runs is the target: a registry (maybe hostile) never makes the pool start engines by
+            # itself; the next scale command sets the target again.
+            self.target = len(adopted)
+            if target != len(adopted):
+                log.info("pool %s: registry target %d, %d engine(s) adopted", self.tag, target, len(adopted))
             if adopted:
                 used = [e.core for e in adopted if e.core >= 0]
                 self._next_core = (self.spec.cores.index(used[-1]) + 1) if used and used[-1] in self.spec.cores else 0
@@ -503,7 +509,8 @@ class EnginePool:
         except RouterUnavailable as exc:
             routed_out = False
             log.warning("pool %s: %s not removed from the router (%s): not drained", self.tag, e.url, exc)
-        drained = routed_out and await self._drain(e)
+        # An engine that never answered /health served nothing: there is nothing to drain.
+        drained = routed_out and (not e.served or await self._drain(e))
         await self._stop_pids(self._group(e), self.spec.grace_s)
         if e.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -602,7 +609,7 @@ class EnginePool:
             healthy = await self._healthy(e)
             if e.state == "starting":
                 if healthy:
-                    e.state, e.ready_at = "ready", self.clock()
+                    e.state, e.ready_at, e.served = "ready", self.clock(), True
                     self._startups.append(e.startup_s or 0.0)
                     log.info("pool %s: engine %s ready after %.1f s", self.tag, e.url, e.startup_s or 0.0)
                     async with self._lock:
