@@ -15,10 +15,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
 
-from engines.pool import ID_VAR, POOL_VAR, EnginePool, EngineSpec, EngineSpecError, pool_processes
+from engines.pool import ID_VAR, POOL_VAR, Engine, EnginePool, EngineSpec, EngineSpecError, pool_processes
 from engines.router import RouterClient, RouterUnavailable
 from executors.errors import BackendRejected, BackendUnavailable
 from executors.local import LocalBackend
@@ -158,3 +159,20 @@ def test_a_bad_engine_spec_names_its_parameter(field: str, value: object) -> Non
     base = {"python": "p", "model_dir": "d", "served_name": "m", "model": "m", "zone": "z"}
     with pytest.raises(EngineSpecError, match=field):
         EngineSpec(**{**base, field: value})  # type: ignore[arg-type]
+
+
+async def test_the_backend_serves_the_sd_document_and_the_replica_truth_of_its_model_only(tmp_path: Path) -> None:
+    pool = _pool(tmp_path)
+    sd_port = _closed_port()
+    backend = LocalBackend(pool, start_replicas=0, sd_port=sd_port)
+    assert await backend.replicas("other", "z") is None and await backend.replicas("m", "elsewhere") is None
+    assert await backend.replicas("m", "z") == {"desired": 0, "ready": 0, "starting": 0, "startup_s": None}
+    # A registered engine (pid 1 stands in: it carries no pool variable, so closing the pool signals nothing).
+    pool._engines[4321] = Engine(port=4321, pid=1, core=0, token="t", started_at=0.0, state="ready")
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{sd_port}/sd") as resp:
+        assert resp.status == 200
+        assert await resp.json() == [
+            {"targets": ["127.0.0.1:4321"], "labels": {"zone": "z", "node": "127.0.0.1:4321", "model_name": "m"}}
+        ]
+    assert (await backend.replicas("m", "z"))["ready"] == 1  # type: ignore[index]
+    await backend.close()
