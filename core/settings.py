@@ -668,7 +668,11 @@ class Settings:
         "str",
     )
     local_cores: tuple[str, ...] = _setting(
-        ("0", "1"), "GOVERNOR_LOCAL_CORES", "comma-separated CPU cores, one per engine, round-robin", "csv", min_items=1
+        ("0", "1"),
+        "GOVERNOR_LOCAL_CORES",
+        "comma-separated CPU cores the local engines are pinned to, each to the one with fewest engines",
+        "csv",
+        min_items=1,
     )
     local_max_num_seqs: int = _setting(
         4, "GOVERNOR_LOCAL_MAX_NUM_SEQS", "each local engine's batch limit (--max-num-seqs)", "int", ge=1

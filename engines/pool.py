@@ -4,7 +4,7 @@ One :class:`EnginePool` owns the engines of one (model, zone): each engine is
 ``<python> -m vllm.entrypoints.openai.api_server`` of the engine venv (three
 processes: API server, EngineCore, Worker) started in a session of its own
 (its process group), pinned to one core (``VLLM_CPU_OMP_THREADS_BIND``,
-round-robin over ``cores``), on a free loopback port.
+the core of ``cores`` with the fewest engines), on a free loopback port.
 
 * **Scale up** (:meth:`EnginePool.scale_to`): start the engines, write the
   registry at once, and wait up to ``start_wait_s`` for each to answer
@@ -249,7 +249,6 @@ class EnginePool:
         self.port_picker, self.clock = port_picker, clock
         self.target = 0
         self._engines: dict[int, Engine] = {}  # port -> engine
-        self._next_core = 0
         self._startups: list[float] = []  # measured start-ups of this pool's engines (s)
         self.deaths = 0
         self.failed_starts: list[dict[str, Any]] = []  # the last failed starts (port, reason)
@@ -375,9 +374,6 @@ class EnginePool:
             self.target = len(adopted)
             if target != len(adopted):
                 log.info("pool %s: registry target %d, %d engine(s) adopted", self.tag, target, len(adopted))
-            if adopted:
-                used = [e.core for e in adopted if e.core >= 0]
-                self._next_core = (self.spec.cores.index(used[-1]) + 1) if used and used[-1] in self.spec.cores else 0
             self._save()
         try:
             routed = set(await self.router.list_workers())
@@ -420,7 +416,8 @@ class EnginePool:
         stopped = await asyncio.gather(*(self._stop(e) for e in stopping))
         if started and wait > 0:
             await self._wait_started(started, wait)
-        failed += [f for f in self.failed_starts if f["port"] in {e.port for e in started}]
+        tokens = {e.token for e in started}
+        failed += [{"port": f["port"], "reason": f["reason"]} for f in self.failed_starts if f["token"] in tokens]
         if failed:
             async with self._lock:
                 self.target = min(self.target, len(self._live()))  # the count stays what runs
@@ -434,14 +431,19 @@ class EnginePool:
             "failed": failed,
         }  # fmt: skip
 
+    def _pick_core(self) -> int:
+        """The core of ``cores`` with the fewest live engines (the first such): engines never share a core
+        while one is free."""
+        used = [e.core for e in self._live()]
+        return min(self.spec.cores, key=lambda c: (used.count(c), self.spec.cores.index(c)))
+
     def _live(self) -> list[Engine]:
         return [e for e in self._engines.values() if e.state in ("starting", "ready")]
 
     def _start(self) -> Engine:
         s = self.spec
         port = self.port_picker()
-        core = s.cores[self._next_core % len(s.cores)]
-        self._next_core += 1
+        core = self._pick_core()
         token = uuid.uuid4().hex
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         env.update(
@@ -659,7 +661,7 @@ class EnginePool:
                 self.deaths += 1  # replaced by the next watch step while below the target
             else:
                 reason = f"engine on port {e.port} {why}: {self.log_tail(e.port)}"
-                self.failed_starts = [*self.failed_starts[-9:], {"port": e.port, "reason": reason}]
+                self.failed_starts = [*self.failed_starts[-9:], {"port": e.port, "token": e.token, "reason": reason}]
                 self.target = min(self.target, len(self._live()))  # a failed start is not retried by itself
             self._save()
         log.warning("pool %s: engine %s %s (%s)", self.tag, e.url, why, "died" if was_ready else "failed to start")

@@ -176,3 +176,22 @@ async def test_the_backend_serves_the_sd_document_and_the_replica_truth_of_its_m
         ]
     assert (await backend.replicas("m", "z"))["ready"] == 1  # type: ignore[index]
     await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("live_cores", "expected"),
+    [
+        ((), 0),  # the first core
+        ((0,), 1),  # the free one
+        ((1,), 0),  # after a scale-down took the engine of core 0: core 0 again, not the "next" one
+        ((0, 1), 0),  # all taken: the first of the least used
+        ((0, 0, 1), 1),
+    ],
+)
+def test_a_new_engine_goes_to_the_core_with_fewest_engines(
+    tmp_path: Path, live_cores: tuple[int, ...], expected: int
+) -> None:
+    pool = _pool(tmp_path)
+    for i, core in enumerate(live_cores):
+        pool._engines[i] = Engine(port=i, pid=0, core=core, token=f"t{i}", started_at=0.0, state="ready")
+    assert pool._pick_core() == expected
