@@ -195,3 +195,21 @@ def test_a_new_engine_goes_to_the_core_with_fewest_engines(
     for i, core in enumerate(live_cores):
         pool._engines[i] = Engine(port=i, pid=0, core=core, token=f"t{i}", started_at=0.0, state="ready")
     assert pool._pick_core() == expected
+
+
+async def test_an_engine_that_stops_answering_health_is_taken_out_after_three_misses(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    pool = _pool(tmp_path)
+    hung = _sleeper(spawned, {POOL_VAR: pool.tag, ID_VAR: "t-hung"})  # alive, but nothing answers its port
+    _wait_env(hung.pid, POOL_VAR)
+    e = Engine(port=_closed_port(), pid=hung.pid, core=0, token="t-hung", started_at=0.0, state="ready", served=True)
+    pool._engines[e.port] = e
+    pool.target = 1
+    for misses in (1, 2):
+        await pool.check()
+        assert e.health_failures == misses and pool.deaths == 0 and hung.poll() is None
+    await pool.check()  # the third miss: dead, its group stopped, counted; the replacement could not start here
+    assert pool.deaths == 1 and hung.wait(10) is not None
+    assert e.port not in pool._engines and pool_processes(pool.tag) == {}
+    await pool.close(stop_engines=True)
