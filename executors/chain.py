@@ -73,6 +73,12 @@ def _k8s(c: BackendContext) -> Backend:
     return KubernetesBackend(api_client(c.settings.kubeconfig, c.settings.k8s_api_url), mine)
 
 
+def _local(c: BackendContext) -> Backend:
+    from executors.local import LocalBackend  # aiohttp's server and the engine pool load only where used
+
+    return LocalBackend.from_settings(c.settings, c.zone)
+
+
 def _gateway(c: BackendContext) -> Backend:
     from executors.gateway import GatewayBackend
     from executors.k8s import api_client
@@ -90,6 +96,7 @@ REGISTRY: dict[str, Callable[[BackendContext], Backend]] = {
     "webhook": lambda c: WebhookBackend.from_settings(c.settings, c.webhook_url),
     "k8s": _k8s,
     "gateway": _gateway,
+    "local": _local,
 }
 
 
@@ -116,7 +123,7 @@ def parse_spec(raw: str, backends: Mapping[str, object] = REGISTRY) -> dict[str,
     >>> parse_spec("scale=nomad")
     Traceback (most recent call last):
     ...
-    core.settings.SettingsError: GOVERNOR_EXECUTOR_BACKENDS: unknown backend 'nomad' for scale (known: dry-run, gateway, k8s, routing, sim, webhook)
+    core.settings.SettingsError: GOVERNOR_EXECUTOR_BACKENDS: unknown backend 'nomad' for scale (known: dry-run, gateway, k8s, local, routing, sim, webhook)
     """
     what = "GOVERNOR_EXECUTOR_BACKENDS"
     if not isinstance(raw, str) or len(raw) > MAX_SPEC_CHARS:

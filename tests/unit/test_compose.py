@@ -675,6 +675,7 @@ def test_every_executor_backend_of_the_cli_is_built() -> None:
     from executors.backends import DryRunBackend, RoutingBackend, SimFleetBackend, WebhookBackend
     from executors.gateway import GatewayBackend
     from executors.k8s import KubernetesBackend
+    from executors.local import LocalBackend
     from governor.executor_main import make_backend
 
     want = {
@@ -684,6 +685,7 @@ def test_every_executor_backend_of_the_cli_is_built() -> None:
         "webhook": WebhookBackend,
         "k8s": KubernetesBackend,
         "gateway": GatewayBackend,
+        "local": LocalBackend,  # builds its engine pool; no engine starts before the first command
     }
     from governor.cli import build_parser
 
@@ -691,7 +693,14 @@ def test_every_executor_backend_of_the_cli_is_built() -> None:
     backend = next(a for a in sub.choices["executor"]._actions if a.dest == "backend")
     assert set(backend.choices or ()) == set(want)
     # An API URL that is never dialled: building a backend opens no connection.
-    settings = Settings.from_env({**_k8s_env(), "GOVERNOR_K8S_API_URL": "http://127.0.0.1:9"})
+    settings = Settings.from_env(
+        {
+            **_k8s_env(),
+            "GOVERNOR_K8S_API_URL": "http://127.0.0.1:9",
+            "GOVERNOR_LOCAL_ENGINE_PYTHON": "/engines/bin/python",
+            "GOVERNOR_LOCAL_MODEL_DIR": "/models/tiny",
+        }
+    )
     for zone in settings.zones:
         for name, cls in want.items():
             built = make_backend(name, None, "p", zone, "http://gw/cmd", settings=settings)  # type: ignore[arg-type]
