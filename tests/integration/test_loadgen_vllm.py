@@ -5,6 +5,7 @@ One engine for the module (its cold start is most of this file's time)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,3 +71,22 @@ async def test_an_engine_without_priority_scheduling_accepts_and_ignores_a_prior
     one, i.e. when the caller says the engine schedules by priority (``governor load --priority``)."""
     (r,) = (await replay(engine.url, "tiny", [RequestSpec(0.0, 8, 4, "batch", 2)])).results
     assert (r.status, r.http_status, r.output_tokens) == ("ok", 200, 4)
+
+
+def test_governor_load_replays_the_trace_and_writes_every_result(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    argv = [sys.executable, "-m", "governor.cli", "load", "--url", engine.url, "--model", "tiny", "--qps", "4"]
+    argv += ["--duration-s", "20", "--speed", "4", "--max-prompt-tokens", "64", "--max-output-tokens", "8"]
+    argv += ["--classes", "trading,batch", "--window-s", "1", "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    doc = json.loads(out.read_text())
+    n = summary["requests"]
+    assert n >= 10 and summary["counts"] == {"ok": n, "failed": 0, "timeout": 0, "cut": 0}
+    assert len(doc["results"]) == n and doc["summary"] == summary
+    assert sum(w["requests"] for w in doc["windows"]) == n
+    # classes drawn, but no priority sent without --priority
+    assert {r["spec"]["request_class"] for r in doc["results"]} <= {"trading", "batch"}
+    assert all(r["spec"]["priority"] is None for r in doc["results"])
+    print("governor load:", done.stdout.replace("\n", " "), file=sys.stderr)
