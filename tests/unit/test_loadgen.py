@@ -259,6 +259,19 @@ async def test_concurrency_is_bounded_and_the_wait_for_a_slot_counts(
     assert len({tuple(b["prompt"]) for b in bodies}) == 7  # no two prompts alike (no prefix-cache hits)
 
 
+async def test_a_garbled_event_is_named_and_its_request_cut(serve: Callable[[Handler], Awaitable[str]]) -> None:
+    async def huge(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(_event())
+        await resp.write(b"data: " + b"x" * 300_000 + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    (r,) = (await replay(await serve(huge), "m", [RequestSpec(0.0, 4, 5)])).results
+    assert (r.status, r.output_tokens) == ("cut", 1) and (r.error or "").startswith("bad event: b'xxx")
+
+
 async def test_a_dead_port_is_failed() -> None:
     import socket
 
