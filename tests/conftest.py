@@ -1,6 +1,8 @@
 """Shared fixtures.  Integration tests get the real embedded broker and Redis,
 started once per session by the project's own launcher (or the ones named by
-KAFKA_BOOTSTRAP / REDIS_URL), and a unique topic/key prefix per test.
+KAFKA_BOOTSTRAP / REDIS_URL), and a unique topic/key prefix per test.  Tests of real engines
+(marked ``engines``) get the engine python and the tiny model made by the project's own
+``engines.setup``, once per session.
 
 Property tests run derandomised, everywhere (the ``ci`` hypothesis profile): the same
 examples on every run, so a failure is never a matter of the draw; the failing examples
@@ -43,3 +45,22 @@ def settings(servers: Settings, tmp_path: Path) -> Settings:
         partitions=2,
         clock_origin_s=time.time(),
     )
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The Python that runs real engines: GOVERNOR_ENGINE_PYTHON, or the engine venv under
+    GOVERNOR_ENGINE_HOME, made here if ``python3 dev.py test`` did not make it first.  A failed
+    install fails only the tests that use it, each with pip's last lines (pytest keeps the error
+    of a session fixture: it does not try again for every test)."""
+    from engines.setup import engine_python as find
+
+    return find(Settings.from_env(os.environ))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_python: Path) -> Path:
+    """The tiny model of seed 0 under the engine home (made once, then its stamp says it is current)."""
+    from engines.setup import engine_home, ensure_model
+
+    return ensure_model(engine_python, engine_home(Settings.from_env(os.environ)), seed=0)

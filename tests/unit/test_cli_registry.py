@@ -123,5 +123,5 @@ def test_governor_is_a_thin_room() -> None:
     # No benchmark and no telemetry adapter: every bench and ingest command lives in its room.
     assert not [m for m in modules if m.startswith(("bench", "ingest", "scrape", "tune", "traffic"))], modules
     for group, (_, table) in cli.GROUPS.items():
-        room = {"bench": "bench.", "ingest": "adapters."}[group]
+        room = {"bench": "bench.", "ingest": "adapters.", "engines": "engines."}[group]
         assert all(c.run.startswith(room) and c.parser.startswith(room) for c in table.values()), group
