@@ -49,6 +49,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.overload:add_parser",
         takes="args",
     ),
+    "sim-vs-real": Command(
+        "the simulator against the real engines of a --platform local demo, on its arrival schedule",
+        run="bench.sim_vs_real:run_sim_vs_real",
+        parser="bench.sim_vs_real:add_parser",
+        takes="args",
+    ),
     "kv": Command(
         "KV fragmentation, relocation and cross-zone timing (simulator)",
         run="bench.kv:run_kv_bench",

@@ -293,10 +293,12 @@ def add_parser(sub: Any) -> None:
     """``governor demo`` and its flags."""
     d = sub.add_parser("demo", help="run the closed loop on embedded servers and print a report")
     d.add_argument("--trace", default="azure-conv", help="trace name or path (default azure-conv)")
-    d.add_argument("--duration-s", type=float, default=600.0, help="trace seconds to replay")
+    d.add_argument("--duration-s", type=float, default=None, help="trace seconds to replay (600; local: 300)")
     d.add_argument("--speed", type=float, default=5.0, help="trace seconds per wall second")
     d.add_argument("--qps", type=float, default=16.0, help="mean request rate the trace is scaled to")
-    d.add_argument("--step-at-s", type=float, default=200.0, help="trace time of the load step (0 = none)")
+    d.add_argument(
+        "--step-at-s", type=float, default=None, help="trace time of the load step (200; local: 60; 0 = none)"
+    )
     d.add_argument("--step-factor", type=float, default=2.5, help="load multiplier after the step")
     d.add_argument("--replicas", type=int, default=4, help="initial replicas per zone")
     d.add_argument("--startup-s", type=float, default=30.0, help="replica start-up delay (trace s)")
@@ -322,12 +324,48 @@ def add_parser(sub: Any) -> None:
     )
     tel = "the fleet speaks: native records, vLLM /metrics to `ingest scrape`, or spans to `ingest otlp`"
     d.add_argument("--telemetry", choices=["native", "scrape", "otlp"], default="native", help=tel)
-    plat = "where replica counts live: sim (the Redis desired hash) or k8s (the workloads of GOVERNOR_WORKLOADS on GOVERNOR_K8S_API_URL, scaled by the executors' k8s backend)"
-    d.add_argument("--platform", choices=["sim", "k8s"], default="sim", help=plat)
+    plat = (
+        "where replica counts live: sim (the Redis desired hash), k8s (the workloads of GOVERNOR_WORKLOADS on "
+        "GOVERNOR_K8S_API_URL, scaled by the executors' k8s backend) or local (real vLLM engines on this machine "
+        "behind the vLLM router, bench/local_demo.py)"
+    )
+    d.add_argument("--platform", choices=["sim", "k8s", "local"], default="sim", help=plat)
     d.add_argument("--scrape-interval-s", type=float, default=5.0, help="scrape mode: trace s between scrapes")
+    add_local_arguments(d)
+
+
+def add_local_arguments(d: Any) -> None:
+    """The flags only ``--platform local`` reads."""
+    g = d.add_argument_group("--platform local (real vLLM engines behind the vLLM router)")
+    g.add_argument("--slo-multiple", type=float, default=4.0, help="SLOs = this x the engine's unloaded P95")
+    g.add_argument("--base-load", type=float, default=0.5, help="load before the step, x one engine's capacity")
+    g.add_argument("--step-load", type=float, default=1.4, help="load after --step-at-s, x one engine's capacity")
+    g.add_argument("--tail-load", type=float, default=0.35, help="load after --tail-at-s, x one engine's capacity")
+    g.add_argument("--tail-at-s", type=float, default=0.0, help="time of the step down (0: 60 %% of --duration-s)")
+    g.add_argument("--max-engines", type=int, default=2, help="the model's max_replicas (2 cores hold 2)")
+    g.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch limit (--max-num-seqs)")
+    g.add_argument("--profile-trial-s", type=float, default=15.0, help="length of each capacity trial")
+    g.add_argument("--profile-steps", type=int, default=4, help="bisection steps of the capacity profile")
+    g.add_argument("--max-prompt-tokens", type=int, default=512, help="the trace's prompts clipped to this")
+    g.add_argument("--max-output-tokens", type=int, default=64, help="the trace's outputs clipped to this")
+    g.add_argument("--profile-prompt", type=int, default=64, help="prompt tokens of the profile's requests")
+    g.add_argument("--profile-output", type=int, default=32, help="output tokens of the profile's requests")
 
 
 def run_demo(settings: Settings, args: Namespace) -> int:
+    local = getattr(args, "platform", "sim") == "local"
+    if args.duration_s is None:
+        args.duration_s = 300.0 if local else 600.0
+    if args.step_at_s is None:
+        args.step_at_s = 60.0 if local else 200.0
+    if local:  # real engines: their own profile, real time, their own report (bench/local_demo.py)
+        from bench.local_demo import run_local_demo
+
+        if args.out == "runs/demo":
+            args.out = "runs/demo-local"
+        if args.telemetry == "native":
+            args.telemetry = "scrape"  # real engines speak /metrics or spans, never governor's records
+        return run_local_demo(settings, args)
     run_dir = Path(args.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.feedforward and settings.models[0].replica_capacity_rps is None:

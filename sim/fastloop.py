@@ -130,6 +130,10 @@ class LoopConfig:
     # it is reachable (so a healed zone gets traffic while its replicas still start);
     # "health" also skips zones with no ready replica (a load balancer's health check).
     balancer: str = "uniform"
+    # A replica measured elsewhere (a real engine's profile, :mod:`bench.sim_vs_real`) instead of the
+    # Splitwise model of ``hardware``/``tensor_parallel``; and its batch limit (vLLM's --max-num-seqs).
+    perf: PerfModel | None = None
+    max_batch: int = 64
 
     def __post_init__(self) -> None:
         if len(self.settings.models) != 1:
@@ -295,12 +299,15 @@ class _FastRun:
         self.duration = float(
             duration_s if duration_s is not None else (workload.arrival_s[-1] if len(workload) else 0.0)
         )
-        perf = PerfModel.from_splitwise(model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel)
+        perf = cfg.perf or PerfModel.from_splitwise(
+            model=cfg.model, hardware=cfg.hardware, tensor_parallel=cfg.tensor_parallel
+        )
         self.fleet = Fleet(
             FleetConfig(
                 models={cfg.model: perf},
                 zones=cfg.zones,
                 startup_s=cfg.startup_s,
+                max_batch=cfg.max_batch,
                 initial_replicas=cfg.initial_replicas,
                 seed=cfg.seed,
             ),
