@@ -47,6 +47,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
 from launch.embedded import EmbeddedServers
+from launch.extras import require
 from launch.processes import (
     EXECUTOR_READY,
     INGEST_SCRAPE_READY,
@@ -328,6 +329,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_demo(settings: Settings, args: Namespace) -> int:
+    require("matplotlib", "the report plot")  # up front, not after the run (extra: bench)
     run_dir = Path(args.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.feedforward and settings.models[0].replica_capacity_rps is None:
