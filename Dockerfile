@@ -14,8 +14,13 @@ RUN apt-get update \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+# The runtime alone: pyproject's dependencies as pinned (with hashes) in requirements/runtime.lock,
+# then governor itself with no dependency resolution.  No extras (embedded servers, benchmarks and
+# plots, the local engine platform) and no dev tools: tests/unit/test_dependencies.py checks it.
+COPY requirements/runtime.lock requirements/runtime.lock
+RUN pip install --require-hashes -r requirements/runtime.lock
 COPY . .
-RUN pip install ./telemetry .
+RUN pip install --no-deps ./telemetry .
 
 # -- runtime --------------------------------------------------------------------
 FROM python:3.11-slim

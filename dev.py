@@ -11,9 +11,11 @@
     python3 dev.py pytest ...    # pytest alone, with your arguments (doctests included)
     python3 dev.py governor ...  # any governor CLI command inside the project venv
 
-It creates ``.venv`` next to this file, installs the project with its dev extras
-from ``pyproject.toml`` (re-installing only when that file changes), then runs
-the task inside the venv.  Nothing is read from outside the clone.
+It creates ``.venv`` next to this file, installs the pinned dependencies of
+``requirements/dev.lock`` (the runtime, every extra and the dev tools, with hashes),
+then the project itself with ``--no-deps`` (re-installing only when the lock or
+``pyproject.toml`` changes), then runs the task inside the venv.  Nothing is read
+from outside the clone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ VENV = Path(os.environ.get("GOVERNOR_VENV", ROOT / ".venv"))
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".governor-install-stamp"
+LOCK = ROOT / "requirements" / "dev.lock"
+# What the install depends on: a change to any of them re-installs.
+INSTALL_INPUTS = ("requirements/dev.lock", "pyproject.toml", "telemetry/pyproject.toml")
 
 TASKS = {
     "demo": "run the closed loop (embedded broker, Redis, pipeline, executors, simulated fleet) and print a report",
@@ -48,20 +53,20 @@ def _say(msg: str) -> None:
 def ensure_venv() -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be started by an older python3
         sys.exit("governor needs Python 3.11 or newer")
-    want = hashlib.sha256(
-        b"".join((ROOT / p).read_bytes() for p in ("pyproject.toml", "telemetry/pyproject.toml"))
-    ).hexdigest()
+    want = hashlib.sha256(b"".join((ROOT / p).read_bytes() for p in INSTALL_INPUTS)).hexdigest()
     if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
         return
     if not PY.exists():
         _say(f"creating virtual environment in {VENV}")
         venv.EnvBuilder(with_pip=True).create(VENV)
-    _say("installing governor and its dependencies (pyproject.toml)")
+    _say(f"installing governor and its dependencies ({LOCK.relative_to(ROOT)})")
     pip = [str(PY), "-m", "pip", "--disable-pip-version-check"]
     subprocess.check_call(pip + ["install", "-q", "--upgrade", "pip"])
-    # Both distributions in one resolve: governor depends on governor-telemetry, which
-    # comes from ./telemetry (the slim package inference nodes install), never an index.
-    subprocess.check_call(pip + ["install", "-q", "-e", f"{ROOT}/telemetry", "-e", f"{ROOT}[dev]"])
+    # Exactly the locked versions (hash-checked), then both distributions with no resolve:
+    # governor depends on governor-telemetry, which comes from ./telemetry (the slim package
+    # inference nodes install), never an index.
+    subprocess.check_call(pip + ["install", "-q", "--require-hashes", "-r", str(LOCK)])
+    subprocess.check_call(pip + ["install", "-q", "--no-deps", "-e", f"{ROOT}/telemetry", "-e", f"{ROOT}[dev]"])
     STAMP.write_text(want)
 
 

@@ -290,7 +290,11 @@ def _expected_failure(exc: BaseException, settings: Settings) -> str | None:
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from launch.embedded import ServerError
+    from launch.extras import missing_extra
 
+    extra = missing_extra(exc)
+    if extra is not None:  # an optional dependency (pyproject's extras) is not installed
+        return str(extra)
     why = " ".join(str(exc).split())[:300]
     if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
         return (

@@ -47,6 +47,7 @@ from core.clock import ScaledClock
 from core.settings import Settings
 from core.transport import redis_options
 from launch.embedded import EmbeddedServers
+from launch.extras import require
 from launch.processes import (
     EXECUTOR_READY,
     INGEST_SCRAPE_READY,
@@ -353,6 +354,7 @@ def add_local_arguments(d: Any) -> None:
 
 
 def run_demo(settings: Settings, args: Namespace) -> int:
+    require("matplotlib", "the report plot")  # up front, not after the run (extra: bench)
     local = getattr(args, "platform", "sim") == "local"
     if args.duration_s is None:
         args.duration_s = 300.0 if local else 600.0

