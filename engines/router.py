@@ -141,7 +141,7 @@ def router_binary() -> str:
         return str(beside)
     found = shutil.which("vllm-router")
     if found is None:
-        raise FileNotFoundError("vllm-router is not installed beside governor (it is a dependency in pyproject.toml)")
+        raise FileNotFoundError("vllm-router is not installed beside governor: pip install 'governor[local]'")
     return found
 
 
