@@ -219,11 +219,14 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
             engine_python=str(python),
             local_model_dir=str(model_dir),
             local_model=MODEL,
-            local_start_replicas=1,
+            local_start_replicas=args.static or 1,
             local_sd_port=sd_port,
             local_max_num_seqs=args.max_num_seqs,
             local_stop_engines=True,
         )
+        if args.static:  # the baseline: a static pool, the loop's commands advisory (governor pause)
+            why = {"reason": f"static pool of {args.static} (--static)", "paused_at_ms": int(time.time() * 1000)}
+            await redis.set(names.paused(settings.topic_prefix), orjson.dumps(why))
         executor = start_executor(exec_settings, zone, run_dir, None)
         children.append(executor)
         await asyncio.to_thread(executor.wait_for_log, EXECUTOR_READY, 60)
@@ -233,7 +236,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
         sampler = Sampler(redis, names.platform_replicas(settings.topic_prefix, zone), sd_url, registry, zone)
         sampling = asyncio.create_task(sampler.run(stop))
         _say("waiting for the first engine (a cold start takes 40 s to 3 min here)")
-        while not await client.list_workers():
+        while len(await client.list_workers()) < (args.static or 1):
             if not executor.alive():
                 raise RuntimeError(f"the executor died:\n{executor.tail()}")
             if time.monotonic() - t0 > 600:
@@ -303,6 +306,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
             collector=collector,
             extra={
                 "platform": "local",
+                "static": args.static,
                 "trace": args.trace,
                 "base_qps": round(base_qps, 4),
                 "duration_s": args.duration_s,
@@ -345,9 +349,9 @@ def _segments(args: Namespace) -> list[tuple[float, float]]:
 
     >>> _segments(Namespace(duration_s=300.0, step_at_s=60.0, tail_at_s=0.0, base_load=0.5, step_load=1.5,
     ...                     tail_load=0.25))
-    [(0.0, 1.0), (60.0, 3.0), (180.0, 0.5)]
+    [(0.0, 1.0), (60.0, 3.0), (210.0, 0.5)]
     """
-    tail_at = args.tail_at_s or 0.6 * args.duration_s
+    tail_at = args.tail_at_s or 0.7 * args.duration_s
     segments = [(0.0, 1.0)]
     if 0 < args.step_at_s < tail_at:
         segments.append((args.step_at_s, args.step_load / args.base_load))

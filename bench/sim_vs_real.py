@@ -137,9 +137,10 @@ def timeline(
 
 
 def _real(report: Mapping[str, Any], requests: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """The client's requests (``requests.json``'s results: ``spec.at_s``, ``status``, ``ttft_s``, ``itl_s``)."""
     reqs = [
         {
-            "at_s": float(r["at_s"]),
+            "at_s": float(r["spec"]["at_s"]),
             "ok": r["status"] == "ok",
             "ttft_ms": None if r.get("ttft_s") is None else 1000.0 * float(r["ttft_s"]),
             "itl_ms": None if r.get("itl_s") is None else 1000.0 * float(r["itl_s"]),
@@ -261,7 +262,7 @@ def run_sim_vs_real(a: argparse.Namespace) -> int:
     path = Path(a.report)
     try:
         report = json.loads(path.read_text())
-        requests = json.loads((path.parent / "requests.json").read_text())
+        requests = json.loads((path.parent / "requests.json").read_text()).get("results")
     except (OSError, ValueError) as exc:
         print(f"governor bench sim-vs-real: {exc} (run `governor demo --platform local` first)", file=sys.stderr)
         return 2

@@ -666,7 +666,10 @@ class Settings:
         "str",
     )
     local_model_dir: str = _setting(
-        "", "GOVERNOR_LOCAL_MODEL_DIR", "model directory the local engines serve; required by --backend local", "str"
+        "",
+        "GOVERNOR_LOCAL_MODEL_DIR",
+        "model directory the local engines serve; unset = the tiny model `governor engines setup` made",
+        "str",
     )
     local_model: str = _setting(
         "",

@@ -338,12 +338,13 @@ def add_parser(sub: Any) -> None:
 def add_local_arguments(d: Any) -> None:
     """The flags only ``--platform local`` reads."""
     g = d.add_argument_group("--platform local (real vLLM engines behind the vLLM router)")
-    g.add_argument("--slo-multiple", type=float, default=4.0, help="SLOs = this x the engine's unloaded P95")
+    g.add_argument("--slo-multiple", type=float, default=5.0, help="SLOs = this x the engine's unloaded P95")
     g.add_argument("--base-load", type=float, default=0.5, help="load before the step, x one engine's capacity")
-    g.add_argument("--step-load", type=float, default=1.4, help="load after --step-at-s, x one engine's capacity")
-    g.add_argument("--tail-load", type=float, default=0.35, help="load after --tail-at-s, x one engine's capacity")
-    g.add_argument("--tail-at-s", type=float, default=0.0, help="time of the step down (0: 60 %% of --duration-s)")
+    g.add_argument("--step-load", type=float, default=1.5, help="load after --step-at-s, x one engine's capacity")
+    g.add_argument("--tail-load", type=float, default=0.3, help="load after --tail-at-s, x one engine's capacity")
+    g.add_argument("--tail-at-s", type=float, default=0.0, help="time of the step down (0: 70 %% of --duration-s)")
     g.add_argument("--max-engines", type=int, default=2, help="the model's max_replicas (2 cores hold 2)")
+    g.add_argument("--static", type=int, default=0, help="a static pool of N engines (the loop advisory): the baseline")
     g.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch limit (--max-num-seqs)")
     g.add_argument("--profile-trial-s", type=float, default=15.0, help="length of each capacity trial")
     g.add_argument("--profile-steps", type=int, default=4, help="bisection steps of the capacity profile")
@@ -357,7 +358,7 @@ def run_demo(settings: Settings, args: Namespace) -> int:
     require("matplotlib", "the report plot")  # up front, not after the run (extra: bench)
     local = getattr(args, "platform", "sim") == "local"
     if args.duration_s is None:
-        args.duration_s = 300.0 if local else 600.0
+        args.duration_s = 330.0 if local else 600.0
     if args.step_at_s is None:
         args.step_at_s = 60.0 if local else 200.0
     if local:  # real engines: their own profile, real time, their own report (bench/local_demo.py)
