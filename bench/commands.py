@@ -49,6 +49,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.overload:add_parser",
         takes="args",
     ),
+    "local": Command(
+        "the closed loop on real vLLM engines against a static pool of its mean size, per seed",
+        run="bench.local_bench:run_local_bench",
+        parser="bench.local_bench:add_parser",
+        takes="args",
+    ),
     "sim-vs-real": Command(
         "the simulator against the real engines of a --platform local demo, on its arrival schedule",
         run="bench.sim_vs_real:run_sim_vs_real",

@@ -242,32 +242,19 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
             if time.monotonic() - t0 > 600:
                 raise TimeoutError(f"no engine in the router after 600 s:\n{executor.tail()}")
             await asyncio.sleep(1.0)
-        _say(f"first engine in the router after {time.monotonic() - t0:.0f} s; profiling it through the router")
-        shape = {"prompt_tokens": args.profile_prompt, "output_tokens": args.profile_output}
-        base = await unloaded(router.url, MODEL, n=20, **shape)
-        ttft_slo, itl_slo = slos_from(base, args.slo_multiple)
-        _say(
-            f"unloaded P95: TTFT {1000 * base.ttft_p95_s:.1f} ms, ITL {1000 * base.itl_p95_s:.1f} ms -> "
-            f"SLOs ({args.slo_multiple:g}x): TTFT {ttft_slo:.0f} ms, ITL {itl_slo:.0f} ms"
-        )
-        knots = await service_knots(router.url, MODEL, batches=tuple(sorted({1, 2, args.max_num_seqs})))
-        cap = await capacity_at_slo(
-            router.url,
-            MODEL,
-            ttft_slo_ms=ttft_slo,
-            itl_slo_ms=itl_slo,
-            lo_rps=0.5,
-            hi_rps=64.0,
-            steps=args.profile_steps,
-            trial_s=args.profile_trial_s,
-            seed=args.seed,
-            on_trial=lambda row: _say(
-                f"  capacity trial {row['rate_rps']:.2f} req/s: attainment {100 * row['attainment']:.1f} %"
-            ),
-            **shape,
-        )
-        capacity = max(cap.capacity_rps, 0.25)
-        _say(f"one engine serves {capacity:.2f} req/s within the SLOs")
+        _say(f"first engine in the router after {time.monotonic() - t0:.0f} s")
+        if args.profile_from:  # the profile of an earlier run: the same SLOs and the same schedule
+            prof = json.loads(Path(args.profile_from).read_text())
+            profile = prof["profile"]
+            ttft_slo, itl_slo = float(prof["slo"]["ttft_slo_ms"]), float(prof["slo"]["itl_slo_ms"])
+            capacity = float(profile["capacity_rps"])
+            _say(
+                f"profile of {args.profile_from}: SLOs TTFT {ttft_slo:.0f} ms, ITL {itl_slo:.0f} ms, {capacity:.2f} req/s"
+            )
+        else:
+            profile = await _profile(router.url, args)
+            ttft_slo, itl_slo = profile["slo"]
+            capacity = float(profile["capacity_rps"])
         spec = dataclasses.replace(
             settings.models[0], ttft_slo_ms=ttft_slo, itl_slo_ms=itl_slo, replica_capacity_rps=capacity
         )
@@ -318,13 +305,8 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
                 "prompt_tokens_max": args.max_prompt_tokens,
                 "output_tokens_max": args.max_output_tokens,
                 "telemetry": {"mode": args.telemetry},
-                "profile": {
-                    "unloaded": base.as_dict(),
-                    "slo_multiple": args.slo_multiple,
-                    "knots": knots,
-                    "capacity_trials": cap.trials,
-                    "capacity_rps": capacity,
-                },
+                "profile": {k: v for k, v in profile.items() if k != "slo"},
+                "profile_from": args.profile_from or None,
                 "cold_start_s": sampler.startup_s,
                 "cold_starts": sampler.cold_starts(),
                 "wall_s": round(time.monotonic() - t0, 1),
@@ -342,6 +324,45 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
             c.stop(timeout_s=90.0)
         router.stop()
         await redis.aclose()
+
+
+async def _profile(url: str, args: Namespace) -> dict[str, Any]:
+    """The first engine, through the router: unloaded latency (the SLOs' base), service-time knots (the
+    simulator's, bench/sim_vs_real.py) and the capacity at the SLOs (the feedforward's)."""
+    _say("profiling the first engine through the router")
+    shape = {"prompt_tokens": args.profile_prompt, "output_tokens": args.profile_output}
+    base = await unloaded(url, MODEL, n=20, **shape)
+    ttft_slo, itl_slo = slos_from(base, args.slo_multiple)
+    _say(
+        f"unloaded P95: TTFT {1000 * base.ttft_p95_s:.1f} ms, ITL {1000 * base.itl_p95_s:.1f} ms -> "
+        f"SLOs ({args.slo_multiple:g}x): TTFT {ttft_slo:.0f} ms, ITL {itl_slo:.0f} ms"
+    )
+    knots = await service_knots(url, MODEL, batches=tuple(sorted({1, 2, args.max_num_seqs})))
+    cap = await capacity_at_slo(
+        url,
+        MODEL,
+        ttft_slo_ms=ttft_slo,
+        itl_slo_ms=itl_slo,
+        lo_rps=0.5,
+        hi_rps=64.0,
+        steps=args.profile_steps,
+        trial_s=args.profile_trial_s,
+        seed=args.seed,
+        on_trial=lambda row: _say(
+            f"  capacity trial {row['rate_rps']:.2f} req/s: attainment {100 * row['attainment']:.1f} %"
+        ),
+        **shape,
+    )
+    capacity = max(cap.capacity_rps, 0.25)
+    _say(f"one engine serves {capacity:.2f} req/s within the SLOs")
+    return {
+        "slo": (ttft_slo, itl_slo),
+        "unloaded": base.as_dict(),
+        "slo_multiple": args.slo_multiple,
+        "knots": knots,
+        "capacity_trials": cap.trials,
+        "capacity_rps": capacity,
+    }
 
 
 def _segments(args: Namespace) -> list[tuple[float, float]]:

@@ -345,6 +345,7 @@ def add_local_arguments(d: Any) -> None:
     g.add_argument("--tail-at-s", type=float, default=0.0, help="time of the step down (0: 70 %% of --duration-s)")
     g.add_argument("--max-engines", type=int, default=2, help="the model's max_replicas (2 cores hold 2)")
     g.add_argument("--static", type=int, default=0, help="a static pool of N engines (the loop advisory): the baseline")
+    g.add_argument("--profile-from", default="", help="take the SLOs and capacity of this earlier report.json")
     g.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch limit (--max-num-seqs)")
     g.add_argument("--profile-trial-s", type=float, default=15.0, help="length of each capacity trial")
     g.add_argument("--profile-steps", type=int, default=4, help="bisection steps of the capacity profile")
