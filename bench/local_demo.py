@@ -48,6 +48,7 @@ import aiohttp
 import orjson
 import redis.asyncio as aioredis
 
+from adapters.scrape.exposition import ENGINES
 from bench.report import build_report, plot, render_text
 from core import names
 from core.settings import Settings
@@ -332,10 +333,13 @@ async def _profile(url: str, args: Namespace) -> dict[str, Any]:
     _say("profiling the first engine through the router")
     shape = {"prompt_tokens": args.profile_prompt, "output_tokens": args.profile_output}
     base = await unloaded(url, MODEL, n=20, **shape)
-    ttft_slo, itl_slo = slos_from(base, args.slo_multiple)
+    vllm = ENGINES["vllm"]  # the engines' default bucket edges: the SLOs sit on one, so violations are exact
+    ttft_slo, itl_slo = slos_from(
+        base, args.slo_multiple, ttft_edges_s=vllm["ttft_edges"], itl_edges_s=vllm["itl_edges"]
+    )
     _say(
         f"unloaded P95: TTFT {1000 * base.ttft_p95_s:.1f} ms, ITL {1000 * base.itl_p95_s:.1f} ms -> "
-        f"SLOs ({args.slo_multiple:g}x): TTFT {ttft_slo:.0f} ms, ITL {itl_slo:.0f} ms"
+        f"SLOs ({args.slo_multiple:g}x, up to the next bucket edge): TTFT {ttft_slo:.0f} ms, ITL {itl_slo:.0f} ms"
     )
     knots = await service_knots(url, MODEL, batches=tuple(sorted({1, 2, args.max_num_seqs})))
     cap = await capacity_at_slo(

@@ -66,18 +66,34 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def slos_from(base: Unloaded, multiple: float, floor_ms: float = 1.0) -> tuple[float, float]:
-    """(TTFT SLO, ITL SLO) in ms: ``multiple`` x the unloaded P95 of each, at least ``floor_ms``.
+def slos_from(
+    base: Unloaded,
+    multiple: float,
+    floor_ms: float = 1.0,
+    ttft_edges_s: Sequence[float] = (),
+    itl_edges_s: Sequence[float] = (),
+) -> tuple[float, float]:
+    """(TTFT SLO, ITL SLO) in ms: ``multiple`` x the unloaded P95 of each (at least ``floor_ms``), raised to
+    the engine's next histogram bucket edge when edges are given -- an SLO on an edge is one the engines'
+    own histograms count violations of exactly (off an edge they bound them only, docs/operations.md).
 
-    >>> slos_from(Unloaded(20, 0.01, 0.02, 0.004, 0.005, 0.2), 4.0)
+    >>> base = Unloaded(20, 0.01, 0.02, 0.004, 0.005, 0.2)
+    >>> slos_from(base, 4.0)
     (80.0, 20.0)
+    >>> slos_from(base, 4.0, ttft_edges_s=(0.04, 0.08, 0.1), itl_edges_s=(0.01, 0.025))
+    (80.0, 25.0)
+    >>> slos_from(base, 10.0, ttft_edges_s=(0.04, 0.08, 0.1))  # past the last edge: the multiple itself
+    (200.0, 50.0)
     """
     if not (math.isfinite(multiple) and multiple > 0):
         raise ValueError(f"multiple must be a finite number > 0, got {multiple!r}")
-    return (
-        round(max(floor_ms, multiple * base.ttft_p95_s * 1000.0), 1),
-        round(max(floor_ms, multiple * base.itl_p95_s * 1000.0), 1),
-    )
+
+    def slo(p95_s: float, edges_s: Sequence[float]) -> float:
+        want = max(floor_ms, multiple * p95_s * 1000.0)
+        above = [1000.0 * e for e in edges_s if 1000.0 * e >= want - 1e-9]
+        return round(min(above), 3) if above else round(want, 1)
+
+    return slo(base.ttft_p95_s, ttft_edges_s), slo(base.itl_p95_s, itl_edges_s)
 
 
 Replay = Callable[..., Awaitable[LoadResult]]

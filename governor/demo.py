@@ -338,7 +338,12 @@ def add_parser(sub: Any) -> None:
 def add_local_arguments(d: Any) -> None:
     """The flags only ``--platform local`` reads."""
     g = d.add_argument_group("--platform local (real vLLM engines behind the vLLM router)")
-    g.add_argument("--slo-multiple", type=float, default=5.0, help="SLOs = this x the engine's unloaded P95")
+    g.add_argument(
+        "--slo-multiple",
+        type=float,
+        default=5.0,
+        help="SLOs = this x the engine's unloaded P95, up to the next histogram bucket edge",
+    )
     g.add_argument("--base-load", type=float, default=0.5, help="load before the step, x one engine's capacity")
     g.add_argument("--step-load", type=float, default=1.5, help="load after --step-at-s, x one engine's capacity")
     g.add_argument("--tail-load", type=float, default=0.3, help="load after --tail-at-s, x one engine's capacity")

@@ -84,6 +84,7 @@ def test_service_knots_send_each_batch_together_and_each_repeat_after_the_last()
 def test_slos_are_the_stated_multiple_and_a_bad_multiple_is_refused() -> None:
     base = Unloaded(20, 0.007, 0.0084, 0.0013, 0.0015, 0.05)
     assert slos_from(base, 5.0) == (42.0, 7.5)
+    assert slos_from(base, 5.0, ttft_edges_s=(0.04, 0.06), itl_edges_s=(0.01, 0.025)) == (60.0, 10.0)
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="multiple"):
             slos_from(base, bad)
