@@ -62,6 +62,9 @@ def test_the_history_of_runs_is_left_to_git() -> None:
     assert "before -> after" not in TEXT
 
 
-def test_the_real_engines_question_says_that_no_figures_exist_yet() -> None:
-    section = TEXT.split("## On real engines?", 1)[1]
-    assert section.lstrip().startswith("No real-engine figures exist yet.")
+def test_the_real_engines_question_names_the_commands_of_its_real_figures() -> None:
+    # Issue 33: the figures on real engines each come from a command of the repository.
+    section = TEXT.split("## On real engines?", 1)[1].split("### Engine telemetry", 1)[0]
+    assert "No real-engine figures exist yet." not in TEXT
+    for command in ("governor demo --platform local", "governor bench sim-vs-real", "governor engines setup"):
+        assert command in section, command
