@@ -7,7 +7,11 @@ finished request, one ``gpu`` record per scrape).  A histogram does not say whic
 belongs to which request, so the request records are *reconstructed*; what that costs:
 
 * **Counts** are exact: one record per finished request in the delta (``n``: the e2e
-  histogram's count, else the TTFT histogram's).
+  histogram's count; the TTFT histogram's only for an engine that exports no e2e one).  vLLM
+  observes a TTFT at the first token, so a scrape may show TTFTs of requests that have not
+  finished: the adapter keeps those pending in its baseline (:func:`carry_unfinished`) until
+  the scrape that shows them finished.  A delta with finished requests and no TTFT observation
+  left (they failed before a first token) takes the e2e histogram as their TTFTs.
 * **Values**: a bucket ``(lo, hi]`` holding ``k`` observations gives ``k`` values spread
   evenly inside it (``lo + (hi - lo)(j + 1/2)/k``), so a quantile of the records is off
   from the true one by less than the width of the bucket it falls in
@@ -68,7 +72,7 @@ from typing import Any
 
 __all__ = ["Histogram", "Snapshot", "Summary", "counter_delta", "histogram_delta", "over_slo", "quantile"]
 __all__ += ["snapshot_delta", "spread", "violation_bounds", "window_records", "gpu_record", "pin_over"]
-__all__ += ["edge_advice", "nearest_edges"]
+__all__ += ["edge_advice", "nearest_edges", "carry_unfinished"]
 
 GOLDEN = 0.6180339887498949
 COMBINE = ("upper", "lower")
@@ -357,9 +361,12 @@ def window_records(
     """The request records and the GPU record of one replica's delta, and its summary."""
     if combine not in COMBINE:
         raise ValueError(f"combine={combine!r}: choose one of {COMBINE}")
-    base = delta.e2e if delta.e2e is not None and delta.e2e.count > 0 else delta.ttft
+    # Finished requests only: vLLM observes a TTFT at the first token, long before the request
+    # finishes, so a TTFT count holds requests that a later e2e count holds again.
+    base = delta.e2e if delta.e2e is not None else delta.ttft
     n = int(round(base.count)) if base is not None else 0
-    ttft = spread(delta.ttft, n) if delta.ttft is not None else []
+    ttft_h = delta.ttft if delta.ttft is not None and delta.ttft.count > 0 else delta.e2e
+    ttft = spread(ttft_h, n) if ttft_h is not None else []
     n = n if ttft else 0
     itl = spread(delta.itl, n) if delta.itl is not None else []
     e2e = spread(delta.e2e, n) if delta.e2e is not None else []
@@ -369,10 +376,10 @@ def window_records(
     itl_ms = [v * 1000.0 for v in itl]
     parts = [(float(failed), float(failed))]
     ttft_part = itl_part = (0.0, 0.0)
-    if delta.ttft is not None and n:
-        ttft_part = _scaled(over_slo(delta.ttft, ttft_slo_ms / 1000.0), delta.ttft, n)
+    if ttft_h is not None and n:
+        ttft_part = _scaled(over_slo(ttft_h, ttft_slo_ms / 1000.0), ttft_h, n)
         parts.append(ttft_part)
-        ttft_ms = pin_over(ttft_ms, ttft_slo_ms, _end(ttft_part, combine), [e * 1000.0 for e in delta.ttft.edges])
+        ttft_ms = pin_over(ttft_ms, ttft_slo_ms, _end(ttft_part, combine), [e * 1000.0 for e in ttft_h.edges])
     if delta.itl is not None and n and itl_ms:
         itl_part = _scaled(over_slo(delta.itl, itl_slo_ms / 1000.0), delta.itl, n)
         parts.append(itl_part)
@@ -424,10 +431,30 @@ def window_records(
         bounds=bounds,
         realised=realised,
         combine=combine,
-        ttft_p50=quantile(delta.ttft, 0.5) if delta.ttft is not None else None,
-        ttft_p99=quantile(delta.ttft, 0.99) if delta.ttft is not None else None,
+        ttft_p50=quantile(ttft_h, 0.5) if ttft_h is not None else None,
+        ttft_p99=quantile(ttft_h, 0.99) if ttft_h is not None else None,
     )
     return records, summary
+
+
+def carry_unfinished(cur: Snapshot, delta: Snapshot, n: int) -> Snapshot:
+    """The baseline for the next delta after ``delta`` gave ``n`` records: ``cur`` less the TTFT
+    observations of requests not finished yet (more TTFTs than finished requests), so those
+    reach the records of the scrape where their requests finish.  Which observations are still
+    pending is unknown: each bucket keeps the same share of them.
+
+    >>> cur = Snapshot(ttft=Histogram((1.0,), (4.0, 6.0), total=6.0))
+    >>> carry_unfinished(cur, cur, 3).ttft.cumulative  # 3 of 6 TTFTs belong to finished requests
+    (2.0, 3.0)
+    >>> carry_unfinished(cur, cur, 6) is cur
+    True
+    """
+    h, base = delta.ttft, cur.ttft
+    if h is None or base is None or h.count <= n or h.edges != base.edges:
+        return cur
+    keep = 1.0 - n / h.count
+    cum = tuple(c - keep * d for c, d in zip(base.cumulative, h.cumulative, strict=True))
+    return replace(cur, ttft=replace(base, cumulative=cum, total=base.total - keep * h.total))
 
 
 def _end(part: tuple[float, float], combine: str) -> int:

@@ -41,6 +41,7 @@ from adapters.scrape.deltas import (
     Histogram,
     Snapshot,
     Summary,
+    carry_unfinished,
     edge_advice,
     snapshot_delta,
     window_records,
@@ -279,8 +280,9 @@ class Scraper:
             self._check_edges(model, snap, spec)
             if prev is None:
                 continue  # the baseline
+            delta = snapshot_delta(prev[0], snap)
             recs, summary = window_records(
-                snapshot_delta(prev[0], snap),
+                delta,
                 model=model,
                 zone=ep.zone,
                 node=ep.node,
@@ -291,6 +293,7 @@ class Scraper:
                 itl_slo_ms=spec.itl_slo_ms,
                 combine=self.combine,
             )
+            self._prev[key] = (carry_unfinished(snap, delta, summary.n), t_ms)
             self.summaries.append((ep.node, model, summary))
             log.info(
                 "%s %s: %d requests, violations in [%g, %g], records carry %d (%s)",

@@ -276,3 +276,16 @@ def test_the_bounds_hold_the_true_violation_count(
     _, lower = records(d, ttft_slo_ms=ttft_slo * 1000, itl_slo_ms=itl_slo * 1000, combine="lower")
     assert lower.realised <= truth <= upper.realised
     assert upper.bounds[0] <= lower.realised and upper.realised <= upper.bounds[1] + 1e-9
+
+
+def test_a_delta_counts_finished_requests_not_first_tokens() -> None:
+    # issue 34: 2 first tokens in a scrape interval, 0 finished, gave 2 records, and the e2e
+    # histogram counted the same 2 again when they finished
+    edges = (0.1, 0.2)
+    two = Histogram(edges, (0.0, 2.0, 2.0))
+    recs, summ = records(Snapshot(ttft=two, e2e=Histogram(edges, (0.0, 0.0, 0.0))), ttft_slo_ms=100.0)
+    assert summ.n == 0 and [r["kind"] for r in recs] == ["gpu"]
+    # they finish in a delta with no TTFT left (the adapter carried theirs, or they failed before
+    # a first token): counted, their e2e standing for the TTFT (over the 100 ms SLO here)
+    recs, summ = records(Snapshot(ttft=Histogram(edges, (0.0, 0.0, 0.0)), e2e=two, failed=0), ttft_slo_ms=100.0)
+    assert summ.n == 2 and all(r["ttft_ms"] > 100.0 for r in recs if r["kind"] == "request")
