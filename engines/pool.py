@@ -464,6 +464,12 @@ class EnginePool:
             "--max-num-seqs", str(s.max_num_seqs),
         ]  # fmt: skip
         if s.otlp_endpoint:
+            # vLLM 0.32 exports one `llm_request` span per finished request with its TTFT, e2e,
+            # queue/prefill/decode times and token counts whatever `--collect-detailed-traces` says
+            # (that flag adds model-forward timings governor does not read, at a cost per step); the
+            # exporter speaks gRPC unless told http/protobuf, and the endpoint is the full URL
+            # (.../v1/traces).  Its spans name no model: the resource attributes name model, zone,
+            # node, as adapters.otlp.spans reads them (tests/fixtures/engines/vllm_otlp_*.pb).
             env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
             env["OTEL_RESOURCE_ATTRIBUTES"] = (
                 f"governor.model={s.model},governor.zone={s.zone},governor.node=127.0.0.1:{port}"
