@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from argparse import Namespace
@@ -55,6 +56,7 @@ from core.settings import Settings
 from core.transport import redis_options
 from engines import setup
 from engines.loadgen import LoadResult, replay, schedule
+from engines.pool import pool_processes
 from engines.profile import capacity_at_slo, service_knots, slos_from, unloaded
 from engines.router import RouterClient, start_router
 from launch.embedded import EmbeddedServers
@@ -363,10 +365,22 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
                 await sampling
         await collector.stop()
         await client.close()
-        for c in reversed(children):  # the executor last: it drains and stops its engines
-            c.stop(timeout_s=90.0)
+        for c in reversed(children):  # the executor last: it drains (60 s at most) and stops its engines
+            c.stop(timeout_s=120.0)
+        _kill_leftovers(str(Path(settings.data_dir) / "engines" / zone / MODEL))
         router.stop()
         await redis.aclose()
+
+
+def _kill_leftovers(pool_tag: str) -> None:
+    """Fail safe: SIGKILL any process of the pool still alive after its executor stopped, saying so (the
+    executor should have stopped every one; the end-to-end test fails on this line)."""
+    left = pool_processes(pool_tag)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        _say(f"ORPHANS: killed {len(left)} engine processes the executor left: {sorted(left)}")
 
 
 async def _profile(url: str, args: Namespace) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def test_the_closed_loop_governs_real_engines(tmp_path: Path, engine_python: Pat
     env = {**os.environ, "GOVERNOR_ENGINE_PYTHON": str(engine_python), "GOVERNOR_LOG_LEVEL": "WARNING"}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ORPHANS" not in proc.stderr, proc.stderr[-2000:]  # the executor stopped every engine it started
     report = json.loads((out / "report.json").read_text())
     assert report["platform"] == "local"
     client = report["client"]
