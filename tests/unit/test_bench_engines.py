@@ -22,6 +22,7 @@ from bench.engines import (
     cpu_shares,
     group_cpu_s,
     group_pids,
+    itl_basis,
     machine_cpu_s,
     markdown,
     parse_ints,
@@ -29,7 +30,7 @@ from bench.engines import (
     summarize,
     trials_text,
 )
-from engines.profile import CapacityProfile
+from engines.profile import CapacityProfile, Unloaded, slos_from
 
 # A child that spins, and starts a grandchild that spins too: one process group of two busy processes.
 SPIN = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'while True: pass']); exec('while True: pass')"
@@ -141,6 +142,16 @@ def test_the_table_has_one_row_per_size_with_the_trial_at_the_capacity() -> None
     assert trials_text([one]).endswith(
         "1 req/s 97.0 % 31 ms ok; 8 req/s 97.0 % 31 ms ok; 11.3 req/s 50.0 % 900 ms miss"
     )
+
+
+def test_the_itl_slo_holds_when_the_client_gets_tokens_in_bursts() -> None:
+    # unloaded through the router: tokens in one burst (ITL 10 us), 73 ms for 32 tokens end to end
+    burst = Unloaded(n=20, ttft_p50_s=0.068, ttft_p95_s=0.09, itl_p50_s=1e-05, itl_p95_s=1e-05, e2e_mean_s=0.0728)
+    assert slos_from(burst, 5.0)[1] == 1.0  # the raw basis: the 1 ms floor, which a real 1.5 ms token misses
+    ttft, itl = slos_from(itl_basis(burst, 32), 5.0)
+    assert (ttft, itl) == (450.0, 11.4)  # TTFT untouched; ITL 5 x 73 ms / 32
+    streamed = Unloaded(n=20, ttft_p50_s=0.01, ttft_p95_s=0.012, itl_p50_s=0.004, itl_p95_s=0.006, e2e_mean_s=0.13)
+    assert itl_basis(streamed, 32) == streamed  # a measured ITL above the per-token time is kept
 
 
 @pytest.mark.parametrize("text", ["", "a", "0", "2,1", "1,1", "1,9"])

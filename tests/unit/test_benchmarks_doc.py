@@ -62,6 +62,9 @@ def test_the_history_of_runs_is_left_to_git() -> None:
     assert "before -> after" not in TEXT
 
 
-def test_the_real_engines_question_says_that_no_figures_exist_yet() -> None:
+def test_the_real_engines_question_leads_with_its_real_figures() -> None:
     section = TEXT.split("## On real engines?", 1)[1]
-    assert section.lstrip().startswith("No real-engine figures exist yet.")
+    assert "No real-engine figures exist yet" not in TEXT  # neither the summary nor the section
+    assert section.lstrip().startswith("One table here was measured on real engines")
+    capacity = section.split("### Real engines on one machine: capacity a replica adds", 1)[1].split("\n#", 1)[0]
+    assert "`governor bench engines " in capacity.split("\n|", 1)[0]  # its table sits under its command
