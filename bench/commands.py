@@ -61,6 +61,11 @@ COMMANDS: dict[str, Command] = {
         parser="bench.sim_vs_real:add_parser",
         takes="args",
     ),
+    "engines": Command(
+        "capacity at the SLO of 1, 2 and 3 real vLLM engines behind the router, and what limits it",
+        run="bench.engines:run_engines",
+        parser="bench.engines:add_parser",
+    ),
     "kv": Command(
         "KV fragmentation, relocation and cross-zone timing (simulator)",
         run="bench.kv:run_kv_bench",

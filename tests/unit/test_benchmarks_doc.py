@@ -63,8 +63,10 @@ def test_the_history_of_runs_is_left_to_git() -> None:
 
 
 def test_the_real_engines_question_names_the_commands_of_its_real_figures() -> None:
-    # Issue 33: the figures on real engines each come from a command of the repository.
+    # Issue 33: the figures on real engines each come from a command of the repository, its table under it.
     section = TEXT.split("## On real engines?", 1)[1].split("### Engine telemetry", 1)[0]
-    assert "No real-engine figures exist yet." not in TEXT
+    assert "No real-engine figures exist yet" not in TEXT  # neither the summary nor the section
     for command in ("governor demo --platform local", "governor bench sim-vs-real", "governor engines setup"):
         assert command in section, command
+    capacity = TEXT.split("### Real engines on one machine: capacity a replica adds", 1)[1].split("\n#", 1)[0]
+    assert "`governor bench engines " in capacity.split("\n|", 1)[0]  # its table sits under its command
