@@ -32,9 +32,9 @@ is killed; the router's group is stopped).
 >>> print(markdown({"command": "governor bench engines", "slo": {"ttft_slo_ms": 40.0, "itl_slo_ms": 9.0}}, rows))
 `governor bench engines` (SLO: TTFT 40 ms, ITL 9 ms)
 <BLANKLINE>
-| engines | max-num-seqs | capacity, req/s | x 1 engine | tokens/s | attainment, P95 TTFT at capacity | CPU share of the machine: engines (each) | router | client | other | idle |
-|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|
-| 1 | 4 | 8.00 | 1.00 | 250 | 97.0 %, 21 ms | 49 % | 2 % | 10 % | 5 % | 34 % |
+| engines | confined | max-num-seqs | capacity, req/s | x 1 engine | tokens/s | attainment, P95 TTFT at capacity | CPU share of the machine: engines (each) | router | client | other | idle |
+|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|
+| 1 | yes | 4 | 8.00 | 1.00 | 250 | 97.0 %, 21 ms | 49 % | 2 % | 10 % | 5 % | 34 % |
 """
 
 from __future__ import annotations
@@ -192,9 +192,9 @@ def markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         f"`{meta['command']}` (SLO: TTFT {slo['ttft_slo_ms']:g} ms, ITL {slo['itl_slo_ms']:g} ms)",
         "",
-        "| engines | max-num-seqs | capacity, req/s | x 1 engine | tokens/s | attainment, P95 TTFT at capacity "
+        "| engines | confined | max-num-seqs | capacity, req/s | x 1 engine | tokens/s | attainment, P95 TTFT at capacity "
         "| CPU share of the machine: engines (each) | router | client | other | idle |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         at = r.get("at_capacity")
@@ -204,7 +204,8 @@ def markdown(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
         tokens = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}"
         lines.append(
-            f"| {r['engines']} | {r['max_num_seqs']} | {r['capacity_rps']:.2f} | {ratio} | {tokens} | {at_text} "
+            f"| {r['engines']} | {'yes' if r.get('confined', True) else 'no'} | {r['max_num_seqs']} "
+            f"| {r['capacity_rps']:.2f} | {ratio} | {tokens} | {at_text} "
             f"| {engines} | {_pct(cpu.get('router'))} | {_pct(cpu.get('client'))} | {_pct(cpu.get('other'))} "
             f"| {_pct(cpu.get('idle'))} |"
         )
@@ -321,12 +322,12 @@ async def _bench(
     shape = {"prompt_tokens": a.prompt_tokens, "output_tokens": a.output_tokens}
     try:
         await router.wait_healthy()
-        for m in a.seqs:
-            state = run_dir / f"pool-m{m}"
+        for confine, m in [(c, m) for c in a.confine_list for m in a.seqs]:
+            state = run_dir / f"pool-m{m}-confine{int(confine)}"
             pools.append(state)
             spec = EngineSpec(
                 python=str(python), model_dir=str(model_dir), served_name=MODEL, model=MODEL, zone="local",
-                max_num_seqs=m, cores=a.core_list, drain_timeout_s=10.0, grace_s=5.0,
+                max_num_seqs=m, cores=a.core_list, drain_timeout_s=10.0, grace_s=5.0, confine=confine,
             )  # fmt: skip
             pool = EnginePool(spec, RouterClient(router.url), state)
             try:
@@ -360,9 +361,13 @@ async def _bench(
                     if pool.deaths:
                         raise RuntimeError(f"an engine died during the trials ({pool.deaths})")
                     row = summarize(n, m, cap, shares, labels)
+                    row["confined"] = confine
                     row["unloaded"] = base.as_dict()
                     row["cores"] = [e["core"] for e in engines]
-                    one = next((r for r in rows if r["max_num_seqs"] == m and r["engines"] == 1), None)
+                    one = next(
+                        (r for r in rows if r["max_num_seqs"] == m and r["engines"] == 1 and r["confined"] == confine),
+                        None,
+                    )
                     if one is not None and one["capacity_rps"] > 0:
                         row["ratio"] = round(row["capacity_rps"] / one["capacity_rps"], 3)
                     elif n == 1:
@@ -393,6 +398,7 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("--max-num-seqs", str, "4", "engine batch limits to try, a comma list (default 4)"),
     ("--sizes", str, "1,2,3", "pool sizes, increasing (default 1,2,3)"),
     ("--cores", str, "0,1", "the cores engines are pinned to, round-robin (default 0,1)"),
+    ("--confine", str, "1", "1: every process of an engine on its core; 0: its compute thread only; 0,1: both"),
     ("--slo-multiple", float, 5.0, "SLO = this x the 1-engine unloaded P95 (5)"),
     ("--trial-s", float, 10.0, "seconds of each capacity trial (10)"),
     ("--steps", int, 4, "bisection steps after the bracket's two trials (4)"),
@@ -418,6 +424,7 @@ def run_engines(settings: Settings, a: argparse.Namespace) -> int:
     a.seqs = parse_ints(a.max_num_seqs, "--max-num-seqs", 1, 256)
     a.size_list = parse_ints(a.sizes, "--sizes", 1, 8)
     a.core_list = tuple(int(c) for c in a.cores.split(","))
+    a.confine_list = tuple(bool(x) for x in parse_ints(a.confine, "--confine", 0, 1))
     if not (0 < a.lo_rps < a.hi_rps) or a.trial_s <= 0 or a.steps < 0 or a.slo_multiple <= 0:
         raise SystemExit("need 0 < --lo-rps < --hi-rps, --trial-s > 0, --steps >= 0, --slo-multiple > 0")
     a.command_line = "governor " + shlex.join(sys.argv[1:]) if "engines" in sys.argv else "governor bench engines"

@@ -725,6 +725,13 @@ class Settings:
         "OTLP HTTP traces endpoint the local engines export their request spans to (empty = none)",
         "str",
     )
+    local_confine: bool = _setting(
+        True,
+        "GOVERNOR_LOCAL_CONFINE",
+        "1/0: every process of a local engine on its own core (API server and EngineCore too, not only the "
+        "compute thread)",
+        "bool",
+    )
     local_stop_engines: bool = _setting(
         True,
         "GOVERNOR_LOCAL_STOP_ENGINES",
@@ -1269,7 +1276,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "local": (
         "local_router_url", "local_model_dir", "local_model", "local_cores",
         "local_max_num_seqs", "local_startup_timeout_s", "local_start_wait_s", "local_drain_timeout_s",
-        "local_start_replicas", "local_sd_port", "local_otlp_endpoint", "local_stop_engines",
+        "local_start_replicas", "local_sd_port", "local_otlp_endpoint", "local_confine", "local_stop_engines",
     ),
 }  # fmt: skip
 _SECTION_OF = {member: name for name, members in SECTIONS.items() for member in members}

@@ -103,6 +103,11 @@ class EngineSpec:
     otlp_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
     start_wait_s: float = 0.0  # how long scale_to waits for a started engine to answer /health or fail
+    # Every process of an engine on its core (its API server and EngineCore too, by CPU affinity, which
+    # its children inherit), not only the compute thread VLLM_CPU_OMP_THREADS_BIND pins: unconfined, two
+    # engines on two cores each ran their API server and EngineCore on the other's core, and the pool
+    # served a tenth of what one engine did alone (docs/benchmarks.md, `governor bench engines`).
+    confine: bool = True
 
     def __post_init__(self) -> None:
         for name in ("python", "model_dir", "served_name", "model", "zone"):
@@ -158,6 +163,15 @@ class Engine:
             "started_at": self.started_at,
             "ready_at": self.ready_at,
         }
+
+
+def _confine_to(core: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that puts the new process (and so every process it starts) on ``core`` alone."""
+
+    def confine() -> None:
+        os.sched_setaffinity(0, {core})
+
+    return confine
 
 
 def free_port() -> int:
@@ -484,10 +498,12 @@ class EnginePool:
         argv += list(s.extra_args)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(port)
+        confine = _confine_to(core) if s.confine else None
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=confine,
+            )  # fmt: skip
         e = Engine(port=port, pid=proc.pid, core=core, token=token, started_at=self.clock(), proc=proc)
         self._engines[port] = e
         self._save()  # at once: a crash from here on leaves an engine the next adopt() finds

@@ -136,8 +136,8 @@ def test_the_table_has_one_row_per_size_with_the_trial_at_the_capacity() -> None
                     [one, two])  # fmt: skip
     lines = text.splitlines()
     assert lines[0] == "`governor bench engines --sizes 1,2` (SLO: TTFT 40 ms, ITL 9 ms)"
-    assert lines[4] == "| 1 | 4 | 8.00 | 1.00 | 305 | 97.0 %, 31 ms | 48 % | 2 % | 12 % | 5 % | 3 % |"
-    assert lines[5] == "| 2 | 4 | 0.00 | - | - | - | 48 % + 30 % | 2 % | 12 % | 5 % | 3 % |"
+    assert lines[4] == "| 1 | yes | 4 | 8.00 | 1.00 | 305 | 97.0 %, 31 ms | 48 % | 2 % | 12 % | 5 % | 3 % |"
+    assert lines[5] == "| 2 | yes | 4 | 0.00 | - | - | - | 48 % + 30 % | 2 % | 12 % | 5 % | 3 % |"
     assert len({line.count("|") for line in lines[2:]}) == 1  # every row has the header's columns
     assert trials_text([one]).endswith(
         "1 req/s 97.0 % 31 ms ok; 8 req/s 97.0 % 31 ms ok; 11.3 req/s 50.0 % 900 ms miss"
