@@ -5,11 +5,11 @@ One run starts the vLLM router and, for each ``--max-num-seqs`` value, an
 (:mod:`engines.setup`), pinned to ``--cores``.  The pool grows 1 -> 2 -> 3
 (``--sizes``), each size measured once every engine is in the router: a few
 warm-up requests, the unloaded latency, then the throughput at the SLO
-(:func:`engines.profile.capacity_at_slo`: a geometric bisection over the
+(:func:`engines.profiling.capacity_at_slo`: a geometric bisection over the
 offered Poisson rate, ``--trial-s`` seconds a trial, the same bracket for every
 size so the answers sit on one grid).  The SLO is the same for every row:
 ``--slo-multiple`` x the unloaded P95 TTFT and ITL of the first pool at one
-engine (:func:`engines.profile.slos_from`; the ITL basis at least the unloaded
+engine (:func:`engines.profiling.slos_from`; the ITL basis at least the unloaded
 time per output token, :func:`itl_basis`).
 
 What limits it, with figures: during each size's capacity trials the command
@@ -57,7 +57,7 @@ from typing import Any
 from core.settings import Settings
 from engines import setup
 from engines.pool import EnginePool, EngineSpec, free_port, pool_processes
-from engines.profile import CapacityProfile, Unloaded, capacity_at_slo, slos_from, unloaded
+from engines.profiling import CapacityProfile, Unloaded, capacity_at_slo, slos_from, unloaded
 from engines.router import RouterClient, start_router
 
 __all__ = [

@@ -9,7 +9,7 @@ did not write (issue 33):
    executor with the ``local`` backend (:mod:`executors.local`), which starts
    the first engine and adds it to the router once its ``/health`` answers.
 3. It profiles that engine through the router with the load client
-   (:mod:`engines.profile`): the unloaded P95 TTFT and ITL, of which the SLOs
+   (:mod:`engines.profiling`): the unloaded P95 TTFT and ITL, of which the SLOs
    are a stated multiple (``--slo-multiple``), and the rate one engine serves
    within them (the feedforward's replica capacity).
 4. It starts the stream worker with those SLOs, and ``governor ingest scrape``
@@ -57,7 +57,7 @@ from core.transport import redis_options
 from engines import setup
 from engines.loadgen import LoadResult, replay, schedule
 from engines.pool import pool_processes
-from engines.profile import capacity_at_slo, service_knots, slos_from, unloaded
+from engines.profiling import capacity_at_slo, service_knots, slos_from, unloaded
 from engines.router import RouterClient, start_router
 from launch.embedded import EmbeddedServers
 from launch.processes import (

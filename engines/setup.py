@@ -274,7 +274,9 @@ def ensure_model(
         log.write_text("")
         try:
             _run(
-                [str(python), str(script), "--out", str(scratch), "--seed", str(seed)],
+                # -P: the script's folder (engines/) is not put on sys.path, so none of its modules can shadow
+                # one of the standard library's (engines/profile.py once hid `profile`, which torch imports)
+                [str(python), "-P", str(script), "--out", str(scratch), "--seed", str(seed)],
                 "making the tiny model",
                 log,
                 engine_env(),

@@ -30,7 +30,7 @@ from bench.engines import (
     summarize,
     trials_text,
 )
-from engines.profile import CapacityProfile, Unloaded, slos_from
+from engines.profiling import CapacityProfile, Unloaded, slos_from
 
 # A child that spins, and starts a grandchild that spins too: one process group of two busy processes.
 SPIN = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'while True: pass']); exec('while True: pass')"

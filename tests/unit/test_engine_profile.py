@@ -1,4 +1,4 @@
-"""engines.profile: the capacity bisection, sequential measurement and the SLOs it states.
+"""engines.profiling: the capacity bisection, sequential measurement and the SLOs it states.
 
 The replay function is a stand-in with a known answer (attainment falls past a true capacity),
 so the bisection's own logic is what is tested; the real engines are profiled by the demo's
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engines.loadgen import LoadResult, RequestResult, RequestSpec
-from engines.profile import Unloaded, capacity_at_slo, poisson_specs, service_knots, slos_from, unloaded
+from engines.profiling import Unloaded, capacity_at_slo, poisson_specs, service_knots, slos_from, unloaded
 
 
 class Plant:

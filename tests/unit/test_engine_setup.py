@@ -17,7 +17,15 @@ import pytest
 
 from core.settings import Settings
 from engines import setup
-from engines.setup import EngineSetupError, engine_home, engine_python, ensure_model, ensure_venv, venv_stamp
+from engines.setup import (
+    MODEL_SCRIPT,
+    EngineSetupError,
+    engine_home,
+    engine_python,
+    ensure_model,
+    ensure_venv,
+    venv_stamp,
+)
 
 
 def _wheel(dirpath: Path, name: str = "govtiny", version: str = "1.0") -> Path:
@@ -163,7 +171,7 @@ def test_the_model_stamp_makes_a_second_call_free(tmp_path: Path) -> None:
     """A stand-in 'python' (a shell script) that writes the model's one file, to count the builds."""
     fake = tmp_path / "fake-python"
     count = tmp_path / "count"
-    fake.write_text(f'#!/bin/sh\necho x >> {count}\nmkdir -p "$3" && echo "{{}}" > "$3/config.json"\n')
+    fake.write_text(f'#!/bin/sh\necho x >> {count}\nmkdir -p "$4" && echo "{{}}" > "$4/config.json"\n')
     fake.chmod(0o755)
     first = ensure_model(fake, tmp_path, seed=4, say=lambda _: None)
     assert first == tmp_path / "models" / "tiny-llama-s4" and (first / "config.json").exists()
@@ -179,7 +187,7 @@ def test_governor_engines_setup_says_where_the_python_and_the_model_are(
     from governor.cli import main
 
     fake = tmp_path / "fake-python"
-    fake.write_text('#!/bin/sh\nmkdir -p "$3" && echo "{}" > "$3/config.json"\n')
+    fake.write_text('#!/bin/sh\nmkdir -p "$4" && echo "{}" > "$4/config.json"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("GOVERNOR_ENGINE_PYTHON", str(fake))
     monkeypatch.setenv("GOVERNOR_ENGINE_HOME", str(tmp_path / "home"))
@@ -193,3 +201,13 @@ def test_governor_engines_setup_says_where_the_python_and_the_model_are(
     monkeypatch.setenv("GOVERNOR_ENGINE_PYTHON", str(tmp_path / "nothing"))
     assert main(["engines", "setup"]) == 2
     assert "GOVERNOR_ENGINE_PYTHON=" in capsys.readouterr().err
+
+
+def test_no_module_beside_the_model_script_shadows_the_standard_library() -> None:
+    # The engine venv runs engines/make_tiny_model.py (with -P, so its folder is not on sys.path; this
+    # holds even without it): engines/profile.py once hid `profile`, which torch imports, and CI's model
+    # build failed with "No module named 'engines'" from inside torch.
+    import sys
+
+    names = {p.stem for p in MODEL_SCRIPT.parent.glob("*.py")}
+    assert not names & set(sys.stdlib_module_names), names & set(sys.stdlib_module_names)
