@@ -188,9 +188,16 @@ class ModelSpec:
             v = getattr(self, bound)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise SettingsError(f"model {self.name}: {bound} must be an int (got {v!r})")
-        if not 0 <= self.min_replicas <= self.max_replicas:
+        if self.min_replicas < 1:
+            # Scale from zero is not built: a model at 0 replicas sends no telemetry, so the loop (which holds
+            # on missing data, never idles) could only keep it at 0 (docs/operations.md, Configuration).
             raise SettingsError(
-                f"model {self.name}: need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
+                f"model {self.name}: min_replicas must be >= 1 (got {self.min_replicas}): governor does not scale "
+                "from zero -- a model at 0 replicas sends no telemetry, so the loop would hold it at 0"
+            )
+        if not self.min_replicas <= self.max_replicas:
+            raise SettingsError(
+                f"model {self.name}: need 1 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas})"
             )
 
     def slo(self, request_class: str | None = None) -> tuple[float, float]:
@@ -311,7 +318,7 @@ _MODEL_SCHEMA = {
         "name": {"type": "string", "minLength": 1},
         "ttft_slo_ms": {"type": "number", "exclusiveMinimum": 0},
         "itl_slo_ms": {"type": "number", "exclusiveMinimum": 0},
-        "min_replicas": {"type": "integer", "minimum": 0},
+        "min_replicas": {"type": "integer", "minimum": 1},
         "max_replicas": {"type": "integer", "minimum": 0},
         "replica_capacity_rps": {"type": ["number", "null"], "exclusiveMinimum": 0},
         "replica_headroom": {"type": ["number", "null"], "minimum": 0.5, "maximum": 10},

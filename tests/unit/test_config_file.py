@@ -123,7 +123,7 @@ ERRORS = [
     ("models:\n  - {ttft_slo_ms: 5}\n", "models[0]: missing the key 'name'"),
     ("models:\n  - {name: m, ttf_slo_ms: 5}\n", "models[0].ttf_slo_ms: unknown key (did you mean 'ttft_slo_ms'?)"),
     ("models:\n  - {name: m, min_replicas: 5, max_replicas: 2}\n",
-     "models[0]: need 0 <= min_replicas (5) <= max_replicas (2)"),  # the dataclass's cross-field rule
+     "models[0]: need 1 <= min_replicas (5) <= max_replicas (2)"),  # the dataclass's cross-field rule
     ("models:\n  - {name: m}\n  - {name: m}\n", "models: model 'm' is listed twice"),
     ("models:\n  - name: m\n    classes: {gold: {ttft_slo_ms: 5}}\n",
      "models[0].classes.gold: unknown request class (choose from trading, voice, batch)"),

@@ -23,7 +23,7 @@ MODEL = "m"
 
 
 def _loop(metrics: WorkerMetrics | None = None) -> ControlLoop:
-    s = Settings(models=(ModelSpec(MODEL, min_replicas=0, max_replicas=20),), zones=("az-a", "az-b"))
+    s = Settings(models=(ModelSpec(MODEL, min_replicas=1, max_replicas=20),), zones=("az-a", "az-b"))
     return ControlLoop(s, metrics)
 
 
@@ -111,7 +111,7 @@ def test_zone_loss_by_silence_needs_the_executor_heartbeat_gone() -> None:
 
 
 SC = build("replay", load_trace("azure-conv"), qps=20, duration_s=3000)
-CFG = LoopConfig.of(initial_replicas=4, startup_s=30.0, min_replicas=0)
+CFG = LoopConfig.of(initial_replicas=4, startup_s=30.0, min_replicas=1)
 
 
 @pytest.mark.parametrize("kind", ["requests_silent", "gpu_silent"])
