@@ -56,7 +56,7 @@ from core.settings import Settings
 from core.transport import redis_options
 from engines import setup
 from engines.loadgen import LoadResult, replay, schedule
-from engines.pool import pool_processes
+from engines.pool import free_port, pool_processes
 from engines.profiling import capacity_at_slo, service_knots, slos_from, unloaded
 from engines.router import RouterClient, start_router
 from launch.embedded import EmbeddedServers
@@ -116,14 +116,6 @@ class _SpanSink:
 
 def _otlp_port(settings: Settings) -> int:
     return int(settings.local_otlp_endpoint.rsplit(":", 1)[1].split("/")[0])
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Sampler:
@@ -237,11 +229,11 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
     zone = settings.zones[0]
     # --telemetry otlp: the engines export their spans to `governor ingest otlp` on this port
     settings = settings.replace(
-        local_otlp_endpoint=f"http://127.0.0.1:{_free_port()}/v1/traces" if args.telemetry == "otlp" else ""
+        local_otlp_endpoint=f"http://127.0.0.1:{free_port()}/v1/traces" if args.telemetry == "otlp" else ""
     )
     await ensure_topics(settings)
     redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
-    router = start_router(_free_port(), _free_port(), run_dir / "router.log")
+    router = start_router(free_port(), free_port(), run_dir / "router.log")
     children: list[ChildProcess] = []
     collector = Collector(settings)
     stop = asyncio.Event()
@@ -252,7 +244,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
         if sink is not None:
             await sink.start()
         await router.wait_healthy()
-        sd_port = _free_port()
+        sd_port = free_port()
         exec_settings = settings.replace(
             executor_backends="scale=local,*=dry-run",
             local_router_url=router.url,
