@@ -24,6 +24,7 @@ a miss), as in the demo report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -31,10 +32,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim.fastloop import LoopConfig, run
 from sim.perf_model import PerfModel
 from sim.traces import load_trace
-from sim.workloads import from_trace
+from sim.workloads import Workload, from_trace
 
 __all__ = ["add_parser", "compare", "perf_from_knots", "run_sim_vs_real", "timeline"]
 
@@ -85,6 +88,23 @@ def perf_from_knots(knots: Mapping[str, Sequence[Sequence[float]]], kv_cache_gib
         weight_bytes=0,
         hbm_bytes=int(kv_cache_gib * GIB),
         gpu_memory_utilization=1.0,
+    )
+
+
+def clipped(workload: Workload, max_prompt_tokens: int, max_output_tokens: int) -> Workload:
+    """The workload's lengths clipped as the load client clipped them (:func:`engines.loadgen.schedule`:
+    each in ``[1, max]``), so both fleets serve the same requests; the arrival times are unchanged.
+
+    >>> import numpy as np
+    >>> w = Workload(np.array([0.0, 1.0]), np.array([900, 10]), np.array([300, 0]), None, "w")
+    >>> c = clipped(w, 512, 64)
+    >>> c.prompt_tokens.tolist(), c.output_tokens.tolist()
+    ([512, 10], [64, 1])
+    """
+    return dataclasses.replace(
+        workload,
+        prompt_tokens=np.clip(np.asarray(workload.prompt_tokens), 1, max_prompt_tokens),
+        output_tokens=np.clip(np.asarray(workload.output_tokens), 1, max_output_tokens),
     )
 
 
@@ -156,7 +176,11 @@ def _simulated(report: Mapping[str, Any]) -> tuple[list[Any], list[Any], dict[st
     slo = report["slo"]
     cap = float(prof["capacity_rps"])
     segments = [tuple(s) for s in report["segments"]]
-    workload = from_trace(load_trace(report["trace"]), float(report["base_qps"]), float(report["duration_s"]), segments)
+    workload = clipped(
+        from_trace(load_trace(report["trace"]), float(report["base_qps"]), float(report["duration_s"]), segments),
+        int(report.get("prompt_tokens_max", 512)),
+        int(report.get("output_tokens_max", 64)),
+    )
     cfg = LoopConfig.of(
         model="tiny-llama",
         ttft_slo_ms=float(slo["ttft_slo_ms"]),
