@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bench.local_demo import _free_port, _SpanSink
+from bench.local_demo import _SpanSink
+from engines.pool import free_port as _free_port
 
 
 def _export(port: int) -> bool:
