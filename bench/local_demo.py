@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -57,7 +56,7 @@ from core.transport import redis_options
 from engines import setup
 from engines.loadgen import LoadResult, replay, schedule
 from engines.pool import free_port, pool_processes
-from engines.profiling import capacity_at_slo, service_knots, slos_from, unloaded
+from engines.profiling import capacity_at_slo, nearest_rank, service_knots, slos_from, unloaded
 from engines.router import RouterClient, start_router
 from launch.embedded import EmbeddedServers
 from launch.processes import (
@@ -220,7 +219,8 @@ def _window_compare(windows: list[dict[str, Any]], result: LoadResult, window_s:
     errs = sorted(abs(r["engines_p95_ms"] - r["client_p95_ms"]) for r in rows)
 
     def q(p: float) -> float | None:
-        return round(errs[min(len(errs) - 1, math.ceil(p * len(errs)) - 1)], 1) if errs else None
+        v = nearest_rank(errs, p)
+        return None if v is None else round(v, 1)
 
     return {"windows": rows, "abs_error_ms": {"median": q(0.5), "p90": q(0.9)}}
 

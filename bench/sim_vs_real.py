@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.profiling import nearest_rank
 from sim.fastloop import LoopConfig, run
 from sim.perf_model import PerfModel
 from sim.traces import load_trace
@@ -108,13 +109,6 @@ def clipped(workload: Workload, max_prompt_tokens: int, max_output_tokens: int) 
     )
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
 def timeline(
     requests: Sequence[Mapping[str, Any]],
     replicas: Sequence[tuple[float, int]],
@@ -143,7 +137,7 @@ def timeline(
                 ready = c
         ok = [r for r in inside if r["ok"]]
         met = sum(1 for r in ok if r["ttft_ms"] <= ttft_slo_ms and (r["itl_ms"] or 0.0) <= itl_slo_ms)
-        p95 = _pct([float(r["ttft_ms"]) for r in ok], 0.95)
+        p95 = nearest_rank([float(r["ttft_ms"]) for r in ok], 0.95)
         rows.append(
             {
                 "t_s": hi,

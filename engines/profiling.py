@@ -27,7 +27,16 @@ from typing import Any
 
 from engines.loadgen import LoadResult, RequestResult, RequestSpec, replay
 
-__all__ = ["CapacityProfile", "Unloaded", "capacity_at_slo", "poisson_specs", "service_knots", "slos_from", "unloaded"]
+__all__ = [
+    "nearest_rank",
+    "CapacityProfile",
+    "Unloaded",
+    "capacity_at_slo",
+    "poisson_specs",
+    "service_knots",
+    "slos_from",
+    "unloaded",
+]
 
 
 @dataclass(frozen=True)
@@ -54,16 +63,23 @@ class CapacityProfile:
     trials: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; NaN for no values.
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank ``q``-quantile (0..1) of ``values``; None for no values (the profile's, the demo's
+    and the simulator comparison's one definition).
 
-    >>> _pct([3.0, 1.0, 2.0], 0.5), _pct([1.0, 2.0, 3.0, 4.0], 0.95)
-    (2.0, 4.0)
+    >>> nearest_rank([3.0, 1.0, 2.0], 0.5), nearest_rank([1.0, 2.0, 3.0, 4.0], 0.95), nearest_rank([], 0.5)
+    (2.0, 4.0, None)
     """
     if not values:
-        return math.nan
+        return None
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _pct(values: list[float], q: float) -> float:
+    """:func:`nearest_rank`, NaN for no values (a field of :class:`Unloaded`)."""
+    v = nearest_rank(values, q)
+    return math.nan if v is None else v
 
 
 def slos_from(
