@@ -4,7 +4,7 @@ the fast deterministic loop (:mod:`sim.fastloop`), one table.
 Columns: SLO attainment, the workload's ceiling (attainment of an unbounded
 fleet) and attainment as a share of it, P50/P95/P99 end-to-end latency, P95
 TTFT, GPU-seconds, waste (idle share of provisioned GPU time), scale actions
-and reversals (flaps).  The summary adds the lower bound on GPU-seconds
+and reversals (direction changes of a zone's desired count, summed over the zones).  The summary adds the lower bound on GPU-seconds
 (:mod:`sim.oracle`).  Writes a PNG per strategy (latency and replicas over
 time) and, with ``--json``, prints one JSON object per strategy.
 

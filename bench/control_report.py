@@ -23,7 +23,7 @@ COLUMNS = (
     ("gpu_seconds", "GPU-s", "{:,.0f}"),
     ("waste", "waste", "{:.1%}"),
     ("scale_actions", "actions", "{}"),
-    ("reversals", "flaps", "{}"),
+    ("reversals", "reversals", "{}"),
 )
 
 

@@ -165,6 +165,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "at_target": sum(1 for v in shares if v >= TARGET_SHARE),
                 "share_pooled": None if share_pooled is None else round(share_pooled, 5),
                 "within_noise": within,  # seeds at the target or short of it by their counting noise
+                **_reversal_stats(rs),
             }
         by_seed = {(r["seed"], r["strategy"]): r for r in mine}
         ratios = [
@@ -188,6 +189,16 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _reversal_stats(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean and max reversals (direction changes of the desired count, summed over the zones) of the
+    rows that carry them; rows without (older JSON) give None."""
+    revs = [int(r["reversals"]) for r in rs if r.get("reversals") is not None]
+    return {
+        "reversals_mean": round(_mean(revs), 2) if revs else None,
+        "reversals_max": max(revs) if revs else None,
+    }
+
+
 def markdown(meta: Mapping[str, Any], summary: Sequence[Mapping[str, Any]]) -> str:
     """The summary as a markdown table (what docs/benchmarks.md shows)."""
     names = list(meta["strategies"])
@@ -201,7 +212,8 @@ def markdown(meta: Mapping[str, Any], summary: Sequence[Mapping[str, Any]]) -> s
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | "
         + " | ".join(
-            f"{s}: of ceiling, mean [range] / seeds at 99.5 % (within 2 sd) / pooled / GPU-s / waste [max]"
+            f"{s}: of ceiling, mean [range] / seeds at 99.5 % (within 2 sd) / pooled / GPU-s / waste [max] "
+            "/ reversals [max]"
             for s in names
         )
         + " | governor / oracle where both reach it |\n|---|"
@@ -219,9 +231,10 @@ def markdown(meta: Mapping[str, Any], summary: Sequence[Mapping[str, Any]]) -> s
             waste = "-" if v["waste_mean"] is None else f"{v['waste_mean']:.1%} [{v['waste_max']:.1%}]"
             within = "" if v.get("within_noise") is None else f" ({v['within_noise']})"
             pool = "-" if v.get("share_pooled") is None else f"{v['share_pooled']:.2%}"
+            revs = "-" if v.get("reversals_mean") is None else f"{v['reversals_mean']:g} [{v['reversals_max']}]"
             cells.append(
                 f"{v['share_mean']:.2%} [{v['share_min']:.2%}-{v['share_max']:.2%}] / {v['at_target']} of {n}{within} "
-                f"/ {pool} / {v['gpu_seconds_mean']:,.0f} / {waste}"
+                f"/ {pool} / {v['gpu_seconds_mean']:,.0f} / {waste} / {revs}"
             )
         ratio = (
             "-"
@@ -264,6 +277,7 @@ def run_seeds(args: argparse.Namespace) -> int:
                         "attainment": r.metrics.get("slo_attainment"),
                         "ceiling": r.metrics.get("ceiling"),
                         "requests": r.metrics.get("requests"),  # finished: the attainment's denominator
+                        "reversals": r.metrics.get("reversals"),
                         "replica_capacity_rps": meta["replica_capacity_rps"],
                         "replica_headroom": meta["replica_headroom"],
                     }
