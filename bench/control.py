@@ -130,9 +130,9 @@ class Setup:
 
     @functools.cached_property
     def replica_concurrency(self) -> float:
-        """Requests in flight per replica at the capacity the peers are given: one profile trial at the true
-        capacity (:func:`sim.baselines.derived.profiled_concurrency`), scaled by the capacity error; once per
-        model, the same in every zone."""
+        """Requests in flight per replica carrying the capacity the peers are given: Little's law on one light
+        profile trial at the true capacity (:func:`sim.baselines.derived.profiled_concurrency`), scaled by the
+        capacity error; once per model, the same in every zone."""
         from sim.baselines.derived import profiled_concurrency
 
         true = self.true_capacity

@@ -61,7 +61,7 @@ TARGET_SHARE = 0.995  # of the ceiling: where governor's GPU-seconds are compare
 TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
 # multiples of a peer's derived target: from a quarter (a fleet run much hotter than the profile says) to
 # twice it (much cooler), so the sweep holds the derived target and the peer's best point on either trace
-# (KPA's best on Mooncake was at 0.4x the derived target, Ray Serve's at or below it)
+# (KPA's and Ray Serve's best points on the 600 s runs lie between 0.25x and 1x)
 DERIVED_MULTIPLES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 # strategy -> (knob, its values); "_x_" knobs scale a per-run reference (static's size, the TTFT SLO, or the
@@ -111,7 +111,7 @@ def knob_values(name: str, points: int = 0) -> tuple[float, ...]:
 
 def derived_targets(setup: Setup) -> dict[str, dict[str, Any]]:
     """Each baseline's default setting on this run, in its own unit: the capacity-derived per-replica targets
-    (KPA, Ray Serve: requests in flight at the profiled capacity, one profile trial per model; the queue-depth
+    (KPA, Ray Serve: requests in flight carrying the profiled capacity, one profile trial per model; the queue-depth
     HPA: Little's law on the waiting room) or the system's default, and the setting a knob multiple of 1 means."""
     from sim.baselines import HpaParams, HpaQueueDepth
 

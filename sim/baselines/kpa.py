@@ -34,8 +34,8 @@ Target: 100 is Knative's default for HTTP services, where a request holds a
 container only briefly.  Here the per-replica concurrency target is derived
 from the same profiled capacity governor, static and Dynamo get, by Little's
 law: ``target_concurrency = replica_capacity_rps x W``, ``W`` the mean time a
-request spends in a replica at that rate, measured once per model on a
-profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
+request spends in a replica (served, not queued), measured once per model on
+a light profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
 benchmarks pass it as ``target_concurrency``, so every zone gets the same
 one).  Knative's default 70 % utilisation applies on top, as it would for a
 user who sets ``containerConcurrency`` from a load test.  With

@@ -31,8 +31,8 @@ per replica would provision many times the replicas needed; Ray's docs say to
 set this value from the latency objective.  Here it is derived from the same
 profiled capacity governor, static and Dynamo get, by Little's law:
 ``target_ongoing_requests = replica_capacity_rps x W``, ``W`` the mean time a
-request spends in a replica at that rate, measured once per model on a
-profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
+request spends in a replica (served, not queued), measured once per model on
+a light profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
 benchmarks pass it as ``target_ongoing_requests``, the same in every zone).
 With ``None`` and a capacity each policy measures ``W`` on its own zone's
 windows instead (:class:`~sim.baselines.base.LittleTarget`; it holds until
