@@ -59,9 +59,9 @@ from sim.traces import load_trace
 
 TARGET_SHARE = 0.995  # of the ceiling: where governor's GPU-seconds are compared
 TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
-# multiples of a peer's derived target: from a quarter (a fleet run much hotter than the profile says) to
-# twice it (much cooler), so the sweep holds the derived target and the peer's best point on either trace
-# (KPA's and Ray Serve's best points on the 600 s runs lie between 0.25x and 1x)
+# multiples of a peer's derived target: from a quarter (fewer requests a replica: a much cooler fleet) to
+# twice it (a hotter one), so the sweep holds the derived target and the peer's best point on either trace
+# (seed 0, 600 s replays: KPA's and Ray Serve's cheapest points at 99.5 % of the ceiling at 1-1.5x)
 DERIVED_MULTIPLES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 # strategy -> (knob, its values); "_x_" knobs scale a per-run reference (static's size, the TTFT SLO, or the
