@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from argparse import Namespace
@@ -79,8 +80,11 @@ def strategy_names(selected: str) -> list[str]:
     return wanted
 
 
-def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # type: ignore[no-untyped-def]
-    from sim.baselines import BASELINES
+def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int, concurrency: float | None = None):  # type: ignore[no-untyped-def]
+    """Per-zone constructor of baseline ``name``; ``concurrency``: KPA's and Ray Serve's per-replica target,
+    derived once per model (:attr:`Setup.replica_concurrency`) so every zone gets the same one (None: each
+    zone measures its own on its first windows, as before)."""
+    from sim.baselines import BASELINES, KpaParams, RayServeParams
 
     cls = BASELINES[name]
     kwargs: dict[str, Any] = {
@@ -94,7 +98,17 @@ def _factory(name: str, cfg: LoopConfig, capacity: float, static_n: int):  # typ
         from sim.baselines.static import StaticParams
 
         return lambda zone: cls(StaticParams(replicas=static_n), **kwargs)
+    if name == "kpa" and concurrency is not None:
+        return lambda zone: cls(KpaParams(target_concurrency=concurrency), **kwargs)
+    if name == "rayserve" and concurrency is not None:
+        return lambda zone: cls(RayServeParams(target_ongoing_requests=concurrency), **kwargs)
     return lambda zone: cls(**kwargs)
+
+
+def peer_factory(name: str, setup: Setup):  # type: ignore[no-untyped-def]
+    """Baseline ``name``'s per-zone constructor on ``setup``, its derived target the model's (one for every zone)."""
+    derived = setup.replica_concurrency if name in ("kpa", "rayserve") else None
+    return _factory(name, setup.cfg, setup.capacity, setup.static_n, derived)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +127,16 @@ class Setup:
     @property
     def true_capacity(self) -> float:
         return self.profiled or self.capacity
+
+    @functools.cached_property
+    def replica_concurrency(self) -> float:
+        """Requests in flight per replica carrying the capacity the peers are given: Little's law on one light
+        profile trial at the true capacity (:func:`sim.baselines.derived.profiled_concurrency`), scaled by the
+        capacity error; once per model, the same in every zone."""
+        from sim.baselines.derived import profiled_concurrency
+
+        true = self.true_capacity
+        return profiled_concurrency(self.trace, self.cfg, true) * self.capacity / true
 
 
 def base_config(args: Namespace) -> LoopConfig:
@@ -191,7 +215,7 @@ def run_all(
             )
             strat: Any = "governor"
         else:
-            strat = _factory(name, cfg, capacity, static_n)
+            strat = peer_factory(name, setup)
         results.append(run(strat, scenario.workload, run_cfg, scenario.faults, scenario.duration_s, name=name))
     for r in results:
         att = r.metrics.get("slo_attainment")

@@ -2,7 +2,7 @@
 
 Frontiers, not points: one setting of a knob says little when another
 setting trades attainment for GPU-seconds.  Per scenario every strategy runs
-at five values of its main knob (:data:`KNOBS`), on the same workload, the
+at five to seven values of its main knob (:data:`KNOBS`), on the same workload, the
 same start fleet (the warm start of ``bench control``: every strategy starts
 at static's peak-minute size) and in the same fast loop; the oracle
 (:mod:`sim.oracle`, headroom swept) is the achievable limit and the lower
@@ -14,17 +14,30 @@ splits governor's gap to the oracle into the price of not knowing the future
 
 Summary per scenario: the peer points governor's frontier dominates (some
 governor point has attainment >= and GPU-seconds <=, one of them strictly),
-and governor's GPU-seconds at 99.5 % of the ceiling (its cheapest point that
-reaches it) as a ratio to the oracle's, the causal oracle's and to the lower bound.  Writes
+counted over the peers alone (:data:`PEERS`: HPA, the queue-depth HPA, KEDA,
+KPA, Ray Serve and the two Dynamo planners) as "X of Y" and a share; and
+governor's GPU-seconds at 99.5 % of the ceiling (its cheapest point that
+reaches it) as a ratio to the oracle's, the causal oracle's and to the lower
+bound.  ``static`` is sized on the whole run's busiest minute, which it could
+only know in advance: its cheapest point at 99.5 % of the ceiling is shown
+beside the oracles', and it is not counted among the peers.  Writes
 ``<out>/frontier-<trace>-<scenario>.png``; ``--json`` prints one object.
+
+The peers at their best: KPA's concurrency target, Ray Serve's
+``target_ongoing_requests`` and the queue-depth HPA's waiting target are swept
+over multiples (:data:`DERIVED_MULTIPLES`, 0.25x-2x) of the target each
+derives from the profiled capacity on this run (:func:`derived_targets`: one
+profile trial per model, the same in every zone), printed per scenario; the
+others over ranges that hold their system's default (HPA's 70 % utilisation,
+KEDA's and Dynamo's SLO, Dynamo's 180 s interval).
 
 Defaults: 600 s runs, every scenario, seven headroom values for governor
 (0.6-1.6: below 1 it plans replicas hotter than their capacity, the cheap
-end where the peers' cheapest points are) and five knob values for static,
-hpa, keda, kpa, rayserve, dynamo-load, the oracle and the causal oracle
-(47 runs a scenario, 376 in all).
-``dynamo-throughput`` has no SLO knob (it sizes by a forecast and the
-profiled capacity) and is left out unless named with ``--strategies``.
+end where the peers' cheapest points are), six multiples for KPA, Ray Serve
+and the queue-depth HPA, and five knob values for static, HPA, KEDA, the two
+Dynamo planners, the oracle and the causal oracle: 60 runs a scenario, 480 in
+all, about 20 minutes a trace on one core.  ``--points N`` sweeps N values of
+each knob over the same span instead (its default among them).
 """
 
 from __future__ import annotations
@@ -46,8 +59,13 @@ from sim.traces import load_trace
 
 TARGET_SHARE = 0.995  # of the ceiling: where governor's GPU-seconds are compared
 TRACE_QPS = {"azure-conv": 20.0, "mooncake": 4.0}
+# multiples of a peer's derived target: from a quarter (fewer requests a replica: a much cooler fleet) to
+# twice it (a hotter one), so the sweep holds the derived target and the peer's best point on either trace
+# (seed 0, 600 s replays: KPA's and Ray Serve's cheapest points at 99.5 % of the ceiling at 1-1.5x)
+DERIVED_MULTIPLES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
-# strategy -> (knob, its values; "x" values scale a per-run reference: static's size, the TTFT SLO)
+# strategy -> (knob, its values); "_x_" knobs scale a per-run reference (static's size, the TTFT SLO, or the
+# peer's derived target: :func:`derived_targets`), the rest are the setting itself
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     # headroom = 1 / the feedforward's target utilisation (default: the profile's); eps_ref moved governor's points
     # little once the feedforward sizes the fleet (0.005 and 0.01 gave the same runs)
@@ -56,16 +74,71 @@ KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     "governor": ("headroom", (0.6, 0.8, 1.0, 1.1, 1.25, 1.4, 1.6)),
     "static": ("replicas_x_peak", (0.6, 0.8, 1.0, 1.2, 1.5)),
     "hpa": ("target_utilization", (0.5, 0.6, 0.7, 0.8, 0.9)),
+    "hpa-queue": ("target_waiting_x_derived", DERIVED_MULTIPLES),
     "keda": ("threshold_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
-    "kpa": ("target_concurrency", (8.0, 16.0, 32.0, 48.0, 64.0)),
-    "rayserve": ("target_ongoing_requests", (8.0, 16.0, 32.0, 48.0, 64.0)),
+    "kpa": ("target_concurrency_x_derived", DERIVED_MULTIPLES),
+    "rayserve": ("target_ongoing_requests_x_derived", DERIVED_MULTIPLES),
     "dynamo-load": ("sla_x_slo", (0.25, 0.5, 0.75, 1.0, 1.5)),
     "dynamo-throughput": ("adjustment_interval_s", (30.0, 60.0, 120.0, 180.0, 300.0)),
     "oracle": ("headroom", (0.8, 0.9, 1.0, 1.2, 1.5)),
     "oracle-causal": ("headroom", (0.8, 0.9, 1.0, 1.2, 1.5)),
 }
-DEFAULT_STRATEGIES = ("governor", "static", "hpa", "keda", "kpa", "rayserve", "dynamo-load", "oracle", "oracle-causal")
+# the knob value each strategy runs at by default (its derived target or its system's default), in KNOBS' unit
+DEFAULT_KNOB = {"hpa": 0.70, "dynamo-throughput": 180.0}  # the rest: 1.0 (the reference itself)
 LIMITS = ("oracle", "oracle-causal")  # references, not peers
+CLAIRVOYANT = ("static",)  # sized on the whole run's busiest minute: shown beside the limits, not a peer
+# the peers governor's dominance is counted over (issue 35: the peers at their best)
+PEERS = ("hpa", "hpa-queue", "keda", "kpa", "rayserve", "dynamo-load", "dynamo-throughput")
+DEFAULT_STRATEGIES = ("governor", *CLAIRVOYANT, *PEERS, *LIMITS)
+
+
+def knob_values(name: str, points: int = 0) -> tuple[float, ...]:
+    """The values ``name``'s knob is swept over: :data:`KNOBS`' own (``points`` 0), or ``points`` values
+    spread geometrically over the same span, the default (:data:`DEFAULT_KNOB`) always among them.
+
+    >>> knob_values("kpa", 3)
+    (0.25, 0.707, 1.0, 2.0)
+    """
+    values = KNOBS[name][1]
+    if points <= 0:
+        return values
+    if points == 1:
+        return (DEFAULT_KNOB.get(name, 1.0),)
+    lo, hi = min(values), max(values)
+    grid = {round(lo * (hi / lo) ** (i / (points - 1)), 3) for i in range(points)}
+    return tuple(sorted(grid | {DEFAULT_KNOB.get(name, 1.0)}))
+
+
+def derived_targets(setup: Setup) -> dict[str, dict[str, Any]]:
+    """Each baseline's default setting on this run, in its own unit: the capacity-derived per-replica targets
+    (KPA, Ray Serve: requests in flight carrying the profiled capacity, one profile trial per model; the queue-depth
+    HPA: Little's law on the waiting room) or the system's default, and the setting a knob multiple of 1 means."""
+    from sim.baselines import HpaParams, HpaQueueDepth
+
+    cfg = setup.cfg
+    waiting = HpaQueueDepth(replica_capacity_rps=setup.capacity, slo_ttft_ms=cfg.ttft_slo_ms).target_waiting
+    return {
+        "static": {"setting": "replicas per zone", "value": setup.static_n},
+        "hpa": {"setting": "target_utilization", "value": HpaParams().target_utilization},
+        "hpa-queue": {"setting": "target_waiting", "value": round(waiting, 3)},
+        "keda": {"setting": "threshold_ms", "value": cfg.ttft_slo_ms},
+        "kpa": {"setting": "target_concurrency", "value": round(setup.replica_concurrency, 3)},
+        "rayserve": {"setting": "target_ongoing_requests", "value": round(setup.replica_concurrency, 3)},
+        "dynamo-load": {"setting": "ttft_sla_ms", "value": cfg.ttft_slo_ms},
+        "dynamo-throughput": {"setting": "adjustment_interval_s", "value": DEFAULT_KNOB["dynamo-throughput"]},
+    }
+
+
+def setting(name: str, value: float, setup: Setup) -> float:
+    """The setting the baseline is given at knob ``value`` (the value itself unless the knob is a multiple)."""
+    knob = KNOBS[name][0]
+    if knob.endswith("_x_derived"):
+        return value * float(derived_targets(setup)[name]["value"])
+    if name == "static":
+        return max(1, round(value * setup.static_n))
+    if knob.endswith("_x_slo"):
+        return value * setup.cfg.ttft_slo_ms
+    return value
 
 
 def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
@@ -87,23 +160,26 @@ def _strategy(name: str, value: float, setup: Setup) -> tuple[Any, Any]:
         "slo_itl_ms": cfg.itl_slo_ms,
         "replica_capacity_rps": cap,
     }
+    x = setting(name, value, setup)
     params: Callable[[], Any]
     if name == "static":
-        params = lambda: b.StaticParams(replicas=max(1, round(value * setup.static_n)))  # noqa: E731
+        params = lambda: b.StaticParams(replicas=int(x))  # noqa: E731
     elif name == "hpa":
-        params = lambda: b.HpaParams(target_utilization=value)  # noqa: E731
+        params = lambda: b.HpaParams(target_utilization=x)  # noqa: E731
+    elif name == "hpa-queue":
+        params = lambda: b.HpaQueueParams(target_waiting=x)  # noqa: E731
     elif name == "keda":
-        params = lambda: b.KedaParams(threshold_ms=value * cfg.ttft_slo_ms)  # noqa: E731
+        params = lambda: b.KedaParams(threshold_ms=x)  # noqa: E731
     elif name == "kpa":
-        params = lambda: b.KpaParams(target_concurrency=value)  # noqa: E731
+        params = lambda: b.KpaParams(target_concurrency=x)  # noqa: E731
     elif name == "rayserve":
-        params = lambda: b.RayServeParams(target_ongoing_requests=value)  # noqa: E731
+        params = lambda: b.RayServeParams(target_ongoing_requests=x)  # noqa: E731
     elif name == "dynamo-load":
         params = lambda: b.DynamoLoadParams(  # noqa: E731
-            ttft_sla_ms=value * cfg.ttft_slo_ms, itl_sla_ms=value * cfg.itl_slo_ms
+            ttft_sla_ms=x, itl_sla_ms=value * cfg.itl_slo_ms
         )
     elif name == "dynamo-throughput":
-        params = lambda: b.DynamoThroughputParams(adjustment_interval_s=value)  # noqa: E731
+        params = lambda: b.DynamoThroughputParams(adjustment_interval_s=x)  # noqa: E731
     else:
         raise SystemExit(f"no knob for strategy {name!r}; choose from {sorted(KNOBS)}")
     cls = b.BASELINES[name]
@@ -130,6 +206,26 @@ def _dominated(gov: Sequence[Mapping[str, Any]], peers: Sequence[Mapping[str, An
     return out
 
 
+def peer_dominance(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Governor's dominance counted over the peers alone (:data:`PEERS`): static and the oracles are references.
+
+    >>> pt = lambda s, a, g: {"strategy": s, "knob_value": 1, "slo_attainment": a, "gpu_seconds": g}
+    >>> d = peer_dominance([pt("governor", 0.99, 100.0), pt("static", 0.9, 200.0), pt("kpa", 0.98, 120.0)])
+    >>> d["dominated_by_governor"], d["peer_points"], d["dominated_share"]
+    (['kpa@1'], 1, 1.0)
+    """
+    gov = [p for p in points if p["strategy"] == "governor"]
+    peers = [p for p in points if p["strategy"] in PEERS]
+    dom = _dominated(gov, peers) if gov else []
+    return {
+        "peer_points": len(peers),
+        "dominated_by_governor": dom,
+        "dominated_share": round(len(dom) / len(peers), 3) if peers else None,
+        # the rest: peer points no governor point matches on both axes (the goal is none)
+        "not_dominated": [n for n in (f"{p['strategy']}@{p['knob_value']:g}" for p in peers) if n not in dom],
+    }
+
+
 def _cheapest_at(points: Sequence[Mapping[str, Any]], goal: float) -> float | None:
     """GPU-seconds of the cheapest point with attainment >= ``goal`` (None when none reaches it)."""
     ok = [p["gpu_seconds"] for p in points if (p["slo_attainment"] or 0.0) >= goal]
@@ -146,8 +242,8 @@ def run_scenario(
     ceil = ceiling(sc.workload, cfg)
     points: list[dict[str, Any]] = []
     for name in strategies:
-        knob, values = KNOBS[name]
-        for value in values:
+        knob = KNOBS[name][0]
+        for value in knob_values(name, getattr(args, "points", 0)):
             strat, run_cfg = _strategy(name, value, setup)
             m = run(strat, sc.workload, run_cfg, sc.faults, sc.duration_s, name=name).metrics
             att = m["slo_attainment"]
@@ -157,6 +253,7 @@ def run_scenario(
                     "scenario": scenario,
                     "knob": knob,
                     "knob_value": value,
+                    "setting": None if name == "governor" or name in LIMITS else round(setting(name, value, setup), 3),
                     "slo_attainment": att,
                     "attainment_over_ceiling": round(att / ceil, 5) if att is not None and ceil > 0 else None,
                     "gpu_seconds": m["gpu_seconds"],
@@ -164,12 +261,12 @@ def run_scenario(
                 }
             )
     lb = lower_bound_gpu_seconds(sc.workload, cfg)
-    gov = [p for p in points if p["strategy"] == "governor"]
-    peers = [p for p in points if p["strategy"] not in ("governor", *LIMITS)]
     goal = TARGET_SHARE * ceil
-    g_at = _cheapest_at(gov, goal)
-    o_at = _cheapest_at([p for p in points if p["strategy"] == "oracle"], goal)
-    c_at = _cheapest_at([p for p in points if p["strategy"] == "oracle-causal"], goal)
+
+    def at(name: str) -> float | None:
+        return _cheapest_at([p for p in points if p["strategy"] == name], goal)
+
+    g_at, o_at, c_at, s_at = at("governor"), at("oracle"), at("oracle-causal"), at("static")
     return {
         "scenario": scenario,
         "ceiling": round(ceil, 5),
@@ -177,15 +274,17 @@ def run_scenario(
         "static_replicas_per_zone": setup.static_n,
         "initial_replicas_per_zone": cfg.initial_replicas,
         "requests": len(sc.workload),
+        "derived_targets": {k: v for k, v in derived_targets(setup).items() if k in strategies},
         "points": points,
-        "dominated_by_governor": (dom := _dominated(gov, peers) if gov else []),
-        # the rest: peer points no governor point matches on both axes (the goal is none)
-        "not_dominated": [n for n in (f"{p['strategy']}@{p['knob_value']:g}" for p in peers) if n not in dom],
+        **peer_dominance(points),
         "governor_gpu_seconds_at_target": g_at,
         "oracle_gpu_seconds_at_target": o_at,
         "governor_over_oracle": round(g_at / o_at, 3) if g_at and o_at else None,
         "causal_oracle_gpu_seconds_at_target": c_at,
         "governor_over_causal_oracle": round(g_at / c_at, 3) if g_at and c_at else None,
+        # static sized on the whole run's busiest minute knows the future: beside the oracles, not a peer
+        "static_gpu_seconds_at_target": s_at,
+        "governor_over_static": round(g_at / s_at, 3) if g_at and s_at else None,
         "governor_over_lower_bound": round(g_at / lb, 3) if g_at and lb > 0 else None,
     }
 
@@ -208,6 +307,8 @@ def plot(summary: Mapping[str, Any], path: Path, title: str) -> Path:
         style: dict[str, Any] = (
             {"color": "black", "linestyle": "--" if name == "oracle" else ":"} if name in LIMITS else {}
         )
+        if name in CLAIRVOYANT:  # a reference beside the oracles, not a peer
+            style = {"color": "dimgrey", "linestyle": "-."}
         ax.plot(xs, ys, marker="o", label=name, linewidth=2.5 if name == "governor" else 1.2, **style)
     ax.axhline(summary["ceiling"], color="grey", linestyle=":", label="ceiling")
     ax.axhline(
@@ -231,6 +332,8 @@ def run_frontier(args: Namespace) -> int:
         args.qps = TRACE_QPS.get(tname, 20.0)
     scenarios, unknown = scenario_list(args.scenario)
     strategies = list(DEFAULT_STRATEGIES) if args.strategies == "default" else args.strategies.split(",")
+    if args.points < 0:
+        raise SystemExit(f"--points {args.points}: 0 (each knob's own values) or more")
     unknown += [s for s in strategies if s not in KNOBS]
     if unknown:
         raise SystemExit(f"unknown scenarios/strategies {unknown}; scenarios {SCENARIOS}, strategies {sorted(KNOBS)}")
@@ -247,6 +350,7 @@ def run_frontier(args: Namespace) -> int:
         summaries.append(s)
         if not args.json:
             print(_line(s))
+            print(" " * 14 + _derived_line(s))
             sys.stdout.flush()
     meta = {
         "trace": str(args.trace),
@@ -259,7 +363,9 @@ def run_frontier(args: Namespace) -> int:
         "setup": setup_of(args),
         "gains": gains_of(args),
         "target_share_of_ceiling": TARGET_SHARE,
-        "knobs": {k: {"knob": KNOBS[k][0], "values": list(KNOBS[k][1])} for k in strategies},
+        "points": args.points,
+        "knobs": {k: {"knob": KNOBS[k][0], "values": list(knob_values(k, args.points))} for k in strategies},
+        "runs_per_scenario": sum(len(knob_values(k, args.points)) for k in strategies),
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
     text = f"plots: {out}/frontier-{tname}-<scenario>.png  ({meta['wall_s']:.0f} s)"
@@ -280,22 +386,36 @@ def markdown(meta: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]]) ->
         f"`governor bench frontier --trace {Path(str(meta['trace'])).name} --qps {meta['qps']:g} "
         f"--duration-s {meta['duration_s']:g} --seed {meta['seed']}"
         + (f" --strategies {meta['strategies']}" if meta.get("strategies", "default") != "default" else "")
+        + (f" --points {meta['points']}" if meta.get("points") else "")
         + setup_flags(meta.get("setup", {}))
         + gain_flags(meta.get("gains", {}))
         + f"` ({meta['wall_s']:.0f} s)\n\n"
         "| scenario | ceiling | governor GPU-s at 99.5 % of it | / oracle | / causal oracle | / lower bound "
-        "| peer points dominated | not dominated |\n|---|---:|---:|---:|---:|---:|---:|---|\n"
+        "| static (clairvoyant) GPU-s at 99.5 % | peer points dominated | not dominated |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     rows = []
     for s in summaries:
-        peers = len(s["dominated_by_governor"]) + len(s.get("not_dominated", []))
         rows.append(
             f"| {s['scenario']} | {s['ceiling']:.2%} | {fmt(s['governor_gpu_seconds_at_target'])} "
             f"| {ratio(s['governor_over_oracle'])} | {ratio(s.get('governor_over_causal_oracle'))} "
-            f"| {ratio(s['governor_over_lower_bound'])} | {len(s['dominated_by_governor'])} of {peers} "
-            f"| {', '.join(s.get('not_dominated', [])) or '-'} |"
+            f"| {ratio(s['governor_over_lower_bound'])} | {fmt(s.get('static_gpu_seconds_at_target'))} "
+            f"| {_dominance(s)} | {', '.join(s.get('not_dominated', [])) or '-'} |"
         )
     return head + "\n".join(rows) + "\n"
+
+
+def _dominance(s: Mapping[str, Any]) -> str:
+    """ "X of Y (share)": the peer points governor's frontier dominates, over :data:`PEERS` alone."""
+    dom = len(s["dominated_by_governor"])
+    peers = s.get("peer_points", dom + len(s.get("not_dominated", [])))
+    return f"{dom} of {peers}" + (f" ({dom / peers:.0%})" if peers else "")
+
+
+def _derived_line(s: Mapping[str, Any]) -> str:
+    """The peers' default settings on this run (what a knob multiple of 1 means)."""
+    parts = [f"{k} {v['setting']} {v['value']:g}" for k, v in s.get("derived_targets", {}).items()]
+    return "derived/default: " + ("; ".join(parts) or "-")
 
 
 def _line(s: Mapping[str, Any]) -> str:
@@ -307,8 +427,9 @@ def _line(s: Mapping[str, Any]) -> str:
         f"governor @99.5% ceil {fmt(s['governor_gpu_seconds_at_target'])} GPU-s "
         f"(x{s['governor_over_oracle'] or '-'} oracle {fmt(s['oracle_gpu_seconds_at_target'])}, "
         f"x{s['governor_over_causal_oracle'] or '-'} causal oracle {fmt(s['causal_oracle_gpu_seconds_at_target'])}, "
-        f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {len(s['dominated_by_governor'])} peer points"
-        + (f", not: {', '.join(s['not_dominated'])}" if s.get("not_dominated") else " (all)")
+        f"clairvoyant static {fmt(s.get('static_gpu_seconds_at_target'))}, "
+        f"x{s['governor_over_lower_bound'] or '-'} bound); dominates {_dominance(s)} peer points"
+        + (f", not: {', '.join(s['not_dominated'])}" if s.get("not_dominated") else "")
     )
 
 
@@ -324,6 +445,13 @@ def add_parser(sub: Any) -> None:
     bf.add_argument("--startup-s", type=float, default=30.0)
     bf.add_argument("--window-s", type=float, default=10.0)
     bf.add_argument("--seed", type=int, default=0)
+    bf.add_argument(
+        "--points",
+        type=int,
+        default=0,
+        help="values per knob, spread geometrically over its span with its default among them "
+        "(0 = each knob's own values: 5-7, 60 runs a scenario)",
+    )
     add_capacity_error(bf)
     add_gain(bf, swept="ff_target_util")
     bf.add_argument("--out", default="runs/bench-frontier")

@@ -24,8 +24,9 @@ name                   system                                         signal
 
 Per-replica targets are derived from the profiled capacity the harness passes
 (``replica_capacity_rps``) for every peer that has one: Little's law for KPA
-and Ray Serve (:class:`~sim.baselines.base.LittleTarget`) and for the
-queue-depth HPA; the capacity itself for Dynamo's throughput sizing.
+and Ray Serve (the requests in flight per replica at that capacity, one
+profile trial per model: :func:`sim.baselines.derived.profiled_concurrency`)
+and for the queue-depth HPA; the capacity itself for Dynamo's throughput sizing.
 
 Examples
 --------

@@ -34,11 +34,15 @@ Target: 100 is Knative's default for HTTP services, where a request holds a
 container only briefly.  Here the per-replica concurrency target is derived
 from the same profiled capacity governor, static and Dynamo get, by Little's
 law: ``target_concurrency = replica_capacity_rps x W``, ``W`` the mean time a
-request spends in a replica at or under that rate, measured on the run's
-windows (:class:`~sim.baselines.base.LittleTarget`; the autoscaler holds until
-the first window measures it).  Knative's default 70 % utilisation applies on
-top, as it would for a user who sets ``containerConcurrency`` from a load
-test.  ``target_concurrency`` in :class:`KpaParams` fixes it instead.
+request spends in a replica (served, not queued), measured once per model on
+a light profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
+benchmarks pass it as ``target_concurrency``, so every zone gets the same
+one).  Knative's default 70 % utilisation applies on top, as it would for a
+user who sets ``containerConcurrency`` from a load test.  With
+``target_concurrency=None`` and a capacity each autoscaler measures ``W`` on
+its own zone's windows instead (:class:`~sim.baselines.base.LittleTarget`;
+it holds until the first window measures it): a harness without a profile
+trial; two zones of one run can then derive different targets.
 
 Sources: knative/serving ``pkg/autoscaler/scaling/autoscaler.go``,
 ``pkg/autoscaler/config/config.go`` (defaults); https://knative.dev/docs/serving/autoscaling/kpa-specific/

@@ -31,9 +31,14 @@ per replica would provision many times the replicas needed; Ray's docs say to
 set this value from the latency objective.  Here it is derived from the same
 profiled capacity governor, static and Dynamo get, by Little's law:
 ``target_ongoing_requests = replica_capacity_rps x W``, ``W`` the mean time a
-request spends in a replica at or under that rate, measured on the run's
-windows (:class:`~sim.baselines.base.LittleTarget`; the policy holds until the
-first window measures it).  Setting ``target_ongoing_requests`` fixes it.  The control loop: Ray runs it every 0.1 s (``CONTROL_LOOP_INTERVAL_S``);
+request spends in a replica (served, not queued), measured once per model on
+a light profile trial (:func:`sim.baselines.derived.profiled_concurrency`; the
+benchmarks pass it as ``target_ongoing_requests``, the same in every zone).
+With ``None`` and a capacity each policy measures ``W`` on its own zone's
+windows instead (:class:`~sim.baselines.base.LittleTarget`; it holds until
+the first window measures it).  Ray's defaults for the delays stand: with
+``downscale_delay_s`` 600 s a run of 600 s or less never scales down, so a
+target above the load holds the start fleet whatever its value.  The control loop: Ray runs it every 0.1 s (``CONTROL_LOOP_INTERVAL_S``);
 here every ``control_loop_interval_s`` (default 1 s) and the delay counters
 count those periods, which keeps the delays in seconds.
 

@@ -17,14 +17,14 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "frontier", "--scenario", "step", "--qps", "2", "--duration-s", "120"]
-    argv += ["--strategies", "governor,static,oracle,oracle-causal", "--json", "--out", str(tmp_path)]
+    argv += ["--strategies", "governor,static,kpa,oracle,oracle-causal", "--json", "--out", str(tmp_path)]
     argv += ["--markdown", str(tmp_path / "t.md")]
     assert run_frontier(build_parser().parse_args(argv)) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (sc,) = out["scenarios"]
     assert sc["scenario"] == "step" and 0 < sc["ceiling"] <= 1 and sc["lower_bound_gpu_seconds"] > 0
     points = sc["points"]
-    assert len(points) == 7 + 3 * 5  # governor: seven headroom values
+    assert len(points) == 7 + 3 * 5 + 6  # governor: seven headroom values; kpa: six multiples of its derived target
     for p in points:
         assert {"strategy", "scenario", "knob", "knob_value", "slo_attainment", "gpu_seconds"} <= set(p)
         assert p["knob"] == KNOBS[p["strategy"]][0] and p["scenario"] == "step"
@@ -39,13 +39,14 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
     assert sc["causal_oracle_gpu_seconds_at_target"] == (min(causal) if causal else None)
     if gov and causal:
         assert sc["governor_over_causal_oracle"] == round(min(gov) / min(causal), 3)
-    for name in sc["dominated_by_governor"]:
-        assert name.split("@")[0] == "static"
-    assert sorted(sc["dominated_by_governor"] + sc["not_dominated"]) == sorted(
-        f"static@{p['knob_value']:g}" for p in static
-    )
+    # static (clairvoyant) and the oracles are references: dominance is counted over the peers (kpa here)
+    kpa = [p for p in points if p["strategy"] == "kpa"]
+    assert sc["peer_points"] == len(kpa) == 6 and sc["derived_targets"]["kpa"]["value"] > 0
+    assert sorted(sc["dominated_by_governor"] + sc["not_dominated"]) == sorted(f"kpa@{p['knob_value']:g}" for p in kpa)
+    ok = [p["gpu_seconds"] for p in static if p["slo_attainment"] >= goal]
+    assert sc["static_gpu_seconds_at_target"] == (min(ok) if ok else None)
     assert Path(sc["plot"]).exists()
     table = (tmp_path / "t.md").read_text().splitlines()
     assert table[0].startswith("`governor bench frontier --trace azure-conv --qps 2 --duration-s 120")
     (row,) = [line for line in table if line.startswith("| step |")]
-    assert f"{len(sc['dominated_by_governor'])} of 5" in row
+    assert f"{len(sc['dominated_by_governor'])} of 6 (" in row
