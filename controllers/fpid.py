@@ -40,7 +40,7 @@ Adaptive order, applied after every step (the order used at step ``k`` is
 ``state.alpha``; the returned state carries the next one)::
 
     alpha' = clip(alpha + eta (e_k + gamma sum(e) - beta (e_k - e_{k-1}) / dt_s),
-                  alpha_floor, 1.9)
+                  max(alpha_floor, alpha_lo), alpha_hi)
 
 ``sum(e)`` runs over the bounded history (at most ``M`` errors).
 ``alpha_floor = max(0.1, 2 ki / kp)`` (just above it): the design source's constraint
@@ -49,6 +49,8 @@ and *kept* during adaptation by clipping alpha, never by changing a gain.
 ``kp = 0`` with ``ki > 0`` violates it (the ratio is infinite), so the
 default gains are ``kp = 0.2, ki = 0.05`` (ratio 0.25 < 0.5 at alpha 1).
 ``eta = 0`` by default: untuned, adaptation is off unless asked for.
+``[alpha_lo, alpha_hi]`` (default [0.1, 1.9]) bounds the adaptation to the orders a
+certificate covers (``governor analyze gains``; docs/model.md §22 (certified)).
 
 Examples
 --------
@@ -138,6 +140,8 @@ class FpidParams:
     gamma: float = 0.0
     beta: float = 0.0
     time_scale_s: float = 1.0
+    alpha_lo: float = ALPHA_MIN
+    alpha_hi: float = ALPHA_MAX
     eps_ref: float = EPS_REF
     a_min: float = 0.5
     a_max: float = 3.0
@@ -167,6 +171,13 @@ class FpidParams:
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
         if self.ki > 0.0 and not (self.kp > 0.0 and self.ki / self.kp < 0.5 * self.alpha):
             raise ParameterError(f"ki={self.ki}: need ki/kp < 0.5*alpha (kp={self.kp}, alpha={self.alpha})")
+        if (
+            not ALPHA_MIN
+            <= check_number("alpha_lo", self.alpha_lo)
+            <= check_number("alpha_hi", self.alpha_hi)
+            <= ALPHA_MAX
+        ):
+            raise ParameterError(f"alpha_lo={self.alpha_lo}: need {ALPHA_MIN} <= alpha_lo <= alpha_hi <= {ALPHA_MAX}")
         if isinstance(self.memory, bool) or not isinstance(self.memory, int):
             raise ParameterError(f"memory={self.memory!r}: must be an int")
         if not 3 <= self.memory <= 100_000:
@@ -286,7 +297,7 @@ def step(params: FpidParams, state: FpidState, meas: PidMeasurement, dt_s: float
     delta = p_term + i_term + d_term
     act = actuate(params.limits, state.as_pid_state(), meas, e, delta)
     drive = e + params.gamma * math.fsum(history) - params.beta * (e - e1) / dt_s
-    alpha_next = min(max(alpha + params.eta * drive, params.alpha_floor), ALPHA_MAX)
+    alpha_next = min(max(alpha + params.eta * drive, params.alpha_floor, params.alpha_lo), params.alpha_hi)
     new_state = FpidState(
         errors=history,
         alpha=alpha_next,

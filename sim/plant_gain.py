@@ -17,7 +17,15 @@ violations jump from ~0 to most requests within 10 % of load), so ``b`` is a
 secant over +-``h``; the gain margin of the certificate says how much steeper
 it may be.
 
-``python -m sim.plant_gain`` prints the numbers docs/model.md quotes.
+The gain is not one number: it depends on the secant's width, on the trace
+(its prompt and output lengths set the service time and the queue's knee) and
+on the fleet size (a larger fleet pools the queueing).  :func:`measure_range`
+takes it at several operating points, both traces, a few fleet sizes and the
+three secant widths, and reports the interval the certificate must hold over
+(``bench.analyze_gains.PLANT_GAIN_RANGE``).
+
+``python -m sim.plant_gain`` prints the numbers docs/model.md quotes;
+``python -m sim.plant_gain --range`` the interval.
 """
 
 from __future__ import annotations
@@ -31,7 +39,10 @@ from sim.fastloop import LoopConfig
 from sim.profiling import attainment_at
 from sim.traces import load_trace
 
-__all__ = ["PlantGain", "measure_plant_gain", "violation_rate"]
+__all__ = ["PlantGain", "measure_plant_gain", "measure_range", "violation_rate"]
+
+#: The TTFT SLO per trace, as ``bench control`` runs it (bench.control.TRACE_SLOS; sim may not import bench).
+TRACE_TTFT_SLO_MS = {"azure-conv": 1000.0, "mooncake": 6000.0}
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,16 @@ class PlantGain:
     step: float
     duration_s: float
     seeds: tuple[int, ...]
+    reached: bool = True  # False: eps stays above eps_ref even at the lowest rate tried (no operating point)
 
 
 def violation_rate(trace_name: str, qps: float, replicas: int, duration_s: float, seeds: tuple[int, ...]) -> float:
-    """Mean violation rate of ``replicas`` fixed replicas at ``qps`` over ``seeds``."""
+    """Mean violation rate of ``replicas`` fixed replicas at ``qps`` over ``seeds`` (the trace's TTFT SLO)."""
     trace = load_trace(trace_name)
-    return sum(1.0 - attainment_at(trace, qps, replicas, LoopConfig.of(seed=s), duration_s) for s in seeds) / len(seeds)
+    slo = TRACE_TTFT_SLO_MS.get(trace_name, TRACE_TTFT_SLO_MS["azure-conv"])
+    return sum(
+        1.0 - attainment_at(trace, qps, replicas, LoopConfig.of(seed=s, ttft_slo_ms=slo), duration_s) for s in seeds
+    ) / len(seeds)
 
 
 def measure_plant_gain(
@@ -72,6 +87,7 @@ def measure_plant_gain(
         return violation_rate(trace_name, q, replicas, duration_s, seeds)
 
     lo, hi = 0.1 * replicas, 20.0 * replicas
+    reached = eps(lo) <= eps_ref
     for _ in range(iters):
         mid = math.sqrt(lo * hi)
         if eps(mid) <= eps_ref:
@@ -80,7 +96,26 @@ def measure_plant_gain(
             hi = mid
     q = math.sqrt(lo * hi)
     b = (eps(q * math.exp(step)) - eps(q * math.exp(-step))) / (2.0 * step)
-    return PlantGain(trace_name, replicas, q, eps(q), b, step, duration_s, seeds)
+    return PlantGain(trace_name, replicas, q, eps(q), b, step, duration_s, seeds, reached)
+
+
+def measure_range(
+    traces: tuple[str, ...] = ("azure-conv", "mooncake"),
+    replicas: tuple[int, ...] = (4, 8, 16),
+    steps: tuple[float, ...] = (0.02, 0.05, 0.1),
+    *,
+    duration_s: float = 600.0,
+    seeds: tuple[int, ...] = (0, 1, 2),
+) -> list[PlantGain]:
+    """``b`` at every (trace, fleet size, secant width) that has an operating point
+    (``reached``): the interval is their min and max.  Fleets of 4 and more: at 2
+    replicas one replica is half the fleet, far outside the small-signal model."""
+    return [
+        measure_plant_gain(t, replicas=n, step=h, duration_s=duration_s, seeds=seeds)
+        for t in traces
+        for n in replicas
+        for h in steps
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--step", type=float, default=0.05)
     ap.add_argument("--duration-s", type=float, default=600.0)
+    ap.add_argument("--range", action="store_true", help="both traces, 2/4/8 replicas, three widths: the interval")
     args = ap.parse_args(argv)
+    if args.range:
+        found = measure_range(duration_s=args.duration_s)
+        for pg in found:
+            print(
+                f"trace {pg.trace:<10}  replicas {pg.replicas}  operating point {pg.qps:.2f} req/s "
+                f"(eps {pg.eps:.4f})  step {pg.step:.2f}  b = {pg.plant_gain:.3f}"
+                + ("" if pg.reached else "  (no operating point: eps > eps_ref at any rate; left out)")
+            )
+        bs = [pg.plant_gain for pg in found if pg.reached]
+        print(f"plant gain range: {min(bs):.3f} - {max(bs):.3f}")
+        return 0
     for step in sorted({args.step, 0.02, 0.1}):
         pg = measure_plant_gain(args.trace, replicas=args.replicas, step=step, duration_s=args.duration_s)
         print(
