@@ -455,6 +455,15 @@ def stabilise_scale_down(
     ``raw`` at or above ``current`` goes through at once (scale-up is never delayed) and a scale-up restarts
     the dwell; ``budget_cap`` wins over every hold (a budget that shrank is obeyed).
 
+    The integrator (:func:`decide`): while a scale-down is held the level runs on below the held target, so
+    the raw targets the window remembers are the controller's honest ones and a release follows them ``W``
+    late, one window's raw target at a time, never in one drop; it is kept at or above the absorb count (it
+    cannot wind below the replicas that carry the demand).  Pinning the level to the held target instead
+    would release one step per ``W`` (a 40 -> 20 fall would take 20 windows of ``W``).  A violation at the
+    held target that scales up restarts the feedback from that target (bumpless: no climb back first, no
+    jump above it); one that does not (a blip the fleet absorbs) keeps the level, so it cannot restart the
+    window.
+
     >>> kw = dict(now_s=100.0, window_s=60.0, dwell_windows=3, raw_targets=(), absorb_min=None)
     >>> stabilise_scale_down(current=8, raw=12, since_up=0, **kw)[:3]  # up: at once
     (12, 12, '')
