@@ -48,6 +48,10 @@ Adaptive order, applied after every step (the order used at step ``k`` is
 and *kept* during adaptation by clipping alpha, never by changing a gain.
 ``kp = 0`` with ``ki > 0`` violates it (the ratio is infinite), so the
 default gains are ``kp = 0.2, ki = 0.05`` (ratio 0.25 < 0.5 at alpha 1).
+The scale-down gains ``kp_down``, ``ki_down``, ``kd_down`` (error below 0
+after the deadband; None = the up gain; default ``ki_down = 0.01``, as
+pid.py's) act instead of kp/ki/kd there, and the ratio constraint (and the
+floor) hold for both directions.
 ``eta = 0`` by default: untuned, adaptation is off unless asked for.
 ``[alpha_lo, alpha_hi]`` (default [0.1, 1.9]) bounds the adaptation to the orders a
 certificate covers (``governor analyze gains``; docs/model.md §22 (certified)).
@@ -71,7 +75,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controllers.errors import ParameterError, check_number
-from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, actuate
+from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, actuate, directed_gains
 from core.defaults import EPS_REF, MIN_REPLICAS
 
 __all__ = ["FpidParams", "FpidState", "gl_differintegral", "gl_weights", "step"]
@@ -134,6 +138,10 @@ class FpidParams:
     kp: float = 0.2
     ki: float = 0.05
     kd: float = 0.0
+    # Scale-down gains (error < 0 after the deadband); None = the up gain (controllers.pid.directed_gains).
+    kp_down: float | None = None
+    ki_down: float | None = 0.01
+    kd_down: float | None = None
     alpha: float = 1.0
     memory: int = 64
     eta: float = 0.0
@@ -157,6 +165,9 @@ class FpidParams:
             kp=self.kp,
             ki=self.ki,
             kd=self.kd,
+            kp_down=self.kp_down,
+            ki_down=self.ki_down,
+            kd_down=self.kd_down,
             eps_ref=self.eps_ref,
             a_min=self.a_min,
             a_max=self.a_max,
@@ -169,8 +180,11 @@ class FpidParams:
         object.__setattr__(self, "limits", limits)
         if not ALPHA_MIN <= check_number("alpha", self.alpha) <= ALPHA_MAX:
             raise ParameterError(f"alpha={self.alpha}: must lie in [{ALPHA_MIN}, {ALPHA_MAX}]")
-        if self.ki > 0.0 and not (self.kp > 0.0 and self.ki / self.kp < 0.5 * self.alpha):
-            raise ParameterError(f"ki={self.ki}: need ki/kp < 0.5*alpha (kp={self.kp}, alpha={self.alpha})")
+        for ki_name, kp_name, ki, kp in self._ratios():
+            if ki > 0.0 and not (kp > 0.0 and ki / kp < 0.5 * self.alpha):
+                raise ParameterError(
+                    f"{ki_name}={ki}: need {ki_name}/{kp_name} < 0.5*alpha ({kp_name}={kp}, alpha={self.alpha})"
+                )
         if (
             not ALPHA_MIN
             <= check_number("alpha_lo", self.alpha_lo)
@@ -188,12 +202,22 @@ class FpidParams:
         if check_number("time_scale_s", self.time_scale_s) <= 0.0:
             raise ParameterError(f"time_scale_s={self.time_scale_s}: must be > 0")
 
+    def _ratios(self) -> tuple[tuple[str, str, float, float], ...]:
+        """``(ki name, kp name, ki, kp)`` of each direction whose gains are set (the down one when it differs)."""
+        up = ("ki", "kp", self.ki, self.kp)
+        if self.kp_down is None and self.ki_down is None:
+            return (up,)
+        kp_down = self.kp if self.kp_down is None else self.kp_down
+        ki_down = self.ki if self.ki_down is None else self.ki_down
+        return up, ("ki_down", "kp_down" if self.kp_down is not None else "kp", ki_down, kp_down)
+
     @property
     def alpha_floor(self) -> float:
-        """Lowest order the adaptation may reach: ``max(0.1, 2 ki / kp)``, exclusive."""
-        if self.ki == 0.0:
+        """Lowest order the adaptation may reach: ``max(0.1, 2 ki / kp)`` over both directions, exclusive."""
+        ratios = [ki / kp for _, _, ki, kp in self._ratios() if ki != 0.0]
+        if not ratios:
             return ALPHA_MIN
-        return max(ALPHA_MIN, math.nextafter(2.0 * self.ki / self.kp, math.inf))
+        return max(ALPHA_MIN, math.nextafter(2.0 * max(ratios), math.inf))
 
 
 @dataclass(frozen=True)
@@ -291,9 +315,10 @@ def step(params: FpidParams, state: FpidState, meas: PidMeasurement, dt_s: float
     padded[: len(history)] = history
     e1 = float(padded[1])
     h = dt_s / params.time_scale_s
-    p_term = params.kp * (e - e1)
-    i_term = params.ki * h**alpha * float(np.dot(gl_weights(1.0 - alpha, m), padded))
-    d_term = params.kd * h ** (-alpha) * float(np.dot(gl_weights(1.0 + alpha, m), padded))
+    kp, ki, kd = directed_gains(params, e)
+    p_term = kp * (e - e1)
+    i_term = ki * h**alpha * float(np.dot(gl_weights(1.0 - alpha, m), padded))
+    d_term = kd * h ** (-alpha) * float(np.dot(gl_weights(1.0 + alpha, m), padded))
     delta = p_term + i_term + d_term
     act = actuate(params.limits, state.as_pid_state(), meas, e, delta)
     drive = e + params.gamma * math.fsum(history) - params.beta * (e - e1) / dt_s

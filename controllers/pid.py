@@ -46,9 +46,14 @@ first step uses ``e_{k-1} = e_{k-2} = e_k`` (no derivative or proportional
 kick).
 
 Default gains are integral-only (``kp = kd = 0``, ``ki = 0.05 /s``, i.e.
-``a = exp(0.5 * e)`` at ``dt_s = 10``: +27 % per period at 50 % violations,
--1 % per period when nothing violates, so scale-down is slow, as HPA's
-stabilisation window makes it).  The plant (violation rate against
+``a = exp(0.5 * e)`` at ``dt_s = 10``: +27 % per period at 50 % violations).
+*Per-direction gains*: ``kp_down``, ``ki_down``, ``kd_down`` act instead while
+the error (after the deadband) is below 0, each ``None`` meaning the up gain.
+The shipped ``ki_down = 0.01`` (:data:`core.vocab.DEFAULT_PID_GAINS`) gives
+-0.2 % per period when nothing violates: the feedforward's decay towards the
+demand's requirement and the scaling law's scale-down stabilisation
+(:mod:`controllers.scaling_law`) carry scale-down, the integral only trims.
+The plant (violation rate against
 log replicas) is static and monotone, so the velocity I term alone converges
 without ringing; a velocity P term retracts whenever the error changes, and
 the integer rounding above turns that retraction into a +-1 limit cycle.
@@ -68,7 +73,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from controllers.errors import ParameterError, check_number
 from core.defaults import EPS_REF, MIN_REPLICAS
@@ -81,6 +86,7 @@ __all__ = [
     "PidParams",
     "PidState",
     "actuate",
+    "directed_gains",
     "round_half_up",
     "step",
 ]
@@ -105,6 +111,11 @@ class PidParams:
     kp: float = DEFAULT_PID_GAINS["kp"]
     ki: float = DEFAULT_PID_GAINS["ki"]
     kd: float = DEFAULT_PID_GAINS["kd"]
+    # Scale-down gains (error < 0 after the deadband); None = the same as the up gain.  The shipped
+    # ki_down is in DEFAULT_PID_GAINS (the settings' gains), not here: PidParams(ki=...) stays symmetric.
+    kp_down: float | None = None
+    ki_down: float | None = None
+    kd_down: float | None = None
     eps_ref: float = EPS_REF
     a_min: float = 0.5
     a_max: float = 3.0
@@ -115,9 +126,10 @@ class PidParams:
     deadband: float = 0.015
 
     def __post_init__(self) -> None:
-        for name in ("kp", "ki", "kd"):
-            if check_number(name, getattr(self, name)) < 0.0:
-                raise ParameterError(f"{name}={getattr(self, name)}: gain must be >= 0")
+        for name in ("kp", "ki", "kd", "kp_down", "ki_down", "kd_down"):
+            value = getattr(self, name)
+            if value is not None and check_number(name, value) < 0.0:
+                raise ParameterError(f"{name}={value}: gain must be >= 0")
         if not 0.0 < check_number("eps_ref", self.eps_ref) < 1.0:
             raise ParameterError(f"eps_ref={self.eps_ref}: reference rate must lie in (0, 1)")
         a_min, a_max = check_number("a_min", self.a_min), check_number("a_max", self.a_max)
@@ -137,6 +149,42 @@ class PidParams:
             raise ParameterError(f"hold_while_pending={self.hold_while_pending!r}: must be a bool")
         if check_number("deadband", self.deadband) < 0.0:
             raise ParameterError(f"deadband={self.deadband}: must be >= 0")
+
+    def gains(self, error: float) -> tuple[float, float, float]:
+        """``(kp, ki, kd)`` acting at ``error`` (after the deadband): the down gains below 0.
+
+        >>> p = PidParams(ki=0.05, ki_down=0.01)
+        >>> p.gains(0.1), p.gains(-0.02), PidParams(ki=0.05, ki_down=None).gains(-0.02)
+        ((0.0, 0.05, 0.0), (0.0, 0.01, 0.0), (0.0, 0.05, 0.0))
+        """
+        return directed_gains(self, error)
+
+
+class _Gains(Protocol):
+    @property
+    def kp(self) -> float: ...
+    @property
+    def ki(self) -> float: ...
+    @property
+    def kd(self) -> float: ...
+    @property
+    def kp_down(self) -> float | None: ...
+    @property
+    def ki_down(self) -> float | None: ...
+    @property
+    def kd_down(self) -> float | None: ...
+
+
+def directed_gains(g: _Gains, error: float) -> tuple[float, float, float]:
+    """The gains of the direction of ``error``: ``kp``/``ki``/``kd`` at ``error >= 0``, the
+    ``*_down`` ones (each None = its up gain) below 0 (docs/model.md §4, per-direction gains)."""
+    if error >= 0.0:
+        return g.kp, g.ki, g.kd
+    return (
+        g.kp if g.kp_down is None else g.kp_down,
+        g.ki if g.ki_down is None else g.ki_down,
+        g.kd if g.kd_down is None else g.kd_down,
+    )
 
 
 @dataclass(frozen=True)
@@ -331,9 +379,10 @@ def step(params: PidParams, state: PidState, meas: PidMeasurement, dt_s: float) 
         e = 0.0
     e1 = e if state.e_prev is None else state.e_prev
     e2 = e1 if state.e_prev2 is None else state.e_prev2
-    p_term = params.kp * (e - e1)
-    i_term = params.ki * dt_s * e
-    d_term = params.kd * (e - 2.0 * e1 + e2) / dt_s
+    kp, ki, kd = params.gains(e)
+    p_term = kp * (e - e1)
+    i_term = ki * dt_s * e
+    d_term = kd * (e - 2.0 * e1 + e2) / dt_s
     delta = p_term + i_term + d_term
     act = actuate(params, state, meas, e, delta)
     new_state = replace(

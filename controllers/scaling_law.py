@@ -17,6 +17,12 @@ One closed zone window goes through, in this order (docs/model.md §4-§11):
    the feedback level (bumpless) or lets it decay towards the requirement.
 6. *Feedback*: the velocity PID (:mod:`controllers.pid`) or PID^alpha (:mod:`controllers.fpid`),
    clamped to the fleet budget the caller computed (anti-windup: the level with it).
+7. *Scale-down stabilisation* (:func:`stabilise_scale_down`): dwell after a scale-up, the highest
+   raw target of the stabilisation window, the replicas that absorb the demand; scale-up at once.
+
+The key's start-up is measured from its windows (:mod:`controllers.startup`; ``startup_hint_s``
+until the first sample) and sizes the feedforward's horizon and margin, the forecast look-ahead
+and the stabilisation window.
 
 :func:`decide` is pure: it returns a new state (the forecaster and the drift detectors are
 copied before they learn) and never changes the state, the zone view or the window it is
@@ -36,12 +42,13 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from controllers import capacity_learn as cap
 from controllers import feedforward as ff
 from controllers import fpid
 from controllers import observer as obs
+from controllers import startup as su
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
 from controllers.errors import ParameterError, check_int, check_number
@@ -61,15 +68,21 @@ __all__ = [
     "ScalingDecision",
     "ScalingParams",
     "ScalingState",
+    "Stabilised",
     "controller_problem",
     "decide",
     "ff_params_for",
+    "horizon_steps",
     "params_for",
     "pid_params_for",
+    "stabilise_scale_down",
     "zone_params_for",
 ]
 
 FF_TUNABLES = ("target_util", "error_margin", "decay_per_step", "lift_z")
+MAX_RAW_TARGETS = 720  # raw targets kept for the stabilisation window (two hours of 10 s windows)
+MAX_SINCE_UP = 1_000_000  # windows since the last scale-up saturate here (the state stays bounded)
+MAX_HORIZON_STEPS = 360  # the forecast look-ahead at most (an hour of 10 s windows)
 CAPACITY_PARAMS = cap.CapacityParams()  # the learned capacity's (controllers.capacity_learn)
 FF_MODE_QUIET_S = 60.0  # quiet time before the feedforward mode goes off (it goes on at once)
 # The scaler's forecaster (Holt, beta 0.1) warms up over its trend's memory: docs/model.md §7.
@@ -93,12 +106,16 @@ class ScalingParams:
     observer: bool = False
     learn_capacity: bool = False
     drift: bool = True
+    scale_down_dwell_windows: int = 0  # windows after a scale-up before a scale-down (stabilise_scale_down)
+    scale_down_stabilization_s: float = 0.0  # HPA's window; at least twice the measured start-up
 
     def __post_init__(self) -> None:
         check_number("eps_ref", self.eps_ref, 0.0, strict=True)
         check_number("window_s", self.window_s, 0.0, strict=True)
         check_int("horizon_steps", self.horizon_steps, 1)
         check_number("startup_hint_s", self.startup_hint_s, 0.0)
+        check_int("scale_down_dwell_windows", self.scale_down_dwell_windows, 0)
+        check_number("scale_down_stabilization_s", self.scale_down_stabilization_s, 0.0)
         check_number("ttft_slo_ms", self.ttft_slo_ms, 0.0, strict=True)
 
     @property
@@ -155,6 +172,10 @@ class ScalingState:
     delay: obs.LoopDelay = field(default_factory=obs.LoopDelay)
     # commands on their way: [basis_s, issued_s, target, applied_s | None]
     inflight: list[list[Any]] = field(default_factory=list)
+    startup: su.StartupState = field(default_factory=su.StartupState)  # measured start-up (controllers.startup)
+    since_up: int | None = None  # windows since the last scale-up decision (None: none yet)
+    raw_targets: tuple[tuple[float, int], ...] = ()  # (window end s, the law's target before the stabilisation)
+    hold: str = ""  # the condition that held the last window's scale-down ('' none)
 
     def to_state(self) -> dict[str, Any]:
         """Plain data (JSON-able): every part's own state, no pickle."""
@@ -176,6 +197,10 @@ class ScalingState:
             "kalman": None if self.kalman is None else self.kalman.to_dict(),
             "delay": asdict(self.delay),
             "inflight": [list(c) for c in self.inflight],
+            "startup": self.startup.to_dict(),
+            "since_up": self.since_up,
+            "raw_targets": [list(r) for r in self.raw_targets],
+            "hold": self.hold,
         }
 
     @classmethod
@@ -207,6 +232,10 @@ class ScalingState:
             "kalman": None if data["kalman"] is None else obs.KalmanState.from_dict(dict(data["kalman"])),
             "delay": obs.LoopDelay(**data["delay"]),
             "inflight": [list(c) for c in data["inflight"]],
+            "startup": su.StartupState.from_dict(dict(data.get("startup", {}))),
+            "since_up": None if data.get("since_up") is None else int(data["since_up"]),
+            "raw_targets": tuple((float(t), int(n)) for t, n in data.get("raw_targets", ()))[-MAX_RAW_TARGETS:],
+            "hold": str(data.get("hold", "")),
         }
 
     @classmethod
@@ -227,6 +256,8 @@ class ScalingDecision:
     feedforward: ff.FeedforwardOutput | None
     zone_floor_rps: float
     events: tuple[dict[str, Any], ...] = ()
+    held_by: str = ""  # the stabilisation condition that held (part of) a scale-down ('' none)
+    startup_s: float | None = None  # the start-up the law sized with (measured, else the hint)
 
 
 S = TypeVar("S", bound=ScalingState)
@@ -276,6 +307,8 @@ def decide(
         s.forecaster, s.latency_drift, s.rate_drift = copy.deepcopy((s.forecaster, s.latency_drift, s.rate_drift))
     basis, window_s = w.window_end_ms, w.window_s or p.window_s
     ready, starting, rate = w.replicas_ready, w.replicas_starting, w.rate_rps
+    s.startup = su.observe(s.startup, basis / 1000.0, starting, ready, window_s)
+    startup_s = su.estimate_s(s.startup, p.startup_hint_s)
     queued = (w.queue_len_mean or 0.0) * max(ready, 1)
     slo = w.ttft_slo_ms or p.ttft_slo_ms
     fixable = fixable_violation_rate(w, s.unfixable_base)
@@ -302,23 +335,184 @@ def decide(
         s.sde = s.sde.update(w.ttft_p50_ms, window_s)
     events += _drift(s, w, arrival)
     limits = p.pid.limits if isinstance(p.pid, fpid.FpidParams) else p.pid
-    ff_out = _feedforward(p, s, w, window_s, queued, meas, limits, floor, events)
+    ff_out = _feedforward(p, s, w, window_s, queued, meas, limits, floor, events, startup_s)
     if s.forecaster is not None:
         s.forecaster.learn(arrival)
-    previous = s.ctrl.last_target
-    if isinstance(p.pid, fpid.FpidParams):
-        assert isinstance(s.ctrl, fpid.FpidState)
-        s.ctrl, out = fpid.step(p.pid, s.ctrl, meas, window_s)
-    else:
-        assert isinstance(s.ctrl, PidState)
-        s.ctrl, out = step(p.pid, s.ctrl, meas, window_s)
+    previous, before = s.ctrl.last_target, s.ctrl
+    s.ctrl, out = _feedback(p, before, meas, window_s)
+    if (
+        previous is not None
+        and before.level is not None
+        and before.level < previous
+        and out.target_replicas <= previous
+        and eps - limits.eps_ref > limits.deadband
+    ):
+        # A held scale-down leaves the level below the target in force; violations there mean that target is
+        # short, so the loop turns up from it (bumpless) rather than climb back first: no delayed scale-up.
+        # Only a step that then scales up takes the lifted level (a blip the fleet in force absorbs must not
+        # raise the raw target back and restart the stabilisation window).
+        ctrl_up, out_up = _feedback(p, replace(before, level=float(previous)), meas, window_s)
+        if out_up.target_replicas > previous:
+            s.ctrl, out = ctrl_up, out_up
     target, reason = out.target_replicas, out.reason
     if budget_cap is not None and target > budget_cap:
         reason, target = f"{reason}; budget: {target} clamped to {budget_cap}", budget_cap
         level = s.ctrl.level
         # Anti-windup: the integrator (the level) stays within what the budget allows.
         s.ctrl = replace(s.ctrl, last_target=target, level=None if level is None else min(level, float(target)))
-    return s, zones, ScalingDecision(target, previous, reason, out, eps, ff_out, floor, tuple(events))
+    current = previous if previous is not None else ready + starting
+    absorb = _absorb_min(p, s, ff_out, floor)
+    st = stabilise_scale_down(
+        current=current,
+        raw=target,
+        now_s=basis / 1000.0,
+        window_s=max(p.scale_down_stabilization_s, 2.0 * startup_s),
+        dwell_windows=p.scale_down_dwell_windows,
+        since_up=s.since_up,
+        # A key's first window: the fleet in force counts as the window's first raw target.
+        raw_targets=s.raw_targets if previous is not None else ((basis / 1000.0, current),),
+        absorb_min=absorb,
+        budget_cap=budget_cap,
+    )
+    s.since_up, s.raw_targets = st.since_up, st.raw_targets
+    if st.target != target:
+        reason = (
+            f"{'hold' if st.target == current else reason}; scale-down to {target} held at {st.target} by {st.held_by}"
+        )
+        level = s.ctrl.level
+        # The level runs on below the held target (the stabilisation window releases it gradually, a turn
+        # up restarts from the fleet), but never below the replicas that carry the demand (absorb).
+        floor_level = None if level is None or absorb is None else max(level, float(min(absorb, st.target)))
+        s.ctrl = replace(s.ctrl, last_target=st.target, level=level if floor_level is None else floor_level)
+        target = st.target
+    if st.held_by != s.hold:
+        events.append(
+            {
+                "schema_version": 1,
+                "kind": "scale_down_hold",
+                "model": w.model,
+                "zone": w.zone,
+                "window_end_ms": basis,
+                "condition": st.held_by or "released",
+                "target_replicas": st.raw_target,
+                "held_replicas": target,
+                "startup_s": startup_s,
+            }
+        )
+        s.hold = st.held_by
+    decision = ScalingDecision(target, previous, reason, out, eps, ff_out, floor, tuple(events), st.held_by, startup_s)
+    return s, zones, decision
+
+
+def _feedback(
+    p: ScalingParams, ctrl: PidState | fpid.FpidState, meas: PidMeasurement, window_s: float
+) -> tuple[PidState | fpid.FpidState, PidOutput]:
+    """One step of the key's feedback controller (pid or fpid, pure)."""
+    if isinstance(p.pid, fpid.FpidParams):
+        assert isinstance(ctrl, fpid.FpidState)
+        return fpid.step(p.pid, ctrl, meas, window_s)
+    assert isinstance(ctrl, PidState)
+    return step(p.pid, ctrl, meas, window_s)
+
+
+class Stabilised(NamedTuple):
+    """What :func:`stabilise_scale_down` decided."""
+
+    target: int  # the target to apply
+    raw_target: int  # the law's target before the stabilisation
+    held_by: str  # 'dwell', 'window' or 'absorb' when it held (part of) a scale-down, else ''
+    since_up: int | None  # windows since the last scale-up, this one included (None: none yet)
+    raw_targets: tuple[tuple[float, int], ...]  # the raw targets within the window, this one last
+
+
+def stabilise_scale_down(
+    *,
+    current: int,
+    raw: int,
+    now_s: float,
+    window_s: float,
+    dwell_windows: int,
+    since_up: int | None,
+    raw_targets: tuple[tuple[float, int], ...],
+    absorb_min: int | None,
+    budget_cap: int | None = None,
+) -> Stabilised:
+    """Scale-down stabilisation of one key's window (pure): ``raw`` below ``current`` (the target in force)
+    is applied only as far as three conditions allow, checked in this order.
+
+    1. *Dwell*: at least ``dwell_windows`` windows since the key's last scale-up (the dwell time the
+       certificate of the switched loop may rely on, ``GOVERNOR_SCALE_DOWN_DWELL_WINDOWS``).
+    2. *Stabilisation window* (Kubernetes HPA's ``behavior.scaleDown.stabilizationWindowSeconds``: the
+       HPA "gathers recommendations for the window and picks the largest one", KEP-853; the default window is
+       300 s for scale-down and 0 for scale-up, ``autoscaling/v2`` ``HPAScalingRules``): the target is the
+       highest raw target of the last ``window_s`` seconds, so a dip shorter than the window moves nothing
+       and a long fall is followed ``window_s`` late, step by step, never in one drop.
+    3. *Absorb* (Dynamo planner's fix for 2 <-> 1 oscillation, ai-dynamo/dynamo PR #9294: a scale-down N ->
+       N-1 loads each survivor N / (N-1) times more, so it is refused when the survivors would pass the
+       threshold): at least ``absorb_min`` replicas stay, the fewest that carry the demand at the
+       feedforward's target utilisation (:func:`_absorb_min`; None, without a feedforward capacity: skipped).
+
+    ``raw`` at or above ``current`` goes through at once (scale-up is never delayed) and a scale-up restarts
+    the dwell; ``budget_cap`` wins over every hold (a budget that shrank is obeyed).
+
+    The integrator (:func:`decide`): while a scale-down is held the level runs on below the held target, so
+    the raw targets the window remembers are the controller's honest ones and a release follows them ``W``
+    late, one window's raw target at a time, never in one drop; it is kept at or above the absorb count (it
+    cannot wind below the replicas that carry the demand).  Pinning the level to the held target instead
+    would release one step per ``W`` (a 40 -> 20 fall would take 20 windows of ``W``).  A violation at the
+    held target that scales up restarts the feedback from that target (bumpless: no climb back first, no
+    jump above it); one that does not (a blip the fleet absorbs) keeps the level, so it cannot restart the
+    window.
+
+    >>> kw = dict(now_s=100.0, window_s=60.0, dwell_windows=3, raw_targets=(), absorb_min=None)
+    >>> stabilise_scale_down(current=8, raw=12, since_up=0, **kw)[:3]  # up: at once
+    (12, 12, '')
+    >>> stabilise_scale_down(current=8, raw=6, since_up=1, **kw)[:3]  # 2 windows after a scale-up
+    (8, 6, 'dwell')
+    >>> stabilise_scale_down(current=8, raw=6, since_up=5, **{**kw, "raw_targets": ((50.0, 8),)})[:3]
+    (8, 6, 'window')
+    >>> stabilise_scale_down(current=8, raw=6, since_up=5, **{**kw, "raw_targets": ((50.0, 7),)})[:3]
+    (7, 6, 'window')
+    >>> stabilise_scale_down(current=8, raw=6, since_up=None, **{**kw, "absorb_min": 8})[:3]
+    (8, 6, 'absorb')
+    """
+    since = None if since_up is None else min(since_up + 1, MAX_SINCE_UP)
+    history = (*((t, n) for t, n in raw_targets if t > now_s - window_s), (now_s, raw))[-MAX_RAW_TARGETS:]
+    if raw >= current:
+        return Stabilised(raw, raw, "", 0 if raw > current else since, history)
+    target, held_by = raw, ""
+    if since is not None and since < dwell_windows:
+        target, held_by = current, "dwell"
+    else:
+        highest = max(n for _, n in history)
+        if highest > target:
+            target, held_by = min(highest, current), "window"
+        if absorb_min is not None and absorb_min > target:
+            target, held_by = min(absorb_min, current), "absorb"
+    if budget_cap is not None and target > budget_cap:
+        target = max(raw, budget_cap)
+        held_by = held_by if target > raw else ""
+    return Stabilised(target, raw, held_by, since, history)
+
+
+def _absorb_min(p: ScalingParams, s: ScalingState, ff_out: ff.FeedforwardOutput | None, floor_rps: float) -> int | None:
+    """The fewest replicas that carry the demand at the feedforward's target utilisation, with the
+    learned capacity: the demand is the larger of the arrival rate and the forecast over the start-up
+    horizon (and the zone floor).  None without a feedforward capacity (the absorb check is skipped)."""
+    capacity = learned_capacity(p, s)
+    if ff_out is None or capacity is None or p.feedforward is None:
+        return None
+    demand = max(ff_out.arrival_rps, ff_out.forecast_rps, floor_rps)
+    return max(0, math.ceil(demand / (capacity * p.feedforward.target_util) - 1e-9))
+
+
+def horizon_steps(startup_s: float, window_s: float) -> int:
+    """The forecast look-ahead in windows: start-up plus a period (at least 1, at most :data:`MAX_HORIZON_STEPS`).
+
+    >>> horizon_steps(30.0, 10.0), horizon_steps(120.0, 10.0), horizon_steps(0.0, 10.0)
+    (4, 13, 1)
+    """
+    return min(MAX_HORIZON_STEPS, max(1, math.ceil((startup_s + window_s) / window_s - 1e-9)))
 
 
 def _observe(
@@ -388,12 +582,15 @@ def _feedforward(
     limits: PidParams,
     floor_rps: float,
     events: list[dict[str, Any]],
+    startup_s: float,
 ) -> ff.FeedforwardOutput | None:
-    """Size from demand (at least ``floor_rps``, the zone-aware floor); lift (or let decay) the
-    feedback level before it steps."""
+    """Size from demand (at least ``floor_rps``, the zone-aware floor) over the measured start-up
+    (``startup_s``: the horizon, its forecast-error margin and the look-ahead); lift (or let decay)
+    the feedback level before it steps."""
     ffp = p.feedforward
     if ffp is None:
         return None
+    ffp = replace(ffp, horizon_s=startup_s + window_s)
     rate = w.rate_rps
     if p.learn_capacity:
         ready = meas.replicas_current - meas.replicas_pending
@@ -409,7 +606,7 @@ def _feedforward(
         ffp = _learned(p, s, w, ffp, window, events)
     forecast = error = None
     if s.forecaster is not None and s.forecaster.ready:
-        forecast = max(0.0, s.forecaster.forecast(p.horizon_steps)[-1])
+        forecast = max(0.0, s.forecaster.forecast(horizon_steps(startup_s, window_s))[-1])
         error = s.forecaster.errors_hmean.mae
     slack_s = None if w.ttft_p50_ms is None else max(0.0, ((w.ttft_slo_ms or p.ttft_slo_ms) - w.ttft_p50_ms) / 1000.0)
     s.ff, out = ff.step(
@@ -496,6 +693,8 @@ def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParam
         "max_replicas": spec.max_replicas,
         "hold_while_pending": settings.dead_time_comp,
     }
+    # An absent down gain is the up gain (None), whatever the dataclass default: old gains keep their meaning.
+    down: dict[str, Any] = {name: g.get(name) for name in ("kp_down", "ki_down", "kd_down")}
     if settings.controller == "fpid":
         extra: dict[str, Any] = {k: g[k] for k in ("alpha", "eta", "gamma", "beta") if k in g}
         if "memory" in g:
@@ -504,13 +703,19 @@ def pid_params_for(settings: Settings, model: str) -> PidParams | fpid.FpidParam
             kp=g.get("kp", 0.2),
             ki=g.get("ki", 0.05),
             kd=g.get("kd", 0.0),
+            **down,
             deadband=g.get("deadband", 0.015),
             time_scale_s=settings.window_s,
             **extra,
             **common,
         )
     return PidParams(
-        kp=g.get("kp", 0.0), ki=g.get("ki", 0.05), kd=g.get("kd", 0.0), deadband=g.get("deadband", 0.015), **common
+        kp=g.get("kp", 0.0),
+        ki=g.get("ki", 0.05),
+        kd=g.get("kd", 0.0),
+        **down,
+        deadband=g.get("deadband", 0.015),
+        **common,
     )
 
 
@@ -558,8 +763,10 @@ def params_for(settings: Settings, model: str) -> ScalingParams:
         feedforward=ff_params_for(settings, model),
         eps_ref=settings.eps_ref,
         window_s=settings.window_s,
-        horizon_steps=max(1, math.ceil((settings.startup_hint_s + settings.window_s) / settings.window_s)),
+        horizon_steps=horizon_steps(settings.startup_hint_s, settings.window_s),
         startup_hint_s=settings.startup_hint_s,
+        scale_down_dwell_windows=settings.scale_down_dwell_windows,
+        scale_down_stabilization_s=settings.scale_down_stabilization_s,
         ttft_slo_ms=spec.ttft_slo_ms,
         itl_slo_ms=spec.itl_slo_ms,
         replica_capacity_rps=spec.replica_capacity_rps,

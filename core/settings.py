@@ -511,7 +511,7 @@ class Settings:
     pid_gains: Mapping[str, float] = _setting(
         None,
         "GOVERNOR_PID_GAINS",
-        "JSON object of the scaling controller's gains: kp, ki, kd, deadband; ff_target_util (1 / headroom), ff_error_margin, ff_decay_per_step, ff_lift_z; fpid alpha, eta, gamma, beta, memory",
+        "JSON object of the scaling controller's gains: kp, ki, kd, deadband; kp_down, ki_down, kd_down (scale-down; absent = the up gain); ff_target_util (1 / headroom), ff_error_margin, ff_decay_per_step, ff_lift_z; fpid alpha, eta, gamma, beta, memory",
         "gains",
         factory=default_pid_gains,
     )
@@ -661,7 +661,24 @@ class Settings:
     startup_hint_s: float = _setting(
         30.0,
         "GOVERNOR_STARTUP_HINT_S",
-        "expected replica start-up seconds (feedforward look-ahead)",
+        "expected replica start-up seconds until the windows measure one (starting -> ready): feedforward "
+        "look-ahead, scale-down stabilisation window",
+        "float",
+        ge=0,
+    )
+    scale_down_dwell_windows: int = _setting(
+        6,
+        "GOVERNOR_SCALE_DOWN_DWELL_WINDOWS",
+        "windows after a (model, zone)'s last scale-up before it may scale down (the dwell time the gains "
+        "certificate may rely on)",
+        "int",
+        ge=0,
+    )
+    scale_down_stabilization_s: float = _setting(
+        300.0,
+        "GOVERNOR_SCALE_DOWN_STABILIZATION_S",
+        "a scale-down applies the highest target of this many seconds (HPA's stabilizationWindowSeconds); "
+        "at least twice the measured start-up",
         "float",
         ge=0,
     )
@@ -1205,7 +1222,7 @@ def gains_reason(gains: Mapping[str, float]) -> str:
     >>> gains_reason({"ki": 0.05, "ff_target_util": 0.8})
     ''
     >>> gains_reason({"ki": 0.05, "ff_eror_margin": 1.0})
-    "unknown gain 'ff_eror_margin' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step, ff_lift_z)"
+    "unknown gain 'ff_eror_margin' (known: kp, ki, kd, kp_down, ki_down, kd_down, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step, ff_lift_z)"
     >>> gains_reason({"kp": float("nan")})
     'kp=nan: must be a finite number'
     """
@@ -1256,7 +1273,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engines": ("engine_home", "engine_python"),
     "scaler": (
         "eps_ref", "pid_gains", "gains_file", "controller", "drift", "dead_time_comp", "learn_capacity", "observer",
-        "startup_hint_s",
+        "startup_hint_s", "scale_down_dwell_windows", "scale_down_stabilization_s",
     ),
     "routing": ("fallbacks",),
     "breaker": ("breaker_min_requests",),

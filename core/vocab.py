@@ -5,7 +5,7 @@ belong to the wire contract and live in :mod:`governor_telemetry.vocab`; they
 are re-exported here so the control plane has one place to import from.
 
 >>> DEFAULT_PID_GAINS
-{'kp': 0.0, 'ki': 0.05, 'kd': 0.0}
+{'kp': 0.0, 'ki': 0.05, 'kd': 0.0, 'ki_down': 0.01}
 >>> COMMAND_KINDS[0]
 'scale'
 """
@@ -37,11 +37,14 @@ __all__ = [
 ]
 
 #: The scaling PID's default gains (docs/model.md, velocity PID): integral
-#: action only, the velocity form's equivalent of a pure I controller.
-DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+#: action only, the velocity form's equivalent of a pure I controller;
+#: ``ki_down`` acts while the error is below 0 (scale-down; tentative, pending the
+#: certificate of issue 35), the absent ``kp_down`` / ``kd_down`` mean the up gains.
+DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0, "ki_down": 0.01}
 
 #: Every name GOVERNOR_PID_GAINS may hold (a name outside it is refused, not
-#: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``; the fractional
+#: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``, and the scale-down
+#: gains ``kp_down``, ``ki_down``, ``kd_down`` (absent: the up gain); the fractional
 #: PID's ``alpha``, ``eta``, ``gamma``, ``beta`` and ``memory``; the
 #: feedforward's ``ff_target_util`` (1 / headroom), ``ff_error_margin`` and
 #: ``ff_decay_per_step`` (the names ``governor tune`` writes) and ``ff_lift_z``
@@ -50,6 +53,9 @@ PID_GAIN_NAMES = (
     "kp",
     "ki",
     "kd",
+    "kp_down",
+    "ki_down",
+    "kd_down",
     "deadband",
     "alpha",
     "eta",

@@ -30,13 +30,14 @@ log = logging.getLogger(__name__)
 
 # 2: plain data (1 was a pickle, never read again); 3: forecasters keep their horizon-mean error and
 # recent values, and warm up for 2 + 1 / beta steps (a version-2 forecaster's pending forecasts
-# would not fit), keys their in-system count and backlog history.
-SNAPSHOT_VERSION = 3
+# would not fit), keys their in-system count and backlog history; 4: keys their measured start-up and
+# scale-down stabilisation (windows since the last scale-up, the window's raw targets, the holding condition).
+SNAPSHOT_VERSION = 4
 # A restored key scales below its fleet only once this many fresh windows in a row call for it
 # (issue 31, item 4): a sealed snapshot replayed within its maximum age cannot shrink the fleet.
 RESTORE_CONFIRM_WINDOWS = 3
 _LOG_LEVELS = {"zone_lost": logging.WARNING, "zone_healed": logging.WARNING, "zone_returned": logging.WARNING,
-               "capacity_prior": logging.WARNING, "drift": logging.INFO}  # fmt: skip
+               "capacity_prior": logging.WARNING, "drift": logging.INFO, "scale_down_hold": logging.INFO}  # fmt: skip
 
 
 @dataclass
@@ -166,7 +167,8 @@ class Scaler:
         detail = {"violation_rate": d.violation_rate, "window_violation_rate": w.violation_rate,
                   "unfixable_rate": w.unfixable_rate, "multiplier": out.multiplier, "feedforward": ff_out,
                   "zone_floor_rps": d.zone_floor_rps, "ff_mode": ks.ff_mode, "error": out.error,
-                  "held_pending": out.held_pending, "e2e_p95_ms": w.e2e_p95_ms, "ttft_p95_ms": w.ttft_p95_ms}  # fmt: skip
+                  "held_pending": out.held_pending, "e2e_p95_ms": w.e2e_p95_ms, "ttft_p95_ms": w.ttft_p95_ms,
+                  "scale_down_held_by": d.held_by, "startup_s": d.startup_s}  # fmt: skip
         prev = previous if previous is not None else provisioned
         return [self._command("scale", zone, model, reason, issued, basis, self.settings.controller, detail=detail,
                               target_replicas=target, previous_replicas=prev)]  # fmt: skip

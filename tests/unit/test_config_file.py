@@ -217,7 +217,8 @@ def test_every_gain_a_controller_reads_is_a_known_name() -> None:
     from core.vocab import PID_GAIN_NAMES
 
     fpid_names = {"alpha", "eta", "gamma", "beta", "memory"}  # what pid_params_for passes to FpidParams
-    assert {f"ff_{n}" for n in FF_TUNABLES} | fpid_names | {"kp", "ki", "kd", "deadband"} == set(PID_GAIN_NAMES)
+    pid_names = {"kp", "ki", "kd", "kp_down", "ki_down", "kd_down", "deadband"}  # both controllers
+    assert {f"ff_{n}" for n in FF_TUNABLES} | fpid_names | pid_names == set(PID_GAIN_NAMES)
 
 
 def test_classes_survive_the_child_process_round_trip(tmp_path: Path) -> None:

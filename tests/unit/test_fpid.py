@@ -112,9 +112,10 @@ gains = st.tuples(st.floats(0.01, 2.0), st.floats(0.0, 0.49), st.floats(0.0, 5.0
     st.booleans(),
 )
 def test_alpha_one_is_pid_py(eps_seq, g, pending, hold) -> None:
-    """At alpha = 1 with no adaptation the law is pid.py's velocity PID, exactly."""
+    """At alpha = 1 with no adaptation the law is pid.py's velocity PID, exactly (per-direction gains too)."""
     kp, ratio, kd = g
-    common = {"kp": kp, "ki": ratio * kp, "kd": kd, "hold_while_pending": hold, "max_replicas": 500}
+    common = {"kp": kp, "ki": ratio * kp, "kd": kd, "ki_down": 0.5 * ratio * kp, "hold_while_pending": hold,
+              "max_replicas": 500}  # fmt: skip
     fp, pp = FpidParams(alpha=1.0, eta=0.0, memory=8, **common), PidParams(**common)
     fs, ps, replicas = FpidState(), PidState(), 10
     for eps in eps_seq:
@@ -194,7 +195,7 @@ def test_adaptation_direction_follows_the_error(eps: float, direction: int) -> N
     ],
 )
 def test_sign_convention(eps: float, direction: int, alpha: float) -> None:
-    params = FpidParams(kp=0.5, ki=0.1, alpha=alpha, deadband=0.0)
+    params = FpidParams(kp=0.5, ki=0.1, ki_down=None, alpha=alpha, deadband=0.0)  # one gain both ways
     st_, outs = run(params, [eps] * 30)
     assert np.sign(round(outs[0].multiplier - 1.0, 12)) == direction
     assert np.sign(round(outs[0].i_term, 12)) == direction
@@ -249,8 +250,8 @@ def test_parameter_validation(kwargs: dict, needle: str) -> None:
 
 
 def test_integral_only_without_integral_is_allowed() -> None:
-    # ki = 0 satisfies ki/kp < 0.5 alpha for any kp, including kp = 0
-    assert FpidParams(kp=0.0, ki=0.0, kd=1.0).alpha_floor == 0.1
+    # ki = 0 satisfies ki/kp < 0.5 alpha for any kp, including kp = 0 (the down gain as well)
+    assert FpidParams(kp=0.0, ki=0.0, kd=1.0, ki_down=0.0).alpha_floor == 0.1
 
 
 def test_state_round_trips_json_and_pickle() -> None:

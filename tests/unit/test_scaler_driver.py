@@ -108,9 +108,10 @@ def test_violations_no_replica_count_fixes_do_not_drive_the_feedback() -> None:
     assert fixable.targets().get((MODEL, "az-a"), 4) <= 4
     level = fixable.states[(MODEL, "az-a")].ctrl.level
     assert level is not None and level < 4.0  # nothing to fix: the feedback reclaims
-    # Misses the fleet can fix still count: 46 of the 96 servable requests, two windows running.
-    fixable.on_window(_window(12, eps=0.5, unfixable=0.04), 130_000)
-    (cmd,) = fixable.on_window(_window(13, eps=0.5, unfixable=0.04), 140_000)
+    # Misses the fleet can fix still count: 46 of the 96 servable requests, within two windows running
+    # (at once when a held scale-down left the level below the fleet: the turn up starts from the fleet).
+    cmds = fixable.on_window(_window(12, eps=0.5, unfixable=0.04), 130_000)
+    (cmd,) = cmds or fixable.on_window(_window(13, eps=0.5, unfixable=0.04), 140_000)
     assert cmd.reason == "scale_up" and abs(cmd.detail["violation_rate"] - 0.46 / 0.96) < 1e-9
     assert cmd.detail["unfixable_rate"] == 0.04 and cmd.detail["window_violation_rate"] == 0.5
     assert all(not cmds for cmds in out[1:])
