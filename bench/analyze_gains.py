@@ -34,7 +34,7 @@ from controllers.stability import (
     RobustCertificate,
     robust_certificate,
 )
-from core.vocab import DEFAULT_PID_GAINS
+from core.vocab import DEFAULT_DWELL_WINDOWS, DEFAULT_PID_GAINS
 
 __all__ = [
     "DEFAULT_PLANT_GAIN",
@@ -151,12 +151,18 @@ def certify_settings(
     dwell_windows: int | None = None,
 ) -> RobustCertificate:
     """:func:`controllers.stability.robust_certificate` with the settings' defaults
-    filled in (the dwell: ``scale_down_dwell_windows``, 0 where the settings have none)."""
+    filled in (the dwell: ``scale_down_dwell_windows``; -1 is the controller's shipped dwell,
+    :data:`core.vocab.DEFAULT_DWELL_WINDOWS`)."""
     dt = float(settings.window_s if dt_s is None else dt_s)
-    dwell = getattr(settings, "scale_down_dwell_windows", 0) if dwell_windows is None else dwell_windows
+    ctrl = controller or settings.controller
+    if dwell_windows is None:
+        dwell = settings.scale_down_dwell_windows
+        dwell = DEFAULT_DWELL_WINDOWS[ctrl] if dwell < 0 else dwell  # -1: the controller's shipped dwell
+    else:
+        dwell = dwell_windows
     return robust_certificate(
         gains,
-        controller or settings.controller,
+        ctrl,
         PLANT_GAIN_RANGE if plant_gain_range is None else plant_gain_range,
         float(settings.startup_hint_s + settings.window_s if delay_s is None else delay_s),
         dt,

@@ -128,19 +128,19 @@ class FpidParams:
     Examples
     --------
     >>> FpidParams().alpha_floor
-    0.5000000000000001
+    0.9750000000000001
     >>> FpidParams(kp=0.1, ki=0.05, alpha=0.9)
     Traceback (most recent call last):
     ...
     controllers.errors.ParameterError: ki=0.05: need ki/kp < 0.5*alpha (kp=0.1, alpha=0.9)
     """
 
-    kp: float = 0.2
-    ki: float = 0.05
+    kp: float = 0.08
+    ki: float = 0.039
     kd: float = 0.0
     # Scale-down gains (error < 0 after the deadband); None = the up gain (controllers.pid.directed_gains).
     kp_down: float | None = None
-    ki_down: float | None = 0.01
+    ki_down: float | None = None
     kd_down: float | None = None
     alpha: float = 1.0
     memory: int = 64

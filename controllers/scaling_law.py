@@ -765,7 +765,7 @@ def params_for(settings: Settings, model: str) -> ScalingParams:
         window_s=settings.window_s,
         horizon_steps=horizon_steps(settings.startup_hint_s, settings.window_s),
         startup_hint_s=settings.startup_hint_s,
-        scale_down_dwell_windows=settings.scale_down_dwell_windows,
+        scale_down_dwell_windows=settings.dwell_windows,
         scale_down_stabilization_s=settings.scale_down_stabilization_s,
         ttft_slo_ms=spec.ttft_slo_ms,
         itl_slo_ms=spec.itl_slo_ms,

@@ -55,7 +55,7 @@ from core.defaults import (
 )
 from core.signing import Keyring
 from core.transport import transport_reason
-from core.vocab import PID_GAIN_NAMES, default_pid_gains
+from core.vocab import DEFAULT_DWELL_WINDOWS, PID_GAIN_NAMES, default_pid_gains
 from core.workloads import GatewayRoute, Workload, parse_routes, parse_workloads, routes_schema, workloads_schema
 
 __all__ = [
@@ -667,12 +667,13 @@ class Settings:
         ge=0,
     )
     scale_down_dwell_windows: int = _setting(
-        6,
+        -1,
         "GOVERNOR_SCALE_DOWN_DWELL_WINDOWS",
         "windows after a (model, zone)'s last scale-up before it may scale down (the dwell time the gains "
-        "certificate may rely on)",
+        "certificate relies on; governor analyze gains says what yours need); -1: the controller's shipped "
+        "dwell (pid 12, fpid 47)",
         "int",
-        ge=0,
+        ge=-1,
     )
     scale_down_stabilization_s: float = _setting(
         300.0,
@@ -1124,6 +1125,14 @@ class Settings:
     @property
     def topics(self) -> dict[str, str]:
         return names.topics(self.topic_prefix)
+
+    @property
+    def dwell_windows(self) -> int:
+        """``scale_down_dwell_windows``, with -1 read as the controller's shipped dwell
+        (:data:`core.vocab.DEFAULT_DWELL_WINDOWS`)."""
+        if self.scale_down_dwell_windows >= 0:
+            return int(self.scale_down_dwell_windows)
+        return DEFAULT_DWELL_WINDOWS[self.controller]
 
     def model(self, name: str) -> ModelSpec | None:
         for spec in self.models:

@@ -5,7 +5,7 @@ belong to the wire contract and live in :mod:`governor_telemetry.vocab`; they
 are re-exported here so the control plane has one place to import from.
 
 >>> DEFAULT_PID_GAINS
-{'kp': 0.0, 'ki': 0.05, 'kd': 0.0, 'ki_down': 0.01}
+{'kp': 0.0, 'ki': 0.0235, 'kd': 0.0, 'ki_down': 0.0105}
 >>> COMMAND_KINDS[0]
 'scale'
 """
@@ -27,6 +27,7 @@ __all__ = [
     "COMMAND_KINDS",
     "DEAD_LETTER_KINDS",
     "DEFAULT_COUPLING_WEIGHTS",
+    "DEFAULT_DWELL_WINDOWS",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
     "PID_GAIN_NAMES",
@@ -40,7 +41,11 @@ __all__ = [
 #: action only, the velocity form's equivalent of a pure I controller;
 #: ``ki_down`` acts while the error is below 0 (scale-down; tentative, pending the
 #: certificate of issue 35), the absent ``kp_down`` / ``kd_down`` mean the up gains.
-DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.05, "kd": 0.0, "ki_down": 0.01}
+DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.0235, "kd": 0.0, "ki_down": 0.0105}
+# Windows after a scale-up before a scale-down that each controller's shipped gains need for their
+# certificate (``governor analyze gains --shipped``: no common Lyapunov function of both modes over the
+# measured plant-gain interval, so the switching is certified by a dwell: pid 11, fpid 46, plus a window).
+DEFAULT_DWELL_WINDOWS: dict[str, int] = {"pid": 12, "fpid": 47}
 
 #: Every name GOVERNOR_PID_GAINS may hold (a name outside it is refused, not
 #: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``, and the scale-down

@@ -76,12 +76,27 @@ def test_the_proposed_gains_are_certified_over_the_measured_interval(
     ]
 
 
-def test_the_shipped_pid_defaults_fail_with_the_margin_and_where(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["analyze", "gains", "--shipped", "--controller", "pid"]) == 1
+def test_the_old_shipped_pid_defaults_fail_with_the_margin_and_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pid defaults shipped before issue 35 (ki 0.05 both ways) are refused, with the margin and where."""
+    assert main(["analyze", "gains", _file(tmp_path, {"kp": 0.0, "ki": 0.05, "kd": 0.0})]) == 1
     out = capsys.readouterr().out
     assert "NOT CERTIFIED: down: gain margin 0.475 < 2 at b = 4.21" in out
     assert "NOT CERTIFIED: down: spectral radius 1.4509 >= 1 at b = 4.21" in out
     assert "NOT CERTIFIED: up: spectral radius 1.0202 >= 1 at b = 4.21" in out
+
+
+@pytest.mark.parametrize("controller", ["pid", "fpid"])
+def test_the_shipped_defaults_are_the_certified_proposals(controller: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 35: `governor analyze gains --shipped` exits 0 with and without --controller fpid, at the
+    dwell each controller ships (core.vocab.DEFAULT_DWELL_WINDOWS)."""
+    assert main(["analyze", "gains", "--shipped", "--controller", controller]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("certified") and "NOT CERTIFIED" not in out
+    for name, value in PROPOSED_GAINS[controller].items():
+        if name not in ("alpha_lo", "alpha_hi"):  # the adaptation is off (eta 0): alpha stays at 1
+            assert f"'{name}': {value}" in out
 
 
 def test_a_gain_certified_at_one_plant_gain_is_not_over_the_interval(

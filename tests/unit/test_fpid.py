@@ -222,7 +222,7 @@ def test_clamp_and_slew_ramp_to_a_max() -> None:
 
 
 def test_max_replicas_bound_and_back_calculation() -> None:
-    params = FpidParams(alpha=1.3, max_replicas=12, time_scale_s=DT)
+    params = FpidParams(kp=0.2, ki=0.05, alpha=1.3, max_replicas=12, time_scale_s=DT)
     st_, outs = run(params, [1.0] * 10)
     assert outs[-1].target_replicas == 12 and outs[-1].at_bound
     _, outs = run(params, [0.0], replicas=12, state=st_)

@@ -44,10 +44,10 @@ def test_a_bad_down_gain_is_refused_by_name() -> None:
 
 def test_the_settings_take_the_down_gains_and_an_absent_one_is_the_up_gain() -> None:
     assert {"kp_down", "ki_down", "kd_down"} <= set(PID_GAIN_NAMES)
-    assert DEFAULT_PID_GAINS["ki_down"] == 0.01  # the shipped pid value, in one place
+    assert DEFAULT_PID_GAINS["ki_down"] == 0.0105  # the shipped pid value, in one place
     spec = ModelSpec("m")
     shipped = pid_params_for(Settings(models=(spec,), zones=("az-a",)), "m")
-    assert isinstance(shipped, PidParams) and (shipped.ki, shipped.ki_down) == (0.05, 0.01)
+    assert isinstance(shipped, PidParams) and (shipped.ki, shipped.ki_down) == (0.0235, 0.0105)
     old = pid_params_for(Settings(models=(spec,), zones=("az-a",), pid_gains={"ki": 0.05}), "m")
     assert isinstance(old, PidParams) and old.ki_down is None and old.gains(-0.1) == (0.0, 0.05, 0.0)
     env = Settings.from_env({"GOVERNOR_PID_GAINS": json.dumps({"ki": 0.05, "kp_down": 0.1, "kd_down": 0.0})})
@@ -63,4 +63,4 @@ def test_the_fpid_controller_reads_its_down_gains_from_the_settings() -> None:
                  pid_gains={"kp": 0.2, "ki": 0.05, "ki_down": 0.02})  # fmt: skip
     p = pid_params_for(s, "m")
     assert isinstance(p, fpid.FpidParams) and p.ki_down == 0.02 and p.kp_down is None
-    assert fpid.FpidParams().ki_down == 0.01  # fpid's shipped value
+    assert fpid.FpidParams().ki_down is None  # fpid's shipped down gain is its up gain (certified so)
