@@ -36,7 +36,7 @@ def parse_gain(text: str) -> tuple[str, float]:
     >>> parse_gain("ff_headroom=1.2")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: unknown gain 'ff_headroom' (known: kp, ki, kd, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step, ff_lift_z)
+    argparse.ArgumentTypeError: unknown gain 'ff_headroom' (known: kp, ki, kd, kp_down, ki_down, kd_down, deadband, alpha, eta, gamma, beta, memory, ff_target_util, ff_error_margin, ff_decay_per_step, ff_lift_z)
     """
     name, sep, raw = (x.strip() for x in text.partition("="))
     try:

@@ -42,7 +42,7 @@ Examples
 >>> loop.decode(b"{not json", {"topic": "metrics"}, 0)[1]["reason"]
 'bad metrics record: not JSON'
 >>> rec, _ = loop.decode({"scope": "zone", "model": "m", "zone": "az-a", "window_end_ms": 10_000,
-...                       "window_s": 10.0, "count": 100, "violation_rate": 0.5, "replicas_ready": 2}, {}, 0)
+...                       "window_s": 10.0, "count": 100, "violation_rate": 1.0, "replicas_ready": 2}, {}, 0)
 >>> [(c.kind, c.target_replicas) for c in loop.decide(rec, 10_000).commands]
 [('scale', 3)]
 """

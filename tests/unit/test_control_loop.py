@@ -22,7 +22,13 @@ MODEL = "m"
 GIB = 1 << 30
 
 
+# Mechanism tests run at a brisk symmetric integral gain (the gains shipped before issue 35) so that one
+# window of violations moves the fleet; the shipped, certified gains are tested in test_analyze_gains,
+# test_scale_down_stabilisation and on the fast loop.
+BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+
 def _settings(**kw: Any) -> Settings:
+    kw.setdefault("pid_gains", BRISK)
     return Settings(
         models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=1.0, lateness_s=0.2, **kw
     )
@@ -315,7 +321,17 @@ def test_without_a_keyring_nothing_is_signed_or_verified() -> None:
 
 def _replayed_six_replica_loop(metrics: WorkerMetrics | None = None) -> ControlLoop:
     """A loop restored from the snapshot of a quiet 6-replica fleet (issue 31, item 4: replayed later)."""
-    settings = Settings(models=(ModelSpec(MODEL, max_replicas=100),), zones=("az-a",), window_s=10.0)
+    # The restore hold alone: the scale-down stabilisation (dwell, window; issue 35) would hold these windows
+    # too, so it is off here (no dwell, no window, a zero start-up hint so W = max(0, 2 x 0)).
+    settings = Settings(
+        models=(ModelSpec(MODEL, max_replicas=100),),
+        zones=("az-a",),
+        window_s=10.0,
+        pid_gains=BRISK,
+        scale_down_dwell_windows=0,
+        scale_down_stabilization_s=0.0,
+        startup_hint_s=0.0,
+    )
     old = ControlLoop(settings)
     for k in range(5):
         old.decide(_zone(window_end_ms=T0 + (k + 1) * 10_000, count=100, replicas_ready=6, rate_rps=10.0), T0)

@@ -23,8 +23,15 @@ T0 = 1_700_000_000_000
 MODEL = "m"
 
 
+# Mechanism tests run at a brisk symmetric integral gain (the gains shipped before issue 35) so that one
+# window of violations moves the fleet; the shipped, certified gains are tested in test_analyze_gains,
+# test_scale_down_stabilisation and on the fast loop.
+BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+
 def _settings() -> Settings:
-    return Settings(models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=10.0)
+    return Settings(
+        models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=10.0, pid_gains=BRISK
+    )
 
 
 def _zone(k: int, zone: str = "az-a", **kw: Any) -> WindowRecord:

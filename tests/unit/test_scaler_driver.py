@@ -17,7 +17,14 @@ from tests.unit.test_breaker_driver import plain
 MODEL = "m"
 
 
+# The driver's bookkeeping is tested at a brisk symmetric integral gain (the gains shipped before issue 35),
+# so its windows stay few; the law at the shipped, certified gains is tested in test_scale_down_stabilisation
+# and on the fast loop (tests/unit/test_fastloop*.py).
+BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
+
+
 def _settings(**kw) -> Settings:
+    kw.setdefault("pid_gains", BRISK)
     spec = ModelSpec(
         MODEL,
         ttft_slo_ms=1000.0,
@@ -337,7 +344,11 @@ def test_the_feedforward_lift_is_capped_per_window() -> None:
 def _budget_scaler(total: int = 0, model_total: int | None = None) -> Scaler:
     spec = ModelSpec(MODEL, min_replicas=2, max_replicas=100, max_replicas_total=model_total)
     other = ModelSpec("o", min_replicas=1, max_replicas=100)
-    return Scaler(Settings(models=(spec, other), window_s=10.0, zones=("az-a", "az-b"), max_replicas_total=total))
+    return Scaler(
+        Settings(
+            models=(spec, other), window_s=10.0, zones=("az-a", "az-b"), max_replicas_total=total, pid_gains=BRISK
+        )
+    )
 
 
 @pytest.mark.parametrize(("total", "model_total"), [(0, 12), (12, None)])
