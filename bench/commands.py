@@ -108,6 +108,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.scrape:add_parser",
         takes="args",
     ),
+    "scrape-scale": Command(
+        "one scrape adapter over 1,000 simulated engines: round time, CPU, targets per adapter",
+        run="bench.scrape_scale:run_scrape_scale",
+        parser="bench.scrape_scale:add_parser",
+        takes="args",
+    ),
     "admission": Command(
         "one admission review at 100 and 1,000 tasks (no servers)",
         run="bench.admission:run_admission_bench",

@@ -14,6 +14,7 @@
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
+    governor bench scrape-scale   one scrape adapter over 1,000 simulated engines: round time, CPU per round
     governor bench admission      one admission review's cost at 100 and 1,000 registered tasks
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart
