@@ -25,6 +25,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.pipeline:add_parser",
         needs=("env", "env"),
     ),
+    "fleet": Command(
+        "the worker's loop fed 10,000 replicas over 1,000 (model, zone) keys: ingest, decisions, RSS, sizing",
+        run="bench.fleet:run_fleet",
+        parser="bench.fleet:add_parser",
+        takes="args",
+    ),
     "control": Command(
         "every autoscaler on the same seeded workload (fast simulator)",
         run="bench.control:run_bench",

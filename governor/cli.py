@@ -7,6 +7,7 @@
     governor fleet                simulated fleet replaying a trace (live)
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
+    governor bench fleet          the worker's loop fed 10,000 replicas: records/s a core, decision share, RSS, sizing
     governor bench control        every autoscaler on the same seeded workload
     governor bench frontier       attainment vs GPU-seconds, each strategy's knob swept, oracle as the limit
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
