@@ -695,9 +695,10 @@ def _print(result: dict[str, Any]) -> None:
             r = e[key]
             cores = ", ".join(f"w{i} {w['cores']:.2f}" for i, w in enumerate(r["per_worker"]))
             split = "/".join(f"{w['records']:,}" for w in r["per_worker"])
+            own = f", {r['ratio_to_raw_own']:.3f}x raw {name}" if name != "rows" else ""
             print(
                 f"    {r['workers']} worker{'s' if r['workers'] > 1 else ' '} {r['pipeline_rps']:>9,} rec/s "
-                f"({r['ratio_to_raw_rows']:.3f}x raw rows, {r['ratio_to_raw_own']:.3f}x raw {name})  "
+                f"({r['ratio_to_raw_rows']:.3f}x raw rows{own})  "
                 f"{r['seconds']:>5.2f} s  records {split}  "
                 f"cores: broker {r['broker_cores']}, bench {r['bench_cores']}, {cores}  dead {r['dead_lettered']}"
             )
