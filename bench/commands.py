@@ -25,6 +25,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.pipeline:add_parser",
         needs=("env", "env"),
     ),
+    "fleet": Command(
+        "the worker's loop fed 10,000 replicas over 1,000 (model, zone) keys: ingest, decisions, RSS, sizing",
+        run="bench.fleet:run_fleet",
+        parser="bench.fleet:add_parser",
+        takes="args",
+    ),
     "control": Command(
         "every autoscaler on the same seeded workload (fast simulator)",
         run="bench.control:run_bench",
@@ -106,6 +112,12 @@ COMMANDS: dict[str, Command] = {
         "scrape-derived P95 TTFT / violation rate vs per-request truth (no servers)",
         run="bench.scrape:run_scrape_bench",
         parser="bench.scrape:add_parser",
+        takes="args",
+    ),
+    "scrape-scale": Command(
+        "one scrape adapter over 1,000 simulated engines: round time, CPU, targets per adapter",
+        run="bench.scrape_scale:run_scrape_scale",
+        parser="bench.scrape_scale:add_parser",
         takes="args",
     ),
     "admission": Command(

@@ -499,6 +499,33 @@ def _package(file: str, func: str) -> str:
     return "stdlib " + Path(file).name
 
 
+#: Where a profiled worker's time goes, by step: (name, [(file path suffix, function)]), each the
+#: cumulative time of its functions; what the ingest agent does not account for is Faust,
+#: aiokafka and asyncio per message.
+LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("ingest agent", (("streams/agents.py", "ingest_one"),)),
+    ("processor", (("loop/pipeline.py", "process"),)),
+    ("decode", (("governor_telemetry/columnar.py", "decode_message"),)),
+    (
+        "column checks",
+        (("controllers/record_columns.py", "check_requests"), ("controllers/record_columns.py", "check_gpus")),
+    ),
+    ("windowing", (("loop/pipeline.py", "_window_section"),)),
+    ("per-record path", (("loop/pipeline.py", "_process_records"),)),
+)
+
+
+def profile_layers(cum: dict[tuple[str, str], float], busy_s: float) -> dict[str, float]:
+    """Each of :data:`LAYERS` as a share of ``busy_s`` (``cum``: (file, function) -> cumulative s);
+    ``faust, aiokafka, asyncio``: the busy time outside the ingest agent."""
+    out = {}
+    for name, funcs in LAYERS:
+        total = sum(t for (file, func), t in cum.items() for suffix, f in funcs if func == f and file.endswith(suffix))
+        out[name] = round(total / busy_s, 3) if busy_s > 0 else 0.0
+    out["faust, aiokafka, asyncio"] = round(max(0.0, 1.0 - out["ingest agent"]), 3)
+    return out
+
+
 def profile_top(path: Path, baseline: Path | None = None, n: int = 20) -> dict[str, Any]:
     """A cProfile dump of a worker: the ``n`` functions and packages with the most own time.
 
@@ -510,12 +537,14 @@ def profile_top(path: Path, baseline: Path | None = None, n: int = 20) -> dict[s
     base = pstats.Stats(str(baseline)).stats if baseline is not None else {}  # type: ignore[attr-defined]
     rows: list[dict[str, Any]] = []
     packages: dict[str, float] = {}
+    cum: dict[tuple[str, str], float] = {}
     idle = 0.0
     for key, (_, ncalls, tottime, cumtime, _) in stats.items():
         file, line, func = key
         if key in base:
             _, bcalls, btot, bcum, _ = base[key]
             ncalls, tottime, cumtime = max(0, ncalls - bcalls), max(0.0, tottime - btot), max(0.0, cumtime - bcum)
+        cum[(file, func)] = cum.get((file, func), 0.0) + cumtime
         if "epoll" in func:
             idle += tottime
             continue
@@ -537,6 +566,7 @@ def profile_top(path: Path, baseline: Path | None = None, n: int = 20) -> dict[s
     return {
         "busy_s": round(busy, 2),
         "idle_s": round(idle, 2),
+        "layers": profile_layers(cum, busy),
         "functions": rows[:n],
         "packages": [{"package": k, "tottime_s": round(v, 3), "share": round(v / busy, 3)} for k, v in top],
     }
@@ -595,6 +625,7 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
     for enc in encodings.values():
         for run in (r for k, r in enc.items() if k.endswith("w")):
             run["ratio_to_raw_rows"] = round(run["pipeline_rps"] / raw_rows, 3)
+            run["ratio_to_raw_own"] = round(run["pipeline_rps"] / enc["1w"]["raw_consumer_rps"], 3)
     result["encodings"] = encodings
     if args.unbatched_events:
         msgs = backlog(args.unbatched_events, 1, ["az-u"], int(time.time() * 1000) + 2_000, "rows")
@@ -664,9 +695,11 @@ def _print(result: dict[str, Any]) -> None:
             r = e[key]
             cores = ", ".join(f"w{i} {w['cores']:.2f}" for i, w in enumerate(r["per_worker"]))
             split = "/".join(f"{w['records']:,}" for w in r["per_worker"])
+            own = f", {r['ratio_to_raw_own']:.3f}x raw {name}" if name != "rows" else ""
             print(
                 f"    {r['workers']} worker{'s' if r['workers'] > 1 else ' '} {r['pipeline_rps']:>9,} rec/s "
-                f"({r['ratio_to_raw_rows']:.3f}x raw rows)  {r['seconds']:>5.2f} s  records {split}  "
+                f"({r['ratio_to_raw_rows']:.3f}x raw rows{own})  "
+                f"{r['seconds']:>5.2f} s  records {split}  "
                 f"cores: broker {r['broker_cores']}, bench {r['bench_cores']}, {cores}  dead {r['dead_lettered']}"
             )
         if "2w" in e:
@@ -703,6 +736,8 @@ def _print(result: dict[str, Any]) -> None:
             f"profile: a columnar worker under cProfile, {p['records']:,} records at {p['pipeline_rps']:,} rec/s "
             f"(less an idle worker's profile: busy {top['busy_s']} s, idle in epoll {top['idle_s']} s)"
         )
+        if "layers" in top:
+            print("  where the busy time goes: " + ", ".join(f"{k} {v:.0%}" for k, v in top["layers"].items()))
         print("  own time by package: " + ", ".join(f"{r['package']} {r['share']:.0%}" for r in top["packages"][:12]))
         for row in top["functions"]:
             print(

@@ -72,6 +72,7 @@ __all__ = [
     "SettingsError",
     "gains_reason",
     "json_schema",
+    "scrape_shard_parts",
     "section",
     "section_of",
     "settings_table",
@@ -1022,6 +1023,21 @@ class Settings:
         ge=1,
         lt=100_001,
     )
+    scrape_shard: str = _setting(
+        "",
+        "GOVERNOR_SCRAPE_SHARD",
+        "this adapter's share of the discovered targets, i/n (0 <= i < n): the targets whose URL a jump "
+        "consistent hash puts in bucket i of n, so n adapters with 0/n .. n-1/n read each target once and a "
+        "target keeps its adapter as others come and go; empty = every target",
+        "str",
+    )
+    scrape_shard_zones: tuple[str, ...] = _setting(
+        (),
+        "GOVERNOR_SCRAPE_SHARD_ZONES",
+        "only the targets in these zones (comma-separated, a subset of GOVERNOR_ZONES: an adapter per zone); "
+        "empty = every zone",
+        "csv",
+    )
 
     # -- scraping without trust: TLS and tokens towards targets and Prometheus (adapters/scrape/trust.py) --
     scrape_tls_ca_file: str = _setting(
@@ -1095,6 +1111,16 @@ class Settings:
                 what = f"model {w.model!r}" if w.model not in names_seen else f"zone {w.zone!r}"
                 reason = f"workloads[{i}]: {what} is not configured (GOVERNOR_MODELS / GOVERNOR_ZONES)"
                 raise SettingsError(f"GOVERNOR_WORKLOADS: {reason}", field="workloads", reason=reason)
+        try:
+            scrape_shard_parts(self.scrape_shard)
+        except ValueError as exc:
+            raise SettingsError(
+                f"GOVERNOR_SCRAPE_SHARD={self.scrape_shard!r}: {exc}", field="scrape_shard", reason=str(exc)
+            ) from None
+        stray = [z for z in self.scrape_shard_zones if z not in self.zones]
+        if stray:
+            reason = f"zones {stray} are not in GOVERNOR_ZONES"
+            raise SettingsError(f"GOVERNOR_SCRAPE_SHARD_ZONES: {reason}", field="scrape_shard_zones", reason=reason)
         gains_problem = gains_reason(self.pid_gains)
         if gains_problem:
             raise SettingsError(f"GOVERNOR_PID_GAINS: {gains_problem}", field="pid_gains", reason=gains_problem)
@@ -1224,6 +1250,20 @@ def _bound_reason(meta: Mapping[str, Any], value: Any) -> str | None:
     return None
 
 
+def scrape_shard_parts(spec: str) -> tuple[int, int]:
+    """``GOVERNOR_SCRAPE_SHARD`` as (index, count); ``""`` is (0, 1), every target (ValueError: not i/n).
+
+    >>> scrape_shard_parts("1/4"), scrape_shard_parts("")
+    ((1, 4), (0, 1))
+    """
+    if not spec:
+        return 0, 1
+    i, sep, n = spec.partition("/")
+    if not sep or not i.isdigit() or not n.isdigit() or not 0 <= int(i) < int(n) <= 65536:
+        raise ValueError("want i/n with 0 <= i < n <= 65536, e.g. 0/2 and 1/2 for two adapters")
+    return int(i), int(n)
+
+
 def gains_reason(gains: Mapping[str, float]) -> str:
     """Why ``gains`` cannot be the controller's gains ('' when they can): a name no
     controller reads (a typo would otherwise be ignored) or a value that is no finite number.
@@ -1298,7 +1338,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "scrape": (
         "scrape_endpoints", "scrape_engine", "scrape_interval_s", "scrape_model_map", "scrape_violations",
         "scrape_http_sd", "scrape_k8s_selector", "scrape_k8s_namespace", "scrape_k8s_port", "scrape_prometheus_url",
-        "scrape_zone_label", "scrape_max_targets",
+        "scrape_zone_label", "scrape_max_targets", "scrape_shard", "scrape_shard_zones",
     ),
     "scrape_auth": (
         "scrape_tls_ca_file", "scrape_tls_cert_file", "scrape_tls_key_file", "scrape_bearer_token_file",

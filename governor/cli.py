@@ -7,6 +7,7 @@
     governor fleet                simulated fleet replaying a trace (live)
     governor servers              start embedded Kafka + Redis and wait
     governor bench pipeline       ingest throughput and decision latency
+    governor bench fleet          the worker's loop fed 10,000 replicas: records/s a core, decision share, RSS, sizing
     governor bench control        every autoscaler on the same seeded workload
     governor bench frontier       attainment vs GPU-seconds, each strategy's knob swept, oracle as the limit
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
@@ -14,6 +15,7 @@
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
+    governor bench scrape-scale   one scrape adapter over 1,000 simulated engines: round time, CPU per round
     governor bench admission      one admission review's cost at 100 and 1,000 registered tasks
     governor canary start|status|abort   a canary rollout (state in Redis; the worker drives it)
     governor pause|resume         kill switch: executors stop (resume) applying commands, no restart

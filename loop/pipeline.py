@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -202,6 +202,27 @@ def _groups(good: Any, *keys: Any) -> list[tuple[tuple[int, ...], Any]]:
     lows, highs = np.min(cols, axis=1), np.max(cols, axis=1)
     if (lows == highs).all():
         return [(tuple(lows.tolist()), good)]
+    # Several keys (a message of many nodes): one int64 key per row, mixed radix over each column's
+    # offset from its minimum, then one stable sort -- not a 2-D unique and a mask per group.  Keys
+    # whose ranges multiply past int64 (window starts years apart) take the 2-D unique.
+    mixed, radix = np.zeros(len(good), np.int64), 1
+    for col, low, high in zip(cols, lows.tolist(), highs.tolist(), strict=True):
+        mixed += (col - low) * radix
+        radix *= high - low + 1
+        if radix >= 2**62:
+            return _groups_2d(good, cols)
+    order = np.argsort(mixed, kind="stable")  # each group's rows in their order
+    bounds = [0, *(np.flatnonzero(np.diff(mixed[order])) + 1).tolist(), len(order)]
+    firsts = order[bounds[:-1]].tolist()
+    out = []
+    for g in sorted(range(len(firsts)), key=firsts.__getitem__):  # groups in order of first row
+        first = firsts[g]
+        out.append((tuple(int(c[first]) for c in cols), good[order[bounds[g] : bounds[g + 1]]]))
+    return out
+
+
+def _groups_2d(good: Any, cols: list[Any]) -> list[tuple[tuple[int, ...], Any]]:
+    """:func:`_groups` by a 2-D unique of the key columns (any number of rows and distinct values)."""
     uniq, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
     inv = inv.ravel()
     return [(tuple(int(v) for v in uniq[g]), good[inv == g]) for g in np.argsort(first, kind="stable").tolist()]
@@ -265,7 +286,7 @@ class _Pending:
     def _rows(self) -> int:
         return len(self.requests[0]) if self.requests else 0
 
-    def extend_requests(self, cols: list[list[Any]], agent: list[list[Any]] | None = None) -> None:
+    def extend_requests(self, cols: Sequence[Sequence[Any]], agent: Sequence[Sequence[Any]] | None = None) -> None:
         if self.requests is None:
             self.requests = [[] for _ in _REQUEST_COLUMNS]
         if agent is not None and self.agent is None:
@@ -679,11 +700,18 @@ class TelemetryProcessor:
             agent = None
             if any(k in num for k in AGENT_COLUMNS):
                 agent = [num.get(k, np.full(n, np.nan)) for k in AGENT_COLUMNS]
+            rvals: list[tuple[Any, ...]] | None = None  # each row's values, made once for the groups of a few rows
+            avals: list[tuple[Any, ...]] | None = None
             for key, start, idx in keyed:
                 buf = self._pending.get((key, start)) or self._open(key, start, self.slos[key[0]])
                 if len(idx) < BLOCK_ROWS:  # a few rows: as lists, an array each would cost more than they
+                    if rvals is None:
+                        rvals = list(zip(*(v.tolist() for v in values), strict=True))
+                        avals = None if agent is None else list(zip(*(a.tolist() for a in agent), strict=True))
+                    rows = idx.tolist()
                     buf.extend_requests(
-                        [v[idx].tolist() for v in values], None if agent is None else [a[idx].tolist() for a in agent]
+                        list(zip(*(rvals[i] for i in rows), strict=True)),
+                        None if avals is None else list(zip(*(avals[i] for i in rows), strict=True)),
                     )
                 elif whole:
                     buf.add_block(values, agent)
@@ -692,16 +720,19 @@ class TelemetryProcessor:
         else:
             gvalues = [ts, *(_gpu_column(num, k, n) for k in _GPU_COLUMNS[1:])]
             states, hists = cols["state"], cols.get("free_block_hist")
+            gvals: list[tuple[Any, ...]] | None = None  # each row's values, made once for the groups of a few rows
             for key, start, idx in keyed:
                 buf = self._pending.get((key, start)) or self._open(key, start, self.slos[key[0]])
                 rows = idx.tolist()
-                bstates = [states[i] for i in rows]
-                bhists = [None] * len(rows) if hists is None else [_hist(hists[i]) for i in rows]
                 if len(rows) < BLOCK_ROWS:
-                    values_ = [v[idx].tolist() for v in gvalues]
-                    for row in zip(*values_, [key[2]] * len(rows), bstates, bhists, strict=True):
-                        buf.add_gpu_row(row)
+                    if gvals is None:
+                        gvals = list(zip(*(v.tolist() for v in gvalues), strict=True))
+                    node = key[2]
+                    for i in rows:
+                        buf.add_gpu_row((*gvals[i], node, states[i], None if hists is None else _hist(hists[i])))
                 else:
+                    bstates = [states[i] for i in rows]
+                    bhists = [None] * len(rows) if hists is None else [_hist(hists[i]) for i in rows]
                     buf.add_gpu_block([v[idx] for v in gvalues], [key[2]] * len(rows), bstates, bhists)
         windowed = np.concatenate([idx for _, _, idx in keyed]) if len(keyed) > 1 else keyed[0][2]
         self._observe(int(ts[windowed].max()), now_ms, out)

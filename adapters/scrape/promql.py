@@ -60,7 +60,7 @@ from typing import Any
 from adapters.scrape.deltas import Estimate, quantile, snapshot_delta
 from adapters.scrape.exposition import ENGINES, Sample, snapshots_from_samples
 from adapters.scrape.runner import Scraper
-from adapters.scrape.targets import Endpoint, validate_targets
+from adapters.scrape.targets import Endpoint, Shard, validate_targets
 from adapters.scrape.trust import HttpTrust, TrustedHttp, TrustError
 from core.clock import ScaledClock
 from core.settings import Settings
@@ -235,7 +235,9 @@ class PromqlSource:
         known = {ep.node for ep in self.scraper.endpoints}
         live_insts = set(by_inst) | (set(up) & known)
         candidates = [Endpoint(f"http://{inst}/metrics", zones[inst]) for inst in sorted(live_insts)]
-        endpoints, problems = validate_targets(candidates, self.settings.zones, self.settings.scrape_max_targets)
+        endpoints, problems = validate_targets(
+            candidates, self.settings.zones, self.settings.scrape_max_targets, Shard.from_settings(self.settings)
+        )
         new = [p for p in problems if p not in self._reported]
         if new:
             log.warning("PromQL targets skipped: %s", "; ".join(new[:5]))

@@ -52,6 +52,7 @@ from adapters.scrape.targets import (
     Endpoint,
     HttpSdTargets,
     KubernetesTargets,
+    Shard,
     StaticTargets,
     TargetSource,
     parse_endpoint,
@@ -510,7 +511,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     else:
         once = bool(getattr(args, "once", False))
         scraper = Scraper(settings, [], engine, model_map, combine, first_from_zero=once)
-        discovery = Discovery(sources, settings.zones, settings.scrape_max_targets)
+        discovery = Discovery(sources, settings.zones, settings.scrape_max_targets, Shard.from_settings(settings))
         try:
             collector = EndpointCollector(scraper, discovery, timeout_s=max(1.0, min(10.0, interval_s)))
         except ValueError as exc:  # adapters.scrape.trust.TrustError: a CA, certificate or token file
@@ -585,5 +586,10 @@ async def _run_forever(settings: Settings, collector: Collector, interval_s: flo
 
 def _describe(collector: Collector) -> str:
     if isinstance(collector, EndpointCollector) and collector.discovery is not None:
-        return "targets from " + "+".join(s.name for s in collector.discovery.sources)
+        shard = collector.discovery.shard
+        return (
+            "targets from "
+            + "+".join(s.name for s in collector.discovery.sources)
+            + (f" ({shard})" if shard != Shard() else "")
+        )
     return type(collector).__name__

@@ -24,11 +24,20 @@ merged list is then validated (:func:`validate_targets`): a target whose zone is
 ``GOVERNOR_ZONES`` is skipped with a warning, duplicate URLs are kept once, and at most
 ``GOVERNOR_SCRAPE_MAX_TARGETS`` are kept.  Every source's input is hostile: a malformed
 document or pod is skipped with the reason, never a crash.
+
+More targets than one adapter reads in an interval are split across adapters (:class:`Shard`):
+``GOVERNOR_SCRAPE_SHARD=i/n`` keeps the targets whose URL a jump consistent hash
+(:func:`shard_of`) puts in bucket ``i`` of ``n`` (n adapters, 0/n .. n-1/n, read every target
+exactly once; a target's bucket depends on its URL and ``n`` only, so it keeps its adapter as
+targets come and go, and going from ``n`` to ``n + 1`` adapters moves only a ``1/(n+1)`` share),
+and ``GOVERNOR_SCRAPE_SHARD_ZONES`` keeps those of the zones named (an adapter per zone).  The
+shard is taken before the ``GOVERNOR_SCRAPE_MAX_TARGETS`` bound, which holds per adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
@@ -43,8 +52,10 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from core.settings import Settings, scrape_shard_parts
+
 __all__ = ["Discovery", "Endpoint", "HttpSdTargets", "KubernetesTargets", "StaticTargets", "TargetSource"]
-__all__ += ["parse_endpoint", "parse_http_sd", "validate_targets"]
+__all__ += ["Shard", "parse_endpoint", "parse_http_sd", "shard_of", "validate_targets"]
 
 log = logging.getLogger(__name__)
 
@@ -300,10 +311,57 @@ def _short(exc: BaseException) -> str:
     return f"HTTP {status} {reason}" if status else f"{type(exc).__name__}: {exc}"[:300]
 
 
+def shard_of(url: str, count: int) -> int:
+    """The bucket in ``[0, count)`` of a target URL: a jump consistent hash (Lamping and Veach,
+    arXiv:1406.2294) of its BLAKE2b digest, the same in every process and Python version.
+
+    >>> shard_of("http://10.0.0.5:8000/metrics", 1), [shard_of("http://10.0.0.5:8000/metrics", n) for n in (2, 3)]
+    (0, [1, 2])
+    """
+    key = int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big")
+    b, j = -1, 0
+    while j < count:
+        b = j
+        key = (key * 2862933555777941757 + 1) % (1 << 64)
+        j = int((b + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return b
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One adapter's share of the targets: bucket ``index`` of ``count`` (:func:`shard_of`), and only
+    ``zones`` when any are named (the module docstring)."""
+
+    index: int = 0
+    count: int = 1
+    zones: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"shard index {self.index} of count {self.count}: want 0 <= index < count")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Shard:
+        index, count = scrape_shard_parts(settings.scrape_shard)
+        return cls(index, count, tuple(settings.scrape_shard_zones))
+
+    def owns(self, ep: Endpoint) -> bool:
+        if self.zones and ep.zone not in self.zones:
+            return False
+        return self.count == 1 or shard_of(ep.url, self.count) == self.index
+
+    def __str__(self) -> str:
+        where = f" in {','.join(self.zones)}" if self.zones else ""
+        return f"shard {self.index}/{self.count}{where}"
+
+
+ALL = Shard()
+
+
 def validate_targets(
-    candidates: Sequence[Endpoint], zones: Sequence[str], max_targets: int
+    candidates: Sequence[Endpoint], zones: Sequence[str], max_targets: int, shard: Shard = ALL
 ) -> tuple[list[Endpoint], list[str]]:
-    """Keep targets in a known zone, each URL once, at most ``max_targets`` -> (kept, problems).
+    """Keep this ``shard``'s targets in a known zone, each URL once, at most ``max_targets`` -> (kept, problems).
 
     >>> a, b = Endpoint("http://a:1/metrics", "az-a"), Endpoint("http://b:1/metrics", "mars")
     >>> validate_targets([a, a, b], ("az-a",), 10)
@@ -312,6 +370,8 @@ def validate_targets(
     kept: dict[str, Endpoint] = {}
     problems: list[str] = []
     for ep in candidates:
+        if not shard.owns(ep):
+            continue  # another adapter's
         if ep.zone not in zones:
             problems.append(f"{ep.url}: zone {ep.zone!r} is not in GOVERNOR_ZONES")
         elif ep.url in kept:
@@ -327,8 +387,10 @@ def validate_targets(
 class Discovery:
     """Every source re-read before each scrape; the last good list of a failing source kept."""
 
-    def __init__(self, sources: Sequence[TargetSource], zones: Sequence[str], max_targets: int) -> None:
-        self.sources, self.zones, self.max_targets = list(sources), tuple(zones), max_targets
+    def __init__(
+        self, sources: Sequence[TargetSource], zones: Sequence[str], max_targets: int, shard: Shard = ALL
+    ) -> None:
+        self.sources, self.zones, self.max_targets, self.shard = list(sources), tuple(zones), max_targets, shard
         self._last: dict[str, list[Endpoint]] = {}
         self._reported: set[str] = set()
         self.failures = 0
@@ -343,7 +405,7 @@ class Discovery:
             else:
                 self._last[src.name] = res
         merged = [ep for src in self.sources for ep in self._last.get(src.name, [])]
-        kept_eps, problems = validate_targets(merged, self.zones, self.max_targets)
+        kept_eps, problems = validate_targets(merged, self.zones, self.max_targets, self.shard)
         new = [p for p in problems if p not in self._reported]
         if new:  # each problem once while it lasts, not every scrape
             _log_problems("targets", new)

@@ -8,16 +8,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from governor_telemetry.columnar import MAX_COLUMN_ROWS, decode_message, encode_columns
 from governor_telemetry.producer import InvalidRecord, TelemetryProducer
 from governor_telemetry.records import encode_envelope, validate_record
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.settings import ModelSpec, Settings
-from loop.pipeline import TelemetryProcessor
+from loop.pipeline import TelemetryProcessor, _groups, _groups_2d
 
 SETTINGS = Settings(
     window_s=1.0,
@@ -395,3 +396,23 @@ def test_rows_and_columns_agree_on_any_mix_of_good_and_bad_rows(
 
     assert letters(dead_cols) == letters(dead_rows)
     assert _close(win_cols, win_rows)
+
+
+_CODES = st.lists(st.tuples(*[st.integers(0, 3)] * 3, st.sampled_from([0, 1_000, 2_000, 2**61])), max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=_CODES, drop=st.sets(st.integers(0, 39)))
+@example(rows=[(0, 0, 1, 0), (0, 0, 3, 2**61), (0, 0, 1, 0)], drop=set())  # starts far apart: the 2-D unique
+@example(rows=[(0, 1, 2, 1_000), (1, 0, 0, 0), (0, 1, 2, 1_000), (1, 0, 0, 0)], drop={2})
+def test_grouping_by_one_sorted_key_is_the_2d_unique(rows: list[tuple[int, ...]], drop: set[int]) -> None:
+    # The processor groups a message's rows by (model, zone, node, window) codes: one mixed-radix key and a
+    # stable sort give the groups, their keys, their rows and their order that a 2-D unique gives.
+    good = np.array([i for i in range(len(rows)) if i not in drop], np.int64)
+    if not good.size:
+        return
+    keys = [np.array([r[c] for r in rows], np.int64) for c in range(4)]
+    got = _groups(good, *keys)
+    want = _groups_2d(good, [k[good] for k in keys])
+    assert [k for k, _ in got] == [k for k, _ in want]
+    assert [idx.tolist() for _, idx in got] == [idx.tolist() for _, idx in want]

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 
 from adapters.scrape.runner import Scraper
@@ -22,12 +24,14 @@ from adapters.scrape.targets import (
     Endpoint,
     HttpSdTargets,
     KubernetesTargets,
+    Shard,
     StaticTargets,
     parse_endpoint,
     parse_http_sd,
+    shard_of,
     validate_targets,
 )
-from core.settings import Settings
+from core.settings import Settings, SettingsError
 from tests.kube_api import KubeAPI
 
 pytestmark = pytest.mark.timeout(60)
@@ -123,6 +127,60 @@ def test_validate_targets_filters_zones_dedupes_and_caps() -> None:
     assert kept == eps[:3]
     assert any("mars" in p for p in problems) and any("kept the first" in p for p in problems)
     assert sum("MAX_TARGETS" in p for p in problems) == 2
+
+
+_URLS = st.lists(
+    st.builds("http://10.{}.{}.{}:8000/metrics".format, *[st.integers(0, 255)] * 3), unique=True, max_size=60
+)
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(urls=_URLS, more=_URLS, n=st.integers(1, 9))
+@example(urls=["http://10.0.0.1:8000/metrics"], more=["http://10.0.0.2:8000/metrics"], n=2)
+def test_shards_cover_every_target_once_and_keep_it_as_others_come(urls: list[str], more: list[str], n: int) -> None:
+    eps = [Endpoint(u, "az-a") for u in urls]
+    zones, cap = ("az-a",), 100_000
+    shards = [validate_targets(eps, zones, cap, Shard(i, n))[0] for i in range(n)]
+    # n adapters with 0/n .. n-1/n: every target read, by exactly one of them
+    assert sorted(ep.url for kept in shards for ep in kept) == sorted(urls)
+    grown = eps + [Endpoint(u, "az-a") for u in more if u not in urls]
+    for i, kept in enumerate(shards):  # targets added (and listed first or last): nobody moves
+        assert set(kept) <= set(validate_targets(grown, zones, cap, Shard(i, n))[0])
+        assert set(kept) <= set(validate_targets(grown[::-1], zones, cap, Shard(i, n))[0])
+    # one adapter more: a target either stays or moves to the new one (jump hash), never between old ones
+    assert all(shard_of(u, n + 1) in (shard_of(u, n), n) for u in urls)
+
+
+def test_a_shard_of_a_zone_and_the_cap_per_adapter() -> None:
+    eps = [Endpoint(f"http://h{i}:1/metrics", ("az-a", "az-b")[i % 2]) for i in range(40)]
+    zones = ("az-a", "az-b")
+    b_only, problems = validate_targets(eps, zones, 100, Shard(zones=("az-b",)))
+    assert b_only == eps[1::2] and problems == []  # another adapter's zone is not a problem
+    mine = [ep for ep in eps if shard_of(ep.url, 2) == 1]
+    capped, problems = validate_targets(eps, zones, 5, Shard(1, 2))
+    # the bound counts this adapter's targets only: the first 5 of its own, the rest named
+    assert capped == mine[:5] and len(problems) == len(mine) - 5
+    assert all("MAX_TARGETS" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, Shard()),  # unset: every target
+        ({"GOVERNOR_SCRAPE_SHARD": "1/3"}, Shard(1, 3)),
+        ({"GOVERNOR_SCRAPE_SHARD_ZONES": "az-b"}, Shard(zones=("az-b",))),
+        ({"GOVERNOR_SCRAPE_SHARD": "3/3"}, "0 <= i < n"),  # the index counts from 0
+        ({"GOVERNOR_SCRAPE_SHARD": "two"}, "want i/n"),
+        ({"GOVERNOR_SCRAPE_SHARD": "-1/2"}, "want i/n"),
+        ({"GOVERNOR_SCRAPE_SHARD_ZONES": "mars"}, "not in GOVERNOR_ZONES"),
+    ],
+)
+def test_shard_settings(env: dict[str, str], want: Shard | str) -> None:
+    if isinstance(want, Shard):
+        assert Shard.from_settings(Settings.from_env(env)) == want
+    else:
+        with pytest.raises(SettingsError, match=want):
+            Settings.from_env(env)
 
 
 class _Flaky:
