@@ -27,6 +27,7 @@ GIB = 1 << 30
 # test_scale_down_stabilisation and on the fast loop.
 BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
+
 def _settings(**kw: Any) -> Settings:
     kw.setdefault("pid_gains", BRISK)
     return Settings(

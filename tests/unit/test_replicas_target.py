@@ -28,10 +28,9 @@ MODEL = "m"
 # test_scale_down_stabilisation and on the fast loop.
 BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
+
 def _settings() -> Settings:
-    return Settings(
-        models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=10.0, pid_gains=BRISK
-    )
+    return Settings(models=(ModelSpec(MODEL, max_replicas=20),), zones=("az-a", "az-b"), window_s=10.0, pid_gains=BRISK)
 
 
 def _zone(k: int, zone: str = "az-a", **kw: Any) -> WindowRecord:

@@ -345,9 +345,7 @@ def _budget_scaler(total: int = 0, model_total: int | None = None) -> Scaler:
     spec = ModelSpec(MODEL, min_replicas=2, max_replicas=100, max_replicas_total=model_total)
     other = ModelSpec("o", min_replicas=1, max_replicas=100)
     return Scaler(
-        Settings(
-            models=(spec, other), window_s=10.0, zones=("az-a", "az-b"), max_replicas_total=total, pid_gains=BRISK
-        )
+        Settings(models=(spec, other), window_s=10.0, zones=("az-a", "az-b"), max_replicas_total=total, pid_gains=BRISK)
     )
 
 
