@@ -34,7 +34,7 @@ from controllers.stability import (
     RobustCertificate,
     robust_certificate,
 )
-from core.vocab import DEFAULT_DWELL_WINDOWS, DEFAULT_PID_GAINS
+from core.vocab import DEFAULT_PID_GAINS
 
 __all__ = [
     "DEFAULT_PLANT_GAIN",
@@ -152,19 +152,17 @@ def certify_settings(
 ) -> RobustCertificate:
     """:func:`controllers.stability.robust_certificate` with the settings' defaults
     filled in (the dwell: ``scale_down_dwell_windows``; -1 is the controller's shipped dwell,
-    :data:`core.vocab.DEFAULT_DWELL_WINDOWS`)."""
+    :data:`core.vocab.DEFAULT_DWELL_DELAYS` loop delays at the delay certified)."""
     dt = float(settings.window_s if dt_s is None else dt_s)
     ctrl = controller or settings.controller
-    if dwell_windows is None:
-        dwell = settings.scale_down_dwell_windows
-        dwell = DEFAULT_DWELL_WINDOWS[ctrl] if dwell < 0 else dwell  # -1: the controller's shipped dwell
-    else:
-        dwell = dwell_windows
+    delay = float(settings.startup_hint_s + settings.window_s if delay_s is None else delay_s)
+    # -1: the controller's shipped dwell, in loop delays (the law measures the start-up; here the delay given)
+    dwell = settings.dwell_windows(delay, ctrl) if dwell_windows is None else dwell_windows
     return robust_certificate(
         gains,
         ctrl,
         PLANT_GAIN_RANGE if plant_gain_range is None else plant_gain_range,
-        float(settings.startup_hint_s + settings.window_s if delay_s is None else delay_s),
+        delay,
         dt,
         dead_time_comp=settings.dead_time_comp if dead_time_comp is None else dead_time_comp,
         down_delay_s=down_delay_s,

@@ -59,6 +59,7 @@ from controllers.sde_fit import OnlineOuFit
 from controllers.window_record import WindowRecord
 from core.defaults import EPS_REF, TTFT_SLO_MS, WINDOW_S
 from core.settings import Settings
+from core.vocab import DEFAULT_DWELL_DELAYS
 
 __all__ = [
     "CAPACITY_PARAMS",
@@ -70,6 +71,7 @@ __all__ = [
     "ScalingState",
     "Stabilised",
     "controller_problem",
+    "dwell_windows",
     "decide",
     "ff_params_for",
     "horizon_steps",
@@ -107,6 +109,8 @@ class ScalingParams:
     learn_capacity: bool = False
     drift: bool = True
     scale_down_dwell_windows: int = 0  # windows after a scale-up before a scale-down (stabilise_scale_down)
+    # > 0: the dwell instead, in loop delays (the measured start-up + a window; -1 in the settings' dwell)
+    dwell_loop_delays: float = 0.0
     scale_down_stabilization_s: float = 0.0  # HPA's window; at least twice the measured start-up
 
     def __post_init__(self) -> None:
@@ -115,6 +119,7 @@ class ScalingParams:
         check_int("horizon_steps", self.horizon_steps, 1)
         check_number("startup_hint_s", self.startup_hint_s, 0.0)
         check_int("scale_down_dwell_windows", self.scale_down_dwell_windows, 0)
+        check_number("dwell_loop_delays", self.dwell_loop_delays, 0.0)
         check_number("scale_down_stabilization_s", self.scale_down_stabilization_s, 0.0)
         check_number("ttft_slo_ms", self.ttft_slo_ms, 0.0, strict=True)
 
@@ -367,7 +372,7 @@ def decide(
         raw=target,
         now_s=basis / 1000.0,
         window_s=max(p.scale_down_stabilization_s, 2.0 * startup_s),
-        dwell_windows=p.scale_down_dwell_windows,
+        dwell_windows=dwell_windows(p, startup_s, window_s),
         since_up=s.since_up,
         # A key's first window: the fleet in force counts as the window's first raw target.
         raw_targets=s.raw_targets if previous is not None else ((basis / 1000.0, current),),
@@ -504,6 +509,21 @@ def _absorb_min(p: ScalingParams, s: ScalingState, ff_out: ff.FeedforwardOutput 
         return None
     demand = max(ff_out.arrival_rps, ff_out.forecast_rps, floor_rps)
     return max(0, math.ceil(demand / (capacity * p.feedforward.target_util) - 1e-9))
+
+
+def dwell_windows(p: ScalingParams, startup_s: float, window_s: float) -> int:
+    """The dwell the law enforces now: ``scale_down_dwell_windows``, or ``dwell_loop_delays`` loop delays
+    (the measured start-up plus a window) in whole windows when set: the dwell the certificate of the
+    switched loop needs grows with the loop's delay (docs/model.md §22 (certified)).
+
+    >>> from core.settings import ModelSpec, Settings
+    >>> p = params_for(Settings(models=(ModelSpec("m"),), zones=("az-a",)), "m")
+    >>> dwell_windows(p, 30.0, 10.0), dwell_windows(p, 120.0, 10.0)
+    (12, 39)
+    """
+    if p.dwell_loop_delays <= 0.0:
+        return p.scale_down_dwell_windows
+    return max(1, math.ceil(p.dwell_loop_delays * (startup_s + window_s) / window_s - 1e-9))
 
 
 def horizon_steps(startup_s: float, window_s: float) -> int:
@@ -765,7 +785,8 @@ def params_for(settings: Settings, model: str) -> ScalingParams:
         window_s=settings.window_s,
         horizon_steps=horizon_steps(settings.startup_hint_s, settings.window_s),
         startup_hint_s=settings.startup_hint_s,
-        scale_down_dwell_windows=settings.dwell_windows,
+        scale_down_dwell_windows=max(0, settings.scale_down_dwell_windows),
+        dwell_loop_delays=DEFAULT_DWELL_DELAYS[settings.controller] if settings.scale_down_dwell_windows < 0 else 0.0,
         scale_down_stabilization_s=settings.scale_down_stabilization_s,
         ttft_slo_ms=spec.ttft_slo_ms,
         itl_slo_ms=spec.itl_slo_ms,

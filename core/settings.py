@@ -55,7 +55,7 @@ from core.defaults import (
 )
 from core.signing import Keyring
 from core.transport import transport_reason
-from core.vocab import DEFAULT_DWELL_WINDOWS, PID_GAIN_NAMES, default_pid_gains
+from core.vocab import DEFAULT_DWELL_DELAYS, PID_GAIN_NAMES, default_pid_gains
 from core.workloads import GatewayRoute, Workload, parse_routes, parse_workloads, routes_schema, workloads_schema
 
 __all__ = [
@@ -672,7 +672,7 @@ class Settings:
         "GOVERNOR_SCALE_DOWN_DWELL_WINDOWS",
         "windows after a (model, zone)'s last scale-up before it may scale down (the dwell time the gains "
         "certificate relies on; governor analyze gains says what yours need); -1: the controller's shipped "
-        "dwell (pid 12, fpid 47)",
+        "dwell, in loop delays of the measured start-up + a window (pid 3: 12 windows at 30 s; fpid 12)",
         "int",
         ge=-1,
     )
@@ -1152,13 +1152,18 @@ class Settings:
     def topics(self) -> dict[str, str]:
         return names.topics(self.topic_prefix)
 
-    @property
-    def dwell_windows(self) -> int:
-        """``scale_down_dwell_windows``, with -1 read as the controller's shipped dwell
-        (:data:`core.vocab.DEFAULT_DWELL_WINDOWS`)."""
+    def dwell_windows(self, loop_delay_s: float, controller: str | None = None) -> int:
+        """``scale_down_dwell_windows`` at a loop delay (start-up + window), with -1 read as the controller's
+        shipped dwell (:data:`core.vocab.DEFAULT_DWELL_DELAYS` loop delays, in whole windows).
+
+        >>> s = Settings()
+        >>> s.dwell_windows(40.0), s.dwell_windows(130.0), s.dwell_windows(40.0, "fpid")
+        (12, 39, 48)
+        """
         if self.scale_down_dwell_windows >= 0:
             return int(self.scale_down_dwell_windows)
-        return DEFAULT_DWELL_WINDOWS[self.controller]
+        delays = DEFAULT_DWELL_DELAYS[controller or self.controller]
+        return max(1, math.ceil(delays * loop_delay_s / self.window_s - 1e-9))
 
     def model(self, name: str) -> ModelSpec | None:
         for spec in self.models:

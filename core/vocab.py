@@ -27,7 +27,7 @@ __all__ = [
     "COMMAND_KINDS",
     "DEAD_LETTER_KINDS",
     "DEFAULT_COUPLING_WEIGHTS",
-    "DEFAULT_DWELL_WINDOWS",
+    "DEFAULT_DWELL_DELAYS",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
     "PID_GAIN_NAMES",
@@ -42,10 +42,12 @@ __all__ = [
 #: ``ki_down`` acts while the error is below 0 (scale-down; tentative, pending the
 #: certificate of issue 35), the absent ``kp_down`` / ``kd_down`` mean the up gains.
 DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.0235, "kd": 0.0, "ki_down": 0.0105}
-# Windows after a scale-up before a scale-down that each controller's shipped gains need for their
-# certificate (``governor analyze gains --shipped``: no common Lyapunov function of both modes over the
-# measured plant-gain interval, so the switching is certified by a dwell: pid 11, fpid 46, plus a window).
-DEFAULT_DWELL_WINDOWS: dict[str, int] = {"pid": 12, "fpid": 47}
+# The dwell after a scale-up before a scale-down that each controller's shipped gains need for their
+# certificate, in loop delays (start-up + window, the start-up measured): ``governor analyze gains --shipped``
+# finds no common Lyapunov function of both modes over the measured plant-gain interval, so the switching is
+# certified by a dwell, and the dwell it needs grows with the delay (pid: 11 windows at a 40 s delay, 34 at
+# 130 s; fpid 46 at 40 s).  3 and 12 delays: pid 12 windows at 40 s, 39 at 130 s; fpid 48 at 40 s.
+DEFAULT_DWELL_DELAYS: dict[str, float] = {"pid": 3.0, "fpid": 12.0}
 
 #: Every name GOVERNOR_PID_GAINS may hold (a name outside it is refused, not
 #: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``, and the scale-down

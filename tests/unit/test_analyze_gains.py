@@ -5,12 +5,12 @@ Lyapunov function or a dwell), fpid's adaptation; the proposed defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import control
@@ -62,10 +62,15 @@ def test_the_proposed_gains_are_certified_over_the_measured_interval(
     assert doc["switching"]["kind"] == "dwell" and doc["switching"]["dwell_windows_needed"] <= int(dwell)
     # certify_settings reads the dwell the controller enforces from the settings
     base, _ = Settings.load({}, None)
-    settings = SimpleNamespace(**{k: getattr(base, k) for k in ("window_s", "startup_hint_s", "dead_time_comp")})
-    settings.controller, settings.scale_down_dwell_windows = controller, int(dwell)
+    settings = dataclasses.replace(base, controller=controller, scale_down_dwell_windows=int(dwell))
     assert certify_settings(PROPOSED_GAINS[controller], settings).certified
-    settings.scale_down_dwell_windows = 0
+    # -1 (the shipped default): the controller's dwell in loop delays, enough at the hint's delay and at 130 s
+    shipped = dataclasses.replace(settings, scale_down_dwell_windows=-1)
+    assert certify_settings(PROPOSED_GAINS[controller], shipped).certified
+    if controller == "pid":  # the dwell a 130 s loop needs (34 windows) is three times the 40 s one's
+        assert certify_settings(PROPOSED_GAINS[controller], shipped, delay_s=130.0).certified
+        assert not certify_settings(PROPOSED_GAINS[controller], settings, delay_s=130.0).certified
+    settings = dataclasses.replace(settings, scale_down_dwell_windows=0)
     cert = certify_settings(PROPOSED_GAINS[controller], settings)
     assert not cert.certified
     need = cert.switching.dwell_windows_needed
@@ -90,7 +95,7 @@ def test_the_old_shipped_pid_defaults_fail_with_the_margin_and_where(
 @pytest.mark.parametrize("controller", ["pid", "fpid"])
 def test_the_shipped_defaults_are_the_certified_proposals(controller: str, capsys: pytest.CaptureFixture[str]) -> None:
     """issue 35: `governor analyze gains --shipped` exits 0 with and without --controller fpid, at the
-    dwell each controller ships (core.vocab.DEFAULT_DWELL_WINDOWS)."""
+    dwell each controller ships (core.vocab.DEFAULT_DWELL_DELAYS loop delays)."""
     assert main(["analyze", "gains", "--shipped", "--controller", controller]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("certified") and "NOT CERTIFIED" not in out
