@@ -71,7 +71,9 @@ KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     # little once the feedforward sizes the fleet (0.005 and 0.01 gave the same runs)
     # (below 1 it runs replicas hotter than the capacity says: the frontier's cheap end, where the peers'
     # cheapest points are)
-    "governor": ("headroom", (0.6, 0.8, 1.0, 1.1, 1.25, 1.4, 1.6)),
+    # (0.5 .. 3: the peers are swept from their cheapest to their dearest points, and governor's frontier is
+    # compared with all of them; below 0.5 the feedforward's target utilisation would pass its bound of 2)
+    "governor": ("headroom", (0.5, 0.6, 0.8, 1.0, 1.1, 1.25, 1.4, 1.6, 2.0, 2.5, 3.0)),
     "static": ("replicas_x_peak", (0.6, 0.8, 1.0, 1.2, 1.5)),
     "hpa": ("target_utilization", (0.5, 0.6, 0.7, 0.8, 0.9)),
     "hpa-queue": ("target_waiting_x_derived", DERIVED_MULTIPLES),
