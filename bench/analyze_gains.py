@@ -65,7 +65,7 @@ PLANT_GAIN_RANGE = PlantGainRange(
     1.176,
     4.210,
     "measured by `python -m sim.plant_gain --range` (azure-conv, 4/8/16 replicas at eps = 2 %, "
-    "secants +-2/5/10 %, seeds 0-2, 600 s, at 8c5b9fc)",
+    "secants +-2/5/10 %, seeds 0-2, 600 s)",
 )
 
 #: The gains proposed as shipped defaults, certified over :data:`PLANT_GAIN_RANGE`

@@ -24,7 +24,7 @@ def test_frontier_json_names_every_point_and_each_scenarios_limits(
     (sc,) = out["scenarios"]
     assert sc["scenario"] == "step" and 0 < sc["ceiling"] <= 1 and sc["lower_bound_gpu_seconds"] > 0
     points = sc["points"]
-    assert len(points) == 7 + 3 * 5 + 6  # governor: seven headroom values; kpa: six multiples of its derived target
+    assert len(points) == 11 + 3 * 5 + 6  # governor: eleven headroom values; kpa: six multiples of its derived target
     for p in points:
         assert {"strategy", "scenario", "knob", "knob_value", "slo_attainment", "gpu_seconds"} <= set(p)
         assert p["knob"] == KNOBS[p["strategy"]][0] and p["scenario"] == "step"
