@@ -59,7 +59,7 @@ from controllers.sde_fit import OnlineOuFit
 from controllers.window_record import WindowRecord
 from core.defaults import EPS_REF, TTFT_SLO_MS, WINDOW_S
 from core.settings import Settings
-from core.vocab import DEFAULT_DWELL_DELAYS
+from core.vocab import DEFAULT_DWELL_DELAYS, dwell_in_windows
 
 __all__ = [
     "CAPACITY_PARAMS",
@@ -523,7 +523,7 @@ def dwell_windows(p: ScalingParams, startup_s: float, window_s: float) -> int:
     """
     if p.dwell_loop_delays <= 0.0:
         return p.scale_down_dwell_windows
-    return max(1, math.ceil(p.dwell_loop_delays * (startup_s + window_s) / window_s - 1e-9))
+    return dwell_in_windows(p.dwell_loop_delays, startup_s + window_s, window_s)
 
 
 def horizon_steps(startup_s: float, window_s: float) -> int:

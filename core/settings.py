@@ -55,7 +55,7 @@ from core.defaults import (
 )
 from core.signing import Keyring
 from core.transport import transport_reason
-from core.vocab import DEFAULT_DWELL_DELAYS, PID_GAIN_NAMES, default_pid_gains
+from core.vocab import DEFAULT_DWELL_DELAYS, PID_GAIN_NAMES, default_pid_gains, dwell_in_windows
 from core.workloads import GatewayRoute, Workload, parse_routes, parse_workloads, routes_schema, workloads_schema
 
 __all__ = [
@@ -1162,8 +1162,7 @@ class Settings:
         """
         if self.scale_down_dwell_windows >= 0:
             return int(self.scale_down_dwell_windows)
-        delays = DEFAULT_DWELL_DELAYS[controller or self.controller]
-        return max(1, math.ceil(delays * loop_delay_s / self.window_s - 1e-9))
+        return dwell_in_windows(DEFAULT_DWELL_DELAYS[controller or self.controller], loop_delay_s, self.window_s)
 
     def model(self, name: str) -> ModelSpec | None:
         for spec in self.models:

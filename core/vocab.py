@@ -12,6 +12,8 @@ are re-exported here so the control plane has one place to import from.
 
 from __future__ import annotations
 
+import math
+
 from governor_telemetry.vocab import (
     AGENT_PATHS,
     AGENT_SIGNALS,
@@ -28,6 +30,7 @@ __all__ = [
     "DEAD_LETTER_KINDS",
     "DEFAULT_COUPLING_WEIGHTS",
     "DEFAULT_DWELL_DELAYS",
+    "dwell_in_windows",
     "DEFAULT_PID_GAINS",
     "GPU_STATES",
     "PID_GAIN_NAMES",
@@ -48,6 +51,17 @@ DEFAULT_PID_GAINS: dict[str, float] = {"kp": 0.0, "ki": 0.0235, "kd": 0.0, "ki_d
 # certified by a dwell, and the dwell it needs grows with the delay (pid: 11 windows at a 40 s delay, 34 at
 # 130 s; fpid 46 at 40 s).  3 and 12 delays: pid 12 windows at 40 s, 39 at 130 s; fpid 48 at 40 s.
 DEFAULT_DWELL_DELAYS: dict[str, float] = {"pid": 3.0, "fpid": 12.0}
+
+
+def dwell_in_windows(loop_delays: float, loop_delay_s: float, window_s: float) -> int:
+    """A dwell of ``loop_delays`` loop delays of ``loop_delay_s`` in whole windows (at least one): the one
+    rounding the scaling law (at the measured start-up) and the certificate (at the delay it checks) share.
+
+    >>> dwell_in_windows(3.0, 40.0, 10.0), dwell_in_windows(3.0, 130.0, 10.0)
+    (12, 39)
+    """
+    return max(1, math.ceil(loop_delays * loop_delay_s / window_s - 1e-9))
+
 
 #: Every name GOVERNOR_PID_GAINS may hold (a name outside it is refused, not
 #: ignored): the PID's ``kp``, ``ki``, ``kd`` and ``deadband``, and the scale-down
