@@ -16,16 +16,11 @@ from core.settings import ModelSpec, Settings
 from core.signing import Keyring
 from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
+from tests.unit.test_scaler_driver import BRISK
 
 T0 = 1_700_000_000_000
 MODEL = "m"
 GIB = 1 << 30
-
-
-# Mechanism tests run at a brisk symmetric integral gain (the gains shipped before issue 35) so that one
-# window of violations moves the fleet; the shipped, certified gains are tested in test_analyze_gains,
-# test_scale_down_stabilisation and on the fast loop.
-BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
 
 def _settings(**kw: Any) -> Settings:

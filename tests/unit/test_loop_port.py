@@ -26,12 +26,9 @@ from loop.effects import (
     Tick,
 )
 from tests.unit.test_admission import _many
+from tests.unit.test_scaler_driver import BRISK
 
 MODEL = "m"
-# Mechanism tests run at a brisk symmetric integral gain (the gains shipped before issue 35) so that one
-# window of violations moves the fleet; the shipped, certified gains are tested in test_analyze_gains,
-# test_scale_down_stabilisation and on the fast loop.
-BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
 SETTINGS = Settings(
     models=(ModelSpec(MODEL, max_replicas=20), ModelSpec(f"{MODEL}@v2")), zones=("az-a", "az-b"), pid_gains=BRISK

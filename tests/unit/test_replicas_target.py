@@ -18,15 +18,10 @@ from controllers.window_record import WindowRecord, decode_window
 from core.settings import ModelSpec, Settings
 from loop.control_loop import ControlLoop
 from streams.metrics_export import WorkerMetrics
+from tests.unit.test_scaler_driver import BRISK
 
 T0 = 1_700_000_000_000
 MODEL = "m"
-
-
-# Mechanism tests run at a brisk symmetric integral gain (the gains shipped before issue 35) so that one
-# window of violations moves the fleet; the shipped, certified gains are tested in test_analyze_gains,
-# test_scale_down_stabilisation and on the fast loop.
-BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
 
 def _settings() -> Settings:

@@ -17,8 +17,9 @@ from tests.unit.test_breaker_driver import plain
 MODEL = "m"
 
 
-# The driver's bookkeeping is tested at a brisk symmetric integral gain (the gains shipped before issue 35),
-# so its windows stay few; the law at the shipped, certified gains is tested in test_scale_down_stabilisation
+# Tests of mechanisms (the driver's bookkeeping here, the control loop, the exported target) run at a brisk
+# symmetric integral gain (the gains shipped before issue 35), so that one window of violations moves a small
+# fleet; the law at the shipped, certified gains is tested in test_scale_down_stabilisation, test_analyze_gains
 # and on the fast loop (tests/unit/test_fastloop*.py).
 BRISK = {"kp": 0.0, "ki": 0.05, "kd": 0.0}
 
