@@ -183,11 +183,12 @@ def objective(
 ) -> float:
     """One run's term of ``governor tune``'s objective (:mod:`bench.tune`): the GPU-seconds over the
     reference run's plus ``penalty`` per unit of attainment share (of the ceiling) below the target.
+    A ceiling of 0 (no request any fleet serves within the SLO) leaves nothing to miss: share 1.
 
     >>> round(objective(900.0, 1000.0, 0.99, 1.0, 0.995, 1000.0), 6)
     5.9
     """
-    share = attainment / ceiling if ceiling > 0 else 0.0
+    share = attainment / ceiling if ceiling > 0 else 1.0
     ref = reference_gpu_s if reference_gpu_s > 0 else max(gpu_s, 1.0)
     return gpu_s / ref + penalty * max(0.0, target_share - share)
 
@@ -325,6 +326,8 @@ def apply_decision(
     if dict(result.get("current", {})) != dict(in_force):
         return ApplyDecision(None, "stale", "the gains in force changed while the search ran")
     gate = result.get("step_gate") or {}
+    if not result.get("expected"):  # nothing was searched (sim.retune: no servable request in the fit)
+        return ApplyDecision(None, "hold", str(gate.get("note") or "nothing searched"))
     if not gate.get("accepted"):
         why = "; ".join(gate.get("reasons") or ["no certificate"])
         return ApplyDecision(None, "refused", f"not certified: {why}")

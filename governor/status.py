@@ -440,7 +440,9 @@ def retune_line(rec: dict[str, Any]) -> str:
     head = f"retune {rec.get('model')}: {rec.get('mode')}{' KILLED' if rec.get('killed') else ''}"
     out = f"{head} ({rec.get('action')}: {rec.get('reason')}); in force {_gains(rec.get('in_force'))}"
     prop = rec.get("proposal")
-    if isinstance(prop, dict):
+    if isinstance(prop, dict) and not prop.get("expected"):
+        out += f"; no proposal ({(prop.get('gate') or {}).get('note', '')})"
+    elif isinstance(prop, dict):
         gate = prop.get("gate") or {}
         cert = "certified" if gate.get("accepted") else "NOT certified: " + "; ".join(gate.get("reasons") or [])
         if gate.get("accepted") and not gate.get("sdp"):

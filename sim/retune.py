@@ -138,7 +138,11 @@ def propose(job: RetuneJob) -> dict[str, Any]:
     and the expected effect of the current and the proposed gains on the fit (plain data)."""
     settings, current = job.settings, dict(job.current)
     delay_s = max(f.startup_s for f in job.fits) + settings.window_s  # the slowest key's loop delay
-    keys = [_key_run(f, settings, job.seed + i) for i, f in enumerate(job.fits)]
+    # A key whose fitted requests no fleet serves within the SLO (a window's mean prompt beyond what
+    # prefill does in time) tells nothing of the gains: it is left out of the objective.
+    keys = [k for i, f in enumerate(job.fits) if (k := _key_run(f, settings, job.seed + i)).ceiling > 0]
+    if not keys:
+        return _nothing(job, "no fitted key has a request any fleet serves within the SLO")
     refs = [_simulate(k, settings, current) for k in keys]
     ref_score = _score(refs, refs, keys)
     box = search_box(PLANT_GAIN_RANGE.hi)
@@ -177,16 +181,21 @@ def propose(job: RetuneJob) -> dict[str, Any]:
         },
         "trials": len(found.trials),
         "trials_refused": refused["n"],
-        "keys": [f"{f.model}|{f.zone}" for f in job.fits],
-        "fit": [
-            {
-                "zone": f.zone,
-                "windows": len(f.counts),
-                "rate_rps": round(f.rate_rps, 3),
-                "capacity_rps": f.capacity_rps,
-                "simulated_capacity_rps": k.capacity_rps,
-                "startup_s": f.startup_s,
-            }
-            for f, k in zip(job.fits, keys, strict=True)
-        ],  # fmt: skip
+        "keys": [f"{k.fit.model}|{k.fit.zone}" for k in keys],
+        "fit": [_fit_figures(k) for k in keys],
     }
+
+
+def _fit_figures(k: _KeyRun) -> dict[str, Any]:
+    f = k.fit
+    return {"zone": f.zone, "windows": len(f.counts), "rate_rps": round(f.rate_rps, 3), "capacity_rps": f.capacity_rps,
+            "simulated_capacity_rps": k.capacity_rps, "startup_s": f.startup_s, "ceiling": round(k.ceiling, 5)}  # fmt: skip
+
+
+def _nothing(job: RetuneJob, why: str) -> dict[str, Any]:
+    """A result that proposes the gains in force (no trial run): what the driver holds on."""
+    same = dict(job.current)
+    verdict = {"accepted": False, "reasons": [], "sdp": False, "note": why}
+    return {"model": job.model, "at_ms": job.at_ms, "current": same, "proposed": same, "step": same,
+            "gate": verdict, "step_gate": verdict, "expected": {}, "trials": 0, "trials_refused": 0, "keys": [],
+            "fit": []}  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from controllers import retune as rt
 from controllers.gain_certificate import PLANT_GAIN_RANGE, gate
 from controllers.window_record import WindowRecord
-from core.settings import Settings
+from core.settings import ModelSpec, Settings
 from loop.control_loop import ControlLoop
 from sim.retune import workload_of
 
@@ -203,3 +203,20 @@ def test_propose_runs_the_fitted_simulator_within_the_trial_budget() -> None:
     assert all(
         abs(step[n] - SHIPPED[n]) <= rt.MAX_STEP_REL * max(SHIPPED[n], 0.1 * BOX.hi[n]) + 1e-12 for n in rt.SEARCHED
     )
+
+
+def test_a_fit_no_fleet_can_serve_proposes_nothing() -> None:
+    """A window's mean prompt too long to prefill within the TTFT SLO: every fitted request is unservable
+    (ceiling 0), which says nothing of the gains; the driver holds, whatever the mode."""
+    from sim.retune import propose
+
+    settings = Settings(window_s=10.0, models=(ModelSpec("llama2-70b", ttft_slo_ms=50.0),))
+    model = settings.models[0].name
+    samples = [_sample(i, 20, prompt=60_000) for i in range(8)]
+    fits = tuple(f for z in settings.zones if (f := rt.fit(model, z, samples, None, 30.0)) is not None)
+    out = propose(rt.RetuneJob(model, settings, fits, SHIPPED, 3, 0, sdp=False))
+    assert out["trials"] == 0 and out["proposed"] == SHIPPED and not out["expected"]
+    loop = ControlLoop(settings.replace(retune="apply"))
+    rec = loop.retune.on_result(out, False, 1)
+    assert rec["action"] == "hold" and "serves within the SLO" in rec["reason"]
+    assert rt.objective(10.0, 10.0, 0.0, 0.0, 0.995, 1000.0) == 1.0  # a ceiling of 0: nothing to miss
