@@ -95,11 +95,13 @@ class RetuneDriver:
         return jobs
 
     # -- results ------------------------------------------------------------------------------
-    def on_result(self, result: Mapping[str, Any], killed: bool, now_ms: int) -> dict[str, Any]:
+    def on_result(self, result: Mapping[str, Any], killed: bool | None, now_ms: int) -> dict[str, Any]:
         """A finished search of one model: the decision of its mode (:func:`controllers.retune.apply_decision`)
-        performed, and its status record."""
+        performed, and its status record.  ``killed`` None: the kill switch could not be read (hold)."""
         model = str(result["model"])
         self.running.discard(model)
+        if killed is None:
+            return self._record(model, now_ms, "hold", "kill switch unreadable: nothing applied", result)
         self.killed = killed
         d = rt.apply_decision(self.mode, killed, result, self.in_force[model], self.configured[model])
         if d.gains is not None:

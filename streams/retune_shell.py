@@ -62,17 +62,17 @@ class OffLoopRetune:
             self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         return self._executor
 
-    async def killed(self) -> bool:
-        """The kill switch; unreadable (Redis down) counts as set: fail safe, nothing is applied."""
+    async def killed(self) -> bool | None:
+        """The kill switch: None while Redis cannot say (then nothing is applied and nothing reverted: hold)."""
         raw = await self.side.call("retune", functools.partial(self.redis.exists, self.paused_key))
-        return raw is None or bool(raw)
+        return None if raw is None else bool(raw)
 
     async def tick(self) -> None:
         """The kill switch acted on at once; a due model's search launched unless one is running."""
         if not self.enabled:
             return
-        now = self.clock.now_ms()
-        for rec in self.driver.on_kill_switch(await self.killed(), now):
+        now, killed = self.clock.now_ms(), await self.killed()
+        for rec in [] if killed is None else self.driver.on_kill_switch(killed, now):
             await self.write(rec)
         if self._job is not None and not self._job.done():
             return

@@ -220,3 +220,36 @@ def test_a_fit_no_fleet_can_serve_proposes_nothing() -> None:
     rec = loop.retune.on_result(out, False, 1)
     assert rec["action"] == "hold" and "serves within the SLO" in rec["reason"]
     assert rt.objective(10.0, 10.0, 0.0, 0.0, 0.995, 1000.0) == 1.0  # a ceiling of 0: nothing to miss
+
+
+def test_an_unreadable_kill_switch_holds() -> None:
+    """Redis down when a result comes back: nothing applied, nothing reverted (fail safe = hold)."""
+    loop = _loop("apply")
+    model = _fill(loop)
+    rec = loop.retune.on_result(_result(loop, model, {**SHIPPED, "ki": 0.02}, True), None, 1)
+    assert rec["action"] == "hold" and "unreadable" in rec["reason"] and loop.retune.in_force[model] == SHIPPED
+
+
+def test_the_fast_loop_runs_the_retunes_and_applies_a_certified_step() -> None:
+    """The fast loop's hook (what governor bench retune runs): jobs at the period, results applied."""
+    from sim.fastloop import LoopConfig, run
+    from sim.workloads import Workload
+
+    jobs: list[rt.RetuneJob] = []
+
+    def search(job: rt.RetuneJob) -> dict[str, Any]:
+        jobs.append(job)
+        step = {**job.current, "ki": 0.02}
+        ok = {"accepted": True, "reasons": [], "sdp": False}
+        exp = {"current": {"objective": 1.0}, "proposed": {"objective": 0.9}}
+        return {"model": job.model, "current": dict(job.current), "proposed": step, "step": step, "gate": ok,
+                "step_gate": ok, "expected": exp}  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    n = 1200
+    w = Workload(np.sort(rng.uniform(0, 120, n)), np.full(n, 1000), np.full(n, 100), None, "flat")
+    cfg = LoopConfig.of(retune="apply", retune_period_s=60.0, pid_gains=SHIPPED)
+    r = run("governor", w, cfg, (), 120.0, retune=search)
+    applied = [e for e in r.events if e.get("kind") == "retune"]
+    assert len(jobs) == 1 and {f.zone for f in jobs[0].fits} == set(cfg.zones)
+    assert applied and applied[0]["action"] == "applied" and applied[0]["in_force"]["ki"] == 0.02
