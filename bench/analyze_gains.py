@@ -21,18 +21,17 @@ import json
 import math
 import time
 from argparse import Namespace
-from collections.abc import Mapping
 from typing import Any
 
 from controllers.errors import ParameterError
 from controllers.fpid import FpidParams
+from controllers.gain_certificate import DEFAULT_PLANT_GAIN, PLANT_GAIN_RANGE, certify_settings
 from controllers.stability import (
     REQUIRED_DELAY_MARGIN_WINDOWS,
     REQUIRED_GAIN_MARGIN,
     REQUIRED_PHASE_MARGIN_DEG,
     PlantGainRange,
     RobustCertificate,
-    robust_certificate,
 )
 from core.vocab import DEFAULT_PID_GAINS
 
@@ -48,25 +47,6 @@ __all__ = [
     "parse_range",
     "render",
 ]
-
-#: ``b = -d eps / d log(replicas)`` on azure-conv, 4 replicas, at the rate where
-#: eps = 2 % (11.97 req/s), secant over +-5 %: ``python -m sim.plant_gain``
-#: (docs/model.md §22 (certified)).  One point of :data:`PLANT_GAIN_RANGE`;
-#: ``governor tune`` still certifies at it.
-DEFAULT_PLANT_GAIN = 3.909
-
-#: The interval the certificate holds over: the smallest and largest ``b`` that
-#: ``python -m sim.plant_gain --range`` measured at 8c5b9fc (azure-conv, fixed fleets
-#: of 4, 8 and 16 replicas at the rate where eps = 2 %, secants over +-2, 5 and 10 %,
-#: seeds 0-2, 600 s; Mooncake has no such rate: with these fleets its violation rate
-#: stays above 2 % at any load).  A 2-replica fleet measures 0.53-1.40: one replica is
-#: half of it, outside the small-signal model; ``--plant-gain-range 0.534,4.21`` checks it.
-PLANT_GAIN_RANGE = PlantGainRange(
-    1.176,
-    4.210,
-    "measured by `python -m sim.plant_gain --range` (azure-conv, 4/8/16 replicas at eps = 2 %, "
-    "secants +-2/5/10 %, seeds 0-2, 600 s)",
-)
 
 #: The gains proposed as shipped defaults, certified over :data:`PLANT_GAIN_RANGE`
 #: (docs/model.md §22 (certified), "Proposed defaults").  pid: integral only, the
@@ -136,39 +116,6 @@ def parse_range(text: str) -> PlantGainRange:
     except ValueError:
         raise ParameterError(f"plant_gain_range={text!r}: need LO,HI (two numbers)") from None
     return PlantGainRange(lo, hi, f"--plant-gain-range {text}")
-
-
-def certify_settings(
-    gains: Mapping[str, Any],
-    settings: Any,
-    *,
-    plant_gain_range: PlantGainRange | None = None,
-    delay_s: float | None = None,
-    down_delay_s: float | None = None,
-    dt_s: float | None = None,
-    controller: str | None = None,
-    dead_time_comp: bool | None = None,
-    dwell_windows: int | None = None,
-) -> RobustCertificate:
-    """:func:`controllers.stability.robust_certificate` with the settings' defaults
-    filled in (the dwell: ``scale_down_dwell_windows``; -1 is the controller's shipped dwell,
-    :data:`core.vocab.DEFAULT_DWELL_DELAYS` loop delays at the delay certified)."""
-    dt = float(settings.window_s if dt_s is None else dt_s)
-    ctrl = controller or settings.controller
-    delay = float(settings.startup_hint_s + settings.window_s if delay_s is None else delay_s)
-    # -1: the controller's shipped dwell, in loop delays (the law measures the start-up; here the delay given)
-    dwell = settings.dwell_windows(delay, ctrl) if dwell_windows is None else dwell_windows
-    return robust_certificate(
-        gains,
-        ctrl,
-        PLANT_GAIN_RANGE if plant_gain_range is None else plant_gain_range,
-        delay,
-        dt,
-        dead_time_comp=settings.dead_time_comp if dead_time_comp is None else dead_time_comp,
-        down_delay_s=down_delay_s,
-        time_scale_s=dt,
-        dwell_windows=dwell,
-    )
 
 
 def _fmt(x: float | None, spec: str) -> str:

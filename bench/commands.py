@@ -43,6 +43,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.frontier:add_parser",
         takes="args",
     ),
+    "retune": Command(
+        "online retuning vs the fixed defaults vs PID^alpha adapting, on a workload that changes half-way",
+        run="bench.retune:run_retune",
+        parser="bench.retune:add_parser",
+        takes="args",
+    ),
     "seeds": Command(
         "governor, static and the oracle over several seeds and every scenario",
         run="bench.seeds:run_seeds",

@@ -55,6 +55,7 @@ from bench.analyze_gains import DEFAULT_PLANT_GAIN
 from controllers.errors import ParameterError
 from controllers.feedforward import FeedforwardParams
 from controllers.pid import PidParams
+from controllers.retune import objective
 from controllers.stability import Assessment, OperatingPoint, assess
 from core.vocab import DEFAULT_PID_GAINS
 from sim.fastloop import LoopConfig, run
@@ -171,7 +172,7 @@ def evaluate(
         att, gpu = r.metrics["slo_attainment"] or 0.0, r.metrics["gpu_seconds"]
         share = att / tr.ceiling if tr.ceiling > 0 else 0.0
         ref = (reference or {}).get(tr.name, gpu)
-        total += gpu / ref + penalty * max(0.0, target - share)
+        total += objective(gpu, ref, att, tr.ceiling, target, penalty)  # the worker's online retuning scores so too
         detail[tr.name] = {
             "slo_attainment": att,
             "share_of_ceiling": round(share, 5),

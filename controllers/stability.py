@@ -485,7 +485,8 @@ class ModeReport:
 class Switching:
     """How the switching between the modes is covered: ``common`` (one quadratic
     Lyapunov function of every vertex), ``dwell`` (per-mode functions and a
-    dwell in the up mode, enforced by the controller) or ``none``."""
+    dwell in the up mode, enforced by the controller), ``none``, or ``skipped``
+    (the SDP not run: the margins alone were asked for)."""
 
     kind: str
     order: int
@@ -821,9 +822,14 @@ def robust_certificate(
     time_scale_s: float | None = None,
     dwell_windows: int = 0,
     b_grid: int = B_GRID,
+    sdp: bool = True,
 ) -> RobustCertificate:
     """The certificate over ``plant_gain_range`` (see the module docstring,
-    "Robust certificate").  Bad inputs raise :class:`ParameterError`."""
+    "Robust certificate").  Bad inputs raise :class:`ParameterError`.
+
+    ``sdp=False``: the margins only; the switching is reported as ``skipped`` (not
+    certified) without the SDP, for a caller without cvxpy or one that pre-screens
+    candidates (:mod:`controllers.gain_certificate`)."""
     if not isinstance(plant_gain_range, PlantGainRange):
         raise ParameterError("plant_gain_range: need a PlantGainRange")
     if isinstance(dwell_windows, bool) or not isinstance(dwell_windows, int) or dwell_windows < 0:
@@ -855,7 +861,11 @@ def robust_certificate(
         report, v = _mode_report(models, mode, direction, dl)
         reports.append(report)
         verts[mode] = v
-    if all(r.spectral_radius.value < 1.0 for r in reports):
+    if not sdp:
+        n = max(a.shape[0] for v in verts.values() for a in v)
+        why = "skipped: the margins only (no SDP)"
+        switching = Switching("skipped", n, sum(len(v) for v in verts.values()), dwell_windows, why=why)
+    elif all(r.spectral_radius.value < 1.0 for r in reports):
         switching = switching_certificate(verts["up"], verts["down"], dwell_windows)
     else:
         n = max(a.shape[0] for v in verts.values() for a in v)

@@ -28,6 +28,8 @@ __all__ = [
     "relocate_queue",
     "relocated_outcomes",
     "relocation_inflight",
+    "retune",
+    "retune_paused",
     "routing_hash",
     "snapshot",
     "status",
@@ -104,6 +106,19 @@ def paused(prefix: str) -> str:
     """Set by ``governor pause`` (JSON ``{"reason", "paused_at_ms"}``): every executor holds
     its commands (outcome ``advisory``) until ``governor resume`` deletes it."""
     return f"{prefix}:paused"
+
+
+def retune_paused(prefix: str) -> str:
+    """Set by ``governor pause --retune`` (JSON ``{"reason", "paused_at_ms"}``): the kill switch of online
+    retuning; while it exists the worker keeps the configured gains in force and applies no proposal
+    (``governor resume --retune`` deletes it)."""
+    return f"{prefix}:retune:paused"
+
+
+def retune(prefix: str) -> str:
+    """Hash ``model -> JSON`` the worker writes after each retune: the mode, the gains in force, the proposal
+    and its expected effect, what was done and why (:mod:`loop.retune_driver`), for ``governor status``."""
+    return f"{prefix}:retune"
 
 
 def relocation_inflight(prefix: str, zone: str) -> str:

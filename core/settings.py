@@ -802,6 +802,30 @@ class Settings:
         "gains JSON written by `governor tune` (overrides GOVERNOR_PID_GAINS)",
         "str",
     )
+    retune: str = _setting(
+        "shadow",
+        "GOVERNOR_RETUNE",
+        "online retuning of the scaling gains on the fast simulator fitted to the recent windows: off, shadow "
+        "(proposals shown in `governor status`, never applied) or apply (certified, bounded steps); "
+        "`governor pause --retune` is its kill switch",
+        "str",
+        choices=("off", "shadow", "apply"),
+    )
+    retune_period_s: float = _setting(
+        300.0,
+        "GOVERNOR_RETUNE_PERIOD_S",
+        "(trace) seconds between two retunes of a model; also the span of recent windows fitted",
+        "float",
+        ge=1,
+    )
+    retune_trials: int = _setting(
+        12,
+        "GOVERNOR_RETUNE_TRIALS",
+        "gain sets a retune scores at most (simulations: one per trial and key, those the margins refuse none)",
+        "int",
+        ge=1,
+        lt=201,
+    )
     log_level: str = _setting(
         "INFO",
         "GOVERNOR_LOG_LEVEL",
@@ -1326,7 +1350,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engines": ("engine_home", "engine_python"),
     "scaler": (
         "eps_ref", "pid_gains", "gains_file", "controller", "drift", "dead_time_comp", "learn_capacity", "observer",
-        "startup_hint_s", "scale_down_dwell_windows", "scale_down_stabilization_s",
+        "startup_hint_s", "scale_down_dwell_windows", "scale_down_stabilization_s", "retune", "retune_period_s",
+        "retune_trials",
     ),
     "routing": ("fallbacks",),
     "breaker": ("breaker_min_requests",),

@@ -93,7 +93,10 @@ COMMANDS: dict[str, Command] = {
         needs=(False, True),
     ),
     "resume": Command(
-        "lift governor pause: executors apply commands again", run="governor.pause_cli:run_pause", needs=(False, True)
+        "lift governor pause: executors apply commands again",
+        run="governor.pause_cli:run_pause",
+        parser="governor.pause_cli:add_resume_parser",
+        needs=(False, True),
     ),
     "budget": Command(
         "each zone's share of the fleet replica budget: show, set, reset",

@@ -116,10 +116,11 @@ async def _read_redis(settings: Settings, timeout_s: float) -> dict[str, Any]:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(names.status(p))
         pipe.mget([names.paused(p), names.worker_heartbeat(p), *(names.executor_heartbeat(p, z) for z in zones)])
+        pipe.hgetall(names.retune(p))
         for z in zones:
             pipe.hgetall(names.executor_last_result(p, z))
             pipe.hgetall(names.breaker_hash(p, z))
-        status, singles, *per_zone = await asyncio.wait_for(pipe.execute(), timeout_s + 1)
+        status, singles, retune, *per_zone = await asyncio.wait_for(pipe.execute(), timeout_s + 1)
         models = sorted({m.name for m in settings.models} | {_s(f).split("|")[0] for f in status})
         canaries = await asyncio.wait_for(client.mget([names.canary_state(p, m) for m in models]), timeout_s + 1)
     except (RedisError, OSError, TimeoutError) as exc:
@@ -134,6 +135,7 @@ async def _read_redis(settings: Settings, timeout_s: float) -> dict[str, Any]:
         "last_result": {z: {_s(k): _json(v) for k, v in per_zone[2 * i].items()} for i, z in enumerate(zones)},
         "breaker": {z: {_s(k): _json(v) for k, v in per_zone[2 * i + 1].items()} for i, z in enumerate(zones)},
         "canary": {m: _json(c) for m, c in zip(models, canaries, strict=True) if c is not None},
+        "retune": {_s(k): _json(v) for k, v in retune.items()},
     }
 
 
@@ -294,6 +296,7 @@ async def collect(settings: Settings, *, timeout_s: float = 3.0) -> dict[str, An
         "executors": {z: {**beat(b), "backend": (b or {}).get("backend")} for z, b in raw["executors"].items()},
         "rows": rows,
         "kafka": kafka,
+        "retune": raw["retune"],
     }
 
 
@@ -413,7 +416,45 @@ def header_lines(snap: dict[str, Any]) -> list[str]:
     kafka = f"kafka: dead letters in the last 60 s: {'-' if dl is None else dl}; lag of group {k.get('group')}: {lag_s}"
     if k.get("error"):
         kafka += f" (error: {k['error']})"
-    return [f"governor status (prefix {snap.get('prefix')}): {state}", f"{w}; executors: {execs or '-'}", kafka]
+    lines = [f"governor status (prefix {snap.get('prefix')}): {state}", f"{w}; executors: {execs or '-'}", kafka]
+    return lines + [retune_line(rec) for _, rec in sorted((snap.get("retune") or {}).items()) if isinstance(rec, dict)]
+
+
+def _gains(g: Any) -> str:
+    return "-" if not isinstance(g, dict) else " ".join(f"{k}={v:.4g}" for k, v in sorted(g.items()) if k in _SHOWN)
+
+
+_SHOWN = ("kp", "ki", "kd", "ki_down")
+
+
+def retune_line(rec: dict[str, Any]) -> str:
+    """One model's online retuning (``<prefix>:retune``): the mode, the gains in force, the proposal with
+    its certificate and expected effect on the fitted simulator, and what was done.
+
+    >>> print(retune_line({"model": "m", "mode": "shadow", "killed": False, "action": "shadow", "reason": "r",
+    ...     "in_force": {"ki": 0.0235}, "proposal": {"proposed": {"ki": 0.02}, "gate": {"accepted": True, "sdp": False},
+    ...     "expected": {"current": {"attainment": 0.99, "gpu_seconds": 1000.0},
+    ...                  "proposed": {"attainment": 0.995, "gpu_seconds": 900.0}}}}))
+    retune m: shadow (shadow: r); in force ki=0.0235; proposed ki=0.02 (certified, margins only); expected attainment 99.00% -> 99.50%, GPU-s 1,000 -> 900
+    """
+    head = f"retune {rec.get('model')}: {rec.get('mode')}{' KILLED' if rec.get('killed') else ''}"
+    out = f"{head} ({rec.get('action')}: {rec.get('reason')}); in force {_gains(rec.get('in_force'))}"
+    prop = rec.get("proposal")
+    if isinstance(prop, dict) and not prop.get("expected"):
+        out += f"; no proposal ({(prop.get('gate') or {}).get('note', '')})"
+    elif isinstance(prop, dict):
+        gate = prop.get("gate") or {}
+        cert = "certified" if gate.get("accepted") else "NOT certified: " + "; ".join(gate.get("reasons") or [])
+        if gate.get("accepted") and not gate.get("sdp"):
+            cert += ", margins only"
+        cur, new = (prop.get("expected") or {}).get("current") or {}, (prop.get("expected") or {}).get("proposed") or {}
+        out += f"; proposed {_gains(prop.get('proposed'))} ({cert})"
+        if cur and new:
+            out += (
+                f"; expected attainment {_num(cur.get('attainment'), '.2%')} -> {_num(new.get('attainment'), '.2%')}, "
+                f"GPU-s {_num(cur.get('gpu_seconds'), ',.0f')} -> {_num(new.get('gpu_seconds'), ',.0f')}"
+            )
+    return out
 
 
 def render_plain(snap: dict[str, Any]) -> str:

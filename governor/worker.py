@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -56,7 +57,7 @@ def run_worker(settings: Settings) -> int:
     app = create_app(settings)
     clock = ScaledClock(settings.clock_speed, settings.clock_origin_s)
     readiness = Readiness(("kafka", "agents", "redis"))  # and "agent <name>" after a crash (streams.boundary)
-    pipeline = build_pipeline(app, settings, clock, readiness=readiness)
+    pipeline = build_pipeline(app, settings, clock, readiness=readiness, retune_search=retune_search(settings))
     pipeline.metrics.serve(settings.metrics_port, settings.metrics_addr, readiness)
     if not wait_for_servers(settings, readiness):
         return 0  # stopped while waiting
@@ -92,6 +93,16 @@ def run_worker(settings: Settings) -> int:
     )
     worker.execute_from_commandline()
     return 0
+
+
+def retune_search(settings: Settings) -> Any:
+    """The search of online retuning (:func:`sim.retune.propose`, the fast simulator fitted to the recent
+    windows), or None with ``GOVERNOR_RETUNE=off`` (the simulator is then not even imported)."""
+    if settings.retune == "off":
+        return None
+    from sim.retune import propose
+
+    return propose
 
 
 def _default_allowances(settings: Settings) -> None:

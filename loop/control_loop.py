@@ -84,6 +84,7 @@ from loop.partitioned_ingest import PartitionedIngest
 from loop.pipeline import ProcessResult, TelemetryProcessor, dead_letter
 from loop.platform_truth import PlatformTruth
 from loop.ports import LoopMetrics
+from loop.retune_driver import RetuneDriver
 from loop.routing_driver import RoutingDriver
 from loop.scaler_driver import Scaler
 from loop.telemetry_watch import TelemetryWatch
@@ -143,6 +144,7 @@ class ControlLoop:
         self.keyring = keyring
         self.ingests = PartitionedIngest(settings)  # one processor per partition on a worker (partitioned)
         self.scaler = Scaler(settings)
+        self.retune = RetuneDriver(settings, self.scaler)  # online retuning: rings, schedule, gains in force
         self.kv_policy = KvPolicyDriver(ttl_ms=int(settings.command_ttl_s * 1000))
         self.breaker = BreakerDriver.from_settings(settings)
         self.agent_weights = AgentWeightsDriver.from_settings(settings)
@@ -310,6 +312,7 @@ class ControlLoop:
             self._zone_drivers(w, now_ms, out, route=hold is None)
         if hold is None:
             self._scale(w, now_ms, out)
+            self.retune.on_window(w)  # a window the scaler decided: what the retune's fit reads
         if w.scope == "zone":
             self.export_targets(w.model, w.zone)
             out.status.append(self._status_row(seen, out.events, now_ms))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controllers import scaling_law as law
+from controllers import startup as su
 from controllers import zone_capacity as zc
 from controllers.sde_fit import OuEstimate
 from controllers.window_record import WindowRecord
@@ -264,6 +265,18 @@ class Scaler:
         if p is None or p.feedforward is None:
             return None
         return p.feedforward.capacity_rps if ks is None else law.learned_capacity(p, ks)
+
+    def measured_startup_s(self, model: str, zone: str) -> float:
+        """The start-up of ``(model, zone)`` measured from its windows (the hint until one is measured)."""
+        ks = self.states.get((model, zone))
+        return self.settings.startup_hint_s if ks is None else su.estimate_s(ks.startup, self.settings.startup_hint_s)
+
+    def set_gains(self, model: str, gains: Mapping[str, float]) -> None:
+        """Put ``gains`` in force for ``model`` from its next window (online retuning, :mod:`loop.retune_driver`):
+        the law's parameters rebuilt from the settings with these gains; the keys' state (the velocity
+        PID's last errors, the learned capacity, the forecaster) is kept, so the change is bumpless.
+        A gain the controllers refuse raises :class:`~controllers.errors.ParameterError`, nothing changed."""
+        self.laws[model] = law.params_for(self.settings.replace(pid_gains=dict(gains)), model)
 
     def rate_forecast(self, model: str, zone: str, steps: int = 1) -> float | None:
         """Arrival-rate forecast (req/s) ``steps`` windows past the last window seen, or None

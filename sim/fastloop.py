@@ -271,9 +271,15 @@ def run(
     faults: Sequence[Fault] = (),
     duration_s: float | None = None,
     name: str | None = None,
+    retune: Callable[[Any], dict[str, Any]] | None = None,
 ) -> RunResult:
-    """Run one strategy ("governor" or a per-zone baseline factory) on a workload."""
-    return _FastRun(strategy, workload, cfg, faults, duration_s).run(name)
+    """Run one strategy ("governor" or a per-zone baseline factory) on a workload.
+
+    ``retune``: governor's online retuning runs, inline, with this search (:func:`sim.retune.propose`)
+    in the settings' ``retune`` mode, each job at the close of the window that makes it due."""
+    fast = _FastRun(strategy, workload, cfg, faults, duration_s)
+    fast.retune = retune
+    return fast.run(name)
 
 
 class _FastRun:
@@ -338,6 +344,7 @@ class _FastRun:
         self.fault_queue = sorted(faults, key=lambda f: f.at_s)
         self.prov_gpu_s = self.busy_gpu_s = 0.0
         self.i = 0
+        self.retune: Callable[[Any], dict[str, Any]] | None = None
 
     def run(self, name: str | None) -> RunResult:
         cfg, t = self.cfg, 0.0
@@ -442,6 +449,10 @@ class _FastRun:
                 for cmd in decided.commands:
                     if cmd.kind == "scale" and cmd.target_replicas is not None:
                         self._decide(t, cmd.zone, cmd.target_replicas, cmd.reason)
+        if self.governor and self.retune is not None:  # the worker runs these off its loop; here time waits
+            for job in self.loop.retune.due(now_ms):
+                rec = self.loop.retune.on_result(self.retune(job), False, now_ms)
+                self.events.append({"kind": "retune", "t_s": t, **rec})
         return snaps
 
     def _account(self, t: float, snaps: list[dict[str, Any]]) -> None:

@@ -70,6 +70,7 @@ from streams.canary_store import CanaryStore
 from streams.health import Readiness
 from streams.metrics_export import WorkerMetrics
 from streams.ownership import Ownership, Rebalance
+from streams.retune_shell import OffLoopRetune, Search
 from streams.side_redis import SideChannel
 from streams.snapshots import SnapshotStore
 
@@ -149,6 +150,7 @@ class Worker:
         clock: ScaledClock,
         metrics: WorkerMetrics | None = None,
         readiness: Readiness | None = None,
+        retune_search: Search | None = None,
     ) -> None:
         self.app, self.settings, self.clock = app, settings, clock
         self.metrics = metrics = metrics or WorkerMetrics()
@@ -191,6 +193,8 @@ class Worker:
         self.status_key, self.worker_beat = names.status(prefix), names.worker_heartbeat(prefix)
         self.next_heartbeat_read = 0.0
         self.hlc = Hlc()  # the bridge's: one hybrid logical clock per worker
+        # Online retuning (streams.retune_shell): the search in its own process, the kill switch read each second.
+        self.retune = OffLoopRetune(loop.retune, retune_search, self.redis, prefix, clock, self.side)
         self._register()
 
     def _register(self) -> None:
@@ -349,6 +353,7 @@ class Worker:
             fields = await self.side.call("platform replicas", functools.partial(self.redis.hgetall, key))
             await self.observe(effects.PlatformReplicas(zone, fields or {}))
         await self.observe(effects.Tick(self.clock.now_ms()))
+        await self.retune.tick()
         await self.beat()
 
     async def beat(self) -> None:
@@ -486,5 +491,5 @@ class Worker:
 
 def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock, **kw: Any) -> Pipeline:
     """The worker's Faust agents around one :class:`~loop.control_loop.ControlLoop` (:class:`Worker`;
-    ``kw``: its ``metrics`` and ``readiness``)."""
+    ``kw``: its ``metrics``, ``readiness`` and ``retune_search``)."""
     return Worker(app, settings, clock, **kw).pipeline
