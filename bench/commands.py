@@ -78,6 +78,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.kv:add_parser",
         takes="args",
     ),
+    "dispatch": Command(
+        "prefix-aware dispatch vs least outstanding tokens on the Mooncake trace (simulator)",
+        run="bench.dispatch:run_dispatch",
+        parser="bench.dispatch:add_parser",
+        takes="args",
+    ),
     "traffic": Command(
         "routing/fallback, breaker, canary, agent weights: A/B in one run",
         run="bench.traffic:run_traffic_bench",

@@ -3,7 +3,8 @@
 Deterministic given ``FleetConfig.seed`` and the call sequence. The clock is
 trace time in seconds; records carry ``ts_ms = epoch_ms0 + round(t_s * 1000)``.
 Replica service is in :mod:`sim.replica`; this module owns the event heap,
-routing (least outstanding tokens among ready replicas of the zone, else the
+routing (among the ready replicas of the zone, least outstanding tokens or
+prefix-aware, ``FleetConfig.dispatch``: :mod:`controllers.dispatch`; else the
 zone queue), the replica life cycle ``starting -> ready -> draining -> gone``,
 fault injection and the request/GPU records. Which (zone, model) a request
 of a model family goes to by weights (:meth:`Fleet.submit_routed`) and
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from controllers.coupling import CouplingError, CouplingParams, NodeInfo, build_graph
+from controllers.dispatch import pick
 from sim.perf_model import PerfModel  # noqa: F401  (used by the doctests)
 from sim.replica import (
     DRAINING,
@@ -148,10 +150,28 @@ class Fleet:
         if not ready:
             self._zone_q[key].append(req)
             return
-        r = min(ready, key=_load) if len(ready) > 1 else ready[0]
+        if len(ready) == 1:
+            r = ready[0]
+        elif self.config.dispatch.policy == "least-outstanding" or not req.hash_ids:
+            r = min(ready, key=_load)
+        else:
+            r = ready[self._prefix_pick(ready, req.hash_ids)]
         nxt = r.enqueue(req, t)
         if nxt is not None:
             self._push(nxt, _REPLICA, r, r.version)
+
+    def _prefix_pick(self, ready: list[Replica], ids: list[int]) -> int:
+        matched = []
+        for r in ready:
+            cache, n = r.cache, 0
+            for h in ids:
+                if h not in cache:
+                    break
+                n += 1
+            matched.append(n)
+        return pick(
+            [r.outstanding for r in ready], [r.in_flight for r in ready], matched, len(ids), self.config.dispatch
+        )
 
     def _network_ms(self) -> float:
         if not self._net:
