@@ -78,8 +78,14 @@ COMMANDS: dict[str, Command] = {
         parser="bench.kv:add_parser",
         takes="args",
     ),
+    "agents-live": Command(
+        "agent class routes through the real worker and executors, with and without",
+        run="bench.agents_live:run_agents_live",
+        parser="bench.agents_live:add_parser",
+        needs=("env", "env"),
+    ),
     "dispatch": Command(
-        "prefix-aware dispatch vs least outstanding tokens on the Mooncake trace (simulator)",
+        "prefix-aware dispatch vs least outstanding tokens on the Mooncake trace",
         run="bench.dispatch:run_dispatch",
         parser="bench.dispatch:add_parser",
         takes="args",
