@@ -90,6 +90,11 @@ COMMANDS: dict[str, Command] = {
         parser="bench.dispatch:add_parser",
         takes="args",
     ),
+    "router": Command(
+        "the vLLM router's cache_aware vs round_robin on real engines, shared prefixes",
+        run="bench.router_policy:run_router_bench",
+        parser="bench.router_policy:add_parser",
+    ),
     "traffic": Command(
         "routing/fallback, breaker, canary, agent weights: A/B in one run",
         run="bench.traffic:run_traffic_bench",
