@@ -63,6 +63,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -78,6 +79,8 @@ from executors.k8s import ANNOTATION_PREFIX, MERGE_PATCH, retrying
 from loop.commands import Command
 
 __all__ = ["GROUP", "GatewayBackend", "agent_rules", "route_weights"]
+
+log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 INTENT = ANNOTATION_PREFIX + "intent"
@@ -140,7 +143,11 @@ def agent_rules(
     value or a route that would pass the Gateway API's 16 rules.
     """
     kept = [r for r in rules if not _is_agent_rule(r)]
-    shares = pool_shares(weights, len(route.agent_pools)) if weights else {}
+    try:
+        shares = pool_shares(weights, len(route.agent_pools)) if weights else {}
+    except (ValueError, TypeError) as exc:  # a hand-edited intent: governor's class rules go until the next command
+        log.warning("route %s: unusable agent weights in the intent (%s); no agent class rules", route.route, exc)
+        shares = {}
     for cls in shares:
         if len(cls) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(cls):
             raise BackendRejected(f"route {route.route}: agent class {cls!r} is not an HTTP header value")

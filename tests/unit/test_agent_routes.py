@@ -83,3 +83,8 @@ def test_parse_routes_checks_agent_pools() -> None:
     with pytest.raises(ValueError, match="at most 16"):
         parse_routes([{**base, "agent_pools": [{"name": f"p{i}"} for i in range(17)]}])
     assert parse_routes([base])[0].agent_pools == ()
+
+
+def test_unusable_weights_in_a_hand_edited_intent_drop_the_class_rules() -> None:
+    rules, _ = agent_rules(ROUTE, [{"backendRefs": [{"name": "svc"}]}], {"rag": 1.0, "tool": 0.0, "llm": 1.0})
+    assert agent_rules(ROUTE, rules, {"rag": "lots"}) == (rules[:1], {})  # type: ignore[dict-item]
