@@ -111,7 +111,7 @@ def _agents_arm(
     """One arm: turns submitted tick by tick, each path drawn from the gateway's agent weights."""
     r2 = np.random.default_rng([args.seed, 12])  # same draws in both arms
     f = Fleet(cfg, epoch_ms0=EPOCH_MS0)
-    gw = CommandGateway(f, np.random.default_rng([args.seed, 5]))
+    gw = CommandGateway(f, np.random.default_rng([args.seed, 5]), agent_routes=False)  # the orchestrator's weights
     turns: list[tuple[list[str], float]] = []
     paths: dict[str, int] = defaultdict(int)
     lat: dict[str, float] = {}

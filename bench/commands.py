@@ -84,6 +84,23 @@ COMMANDS: dict[str, Command] = {
         parser="bench.kv:add_parser",
         takes="args",
     ),
+    "agents-live": Command(
+        "agent class routes through the real worker and executors, with and without",
+        run="bench.agents_live:run_agents_live",
+        parser="bench.agents_live:add_parser",
+        needs=("env", "env"),
+    ),
+    "dispatch": Command(
+        "prefix-aware dispatch vs least outstanding tokens on the Mooncake trace",
+        run="bench.dispatch:run_dispatch",
+        parser="bench.dispatch:add_parser",
+        takes="args",
+    ),
+    "router": Command(
+        "the vLLM router's cache_aware vs round_robin on real engines, shared prefixes",
+        run="bench.router_policy:run_router_bench",
+        parser="bench.router_policy:add_parser",
+    ),
     "traffic": Command(
         "routing/fallback, breaker, canary, agent weights: A/B in one run",
         run="bench.traffic:run_traffic_bench",

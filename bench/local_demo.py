@@ -233,7 +233,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path, python: Path,
     )
     await ensure_topics(settings)
     redis = aioredis.Redis.from_url(str(settings.redis_url), **redis_options(settings))
-    router = start_router(free_port(), free_port(), run_dir / "router.log")
+    router = start_router(free_port(), free_port(), run_dir / "router.log", settings.local_router_policy)
     children: list[ChildProcess] = []
     collector = Collector(settings)
     stop = asyncio.Event()

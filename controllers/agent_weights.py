@@ -35,13 +35,26 @@ Examples
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from controllers.errors import ParameterError, check_number
 from core.vocab import AGENT_PATHS
 
-__all__ = ["STATIC_WEIGHTS", "AgentSignals", "AgentWeightParams", "AgentWeights", "allocate", "weights"]
+__all__ = [
+    "AGENT_CLASS_HEADER",
+    "STATIC_WEIGHTS",
+    "AgentSignals",
+    "AgentWeightParams",
+    "AgentWeights",
+    "allocate",
+    "pool_shares",
+    "weights",
+]
+
+AGENT_CLASS_HEADER = "x-agent-class"
+"""The request header naming a request's agent class (``rag``, ``tool``, ``llm``): gateways route on it."""
 
 KINDS = AGENT_PATHS  # the weight vector is indexed like the telemetry paths
 
@@ -176,3 +189,45 @@ def allocate(total: int, w: AgentWeights) -> dict[str, int]:
     for i in order[: max(0, total - sum(slots))]:
         slots[i] += 1
     return dict(zip(KINDS, slots, strict=True))
+
+
+def pool_shares(w: Mapping[str, float], n_pools: int) -> dict[str, list[float]]:
+    """Each agent class's traffic split over ``n_pools`` equal pools so that it holds its weight of them (pure).
+
+    The classes (rag, tool, llm, then any others by name) are laid end to end on
+    ``[0, 1)`` with lengths their normalised weights, the pools on equal
+    slices of ``[0, 1)``; a class sends to each pool in proportion to the
+    overlap of the two.  So class ``c`` holds ``w_c`` of the pools'
+    capacity, each pool is shared by the classes whose intervals cross it (at
+    most two classes share a pool boundary), and the traffic a gateway sends
+    by these shares loads every pool equally when the classes arrive in
+    proportion to their weights.  A class of weight 0 gets no entry (a
+    gateway routes it as if no weights were set); no positive weight, or no
+    pool, gives ``{}``.
+
+    Examples
+    --------
+    >>> pool_shares({"rag": 0.5, "tool": 0.0, "llm": 0.5}, 4)
+    {'rag': [0.5, 0.5, 0.0, 0.0], 'llm': [0.0, 0.0, 0.5, 0.5]}
+    >>> {k: [round(x, 3) for x in v] for k, v in pool_shares({"rag": 0.6, "tool": 0.1, "llm": 0.3}, 2).items()}
+    {'rag': [0.833, 0.167], 'tool': [0.0, 1.0], 'llm': [0.0, 1.0]}
+    """
+    if isinstance(n_pools, bool) or not isinstance(n_pools, int) or n_pools < 0:
+        raise ParameterError(f"n_pools={n_pools!r}: must be an int >= 0")
+    order = [k for k in KINDS if k in w] + sorted(k for k in w if k not in KINDS)
+    clean = {k: float(w[k]) for k in order}
+    for k, v in clean.items():
+        if not math.isfinite(v) or v < 0.0:
+            raise ParameterError(f"weights[{k!r}]={v!r}: must be finite and >= 0")
+    total = sum(clean.values())
+    if total <= 0.0 or n_pools == 0:
+        return {}
+    out: dict[str, list[float]] = {}
+    lo, acc = 0.0, 0.0
+    for k in order:
+        acc += clean[k]
+        hi = min(1.0, acc / total)
+        if hi > lo:  # a weight too small to move the boundary in floating point holds nothing
+            out[k] = [max(0.0, min(hi, (p + 1) / n_pools) - max(lo, p / n_pools)) / (hi - lo) for p in range(n_pools)]
+        lo = hi
+    return out

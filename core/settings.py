@@ -691,6 +691,14 @@ class Settings:
         "the vLLM router the local backend adds its engines to and removes them from",
         "str",
     )
+    local_router_policy: str = _setting(
+        "round_robin",
+        "GOVERNOR_LOCAL_ROUTER_POLICY",
+        "the policy `governor demo --platform local` starts the vLLM router with: round_robin, or cache_aware "
+        "with its thresholds, e.g. cache_aware,cache_threshold=0.3,balance_abs_threshold=4,balance_rel_threshold=1.5 "
+        "(engines/router.py)",
+        "str",
+    )
     local_model_dir: str = _setting(
         "",
         "GOVERNOR_LOCAL_MODEL_DIR",
@@ -963,7 +971,7 @@ class Settings:
         (),
         "GOVERNOR_GATEWAY_ROUTES",
         "JSON list of the HTTPRoutes the gateway backend weights: {family, zone, route, namespace, rules: "
-        "{class: rule index}, backends: {model|zone: {name, port}}} (executors/gateway.py)",
+        "{class: rule index}, backends: {model|zone: {name, port}}, agent_pools: [{name, port}]} (executors/gateway.py)",
         "routes",
     )
     k8s_api_url: str = _setting(
@@ -1376,7 +1384,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "observability": ("metrics_port", "metrics_addr", "web_port", "log_level", "log_format"),
     "local": (
-        "local_router_url", "local_model_dir", "local_model", "local_cores",
+        "local_router_url", "local_router_policy", "local_model_dir", "local_model", "local_cores",
         "local_max_num_seqs", "local_startup_timeout_s", "local_start_wait_s", "local_drain_timeout_s",
         "local_start_replicas", "local_sd_port", "local_otlp_endpoint", "local_confine", "local_stop_engines",
     ),

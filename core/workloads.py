@@ -58,7 +58,7 @@ HPA_MODES = ("refuse", "coexist")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _FIELDS = ("model", "zone", "kind", "name", "namespace", "hpa")
-_ROUTE_FIELDS = ("family", "zone", "route", "namespace", "rules", "backends")
+_ROUTE_FIELDS = ("family", "zone", "route", "namespace", "rules", "backends", "agent_pools")
 REF_FIELDS = ("name", "port", "namespace", "kind", "group")
 
 
@@ -156,6 +156,7 @@ class GatewayRoute:
     namespace: str = "default"
     rules: Mapping[str, int] = field(default_factory=lambda: {"*": 0})
     backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # target -> backendRef fields
+    agent_pools: tuple[Mapping[str, Any], ...] = ()  # backendRefs the agent classes share (x-agent-class rules)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +166,7 @@ class GatewayRoute:
             "namespace": self.namespace,
             "rules": dict(self.rules),
             "backends": {t: dict(r) for t, r in self.backends.items()},
+            **({"agent_pools": [dict(r) for r in self.agent_pools]} if self.agent_pools else {}),
         }
 
     def rule_of(self, request_class: str) -> int | None:
@@ -224,16 +226,29 @@ def parse_routes(raw: Any) -> tuple[GatewayRoute, ...]:
             model, sep, zone = str(target).rpartition("|")
             if not sep or not model or not zone:
                 raise ValueError(f"{where}: a target is model|zone (or model@version|zone)")
-            if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not _SUBDOMAIN.match(ref["name"]):
-                raise ValueError(f"{where}.name: the backendRef's object name is required")
-            bad = sorted(set(ref) - set(REF_FIELDS))
-            if bad:
-                raise ValueError(f"{where}: unknown field {bad[0]!r} (fields: {', '.join(REF_FIELDS)})")
-            port = ref.get("port")
-            if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
-                raise ValueError(f"{where}.port: a port 1..65535")
-        out.append(GatewayRoute(item["family"], item["zone"], item["route"], ns, dict(rules), dict(backends)))
+            _check_ref(where, ref)
+        pools = item.get("agent_pools", [])
+        if not isinstance(pools, list) or len(pools) > 16:
+            raise ValueError(f"{at}.agent_pools: a list of at most 16 backendRefs (an HTTPRoute rule's limit)")
+        for k, ref in enumerate(pools):
+            _check_ref(f"{at}.agent_pools[{k}]", ref)
+        out.append(
+            GatewayRoute(
+                item["family"], item["zone"], item["route"], ns, dict(rules), dict(backends), tuple(map(dict, pools))
+            )
+        )
     return tuple(out)
+
+
+def _check_ref(where: str, ref: Any) -> None:
+    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not _SUBDOMAIN.match(ref["name"]):
+        raise ValueError(f"{where}.name: the backendRef's object name is required")
+    bad = sorted(set(ref) - set(REF_FIELDS))
+    if bad:
+        raise ValueError(f"{where}: unknown field {bad[0]!r} (fields: {', '.join(REF_FIELDS)})")
+    port = ref.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise ValueError(f"{where}.port: a port 1..65535")
 
 
 def routes_schema() -> dict[str, Any]:
@@ -263,6 +278,7 @@ def routes_schema() -> dict[str, Any]:
                 "namespace": {"type": "string", "minLength": 1},
                 "rules": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 15}},
                 "backends": {"type": "object", "minProperties": 1, "additionalProperties": ref},
+                "agent_pools": {"type": "array", "maxItems": 16, "items": ref},
             },
         },
     }

@@ -98,13 +98,16 @@ class LoadClass:
 @dataclass(frozen=True)
 class RequestSpec:
     """One request to send: when (seconds after the replay's start), how long its prompt and its
-    output are (tokens), its class and its ``priority`` (None: not sent)."""
+    output are (tokens), its class and its ``priority`` (None: not sent); ``prefix``: the group whose
+    shared first ``prefix_tokens`` prompt tokens it starts with (None: a prompt of its own)."""
 
     at_s: float
     prompt_tokens: int
     output_tokens: int
     request_class: str | None = None
     priority: int | None = None
+    prefix: int | None = None
+    prefix_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,15 @@ def prompt_ids(index: int, n: int) -> list[int]:
     return [3 + (start + k) % 256 for k in range(n)]
 
 
+def _prompt(index: int, spec: RequestSpec) -> list[int]:
+    """Request ``index``'s token ids: its group's shared prefix (seeded by the group), then its own."""
+    if spec.prefix is None or spec.prefix_tokens <= 0:
+        return prompt_ids(index, spec.prompt_tokens)
+    head = min(spec.prefix_tokens, spec.prompt_tokens)
+    shared = [3 + x for x in random.Random(spec.prefix).choices(range(256), k=head)]
+    return shared + prompt_ids(index, spec.prompt_tokens - head)
+
+
 @dataclass
 class _Stream:
     """What one request's stream gave so far."""
@@ -363,7 +375,7 @@ async def _one(
     http_status: int | None = None
     body: dict[str, Any] = {
         "model": model,
-        "prompt": prompt_ids(index, spec.prompt_tokens),
+        "prompt": _prompt(index, spec),
         "max_tokens": spec.output_tokens,
         "ignore_eos": True,
         "stream": True,

@@ -17,12 +17,21 @@ Every call is retried within a bound (``attempts``, exponential backoff from
 ``backoff_s``); what still fails raises :class:`RouterUnavailable` with the
 reason (connection refused, a status and the body's first characters).
 
-Policy: :func:`start_router` uses ``round_robin``.  ``cache_aware`` (the
-router's default) answered token-id prompts through one engine, but it keeps
-a request's prefix on the worker that served it before, so the load client's
-prompts (random token ids from a trace) would gain nothing from it while a
-scale-up's new engine might be left idle; ``round_robin`` spreads every
-request over the ready engines, which is what capacity per replica measures.
+Policy: :func:`start_router` takes it from ``GOVERNOR_LOCAL_ROUTER_POLICY``
+(:func:`policy_args`), ``round_robin`` by default.  ``cache_aware`` (the
+router's own default) keeps a request's prefix on the worker that served it
+before unless the workers' loads (requests in flight) are imbalanced:
+``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold *
+min`` (its defaults 64 and 1.5); it sends a request to the worker whose
+prefix tree matches more than ``cache_threshold`` (0.3) of it, else to the
+one with the smallest tree.  With its default 64 a four-engine CPU fleet of
+``--max-num-seqs 4`` is never imbalanced, so the load client's random
+prompts all went to one engine and a scale-up's new engine stayed idle;
+``round_robin`` spreads every request over the ready engines, which is what
+capacity per replica measures.  ``cache_aware`` with a balance bound near the
+engines' batch (e.g. ``balance_abs_threshold=4``) keeps shared prefixes
+together and still uses a new engine (the simulated fleet's dispatch is the
+same rule, :mod:`controllers.dispatch`).
 """
 
 from __future__ import annotations
@@ -42,7 +51,51 @@ from typing import Any
 import aiohttp
 import orjson
 
-__all__ = ["RouterClient", "RouterProcess", "RouterUnavailable", "router_binary", "start_router"]
+__all__ = ["RouterClient", "RouterProcess", "RouterUnavailable", "policy_args", "router_binary", "start_router"]
+
+POLICIES = ("round_robin", "cache_aware")
+_THRESHOLDS = {
+    "cache_threshold": (float, 0.0, 1.0),
+    "balance_abs_threshold": (int, 0, None),
+    "balance_rel_threshold": (float, 1.0, None),
+}
+
+
+def policy_args(spec: str) -> tuple[str, ...]:
+    """``--policy`` and its thresholds from ``GOVERNOR_LOCAL_ROUTER_POLICY`` (ValueError names what is wrong).
+
+    >>> policy_args("round_robin")
+    ('--policy', 'round_robin')
+    >>> policy_args("cache_aware,cache_threshold=0.5,balance_abs_threshold=4")
+    ('--policy', 'cache_aware', '--cache-threshold', '0.5', '--balance-abs-threshold', '4')
+    >>> policy_args("cache_aware,balance_rel_threshold=0.5")
+    Traceback (most recent call last):
+    ...
+    ValueError: GOVERNOR_LOCAL_ROUTER_POLICY: balance_rel_threshold=0.5 must be >= 1.0
+    """
+    name, *rest = [p.strip() for p in spec.split(",")]
+    if name not in POLICIES:
+        raise ValueError(f"GOVERNOR_LOCAL_ROUTER_POLICY: policy {name!r} is not one of {', '.join(POLICIES)}")
+    if rest and name != "cache_aware":
+        raise ValueError(f"GOVERNOR_LOCAL_ROUTER_POLICY: {name} takes no thresholds, got {rest}")
+    out = ["--policy", name]
+    for item in rest:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in _THRESHOLDS:
+            raise ValueError(f"GOVERNOR_LOCAL_ROUTER_POLICY: {item!r} is not one of {', '.join(_THRESHOLDS)}=<value>")
+        kind, lo, hi = _THRESHOLDS[key]
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"GOVERNOR_LOCAL_ROUTER_POLICY: {key}={raw!r} is not a {kind.__name__}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError(
+                f"GOVERNOR_LOCAL_ROUTER_POLICY: {key}={raw} must be >= {lo}"
+                + (f" and <= {hi}" if hi is not None else "")
+            )
+        out += ["--" + key.replace("_", "-"), raw]
+    return tuple(out)
+
 
 log = logging.getLogger(__name__)
 
@@ -202,12 +255,14 @@ def start_router(
     extra_args: tuple[str, ...] = (),
 ) -> RouterProcess:
     """Start ``vllm-router`` on 127.0.0.1:``port`` (metrics on ``metrics_port``) with no workers, in its own
-    process group, its output to ``log_path``; the pool adds the engines (:mod:`engines.pool`)."""
+    process group, its output to ``log_path``; the pool adds the engines (:mod:`engines.pool`).
+
+    ``policy``: a ``GOVERNOR_LOCAL_ROUTER_POLICY`` value (:func:`policy_args`)."""
     argv: list[Any] = [
         router_binary(),
         "--host", "127.0.0.1", "--port", str(port),
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-        "--policy", policy,
+        *policy_args(policy),
         "--worker-startup-check-interval", "1",
         *extra_args,
     ]  # fmt: skip

@@ -53,8 +53,11 @@ command they can never apply (acknowledged and reported as failed).
   "model", "command_id", "basis_ms", "issued_at_ms"}``; weights sum to 1,
   :mod:`loop.agent_weights_driver`): an agent orchestrator serving ``<model>`` in
   that zone reads it and draws each turn's path (retrieval, a tool call or
-  plain generation) by ``weights``; it should ignore a field whose
-  ``basis_ms`` is older than one it has already used.  Fields starting
+  plain generation) by ``weights``, and a gateway routes the requests of each
+  agent class (header ``x-agent-class: rag|tool|llm``) to that class's
+  weight of the model's pools (:func:`controllers.agent_weights.pool_shares`;
+  the ``gateway`` backend writes them as HTTPRoute rules, :mod:`executors.gateway`);
+  either should ignore a field whose ``basis_ms`` is older than one it has already used.  Fields starting
   with ``_`` are not request classes.  The simulated fleet reads the same hashes
   (:meth:`SimFleetBackend.apply` delegates these kinds here).
 

@@ -16,6 +16,9 @@ model family's traffic and which ``backendRef`` is which governor target::
           "llama2-70b|az-a": {name: vllm-70b, port: 8000}
           "llama2-13b|az-a": {name: vllm-13b, port: 8000}
           "llama2-70b@v2|az-a": {name: vllm-70b-v2, port: 8000}
+        agent_pools:                # optional: backendRefs (Services, each a slice of the model's replicas)
+          - {name: vllm-70b-p0, port: 8000}   # the agent classes share (agents commands)
+          - {name: vllm-70b-p1, port: 8000}
 
 What each command does to the route's *intent*, which the backend keeps in the
 route's annotation ``governor.io/intent`` (JSON; so it survives executor
@@ -26,7 +29,21 @@ restarts and is visible with ``kubectl get httproute -o yaml``):
 * ``breaker``: the target's state (``open`` = weight 0; ``half_open`` keeps
   :data:`~controllers.gateway_weights.HALF_OPEN_SHARE` of its share, since a
   gateway cannot count a probe budget; ``closed`` restores it);
-* ``canary``: ``model@version`` gets ``share`` of ``model``'s weight.
+* ``canary``: ``model@version`` gets ``share`` of ``model``'s weight;
+* ``agents`` (the route whose family is the command's model, or whose
+  ``backends`` name ``<model>|<zone>``; it needs ``agent_pools``): the agent
+  class weights (``rag``, ``tool``, ``llm``) replace the intent's ``agents``.
+  Each class of positive weight gets one rule, after the operator's rules,
+  matching the request header ``x-agent-class: <class>`` (``HTTPHeaderMatch``
+  type ``Exact``) on each path match of the default rule (the rule of class
+  ``*``), whose ``backendRefs`` are the ``agent_pools`` weighted by
+  :func:`controllers.agent_weights.pool_shares`: the class holds its weight
+  of the pools.  A header match is more specific than the default rule's
+  path alone, so the class's requests take its rule; requests without the
+  header (and classes of weight 0) keep the default rule.  The rules are
+  rebuilt from the intent on every command (those with an ``x-agent-class``
+  match are governor's); a class name that is not a valid header value, or
+  more than the Gateway API's 16 rules per route, is *rejected*.
 
 Then every rule is recomputed from its intent (or, before any route command,
 from the weights the operator wrote in the route) with the same pure functions
@@ -46,22 +63,31 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
+import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
 
+from controllers.agent_weights import AGENT_CLASS_HEADER, pool_shares
 from controllers.gateway_weights import HALF_OPEN_SHARE, canary_split, gate_weights, integer_weights
 from core.workloads import REF_FIELDS, GatewayRoute
 from executors.backends import BackendRejected
 from executors.k8s import ANNOTATION_PREFIX, MERGE_PATCH, retrying
 from loop.commands import Command
 
-__all__ = ["GROUP", "GatewayBackend", "route_weights"]
+__all__ = ["GROUP", "GatewayBackend", "agent_rules", "route_weights"]
+
+log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 INTENT = ANNOTATION_PREFIX + "intent"
 TOTAL = 1000
+MAX_RULES = 16  # HTTPRouteSpec.rules maxItems
+MAX_HEADER_VALUE = 4096  # HTTPHeaderMatch.value maxLength
+_HEADER_VALUE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")  # RFC 9110 field-value, visible ASCII
 
 
 def route_weights(
@@ -99,6 +125,58 @@ def route_weights(
     return rules, written
 
 
+def _is_agent_rule(rule: Mapping[str, Any]) -> bool:
+    return any(
+        str(h.get("name", "")).lower() == AGENT_CLASS_HEADER
+        for m in rule.get("matches") or []
+        for h in m.get("headers") or []
+    )
+
+
+def agent_rules(
+    route: GatewayRoute, rules: list[dict[str, Any]], weights: Mapping[str, float]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+    """``rules`` with governor's ``x-agent-class`` rules rebuilt from the class weights (pure).
+
+    Returns the rules and the integer pool weights per class (by backendRef
+    name).  Raises :class:`BackendRejected` for a class that is not a header
+    value or a route that would pass the Gateway API's 16 rules.
+    """
+    kept = [r for r in rules if not _is_agent_rule(r)]
+    try:
+        shares = pool_shares(weights, len(route.agent_pools)) if weights else {}
+    except (ValueError, TypeError) as exc:  # a hand-edited intent: governor's class rules go until the next command
+        log.warning("route %s: unusable agent weights in the intent (%s); no agent class rules", route.route, exc)
+        shares = {}
+    for cls in shares:
+        if len(cls) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(cls):
+            raise BackendRejected(f"route {route.route}: agent class {cls!r} is not an HTTP header value")
+    if len(kept) + len(shares) > MAX_RULES:
+        raise BackendRejected(
+            f"route {route.route}: {len(kept)} rules + {len(shares)} agent classes > {MAX_RULES} (HTTPRoute limit)"
+        )
+    default = route.rule_of("*")
+    paths = [
+        {k: v for k, v in m.items() if k != "headers"}
+        for m in (kept[default].get("matches") or [] if default is not None and default < len(kept) else [])
+    ] or [{}]
+    written: dict[str, dict[str, int]] = {}
+    for cls, share in shares.items():
+        names = [str(ref["name"]) + (f":{ref['port']}" if "port" in ref else "") for ref in route.agent_pools]
+        ints = integer_weights(dict(zip(names, share, strict=True)), TOTAL)
+        header = {"type": "Exact", "name": AGENT_CLASS_HEADER, "value": cls}
+        kept.append(
+            {
+                "matches": [{**m, "headers": [*(m.get("headers") or []), header]} for m in paths],
+                "backendRefs": [
+                    {**_ref(ref), "weight": ints[n]} for ref, n in zip(route.agent_pools, names, strict=True)
+                ],
+            }
+        )
+        written[cls] = ints
+    return kept, written
+
+
 def _factor(state: Any) -> float:
     return {"open": 0.0, "half_open": HALF_OPEN_SHARE}.get(str(state), 1.0)
 
@@ -111,7 +189,7 @@ class GatewayBackend:
     """Applies route/breaker/canary commands to the HTTPRoutes of one zone (see the module docstring)."""
 
     name = "gateway"
-    KINDS = ("route", "breaker", "canary")
+    KINDS = ("route", "breaker", "canary", "agents")
 
     def __init__(self, api: k8s.ApiClient, routes: Iterable[GatewayRoute], zone: str, **retry: Any) -> None:
         self.api = api
@@ -124,6 +202,9 @@ class GatewayBackend:
     def _routes_for(self, cmd: Command) -> list[GatewayRoute]:
         if cmd.kind == "route":
             return [r for r in self.routes if r.family == cmd.model]
+        if cmd.kind == "agents":
+            mine = f"{cmd.model}|{self.zone}"
+            return [r for r in self.routes if r.family == cmd.model or mine in r.backends]
         target = cmd.payload.get("target") if cmd.kind == "breaker" else None
         if target is not None:
             return [r for r in self.routes if target in r.backends]
@@ -160,6 +241,7 @@ class GatewayBackend:
             intent = {}  # a hand-edited annotation: start over from the route's own weights
         intent = _update_intent(route, intent, cmd)
         rules, written = route_weights(route, obj, intent)
+        rules, by_class = agent_rules(route, rules, intent["agents"])
         body = {
             "metadata": {
                 "resourceVersion": meta.get("resourceVersion"),
@@ -181,15 +263,29 @@ class GatewayBackend:
             _content_type=MERGE_PATCH,
             _request_timeout=self.timeout_s,
         )
-        return {"weights": {str(k): v for k, v in written.items()}}
+        out: dict[str, Any] = {"weights": {str(k): v for k, v in written.items()}}
+        if by_class:
+            out["agent_classes"] = by_class
+        return out
 
     async def close(self) -> None:
         return None
 
 
 def _update_intent(route: GatewayRoute, intent: dict[str, Any], cmd: Command) -> dict[str, Any]:
-    intent = {k: dict(intent.get(k) or {}) for k in ("rules", "breakers", "canary")}
-    if cmd.kind == "route":
+    intent = {k: dict(intent.get(k) or {}) for k in ("rules", "breakers", "canary", "agents")}
+    if cmd.kind == "agents":
+        if not route.agent_pools:
+            raise BackendRejected(f"route {route.route}: agents commands need agent_pools in gateway_routes")
+        ws = cmd.payload.get("weights")
+        if not isinstance(ws, dict) or not all(
+            isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w >= 0 for w in ws.values()
+        ):
+            raise BackendRejected(f"agents: weights must map classes to finite numbers >= 0, got {ws!r}")
+        if not any(w > 0 for w in ws.values()):
+            raise BackendRejected("agents: no class has a positive weight")
+        intent["agents"] = {str(k): float(w) for k, w in sorted(ws.items())}
+    elif cmd.kind == "route":
         mapped = 0
         for cls, ws in (cmd.payload.get("weights") or {}).items():
             idx = route.rule_of(str(cls))

@@ -3,7 +3,8 @@
 Deterministic given ``FleetConfig.seed`` and the call sequence. The clock is
 trace time in seconds; records carry ``ts_ms = epoch_ms0 + round(t_s * 1000)``.
 Replica service is in :mod:`sim.replica`; this module owns the event heap,
-routing (least outstanding tokens among ready replicas of the zone, else the
+routing (among the ready replicas of the zone, least outstanding tokens or
+prefix-aware, ``FleetConfig.dispatch``: :mod:`controllers.dispatch`; else the
 zone queue), the replica life cycle ``starting -> ready -> draining -> gone``,
 fault injection and the request/GPU records. Which (zone, model) a request
 of a model family goes to by weights (:meth:`Fleet.submit_routed`) and
@@ -38,7 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from controllers.agent_weights import pool_shares
 from controllers.coupling import CouplingError, CouplingParams, NodeInfo, build_graph
+from controllers.dispatch import pick
 from sim.perf_model import PerfModel  # noqa: F401  (used by the doctests)
 from sim.replica import (
     DRAINING,
@@ -83,6 +86,7 @@ class Fleet:
         self.router = WeightedRouter(np.random.default_rng([config.seed, 2]))
         self.errors = ErrorInjector(np.random.default_rng([config.seed, 3]))
         self.routing_log: list[dict[str, Any]] = []
+        self._agent_pools: dict[tuple[str, str], dict[str, float]] = {}  # (zone, model) -> agent class weights
         for k in keys:
             for _ in range(config.initial_replicas):
                 self._new_replica(k, 0.0, ready=True)
@@ -148,10 +152,32 @@ class Fleet:
         if not ready:
             self._zone_q[key].append(req)
             return
-        r = min(ready, key=_load) if len(ready) > 1 else ready[0]
+        pools = self._agent_pools.get(key)
+        path = req.agent.get("agent_path") if pools and req.agent else None
+        if len(ready) == 1:
+            r = ready[0]
+        elif pools and isinstance(path, str):
+            r = _agent_pick(ready, pools, path)
+        elif self.config.dispatch.policy == "least-outstanding" or not req.hash_ids:
+            r = min(ready, key=_load)
+        else:
+            r = ready[self._prefix_pick(ready, req.hash_ids)]
         nxt = r.enqueue(req, t)
         if nxt is not None:
             self._push(nxt, _REPLICA, r, r.version)
+
+    def _prefix_pick(self, ready: list[Replica], ids: list[int]) -> int:
+        matched = []
+        for r in ready:
+            cache, n = r.cache, 0
+            for h in ids:
+                if h not in cache:
+                    break
+                n += 1
+            matched.append(n)
+        return pick(
+            [r.outstanding for r in ready], [r.in_flight for r in ready], matched, len(ids), self.config.dispatch
+        )
 
     def _network_ms(self) -> float:
         if not self._net:
@@ -272,6 +298,28 @@ class Fleet:
             {"t_s": max(float(t_s), self.now), "family": family, "request_class": request_class, "weights": out}
         )
         return out
+
+    def set_agent_routes(self, zone: str, model: str, weights: Mapping[str, float] | None) -> None:
+        """Route the agent classes of (zone, model) by ``weights`` (None or empty: stop).
+
+        What a gateway does with the ``_agents|<model>`` field (:mod:`executors.gateway`): a request
+        whose ``agent`` fields name an ``agent_path`` of positive weight goes to that class's pools,
+        here the ready replicas in order, split by :func:`controllers.agent_weights.pool_shares`;
+        among them the one with the fewest outstanding tokens per unit of the class's share (a
+        Gateway API implementation draws by the rule's weights instead).
+
+        >>> f = Fleet(FleetConfig(models={"m": PerfModel.from_splitwise()}, initial_replicas=2))
+        >>> f.set_agent_routes("az-a", "m", {"rag": 0.5, "tool": 0.0, "llm": 0.5})
+        >>> for i in range(4):
+        ...     f.submit(0.0, "az-a", "m", 100, 10, f"q{i}", agent={"agent_path": "llm"})
+        >>> sorted({r["node"] for r in f.advance_to(30.0)})     # llm holds the second replica only
+        ['az-a/m/r1']
+        """
+        key = self._key(zone, model)
+        if weights:
+            self._agent_pools[key] = {str(k): float(v) for k, v in weights.items()}
+        else:
+            self._agent_pools.pop(key, None)
 
     def submit_routed(
         self,
@@ -608,6 +656,16 @@ def _coupling_to(src: Replica, peers: list[Replica], params: CouplingParams) -> 
     except CouplingError:
         return {}  # over a bound: fall back to the choice without coupling
     return {p.node: g.coupling(src.node, p.node) for p in peers}
+
+
+def _agent_pick(ready: list[Replica], weights: Mapping[str, float], path: str) -> Replica:
+    """The replica of an agent class's pools (:func:`controllers.agent_weights.pool_shares` over the ready
+    replicas) with the fewest outstanding tokens per unit of the class's share; a class without a
+    share: least outstanding among all."""
+    share = pool_shares(weights, len(ready)).get(path)
+    if not share:
+        return min(ready, key=_load)
+    return ready[min((i for i, s in enumerate(share) if s > 0), key=lambda i: (ready[i].outstanding / share[i], i))]
 
 
 _load = operator.attrgetter("outstanding")  # least outstanding tokens; ties: first in order

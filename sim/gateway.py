@@ -5,7 +5,7 @@
   breakers (an open target gets nothing, a half-open one
   :data:`HALF_OPEN_SHARE` of its share for at most ``probe_budget``
   requests) and canary shares (``model`` -> ``model@version``).
-* :func:`sync_routing_from_redis` reads all three from the Redis hashes the
+* :func:`sync_routing_from_redis` reads them, and the agent class weights, from the Redis hashes the
   executors write (the contract is in :mod:`executors.backends`);
   :class:`CommandGateway` applies the commands themselves in memory, as an
   executor writes them and a gateway reads them (the traffic benchmarks,
@@ -91,9 +91,11 @@ class TrafficGate:
     ('m@v2', 'm')
     """
 
-    def __init__(self, rng: np.random.Generator) -> None:
+    def __init__(self, rng: np.random.Generator, *, agent_routes: bool = True) -> None:
         self._rng = rng
         self._draws: list[float] = []
+        self.agent_routes = agent_routes  # False: the agent class weights are read, not applied
+        self.agents: dict[tuple[str, str], dict[str, float]] = {}  # (zone, model) -> agent class weights
         self.routes: dict[tuple[str, str | None], dict[str, float]] = {}
         self.breakers: dict[str, BreakerView] = {}
         self.canary: dict[tuple[str, str], tuple[str, float]] = {}  # (zone, model) -> (variant, share)
@@ -131,6 +133,13 @@ class TrafficGate:
         if not 0.0 <= float(share) <= 1.0:
             raise FleetConfigError(f"canary share of {model!r} in {zone!r}: {share!r} not in [0, 1]")
         self.canary[(zone, model)] = (variant, float(share))
+
+    def set_agents(self, fleet: Any, zone: str, model: str, weights: dict[str, float]) -> None:
+        """Keep a zone's agent class weights; with ``agent_routes``, route the classes by them
+        (:meth:`sim.fleet.Fleet.set_agent_routes`)."""
+        self.agents[(zone, model)] = weights
+        if self.agent_routes and (zone, model) in fleet._reps:
+            fleet.set_agent_routes(zone, model, weights)
 
     def apply(self, fleet: Any, t_s: float) -> None:
         """Set every stored class's gated weights on ``fleet`` (its router)."""
@@ -179,6 +188,15 @@ def _changed(seen: dict[str, int], key: str, basis_ms: int) -> bool:
         return False
     seen[key] = basis_ms
     return True
+
+
+def _read_agents(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: bytes, seen: dict[str, int]) -> None:
+    a = json.loads(raw)
+    weights = {str(k): float(v) for k, v in a["weights"].items()}
+    if not all(w >= 0.0 for w in weights.values()) or not any(w > 0.0 for w in weights.values()):
+        raise ValueError(f"weights {weights!r}: need finite values >= 0, one > 0")
+    if _changed(seen, f"{zone}|{field}", int(a.get("basis_ms", 0))):
+        gate.set_agents(fleet, zone, field.partition("|")[2], weights)
 
 
 def _read_canary(fleet: Any, gate: TrafficGate, zone: str, field: str, raw: bytes, seen: dict[str, int]) -> None:
@@ -243,6 +261,12 @@ async def sync_routing_from_redis(
       in that zone sent to ``<model>@<version>`` when the fleet has both
       there (:meth:`TrafficGate.variant_for`); re-read when its ``basis_ms``
       differs from ``seen['<zone>|_canary|<model>']``.
+    * Agent classes, field ``_agents|<model>``: its ``weights`` (``rag``,
+      ``tool``, ``llm``) route requests whose ``agent_path`` is that class
+      to the class's share of the zone's replicas (:meth:`TrafficGate.set_agents`,
+      :meth:`sim.fleet.Fleet.set_agent_routes`; the gateway backend's
+      ``x-agent-class`` rules, :mod:`executors.gateway`); re-read when its
+      ``basis_ms`` differs from ``seen['<zone>|_agents|<model>']``.
     * Breakers, ``<prefix>:breaker:<zone>`` (field ``variant|zone``, JSON
       ``{"state", "probe_budget", "basis_ms", ...}``): the weights reach the
       router through :func:`gate_weights` (open: none, half-open: 5 % of the
@@ -264,17 +288,18 @@ async def sync_routing_from_redis(
         h = await redis.hgetall(names.routing_hash(prefix, zone))
         for raw_field, raw in sorted(h.items()):
             name = raw_field.decode()
-            if name.startswith("_canary|"):
+            read = {"_canary": _read_canary, "_agents": _read_agents}.get(name.partition("|")[0])
+            if read is not None:
                 try:
-                    _read_canary(fleet, gate, zone, name, raw, seen)
-                except (ValueError, KeyError, TypeError, FleetConfigError) as exc:
+                    read(fleet, gate, zone, name, raw, seen)
+                except (ValueError, KeyError, TypeError, AttributeError, FleetConfigError) as exc:
                     if _changed(seen, f"{zone}|{name}", -1):  # warn once, not every poll
-                        log.warning("canary field %s in %s: unusable (%s); skipped", name, zone, exc)
+                        log.warning("field %s in %s: unusable (%s); skipped", name, zone, exc)
         if not h or not _changed(seen, zone, int(h.get(b"_version", 0))):
             continue
         for raw_cls, raw in sorted(h.items()):
             cls = raw_cls.decode()
-            if cls.startswith("_"):  # _version, _canary|<model>: not request classes
+            if cls.startswith("_"):  # _version, _canary|<model>, _agents|<model>: not request classes
                 continue
             known = {}
             for key, w in json.loads(raw)["weights"].items():
@@ -302,7 +327,9 @@ class CommandGateway:
     and their targets the fleet lacks dropped; a breaker version re-gates the
     weights; a canary share applies where the fleet has both versions; the
     agent weights are kept per (zone, model) for the orchestrator
-    (:attr:`agents`).  A route command's model is the family routed.
+    (:attr:`agents`) and, with ``agent_routes``, route each agent class to its
+    share of the replicas (:meth:`TrafficGate.set_agents`).  A route command's
+    model is the family routed.
 
     >>> from sim.fleet import Fleet, FleetConfig
     >>> from sim.perf_model import PerfModel
@@ -317,10 +344,10 @@ class CommandGateway:
     False
     """
 
-    def __init__(self, fleet: Any, rng: np.random.Generator) -> None:
+    def __init__(self, fleet: Any, rng: np.random.Generator, *, agent_routes: bool = True) -> None:
         self.fleet = fleet
-        self.gate = TrafficGate(rng)
-        self.agents: dict[tuple[str, str], dict[str, float]] = {}  # (zone, model) -> path weights
+        self.gate = TrafficGate(rng, agent_routes=agent_routes)
+        self.agents = self.gate.agents  # (zone, model) -> path weights
         self.applied: list[Command] = []
         self._last_basis: dict[tuple[str, str, str], int] = {}
 
@@ -356,7 +383,7 @@ class CommandGateway:
             else:
                 gate.canary.pop((cmd.zone, cmd.model), None)
         else:
-            self.agents[(cmd.zone, cmd.model)] = {k: float(v) for k, v in p["weights"].items()}
+            gate.set_agents(self.fleet, cmd.zone, cmd.model, {k: float(v) for k, v in p["weights"].items()})
         return True
 
     def submit(

@@ -15,7 +15,10 @@ The fleet is the event-driven model of :mod:`sim.fleet`; this driver
   fleet has it), and the breakers of ``<prefix>:breaker:<zone>`` -- an open
   target gets no requests (its weight is removed and the rest renormalised;
   without route weights the zone choice avoids it), a half-open one 5 % of its
-  share and at most ``probe_budget`` requests per breaker version;
+  share and at most ``probe_budget`` requests per breaker version; the agent
+  class weights ``_agents|<model>`` route requests that carry an
+  ``agent_path`` (:meth:`sim.fleet.Fleet.set_agent_routes`; the trace replay
+  carries none, ``bench/agents_live.py`` does);
   ``stats.routed`` counts the requests per ``"variant|zone"``,
 * drains the KV relocation requests the executors push to the Redis list
   ``<prefix>:fleet:<zone>:relocate`` (JSON ``{"node", "model", "max_bytes",

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controllers.dispatch import DispatchParams
 from sim.kvalloc import COPY_BANDWIDTH_BYTES_S, ContiguousKvAllocator, PagedKvAllocator
 from sim.perf_model import PerfModel
 from sim.sde import JitterProcess
@@ -81,6 +82,9 @@ class FleetConfig:
         ``'reserve'`` (token counting, the default), ``'contiguous'`` or
         ``'paged'`` (see the module docstring); per-GPU copy bandwidth of a
         compaction (times ``tensor_parallel``).
+    dispatch : DispatchParams
+        How a request picks a replica of its (zone, model): least outstanding
+        tokens (the default) or prefix-aware (:mod:`controllers.dispatch`).
     """
 
     models: Mapping[str, PerfModel]
@@ -103,6 +107,7 @@ class FleetConfig:
     seed: int = 0
     kv_allocator: str = "reserve"
     kv_copy_bandwidth_bytes_s: float = COPY_BANDWIDTH_BYTES_S
+    dispatch: DispatchParams = DispatchParams()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "zones", tuple(self.zones))

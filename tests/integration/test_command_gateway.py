@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 BIG, SMALL = "bloom-176b", "llama2-70b"
 ZONES = ("az-a", "az-b")
+SIGNALS = {"stability": 0.9, "rag_score": 0.9, "tool_conf": 0.2}
 
 
 @pytest.fixture
@@ -80,6 +81,7 @@ STEPS = [
     _breaker(f"{BIG}|az-a", "half_open", 3, 30_000),
     _cmds("route", BIG, {"weights": {"*": {f"{BIG}|az-b": 2.0, "ghost|az-a": 5.0, f"{SMALL}|az-a": 1.0}}}, 40_000),
     _breaker(f"{BIG}|az-a", "closed", 0, 50_000),
+    _cmds("agents", SMALL, {"weights": {"rag": 0.5, "tool": 0.1, "llm": 0.4}, "signals": SIGNALS, "paths": {}}, 50_000),
 ]
 
 
@@ -90,6 +92,8 @@ def _view(fleet: Fleet, gate: TrafficGate) -> dict[str, Any]:
         "breakers": {t: (b.state, b.probe_budget) for t, b in gate.breakers.items()},
         "canary": dict(gate.canary),
         "routes": dict(gate.routes),
+        "agents": dict(gate.agents),
+        "agent_routes": dict(fleet._agent_pools),  # what the fleet's dispatch applies
     }
 
 
@@ -108,3 +112,4 @@ async def test_gateway_in_memory_equals_backend_then_redis(settings: Settings, r
     # what the steps did: the open breaker took az-a's primary out, the ghost target was dropped
     assert "ghost|az-a" not in in_memory.fleet.router.weights(BIG)
     assert in_memory.gate.canary[("az-a", SMALL)] == (f"{SMALL}@v2", 0.05)
+    assert in_memory.fleet._agent_pools[("az-b", SMALL)] == {"rag": 0.5, "tool": 0.1, "llm": 0.4}
