@@ -40,8 +40,10 @@ from tests.integration.zone_proxy import DelayProxy
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 MODEL = "m"
-#: zone -> (one-way delay of its path to Redis, ms; error of its executor's clock, ms)
-ZONES = {"az-a": (3.0, 400.0), "az-b": (60.0, -250.0)}
+#: zone -> (one-way delay of its path to Redis, ms; error of its executor's clock, ms).  The delays can be set
+#: for the report (GOVERNOR_SKEW_ONE_WAY_MS=0.2,9.35: the design source's az-a<->az-b RTT of 18.7 ms).
+_A, _B = (float(x) for x in os.environ.get("GOVERNOR_SKEW_ONE_WAY_MS", "3,60").split(","))
+ZONES = {"az-a": (_A, 400.0), "az-b": (_B, -250.0)}
 WORKER_OFFSET_MS = 120.0
 MARGIN_MS = 50.0
 #: Reroutes of each kind (GOVERNOR_SKEW_TRIALS=20 for the figures in the report: about 1.5 s a pair).
@@ -124,6 +126,7 @@ class Rig:
 
     async def reroute(self, with_apply_at: bool) -> tuple[dict[str, float], dict[str, Any]]:
         """One reroute for both zones; the zones' call times (and ``"issued"``, host ms) and the plan's fields."""
+        await self.observe_clocks()  # the worker reads them every second
         self.basis += 1
         issued, now = time.time() * 1000.0, self.clock.now_ms()
         detail = (self.loop.plan_apply_at(now, self.settings.zones) or {}) if with_apply_at else {}
@@ -161,7 +164,7 @@ async def rig(settings: Settings) -> Any:
                 await r.aclose()
 
 
-async def _warm_up(r: Rig) -> None:
+async def _warm_up(r: Rig, hold: bool = True) -> None:
     """A single-zone command per zone (twice), then one held reroute: the executors measure their lead from
     real deliveries and releases, as a running fleet has."""
     await asyncio.sleep(1.0)  # probes every 0.1 s: RTT and offsets settle
@@ -175,9 +178,10 @@ async def _warm_up(r: Rig) -> None:
     for _ in range(5):
         await r.observe_clocks()
         await asyncio.sleep(0.05)
-    await r.reroute(with_apply_at=True)  # one hold: the executors measure their release's checks and wake-up
-    await asyncio.sleep(0.5)
-    await r.observe_clocks()
+    if hold:  # one hold: the executors measure their release's checks and wake-up
+        await r.reroute(with_apply_at=True)
+        await asyncio.sleep(0.5)
+        await r.observe_clocks()
 
 
 async def test_a_reroute_lands_in_both_zones_within_the_margin_and_without_apply_at_it_does_not(
@@ -208,14 +212,15 @@ async def test_a_reroute_lands_in_both_zones_within_the_margin_and_without_apply
         # 64 ms here), or the margin when that is smaller; on this host the median is a few ms.
         for skew, bound in zip(skews["with"], bounds, strict=True):
             assert skew <= max(bound, MARGIN_MS), (skews, bounds)
-        # Without: az-b's extra round trips (57 ms each way) before its backend call, several hundred ms.
-        assert min(skews["without"]) >= 300.0, skews
+        # Without: az-b's extra round trips before its backend call (the stream read, the executor's five
+        # reads and the pause read: about 20 times the one-way difference; 10 asserted).
+        assert min(skews["without"]) >= 10 * (_B - _A), skews
 
 
 def _report(runs: dict[str, list[dict[str, float]]]) -> str:
     """The skew (az-b minus az-a, ms) and the delay to the later zone's act, with and without, beside the source."""
     lines = [
-        f"cross-zone reroute, {TRIALS} each: az-a 3 ms / az-b 60 ms one way to Redis, clocks +400 / -250 ms "
+        f"cross-zone reroute, {TRIALS} each: az-a {_A:g} ms / az-b {_B:g} ms one way to Redis, clocks +400 / -250 ms "
         f"(worker +{WORKER_OFFSET_MS:g})",
         "            mean |skew|   sigma   max |skew|   delay to last act",
     ]
@@ -234,12 +239,12 @@ def _report(runs: dict[str, list[dict[str, float]]]) -> str:
 
 async def test_one_zone_actions_are_not_put_off(settings: Settings) -> None:
     async with rig(settings) as r:
-        await _warm_up(r)
+        await _warm_up(r, hold=False)
         now = r.clock.now_ms()
         assert r.loop.plan_apply_at(now, ["az-b"]) is None
         # A route for az-b alone: applied on arrival, well before any cross-zone lead.
         lead = r.loop.plan_apply_at(now, r.settings.zones)
-        assert lead is not None and lead["apply_lead_ms"] > 300
+        assert lead is not None and lead["apply_lead_ms"] > 10 * _B
         r.basis += 1
         cmd = _route("az-b", r.basis, now, {})
         sent = time.time() * 1000.0
