@@ -332,7 +332,8 @@ class Worker:
         await self.perform(self.loop.observe(event))
 
     async def watch_liveness(self) -> None:
-        """Executor heartbeats (zone loss needs its executor gone) and silent (model, zone)s, every >= 1 s."""
+        """Executor heartbeats (zone loss needs its executor gone; their measured leads and one Redis TIME
+        exchange plan cross-zone apply_at_ms) and silent (model, zone)s, every >= 1 s."""
         if self.now_s() < self.next_heartbeat_read:
             return
         self.next_heartbeat_read = self.now_s() + 1.0
