@@ -5,6 +5,11 @@ Production runs at ``speed=1``: ``now_ms()`` is the wall clock.  A replay
 of one run shares ``origin_s`` and ``speed`` through the settings, so the
 fleet, the stream worker and the executors agree on what "now" is and on
 when a command expires.
+
+``offset_ms`` shifts this process's idea of the wall clock (a test hook: the
+cross-zone tests give each executor a clock that is off by a known amount;
+production leaves it 0).  Everything the clock answers moves with it,
+``now_ms``, ``wall_ms`` and the stamp.
 """
 
 from __future__ import annotations
@@ -17,11 +22,16 @@ from dataclasses import dataclass
 class ScaledClock:
     speed: float = 1.0
     origin_s: float = 0.0  # wall epoch seconds where scaled time == wall time
+    offset_ms: float = 0.0  # injected error of this process's wall clock (tests; 0 in production)
+
+    def wall_ms(self) -> float:
+        """This process's wall clock, ms (the system clock plus the injected ``offset_ms``)."""
+        return time.time() * 1000.0 + self.offset_ms
 
     def now_ms(self) -> int:
-        wall = time.time()
         if self.speed == 1.0 or self.origin_s <= 0:
-            return int(wall * 1000)
+            return int(self.wall_ms())
+        wall = self.wall_ms() / 1000.0
         return int((self.origin_s + (wall - self.origin_s) * self.speed) * 1000)
 
     def stamp(self) -> dict[str, float]:
@@ -30,7 +40,7 @@ class ScaledClock:
         times into wall ages without being told ``GOVERNOR_CLOCK_SPEED`` / ``GOVERNOR_CLOCK_ORIGIN_S``."""
         return {
             "ts_ms": self.now_ms(),
-            "wall_ms": int(time.time() * 1000),
+            "wall_ms": int(self.wall_ms()),
             "clock_speed": self.speed,
             "clock_origin_s": self.origin_s,
         }

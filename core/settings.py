@@ -544,6 +544,29 @@ class Settings:
         "float",
         ge=0,
     )
+    apply_at_max_lead_ms: float = _setting(
+        3000.0,
+        "GOVERNOR_APPLY_AT_MAX_LEAD_MS",
+        "most a cross-zone action (route, scale, canary for several zones in one decision) is put off so its zones "
+        "act together (detail.apply_at_ms; capped at GOVERNOR_MAX_CLOCK_SKEW_S and half GOVERNOR_COMMAND_TTL_S); "
+        "0 = they apply on arrival",
+        "float",
+        ge=0,
+    )
+    apply_at_margin_ms: float = _setting(
+        50.0,
+        "GOVERNOR_APPLY_AT_MARGIN_MS",
+        "added to the largest lead the zones' executors measured (their heartbeats) for a cross-zone action",
+        "float",
+        ge=0,
+    )
+    apply_at_fallback_ms: float = _setting(
+        1000.0,
+        "GOVERNOR_APPLY_AT_FALLBACK_MS",
+        "the fixed lead of a cross-zone action while a live zone has no fresh measurement (at most the max lead)",
+        "float",
+        ge=0,
+    )
     snapshot_max_age_s: float = _setting(
         3600.0,
         "GOVERNOR_SNAPSHOT_MAX_AGE_S",
@@ -1168,9 +1191,29 @@ class Settings:
                     f"GOVERNOR_COMMAND_KEYS=(secret): {exc}", field="command_keys", reason=str(exc)
                 ) from None
 
+        apply_at_problem = self._apply_at_reason()
+        if apply_at_problem:
+            name, reason = apply_at_problem
+            raise SettingsError(
+                f"GOVERNOR_APPLY_AT_FALLBACK_MS={self.apply_at_fallback_ms:g}: {reason}", field=name, reason=reason
+            )
         transport_problem = transport_reason(self)
         if transport_problem:
             raise SettingsError(transport_problem)
+
+    def _apply_at_reason(self) -> tuple[str, str] | None:
+        """The fallback lead within the max lead (the max lead itself is capped where it is used,
+        :meth:`apply_at_lead_cap_ms`)."""
+        lead = self.apply_at_max_lead_ms
+        if lead and self.apply_at_fallback_ms > lead:
+            return "apply_at_fallback_ms", f"must not exceed GOVERNOR_APPLY_AT_MAX_LEAD_MS ({lead:g})"
+        return None
+
+    def apply_at_lead_cap_ms(self) -> float:
+        """The most a cross-zone action is put off (wall ms): GOVERNOR_APPLY_AT_MAX_LEAD_MS, but never past
+        what the executors accept ahead of their clock (GOVERNOR_MAX_CLOCK_SKEW_S) nor half a command's
+        lifetime (GOVERNOR_COMMAND_TTL_S), so a held command cannot expire for its lead."""
+        return min(self.apply_at_max_lead_ms, self.max_clock_skew_s * 1000, self.command_ttl_s * 500)
 
     def keyring(self) -> Keyring | None:
         """The command signing keys (:mod:`core.signing`), or None when none is configured."""
@@ -1363,7 +1406,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "routing": ("fallbacks",),
     "breaker": ("breaker_min_requests",),
-    "commands": ("command_ttl_s", "command_keys", "command_keys_file", "max_clock_skew_s", "accept_unsigned_v1"),
+    "commands": (
+        "command_ttl_s", "command_keys", "command_keys_file", "max_clock_skew_s", "accept_unsigned_v1",
+        "apply_at_max_lead_ms", "apply_at_margin_ms", "apply_at_fallback_ms",
+    ),
     "executors": (
         "max_deliveries", "heartbeat_s", "executor_backends", "workloads", "gateway_routes", "k8s_api_url",
         "kubeconfig", "platform_replicas_s",

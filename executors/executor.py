@@ -165,9 +165,11 @@ class ZoneExecutor:
         self.intake = Intake(zone, guard.keyring.key_ids, guard.accept_unsigned_v1, reg)
         self.held: dict[str, Held] = {}  # by Command.order_field: commands waiting for apply_at_ms
         self.timing = timing or ZoneTiming(
-            zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor
-        )
+            zone, redis, producer=results, results_topic=results_topic, registry=reg, factor=rtt_factor,
+            wall_ms=clock.wall_ms,
+        )  # fmt: skip
         self.heartbeat = Heartbeat(redis, prefix, zone, self.executor_id, backend.name, heartbeat_s, clock.now_ms, reg)
+        self.heartbeat.timing = self.timing.summary  # the worker's apply_at_ms for cross-zone actions
         # Outcomes the fleet reports after the command (relocations): relayed to the results topic.
         source, by = getattr(backend, "outcomes_key", None), applied_by(backend, "relocate")
         inflight = names.relocation_inflight(prefix, zone)
@@ -223,7 +225,8 @@ class ZoneExecutor:
         if target is None or target <= self.corrected_now_ms():
             return None
         room_ms = min(self.guard.max_clock_skew_s * 1000 * self.clock.speed, cmd.expires_at_ms - now)
-        return Held(entry_id, fields, cmd, target, time.monotonic() + self.clock.to_wall_s(max(0.0, room_ms)))
+        until = time.monotonic() + self.clock.to_wall_s(max(0.0, room_ms))
+        return Held(entry_id, fields, cmd, target, until, self.timing.prep_ms() * self.clock.speed)
 
     def _block_ms(self) -> int:
         """XREADGROUP's block: ``block_ms``, shorter when a held command is due sooner (never 0: forever)."""
@@ -249,13 +252,23 @@ class ZoneExecutor:
         return done
 
     async def _release(self, h: Held) -> int:
-        if apply_at(h.cmd) is not None and h.target_ms > self.corrected_now_ms():
-            log.info("executor %s: %s held to its limit, apply_at_ms not reached", self.zone, h.cmd.command_id)
-        refused = await self._order_refusal(h.cmd)  # a peer may have applied something meanwhile
+        """The checks first (a peer may have applied something meanwhile; the pause), then the wait for the
+        time itself, then the backend: the checks' Redis round trips end before ``apply_at_ms``."""
+        started = time.monotonic()
+        if h.early_ms > 0:  # how late the poll loop came to it: the next holds end that much earlier
+            self.timing.observe_wake((self.corrected_now_ms() - (h.target_ms - h.early_ms)) / self.clock.speed)
+        refused = await self._order_refusal(h.cmd)
         if refused is not None:
             await self._finish(h.entry_id, h.cmd, *refused)
             return 1
-        return await self._apply(h.entry_id, h.cmd)
+        pause = await self.paused()
+        self.timing.observe_prep((time.monotonic() - started) * 1000.0)
+        wait_s = h.wait_s(self.corrected_now_ms(), self.clock.to_wall_s, time.monotonic(), early_ms=0.0)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        if apply_at(h.cmd) is not None and h.target_ms > self.corrected_now_ms():
+            log.info("executor %s: %s held to its limit, apply_at_ms not reached", self.zone, h.cmd.command_id)
+        return await self._apply(h.entry_id, h.cmd, (pause,))
 
     async def paused(self) -> dict[str, Any] | None:
         """The pause set by ``governor pause`` (``{"reason", "paused_at_ms"}``), or None; sets the gauge."""
@@ -406,6 +419,8 @@ class ZoneExecutor:
                 return 1
             del self.held[cmd.order_field]
             await self._finish(prev.entry_id, prev.cmd, "stale", f"superseded by {cmd.command_id}", now)
+        if deliveries == 1:
+            self.timing.observe_ready(entry_id)  # the zone's lead, for the worker's apply_at_ms
         held = self._hold(entry_id, fields, cmd)
         if held is not None:
             self.held[cmd.order_field] = held
@@ -427,15 +442,16 @@ class ZoneExecutor:
             return "stale", f"basis {cmd.basis_ms} older than applied {last_basis}", now, None
         return None
 
-    async def _apply(self, entry_id: bytes | str, cmd: Command) -> int:
-        """The last steps of an admitted command: expiry after a hold, the pause, the backend, the marker."""
+    async def _apply(self, entry_id: bytes | str, cmd: Command, paused: tuple[dict[str, Any] | None, ...] = ()) -> int:
+        """The last steps of an admitted command: expiry after a hold, the pause (``paused``: as read just
+        before, else read now), the backend, the marker."""
         now = self.clock.now_ms()
         if apply_at(cmd) is not None and cmd.expired(self.clock.now_ms()):
             self.metrics.expired.labels(self.zone).inc()
             why = f"apply_at_ms {apply_at(cmd)} not reached before expires_at_ms {cmd.expires_at_ms}"
             await self._finish(entry_id, cmd, "expired", why, self.clock.now_ms())
             return 1
-        pause = await self.paused()
+        pause = paused[0] if paused else await self.paused()
         if pause is not None:
             # Kill switch: acknowledged and reported, nothing applied; only its marker is kept, so a
             # replay after resume is a duplicate (a new decision has a new command_id).

@@ -3,8 +3,10 @@
 Every ``interval_s`` (``GOVERNOR_HEARTBEAT_S``, default 5) a running
 :class:`~executors.executor.ZoneExecutor` writes
 :func:`core.names.executor_heartbeat` (``SET ... PX``) with a TTL of three
-intervals, JSON ``{"ts_ms", "wall_ms", "executor", "backend"}`` (``executor``: a unique
-id of this process, ``ts_ms``: its clock, ``wall_ms``: the wall clock).  While the key exists some
+intervals, JSON ``{"ts_ms", "wall_ms", "executor", "backend", "timing"}`` (``executor``: a unique
+id of this process, ``ts_ms``: its clock, ``wall_ms``: the wall clock, ``timing``: once
+probed, the zone's measured lead for cross-zone actions,
+:meth:`executors.timing.ZoneTiming.summary`, read by the worker).  While the key exists some
 executor of the zone is alive; it disappears at most three intervals after
 the last one stopped or lost Redis.  A clean stop expires the key at once
 when this executor wrote it last (an optimistic compare-and-expire:
@@ -57,6 +59,7 @@ class Heartbeat:
         self.written = 0
         self.failures = 0
         self._last: bytes = b""
+        self.timing: Callable[[], dict[str, Any] | None] | None = None  # the zone's measured lead, if any
         r = registry or CollectorRegistry()
         self.g_last = Gauge(
             "governor_executor_heartbeat_ms", "executor clock of the last heartbeat written", ("zone",), registry=r
@@ -73,7 +76,15 @@ class Heartbeat:
         """Write the key once; whether it was written (a failure is logged and counted)."""
         now = self.now_ms()
         wall_ms = int(time.time() * 1000)  # status's age: wall time, whatever the run's clock
-        value = orjson.dumps({"ts_ms": now, "wall_ms": wall_ms, "executor": self.executor, "backend": self.backend})
+        beat: dict[str, Any] = {"ts_ms": now, "wall_ms": wall_ms, "executor": self.executor, "backend": self.backend}
+        try:
+            timing = self.timing() if self.timing is not None else None
+        except Exception:  # noqa: BLE001 - the beat goes out without it: the worker's fixed lead then
+            log.exception("executor %s: timing summary failed; heartbeat written without it", self.zone)
+            timing = None
+        if timing is not None:
+            beat["timing"] = timing
+        value = orjson.dumps(beat)
         try:
             await self.redis.set(self.key, value, px=self.ttl_ms)
         except Exception as exc:  # noqa: BLE001 - never stops the executor

@@ -20,6 +20,16 @@ Each probe is published to the results topic as a ``timing`` record
 ``base``, ``compensation``) and ``governor_zone_clock_offset_ms{zone}`` on
 the executor's registry.
 
+The lead a cross-zone command needs here (:meth:`ZoneTiming.lead_ms`, in
+the heartbeat for the worker, :mod:`controllers.apply_at`): the largest of
+the last 8 delays from the bridge's ``XADD`` (the entry id: Redis's clock)
+to the command being ready to apply here (this clock corrected by the
+offset, so no clock difference enters it; :meth:`ZoneTiming.observe_ready`),
+plus the checks a held command's release repeats (measured; at least 4
+probe RTTs) and how late the poll loop comes to a due hold (measured; at
+least 3 probe RTTs: its ``XAUTOCLAIM``, pause read and blocked read).  Before
+any command arrived the ready delay is taken as 4 RTT compensations.
+
 Apply at a compensated time: a command whose ``detail`` has ``apply_at_ms``
 (on the shared run clock, i.e. the reference clock) is held until this
 executor's clock *corrected by the estimated offset* (``now + offset``; the
@@ -27,6 +37,9 @@ offset is Redis minus local, scaled by the clock speed) reaches it, but never
 past ``expires_at_ms`` -- if the wait reaches the expiry the command is
 refused as ``expired`` -- and never longer than ``GOVERNOR_MAX_CLOCK_SKEW_S``
 (wall time; the guard refuses an ``apply_at_ms`` further ahead anyway).
+The hold ends early by the release's checks and the poll's lateness: the checks run
+then, and the backend is called once the corrected clock reaches the time,
+so the zone's own Redis round trips do not add to its apply time.
 A held command holds only itself: the executor keeps it as a :class:`Held`
 (its stream entry stays pending, unacknowledged) and goes on polling, so
 commands for other models apply meanwhile; a later command for the same
@@ -46,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,8 +97,14 @@ class ZoneTiming:
         factor: float | None = None,
         window: int = 5,
         offset_window: int = 8,
+        wall_ms: Callable[[], float] = _wall_ms,
     ) -> None:
         self.zone = zone
+        self.wall_ms = wall_ms  # this process's wall clock (ScaledClock.wall_ms: an injected offset moves it)
+        self.ready: deque[float] = deque(maxlen=offset_window)  # XADD -> ready to apply, reference ms
+        self.prep: deque[float] = deque(maxlen=offset_window)  # a held command's release checks, wall ms
+        self.wake: deque[float] = deque(maxlen=offset_window)  # the poll loop's lateness to a due hold, wall ms
+        self.probed_ms: float | None = None  # this wall clock at the last probe
         self.redis = redis
         self.producer = producer
         self.results_topic = results_topic
@@ -112,18 +132,70 @@ class ZoneTiming:
         if delay_ms > 0:
             self.rtt = self.rtt.observe_delay(self.zone, delay_ms)
 
+    def observe_ready(self, entry_id: bytes | str) -> float | None:
+        """One delay from the ``XADD`` of stream entry ``entry_id`` to now, on the reference clock (the
+        entry id's ms are Redis's); kept when plausible (0 to 60 s, after a probe), returned."""
+        raw = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else str(entry_id)
+        ms, _, _ = raw.partition("-")
+        if not self.probes or not ms.isdigit():
+            return None
+        delay = self.wall_ms() + self.offset_ms() - int(ms)
+        if not 0.0 <= delay < 60_000.0:
+            return None
+        self.ready.append(delay)
+        return delay
+
+    def observe_prep(self, spent_ms: float) -> None:
+        """How long one held command's release checks took (wall ms)."""
+        if 0.0 <= spent_ms < 60_000.0:
+            self.prep.append(spent_ms)
+
+    def observe_wake(self, late_ms: float) -> None:
+        """How late (wall ms) the poll loop came to a held command that was due."""
+        if 0.0 <= late_ms < 60_000.0:
+            self.wake.append(late_ms)
+
+    def prep_ms(self) -> float:
+        """How early a hold ends: the release's checks (the largest of the last 8, at least 4 probe RTTs: its
+        four Redis reads) and the poll loop's lateness (the largest of the last 8, at least 3 probe RTTs: its
+        XAUTOCLAIM, pause read and blocked read)."""
+        base = self.rtt.base_ms(self.zone)
+        return max([4.0 * base, *self.prep]) + max([3.0 * base, *self.wake])
+
+    def lead_ms(self) -> float:
+        """The lead a command needs to be applied here on time, wall ms (see the module docstring)."""
+        ready = max(self.ready) if self.ready else 4.0 * self.rtt.compensation_ms(self.zone)
+        return ready + self.prep_ms()
+
+    def summary(self) -> dict[str, Any] | None:
+        """What the heartbeat publishes for the worker (:func:`controllers.apply_at.parse_zone_lead`); None
+        before the first probe."""
+        if self.probed_ms is None:
+            return None
+        return {
+            "lead_ms": round(self.lead_ms(), 3),
+            "ready_ms": round(max(self.ready), 3) if self.ready else None,
+            "prep_ms": round(self.prep_ms(), 3),
+            "rtt_ms": round(self.rtt.base_ms(self.zone), 3),
+            "offset_ms": round(self.offset_ms(), 3),
+            "offset_error_ms": round(self.offset.error_bound_ms(), 3),
+            "age_ms": round(max(0.0, self.wall_ms() - self.probed_ms), 3),
+            "samples": len(self.ready),
+        }
+
     async def probe_once(self) -> dict[str, Any]:
         """One PING + one TIME exchange (+ the Kafka publish of the record); returns the record."""
         p0 = time.perf_counter()
         await self.redis.ping()
         redis_rtt = max((time.perf_counter() - p0) * 1000.0, 1e-3)
         self.rtt = self.rtt.probe(self.zone, redis_rtt)
-        t0 = _wall_ms()
+        t0 = self.wall_ms()
         secs, usecs = await self.redis.time()
-        t3 = _wall_ms()
+        t3 = self.wall_ms()
         server = secs * 1000.0 + usecs / 1000.0
         self.offset = self.offset.sample(t0, server, server, t3)
         self.probes += 1
+        self.probed_ms = t3
         base, comp, offset = (self.rtt.base_ms(self.zone), self.rtt.compensation_ms(self.zone), self.offset.offset_ms())
         record: dict[str, Any] = {
             "schema_version": TIMING_SCHEMA_VERSION,
@@ -177,13 +249,17 @@ class Held:
     cmd: Command
     target_ms: float
     until_s: float
+    early_ms: float = 0.0  # the release starts this much (run ms) before target_ms: its checks, then the wait
 
     def due(self, corrected_now_ms: float, monotonic_s: float) -> bool:
-        return corrected_now_ms >= self.target_ms or monotonic_s >= self.until_s
+        return corrected_now_ms >= self.target_ms - self.early_ms or monotonic_s >= self.until_s
 
-    def wait_s(self, corrected_now_ms: float, to_wall_s: Callable[[float], float], monotonic_s: float) -> float:
-        """Wall seconds until this is due (0 when it is)."""
-        return max(0.0, min(to_wall_s(self.target_ms - corrected_now_ms), self.until_s - monotonic_s))
+    def wait_s(
+        self, corrected_now_ms: float, to_wall_s: Callable[[float], float], monotonic_s: float, early_ms: float = -1.0
+    ) -> float:
+        """Wall seconds until this is due (0 when it is); ``early_ms`` (default: its own) before ``target_ms``."""
+        early = self.early_ms if early_ms < 0 else early_ms
+        return max(0.0, min(to_wall_s(self.target_ms - early - corrected_now_ms), self.until_s - monotonic_s))
 
 
 def supersedes(new: Command, held: Command) -> bool:

@@ -49,6 +49,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from controllers.apply_at import ApplyAtParams, ApplyAtPlanner
 from controllers.window_record import WindowRecord, WindowRecordError, decode_window
 from core import names
 from core.budget import Allowance
@@ -66,6 +68,7 @@ from loop.agent_weights_driver import AgentWeightsDriver
 from loop.breaker_driver import BreakerDriver
 from loop.canary_driver import CanaryDriver
 from loop.commands import Command
+from loop.cross_zone import stamp_cross_zone
 from loop.effects import (
     AdmissionEntries,
     Allowances,
@@ -77,6 +80,7 @@ from loop.effects import (
     Rollout,
     StatusRow,
     Tick,
+    ZoneClocks,
 )
 from loop.errors import SnapshotVersionError
 from loop.kv_policy_driver import KvPolicyDriver
@@ -170,6 +174,14 @@ class ControlLoop:
         self.admission = AdmissionDriver(settings.window_s, metrics)  # periodic agent tasks
         self._admission_key = names.admission(settings.topic_prefix)
         self._last_drift: dict[tuple[str, str], dict[str, Any]] = {}  # the status rows' last drift per key
+        # Cross-zone actions land together: apply_at_ms from the executors' measured leads (loop/cross_zone.py).
+        cap = settings.apply_at_lead_cap_ms()
+        self.apply_at = ApplyAtPlanner(
+            ApplyAtParams(
+                settings.apply_at_margin_ms, min(settings.apply_at_fallback_ms, cap), cap, 3000 * settings.heartbeat_s
+            ),
+            speed=settings.clock_speed,
+        )
 
     @property
     def drivers(self) -> dict[str, Driver]:
@@ -316,9 +328,15 @@ class ControlLoop:
         if w.scope == "zone":
             self.export_targets(w.model, w.zone)
             out.status.append(self._status_row(seen, out.events, now_ms))
+        stamp_cross_zone(out, functools.partial(self.plan_apply_at, now_ms))
         if self.metrics is not None:
             self._export(out)
         return out
+
+    def plan_apply_at(self, now_ms: int, zones: Collection[str]) -> dict[str, Any] | None:
+        """The ``detail`` fields of an action for ``zones`` that must land together (None: one zone)."""
+        plan = self.apply_at.plan(now_ms, zones, self.scaler.alive)
+        return None if plan is None else plan.detail()
 
     def _canary(self, w: WindowRecord, now_ms: int, out: Effects) -> None:
         try:
@@ -373,7 +391,16 @@ class ControlLoop:
                 out.writes.append(HashWrite(self._admission_key, writes, reviewed=event.entries))
         elif isinstance(event, Tick):
             out.events = self.check_silence(event.now_ms)
+        elif isinstance(event, ZoneClocks):
+            self._zone_clocks(event)
         return out
+
+    def _zone_clocks(self, event: ZoneClocks) -> None:
+        before = self.apply_at.refused
+        self.apply_at = self.apply_at.observe(event.beats, event.now_ms, event.clock)
+        for zone, why in self.apply_at.refused.items():
+            if before.get(zone) != why:  # said once per change
+                log.warning("timing of %s not believed for apply_at_ms (%s): its fixed lead instead", zone, why)
 
     def _platform_replicas(self, zone: str, fields: Mapping[Any, Any]) -> None:
         refused = self.platform.set(zone, fields)

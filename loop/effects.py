@@ -35,6 +35,7 @@ __all__ = [
     "StatusRow",
     "SwapWrite",
     "Tick",
+    "ZoneClocks",
 ]
 
 
@@ -89,7 +90,18 @@ class Tick:
     now_ms: int
 
 
-InputEvent = Heartbeats | Allowances | PlatformReplicas | Rollout | AdmissionEntries | Tick
+@dataclass(frozen=True)
+class ZoneClocks:
+    """The executors' heartbeats as read (decoded, by zone; None: no view) with the measured lead in each
+    (``timing``), and one exchange ``(t0, redis_time, t3)`` of the worker's wall clock against Redis
+    ``TIME`` (None: not read), at ``now_ms``: what ``apply_at_ms`` is planned from (:mod:`controllers.apply_at`)."""
+
+    beats: Mapping[str, Any] | None
+    clock: tuple[float, float, float] | None
+    now_ms: int
+
+
+InputEvent = Heartbeats | Allowances | PlatformReplicas | Rollout | AdmissionEntries | Tick | ZoneClocks
 
 
 # -- effects ---------------------------------------------------------------------------------

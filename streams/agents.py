@@ -336,7 +336,8 @@ class Worker:
         await self.perform(self.loop.observe(event))
 
     async def watch_liveness(self) -> None:
-        """Executor heartbeats (zone loss needs its executor gone) and silent (model, zone)s, every >= 1 s."""
+        """Executor heartbeats (zone loss needs its executor gone; their measured leads and one Redis TIME
+        exchange plan cross-zone apply_at_ms) and silent (model, zone)s, every >= 1 s."""
         if self.now_s() < self.next_heartbeat_read:
             return
         self.next_heartbeat_read = self.now_s() + 1.0
@@ -348,6 +349,7 @@ class Worker:
             effects.Heartbeats(None if read is None else [z for z, b in zip(zones, read[:n], strict=True) if b])
         )
         await self.observe(effects.Allowances(None if read is None else dict(zip(zones, read[n:], strict=True))))
+        await self.observe(effects.ZoneClocks(zone_beats(zones, read), await self.redis_clock(), self.clock.now_ms()))
         self.review_admission()
         for zone, key in self.platform_keys:  # replica truth from the platform (loop/platform_truth.py)
             fields = await self.side.call("platform replicas", functools.partial(self.redis.hgetall, key))
@@ -355,6 +357,15 @@ class Worker:
         await self.observe(effects.Tick(self.clock.now_ms()))
         await self.retune.tick()
         await self.beat()
+
+    async def redis_clock(self) -> tuple[float, float, float] | None:
+        """One exchange of this worker's wall clock against Redis ``TIME``: ``(t0, redis_ms, t3)`` (None: no answer)."""
+        t0 = self.clock.wall_ms()
+        got = await self.side.call("redis time", self.redis.time)
+        t3 = self.clock.wall_ms()
+        if not isinstance(got, list | tuple) or len(got) != 2:
+            return None
+        return t0, float(got[0]) * 1000.0 + float(got[1]) / 1000.0, t3
 
     async def beat(self) -> None:
         """The worker's own liveness, for ``governor status``."""
@@ -487,6 +498,20 @@ class Worker:
             await self.watch_liveness()  # its zones arrive with different lags, and a lag alone is no zone loss
         except Exception:
             log.exception("rebalance: assignment failed")
+
+
+def zone_beats(zones: tuple[str, ...], read: list[Any] | None) -> dict[str, Any] | None:
+    """The executors' heartbeats of an MGET, decoded by zone (an unreadable one is ``{}``; None: no view)."""
+    if read is None:
+        return None
+    out: dict[str, Any] = {}
+    for zone, raw in zip(zones, read, strict=False):
+        if raw:
+            try:
+                out[zone] = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                out[zone] = {}
+    return out
 
 
 def build_pipeline(app: GovernorApp, settings: Settings, clock: ScaledClock, **kw: Any) -> Pipeline:

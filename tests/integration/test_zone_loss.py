@@ -1,6 +1,7 @@
 """Zone-aware routing on the real path: both zones report, then az-b goes dark ->
 the worker (a real process) marks az-b lost -> a ``route`` command per zone ->
-the zone executors write ``<prefix>:routing:<zone>`` with no weight on az-b;
+the zone executors write ``<prefix>:routing:<zone>`` with no weight on az-b, both at the
+``apply_at_ms`` the worker planned from az-a's measured lead;
 the ``zone_lost`` event is on the events topic."""
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ async def _zone_events(settings: Settings, timeout_s: float) -> list[dict]:
 async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Settings, tmp_path: Path) -> None:
     settings = settings.replace(zones=("az-a", "az-b"), command_ttl_s=60.0)
     async with worker_and_executors(settings, tmp_path) as (worker, redis, executors):
+        # az-a's executor beats with its measured lead (executors/timing.py); az-b's never does (lost).
+        timing = {"lead_ms": 123.0, "offset_error_ms": 0.5, "age_ms": 10.0}
+        beat = {"ts_ms": int(time.time() * 1000), "executor": "test", "timing": timing}
+        await redis.set(names.executor_heartbeat(settings.topic_prefix, "az-a"), orjson.dumps(beat), ex=60)
         async with TelemetryProducer(
             settings.kafka_bootstrap, settings.topic("telemetry"), source="test", linger_ms=20
         ) as producer:
@@ -95,6 +100,15 @@ async def test_a_dark_zone_is_routed_around_by_every_zones_gateway(settings: Set
         events = await _zone_events(settings, 20)
         lost = [e for e in events if e.get("kind") == "zone_lost"]
         assert lost and lost[0]["zone"] == "az-b" and lost[0]["model"] == MODEL, events
+        # The reroute went to both zones at one time: apply_at_ms from az-a's measured lead + the 50 ms margin
+        # (az-b's executor is gone: left out), on Redis's clock as the worker measured it against Redis TIME.
+        for zone in ("az-a", "az-b"):
+            entries = await redis.xrange(names.command_stream(settings.topic_prefix, zone))
+            routes = [c for c in (orjson.loads(f[b"cmd"]) for _, f in entries) if c["kind"] == "route"]
+            assert routes, zone
+            for c in routes:
+                assert c["detail"]["apply_basis"] == "measured" and c["detail"]["apply_lead_ms"] == 173.0, c
+                assert 0 < c["detail"]["apply_at_ms"] - c["issued_at_ms"] <= 173.0 + 50, c
         assert "Traceback" not in worker.log_text()
 
 
