@@ -1,9 +1,8 @@
 """``governor bench design-source``: the design source's own experiments, its figures beside governor's.
 
 docs/model.md §22 (not-built) lists the figures; this command runs each experiment of
-§3.1, §4.1, §4.4 and §5 of the design source (/work/shared/docs/seed-spec.md in the
-shared docs; docs/model.md states it) as closely as the simulator allows, through the
-code the product ships, and prints the figure the design source reports
+§3.1, §4.1, §4.4 and §5 of the design source (docs/model.md states it) as closely as
+the simulator allows, through the code the product ships, and prints the figure the design source reports
 (:data:`DESIGN_SOURCE`, the one place they are written, each with the line it quotes)
 in the next column, with a note on each difference (:data:`NOTES`).  The other figures
 of the design source are printed by ``bench bandwidth`` (§3.3) and ``bench kv``
@@ -148,11 +147,13 @@ NOTES = {
     "3.1": (
         "governor has no compensation gain k: the controller acts on the state predicted over the measured "
         "delay (Kalman observer, docs/model.md §9) and holds scale-ups while capacity is in flight; 'compensated' "
-        "is both on, 'no compensation' both off.  The source does not define its error; here it is the mean "
-        "desired fleet over the second half against the smallest static fleet meeting eps_ref there (a replica "
-        "is a coarse step: one replica of a need of 8 is 12.5 %).  With 10 s windows a 20 or 50 ms delay is "
-        "under a window, so the source's two delays differ by nothing; the fast loop's own delay (a 30 s "
-        "start-up) is where compensation acts, and the source reports nothing there."
+        "is both on, 'no compensation' both off, on the feedback loop alone.  The source does not define its "
+        "error; here it is the mean desired fleet over the second half against the smallest static fleet meeting "
+        "eps_ref there, in % of it, the loop starting at half that fleet (one replica of 8 is 12.5 %).  The "
+        "error is the overshoot of that step, which the certified scale-down gain and dwell do not reclaim "
+        "within the run.  With 10 s windows a 20 or 50 ms delay is under a window, so the source's two delays "
+        "give the same figure; compensation pays at the fast loop's own delay (30 s start-up), where the source "
+        "reports nothing, and overshoots more where there is no delay to compensate."
     ),
     "4.1": (
         "an agent turn here is one to four LLM calls of a 70B model on the simulated H100 fleet (seconds each, "
