@@ -233,7 +233,7 @@ NOTES = {
         "reads as busy (a static fleet at half load reads near 0).  The load (a base of 0.4x what 5 replicas "
         "carry, 60 s bursts at 1.2x) is governor's choice: the source does not give its own.  Its static 5 "
         "wasting 63 % means a mean load of at most 37 % of its capacity (waste >= 1 - mean load, equal when "
-        "never overloaded); at 600 s the bursts take 30 % of the run and the mean is 64 % (the offered-load "
+        "never overloaded); at 600 s the bursts take 30 % of the run and the mean is 57 % (the offered-load "
         "row), heavier than the source's: static 5's waste here is lower and its misses in the bursts more.  "
         "At the defaults KEDA on utilisation, which reads busy whenever requests are in flight, grows to 8x "
         "static's GPU-seconds and leaves most of it unused; governor scales to 13 replicas in the first "
