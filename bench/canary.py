@@ -8,7 +8,9 @@ commands apply too).  Versions:
 ``errors`` (``--canary-error-rate``, 2 %), ``p99`` (TTFT x
 ``--canary-p99-factor``, 8: its P99 is over 800 ms even unloaded), ``slow``
 (TTFT x ``--canary-latency-factor``, 5: P99 under 800 ms at low load, 5x
-stable's) and ``good`` (healthy; must be promoted).  Arms: ``canary`` (the
+stable's), ``good`` (healthy; must be promoted) and ``both`` (the errors and
+the P99 together: the design source's bad release, run by ``governor bench
+design-source``; not in ``bench traffic``, whose versions are :data:`VERSIONS`).  Arms: ``canary`` (the
 default rules), ``canary-abs`` (the slow versions, without the rule relative
 to stable) and ``big-bang`` (100 % at the start).  The canary sees what the
 stream worker sees: per window, each version's count, errors and TTFT
@@ -41,6 +43,7 @@ from sim.fleet import Fleet
 from sim.gateway import CommandGateway
 
 TERMINAL = ("promoted", "rolled_back", "aborted")  # a rollout's final states (controllers.canary)
+VERSIONS = ("errors", "p99", "slow", "good")  # the bad (and good) v2s ``bench traffic`` rolls out
 
 
 def rollout_events(pol: LoopPolicy, start_s: float) -> list[dict[str, Any]]:
@@ -81,10 +84,10 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
         def setup(f: Fleet) -> None:
             _setup_replicas(replicas)(f)
             for z in ZONES:
-                if bad == "errors":
+                if bad in ("errors", "both"):
                     f.inject_errors(z, v2, args.canary_error_rate, 0.0, 1e9)
-                elif bad in slow_factor:
-                    f.inject_latency_spike(z, v2, 1.0, slow_factor[bad], 0.0, 1e9)
+                if bad in slow_factor or bad == "both":
+                    f.inject_latency_spike(z, v2, 1.0, slow_factor.get(bad, args.canary_p99_factor), 0.0, 1e9)
 
         return setup
 
@@ -95,7 +98,7 @@ def scenario_canary(args: argparse.Namespace) -> dict[str, Any]:
 
     routes = {f"{stable}|{z}": 1.0 / len(ZONES) for z in ZONES}
     res: dict[str, Any] = {}
-    for bad in ("errors", "p99", "slow", "good"):
+    for bad in getattr(args, "canary_versions", VERSIONS):
         arms: dict[str, Policy] = {"canary": LoopPolicy(settings, rollout(True), start_s)}
         if bad in slow_factor:  # absolute rules only: design source's + sequential P99 (docs/model.md §14 (canary))
             arms["canary-abs"] = LoopPolicy(settings, rollout(False), start_s)

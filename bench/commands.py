@@ -113,6 +113,12 @@ COMMANDS: dict[str, Command] = {
         parser="bench.bandwidth:add_parser",
         takes="args",
     ),
+    "design-source": Command(
+        "the design source's experiments (§3.1, §4.1, §4.4, §5), its figures beside governor's",
+        run="bench.design_source:run_design_source",
+        parser="bench.design_source:add_parser",
+        takes="args",
+    ),
     "tables": Command(
         "write every deterministic fast-loop table as JSON (for compare)",
         run="bench.tables:run_tables",

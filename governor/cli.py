@@ -13,6 +13,7 @@
     governor bench traffic        routing/fallback, breaker, canary, agent weights (A/B)
     governor bench kv             KV fragmentation/relocation on Mooncake; cross-zone timing
     governor bench bandwidth      fit the bandwidth -> violation power law (docs/model.md §21 (bandwidth))
+    governor bench design-source  the design source's experiments (§3.1, §4.1, §4.4, §5) beside its figures
     governor bench tables|compare every deterministic fast-loop table as JSON; compare two such runs
     governor bench scrape         error of scrape-derived P95 TTFT / violation rate vs per-request truth
     governor bench scrape-scale   one scrape adapter over 1,000 simulated engines: round time, CPU per round
