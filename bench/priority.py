@@ -110,6 +110,8 @@ def class_rows(
 
     def row(name: str, rs: Sequence[RequestResult]) -> dict[str, Any]:
         on_time = sum(r.meets(*slos[str(r.spec.request_class)]) for r in rs)
+        ok = [(r, slos[str(r.spec.request_class)]) for r in rs if r.status == "ok" and r.ttft_s is not None]
+        late_ttft = sum(1000.0 * r.ttft_s > slo[0] for r, slo in ok if r.ttft_s is not None)
         ttfts = [r.ttft_s if r.ttft_s is not None else timeout_s for r in rs]
         p95 = percentile(ttfts, 95)
         return {
@@ -118,6 +120,8 @@ def class_rows(
             "on_time": round(on_time / len(rs), 4) if rs else None,
             "p95_ttft_ms": None if p95 is None else round(1000.0 * p95, 1),
             "not_ok": sum(r.status != "ok" for r in rs),
+            "ok_late_ttft": late_ttft,  # ok, first token after the SLO
+            "ok_late_itl": len(ok) - late_ttft - on_time,  # ok, first token in time, mean ITL over the SLO
         }
 
     rows = [row(c, [r for r in results if r.spec.request_class == c]) for c in slos]
@@ -136,8 +140,8 @@ def markdown(meta: Mapping[str, Any], arms: Mapping[str, Sequence[Mapping[str, A
         f"{meta['capacity_rps']:.2f} req/s for {meta['duration_s']:g} s; priorities from {meta['priorities_from']}",
         "",
         "| class | priority | TTFT SLO, ms | requests | on time, fcfs | on time, priority | P95 TTFT fcfs, ms "
-        "| P95 TTFT priority, ms | not ok fcfs / priority |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| P95 TTFT priority, ms | not ok fcfs / priority | ok but late by TTFT, ITL: fcfs; priority |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a, b in zip(fcfs, prio, strict=True):
         c = a["class"]
@@ -145,7 +149,8 @@ def markdown(meta: Mapping[str, Any], arms: Mapping[str, Sequence[Mapping[str, A
         lines.append(
             f"| {c} | {meta['priorities'].get(c, '-')} | {'-' if slo is None else slo[0]} | {a['requests']} | "
             f"{_pct(a['on_time'])} | {_pct(b['on_time'])} | {a['p95_ttft_ms']} | {b['p95_ttft_ms']} | "
-            f"{a['not_ok']} / {b['not_ok']} |"
+            f"{a['not_ok']} / {b['not_ok']} | {a['ok_late_ttft']}, {a['ok_late_itl']}; "
+            f"{b['ok_late_ttft']}, {b['ok_late_itl']} |"
         )
     gains = ", ".join(
         f"{a['class']} {b['p95_ttft_ms'] - a['p95_ttft_ms']:+.0f} ms"
