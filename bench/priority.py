@@ -15,7 +15,8 @@ router:
 2. the engine's capacity: ``--probe-requests`` with the engine's batch always full, completed per
    second (a burst all in flight at once read 35.6 req/s where 24 req/s were sustained);
 3. two arms on the same seeded Poisson schedule at ``--load`` x that capacity for ``--duration-s``,
-   each request of a class drawn evenly from ``--classes``: ``fcfs``, where no request carries a
+   each request of a class drawn from ``--classes`` by ``--shares`` (trading a quarter by default,
+   0.4x the capacity: an urgent class that fits alone): ``fcfs``, where no request carries a
    priority (all default 0: the engine's waiting queue, ordered by (priority, arrival), is then
    first come first served), and ``priority``, where each carries its class's.  The engine drains
    between them; an even ``--seed`` runs ``fcfs`` first, an odd one ``priority`` first.
@@ -137,7 +138,8 @@ def markdown(meta: Mapping[str, Any], arms: Mapping[str, Sequence[Mapping[str, A
     fcfs, prio = arms["fcfs"], arms["priority"]
     lines = [
         f"`{meta['command']}`: {meta['rate_rps']:.2f} req/s offered = {meta['load']:g} x the engine's "
-        f"{meta['capacity_rps']:.2f} req/s for {meta['duration_s']:g} s; priorities from {meta['priorities_from']}",
+        f"{meta['capacity_rps']:.2f} req/s for {meta['duration_s']:g} s, class shares {meta.get('shares')}; "
+        f"priorities from {meta['priorities_from']}",
         "",
         "| class | priority | TTFT SLO, ms | requests | on time, fcfs | on time, priority | P95 TTFT fcfs, ms "
         "| P95 TTFT priority, ms | not ok fcfs / priority | ok but late by TTFT, ITL: fcfs; priority |",
@@ -219,7 +221,8 @@ async def _bench(
         )  # fmt: skip
         prio = schedule(
             workload, max_prompt_tokens=a.prompt_tokens, max_output_tokens=a.output_tokens,
-            classes=load_classes(a.classes, model), seed=a.seed,
+            classes=[replace(c, share=sh) for c, sh in zip(load_classes(a.classes, model), a.share_list, strict=True)],
+            seed=a.seed,
         )  # fmt: skip
         arms: dict[str, list[dict[str, Any]]] = {}
         raw: dict[str, Any] = {}
@@ -247,6 +250,7 @@ async def _bench(
         "slos": slos,
         "priorities": {c: model.priority(c) for c in names},
         "priorities_from": a.priorities_from,
+        "shares": dict(zip(names, a.share_list, strict=True)),
         "seed_p95_gain_ms": SEED_P95_GAIN_MS,
     }
     return {"meta": meta, "arms": arms, "summaries": raw}
@@ -254,7 +258,8 @@ async def _bench(
 
 #: the options: (flag, type, default, help)
 OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
-    ("--classes", str, "trading,batch", "request classes, drawn evenly (default trading,batch)"),
+    ("--classes", str, "trading,batch", "request classes (default trading,batch)"),
+    ("--shares", str, "1,3", "each class's share of the requests, in --classes order (default 1,3)"),
     ("--config-model", str, "", "the GOVERNOR_MODELS model whose class priorities to use (default: the first)"),
     ("--slo-multiple", float, 25.0, "trading's TTFT SLO = this x the unloaded P95 TTFT, the rest in proportion (25)"),
     ("--itl-slo-multiple", float, 5.0, "ITL SLO = this x the unloaded time per output token (5)"),
@@ -282,7 +287,9 @@ def run_priority(settings: Settings, a: argparse.Namespace) -> int:
         raise SystemExit("need --load, --duration-s, --timeout-s, --slo-multiple > 0 and --probe-requests >= 1")
     model, a.priorities_from = bench_model(settings, a.config_model)
     try:
-        load_classes(a.classes, model)
+        a.share_list = [float(x) for x in a.shares.split(",")]
+        if len(a.share_list) != len(load_classes(a.classes, model)) or min(a.share_list) <= 0:
+            raise ValueError(f"--shares {a.shares!r}: one number > 0 per class of --classes {a.classes!r}")
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     a.command_line = "governor " + shlex.join(sys.argv[1:]) if "priority" in sys.argv else "governor bench priority"
