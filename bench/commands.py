@@ -78,6 +78,11 @@ COMMANDS: dict[str, Command] = {
         run="bench.engines:run_engines",
         parser="bench.engines:add_parser",
     ),
+    "priority": Command(
+        "two request classes overloading a real vLLM engine: on-time share per class with and without priorities",
+        run="bench.priority:run_priority",
+        parser="bench.priority:add_parser",
+    ),
     "kv": Command(
         "KV fragmentation, relocation and cross-zone timing (simulator)",
         run="bench.kv:run_kv_bench",

@@ -49,7 +49,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +62,14 @@ from engines.router import RouterClient, start_router
 
 __all__ = [
     "CpuSample",
+    "add_options",
     "add_parser",
     "cpu_sample",
     "cpu_shares",
+    "engine_run",
     "group_pids",
+    "grow",
+    "itl_basis",
     "markdown",
     "parse_ints",
     "process_cpu_s",
@@ -295,7 +299,7 @@ def parse_ints(text: str, name: str, lo: int, hi: int) -> tuple[int, ...]:
     return out
 
 
-async def _grow(pool: EnginePool, n: int, timeout_s: float) -> None:
+async def grow(pool: EnginePool, n: int, timeout_s: float) -> None:
     """Scale ``pool`` to ``n`` engines and wait until all ``n`` are ready and in the router."""
     res = await pool.scale_to(n)
     if res["failed"]:
@@ -334,7 +338,7 @@ async def _bench(
                 for n in a.size_list:
                     t0 = time.monotonic()
                     _say(f"max-num-seqs {m}: scaling to {n} engine(s) (a cold start takes 40 s to 3 min here)")
-                    await _grow(pool, n, a.start_timeout_s)
+                    await grow(pool, n, a.start_timeout_s)
                     meta["startup_s"].append(round(time.monotonic() - t0, 1))
                     first = meta["slo"] is None
                     base = await unloaded(router.url, MODEL, n=20 if first else 10, warmup=8 * n, **shape)
@@ -415,9 +419,45 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("engines", help=HELP)
-    for flag, kind, default, text in OPTIONS:
+    add_options(sub.add_parser("engines", help=HELP), OPTIONS)
+
+
+def add_options(p: argparse.ArgumentParser, options: Sequence[tuple[str, type, Any, str]]) -> None:
+    """A real-engine benchmark's options: (flag, type, default, help) each."""
+    for flag, kind, default, text in options:
         p.add_argument(flag, type=kind, default=default, help=text)
+
+
+BenchBody = Callable[[Path, Path, list[Path]], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def engine_run(settings: Settings, name: str, body: BenchBody) -> dict[str, Any] | int:
+    """Run ``body(python, model_dir, pools)`` with the engine venv and the tiny model (made if missing),
+    appending each pool's state directory to ``pools`` as it starts one; what it returns with its
+    ``meta.wall_s``, or an exit code (2: no engine venv, 130: interrupted).  Every engine it starts is
+    stopped whatever happens (:func:`_kill_leftovers`)."""
+    try:
+        python = setup.engine_python(settings, say=_say)
+        model_dir = setup.ensure_model(python, setup.engine_home(settings), seed=0, say=_say)
+    except setup.EngineSetupError as exc:
+        print(f"governor bench {name}: {exc}", file=sys.stderr)
+        return 2
+    pools: list[Path] = []
+    wall0 = time.monotonic()
+    # SIGTERM and SIGINT (which a shell's background job inherits ignored) stop the run through its
+    # finally blocks: the pools stop their engines and the router its group
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        out = asyncio.run(body(python, model_dir, pools))
+    except KeyboardInterrupt:
+        print(f"governor bench {name}: interrupted; its engines and router are stopped", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _kill_leftovers(pools)
+    out["meta"]["wall_s"] = round(time.monotonic() - wall0, 1)
+    return out
 
 
 def run_engines(settings: Settings, a: argparse.Namespace) -> int:
@@ -430,27 +470,9 @@ def run_engines(settings: Settings, a: argparse.Namespace) -> int:
     a.command_line = "governor " + shlex.join(sys.argv[1:]) if "engines" in sys.argv else "governor bench engines"
     run_dir = Path(a.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        python = setup.engine_python(settings, say=_say)
-        model_dir = setup.ensure_model(python, setup.engine_home(settings), seed=0, say=_say)
-    except setup.EngineSetupError as exc:
-        print(f"governor bench engines: {exc}", file=sys.stderr)
-        return 2
-    pools: list[Path] = []
-    wall0 = time.monotonic()
-    # SIGTERM and SIGINT (which a shell's background job inherits ignored) stop the run through its
-    # finally blocks: the pools stop their engines and the router its group
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        out = asyncio.run(_bench(a, python, model_dir, run_dir, pools))
-    except KeyboardInterrupt:
-        print("governor bench engines: interrupted; its engines and router are stopped", file=sys.stderr)
-        return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _kill_leftovers(pools)
-    out["meta"]["wall_s"] = round(time.monotonic() - wall0, 1)
+    out = engine_run(settings, "engines", lambda python, model_dir, pools: _bench(a, python, model_dir, run_dir, pools))
+    if isinstance(out, int):
+        return out
     print(markdown(out["meta"], out["rows"]))
     print()
     print(trials_text(out["rows"]))

@@ -4,7 +4,9 @@ it builds its schedule from ``sim``, which ``engines/`` does not import.
 
 The schedule is the one the simulated fleet replays (``sim.workloads.step_load`` of the trace at
 ``--qps`` for ``--duration-s`` trace seconds, ``--step-factor`` from ``--step-at-s``), sent at
-``--speed`` trace seconds per wall second, lengths clipped to the model's context.
+``--speed`` trace seconds per wall second, lengths clipped to the model's context.  With
+``--classes`` each request carries its class's engine ``priority`` from the config of the model it
+names (``--model``; :func:`load_classes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.defaults import ITL_SLO_MS, TTFT_SLO_MS
+from core.settings import REQUEST_CLASSES, ModelSpec, Settings
 
 __all__ = ["add_parser", "load_classes", "run_load"]
 
@@ -43,11 +46,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--length-scale", type=float, default=1.0, help="trace lengths multiplied by this before clipping")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
     p.add_argument("--timeout-s", type=float, default=60.0, help="a request not done this long after it was due")
-    p.add_argument("--classes", default="", help="request classes drawn evenly, e.g. trading,voice,batch")
     p.add_argument(
-        "--priority",
-        action="store_true",
-        help="send each class's priority (only for engines run with --scheduling-policy priority: others refuse it)",
+        "--classes",
+        default="",
+        help="request classes drawn evenly, e.g. trading,voice,batch; each request carries its class's priority "
+        "when the config's model named --model configures priorities (GOVERNOR_MODELS classes.<class>.priority)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the class draw")
     p.add_argument("--ttft-slo-ms", type=float, default=TTFT_SLO_MS, help="TTFT SLO of the attainment")
@@ -56,30 +59,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="write every request's result, the summary and the windows (JSON)")
 
 
-def load_classes(names: str, priority: bool) -> list[Any]:
-    """The :class:`engines.loadgen.LoadClass` of comma-separated class names, each with the router's
-    priority of that class (``controllers.routing_model.DEFAULT_CLASSES``) when ``priority``.
+def load_classes(names: str, model: ModelSpec | None) -> list[Any]:
+    """The :class:`engines.loadgen.LoadClass` of comma-separated class names (:data:`REQUEST_CLASSES`),
+    each with the engine priority ``model`` gives that class (``ModelSpec.priority``: its configured one,
+    else the default 0) when ``model`` configures any priority (its engines then schedule by priority,
+    ``executors.local``), else with none (no ``priority`` sent: the engines serve in arrival order).
 
-    >>> [(c.name, c.priority) for c in load_classes("trading, batch", priority=True)]
-    [('trading', 0), ('batch', 2)]
-    >>> load_classes("", priority=False)
-    []
+    >>> m = ModelSpec("m", classes={"trading": {"priority": -1}, "batch": {"priority": 5}})
+    >>> [(c.name, c.priority) for c in load_classes("trading, voice,batch", m)]
+    [('trading', -1), ('voice', 0), ('batch', 5)]
+    >>> [(c.name, c.priority) for c in load_classes("trading", ModelSpec("m"))], load_classes("", None)
+    ([('trading', None)], [])
     """
-    from controllers.routing_model import DEFAULT_CLASSES
     from engines.loadgen import LoadClass, LoadError
 
-    known = {c.name: c.priority for c in DEFAULT_CLASSES}
+    by_priority = model is not None and model.schedules_by_priority
     out = []
     for name in (n.strip() for n in names.split(",")):
         if not name:
             continue
-        if name not in known:
-            raise LoadError(f"--classes: unknown class {name!r} (choose from {', '.join(known)})")
-        out.append(LoadClass(name, priority=known[name] if priority else None))
+        if name not in REQUEST_CLASSES:
+            raise LoadError(f"--classes: unknown class {name!r} (choose from {', '.join(REQUEST_CLASSES)})")
+        out.append(LoadClass(name, priority=model.priority(name) if model is not None and by_priority else None))
     return out
 
 
-def run_load(args: Namespace) -> int:
+def run_load(settings: Settings, args: Namespace) -> int:
     from engines.loadgen import LoadError, replay, schedule
     from sim.traces import load_trace
     from sim.workloads import WorkloadError, step_load
@@ -92,7 +97,7 @@ def run_load(args: Namespace) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             max_output_tokens=args.max_output_tokens,
             length_scale=args.length_scale,
-            classes=load_classes(args.classes, args.priority),
+            classes=load_classes(args.classes, settings.model(args.model)),
             seed=args.seed,
         )
         print(

@@ -62,7 +62,9 @@ __all__ = [
     "CONFIG_ENV",
     "CONFIG_HELP",
     "DEFAULT_MODELS",
+    "DEFAULT_PRIORITY",
     "ENV_VARS",
+    "PRIORITY_RANGE",
     "REQUEST_CLASSES",
     "SECTIONS",
     "ClassSlo",
@@ -118,18 +120,34 @@ def _finite_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
+#: The engine's scheduling priority of a request whose class configures none (or that has no class):
+#: vLLM's own default for a request that carries no ``priority`` (lower = served first).
+DEFAULT_PRIORITY = 0
+#: The priorities vLLM accepts (its OpenAI request's ``priority``: a signed 64-bit integer).
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)
+
+
 @dataclass(frozen=True)
 class ClassSlo:
-    """One request class's SLO overrides of a model (None: the model's own)."""
+    """One request class's SLO overrides of a model (None: the model's own), and the engine
+    scheduling ``priority`` its requests carry (None: :data:`DEFAULT_PRIORITY`; lower = served first)."""
 
     ttft_slo_ms: float | None = None
     itl_slo_ms: float | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ttft_slo_ms", "itl_slo_ms"):
             v = getattr(self, name)
             if v is not None and not (_finite_number(v) and v > 0):
                 raise SettingsError(f"{name} must be a finite number > 0 or null (got {v!r})")
+        p = self.priority
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, int) or not PRIORITY_RANGE[0] <= p <= PRIORITY_RANGE[1]
+        ):
+            raise SettingsError(
+                f"priority must be an integer in [-2**63, 2**63 - 1] (vLLM's range) or null (got {p!r})"
+            )
 
 
 @dataclass(frozen=True)
@@ -211,6 +229,21 @@ class ModelSpec:
             self.itl_slo_ms if over.itl_slo_ms is None else over.itl_slo_ms,
         )
 
+    def priority(self, request_class: str | None) -> int:
+        """The engine priority of a request of ``request_class``: its class's, else :data:`DEFAULT_PRIORITY`.
+
+        >>> m = ModelSpec("m", classes={"trading": {"priority": -5}, "voice": {"ttft_slo_ms": 800.0}})
+        >>> m.priority("trading"), m.priority("voice"), m.priority("nosuch"), m.priority(None), m.schedules_by_priority
+        (-5, 0, 0, 0, True)
+        """
+        over = self.classes.get(request_class) if request_class is not None else None
+        return DEFAULT_PRIORITY if over is None or over.priority is None else over.priority
+
+    @property
+    def schedules_by_priority(self) -> bool:
+        """Some class configures a priority: the engines run ``--scheduling-policy priority``."""
+        return any(c.priority is not None for c in self.classes.values())
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (GOVERNOR_MODELS, the config file): ``classes`` only when set, without nulls."""
         out = dataclasses.asdict(self)
@@ -233,17 +266,19 @@ def _class_slos(model: str, classes: Any) -> dict[str, ClassSlo]:
                 f"model {model}: unknown request class {name!r} (choose from {', '.join(REQUEST_CLASSES)})"
             )
         if isinstance(over, Mapping):
-            unknown = sorted(str(k) for k in over if k not in ("ttft_slo_ms", "itl_slo_ms"))
+            unknown = sorted(str(k) for k in over if k not in ("ttft_slo_ms", "itl_slo_ms", "priority"))
             if unknown:
                 raise SettingsError(
-                    f"model {model}: class {name}: unknown key {unknown[0]!r} (ttft_slo_ms, itl_slo_ms)"
+                    f"model {model}: class {name}: unknown key {unknown[0]!r} (ttft_slo_ms, itl_slo_ms, priority)"
                 )
             try:
                 over = ClassSlo(**over)
             except SettingsError as exc:
                 raise SettingsError(f"model {model}: class {name}: {exc}") from None
         elif not isinstance(over, ClassSlo):
-            raise SettingsError(f"model {model}: class {name}: must be a mapping with ttft_slo_ms and/or itl_slo_ms")
+            raise SettingsError(
+                f"model {model}: class {name}: must be a mapping of ttft_slo_ms, itl_slo_ms and/or priority"
+            )
         out[name] = over
     return {c: out[c] for c in REQUEST_CLASSES if c in out}
 
@@ -326,7 +361,8 @@ _MODEL_SCHEMA = {
         "max_replicas_total": {"type": ["integer", "null"], "minimum": 0},
         "classes": {
             "type": "object",
-            "description": "SLO overrides per request class (records that carry request_class)",
+            "description": "SLO overrides per request class (records that carry request_class), and the vLLM "
+            "scheduling priority of its requests (lower = served first; any set: engines run priority scheduling)",
             "propertyNames": {"enum": list(REQUEST_CLASSES)},
             "additionalProperties": {
                 "type": "object",
@@ -334,6 +370,11 @@ _MODEL_SCHEMA = {
                 "properties": {
                     "ttft_slo_ms": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     "itl_slo_ms": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    "priority": {
+                        "type": ["integer", "null"],
+                        "minimum": PRIORITY_RANGE[0],
+                        "maximum": PRIORITY_RANGE[1],
+                    },
                 },
             },
         },

@@ -79,6 +79,7 @@ MAX_REGISTRY_BYTES = 1 << 20
 #: window lateness of 2 s lost 223 of 1,293 records as late in a local demo; the environment's own
 #: setting wins.
 OTLP_EXPORT_DELAY_MS = 500
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy choices
 
 
 class EngineSpecError(ValueError):
@@ -101,6 +102,9 @@ class EngineSpec:
     drain_timeout_s: float = 60.0
     grace_s: float = 10.0
     otlp_endpoint: str | None = None
+    # vLLM's --scheduling-policy: "fcfs" (vLLM's default, no flag given) or "priority" (a lower request
+    # `priority` is served first; what a model whose classes configure priorities runs, executors.local)
+    scheduling_policy: str = "fcfs"
     extra_args: tuple[str, ...] = ()
     start_wait_s: float = 0.0  # how long scale_to waits for a started engine to answer /health or fail
     # Every process of an engine on its core (its API server and EngineCore too, by CPU affinity, which
@@ -113,6 +117,10 @@ class EngineSpec:
         for name in ("python", "model_dir", "served_name", "model", "zone"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise EngineSpecError(f"{name} must be a non-empty string")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise EngineSpecError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
+            )
         if self.max_num_seqs < 1:
             raise EngineSpecError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.kv_cache_gib < 1:
@@ -495,6 +503,8 @@ class EnginePool:
                 f"governor.model={s.model},governor.zone={s.zone},governor.node=127.0.0.1:{port}"
             )
             argv += ["--otlp-traces-endpoint", s.otlp_endpoint]
+        if s.scheduling_policy != "fcfs":
+            argv += ["--scheduling-policy", s.scheduling_policy]
         argv += list(s.extra_args)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(port)
@@ -565,6 +575,11 @@ class EnginePool:
                 return True
             await asyncio.sleep(DRAIN_POLL_S)
         return False
+
+    async def in_flight(self) -> int | None:
+        """Requests running or waiting on the pool's live engines (their ``/metrics``); None when one does not answer."""
+        counts = [await self._in_flight(e) for e in self._live()]
+        return None if None in counts else sum(c or 0 for c in counts)
 
     async def _in_flight(self, e: Engine) -> int | None:
         """``vllm:num_requests_running + waiting`` of ``e``'s ``/metrics``; None when it does not answer."""

