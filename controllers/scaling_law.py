@@ -52,7 +52,13 @@ from controllers import startup as su
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
 from controllers.errors import ParameterError, check_int, check_number
-from controllers.fixable import BACKLOG_WINDOWS, fixable_violation_rate, running_unfixable, stale_after_drain
+from controllers.fixable import (
+    BACKLOG_WINDOWS,
+    fixable_violation_rate,
+    running_unfixable,
+    slow_stage_held,
+    stale_after_drain,
+)
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit
@@ -317,8 +323,11 @@ def decide(
     queued = (w.queue_len_mean or 0.0) * max(ready, 1)
     slo = w.ttft_slo_ms or p.ttft_slo_ms
     fixable = fixable_violation_rate(w, s.unfixable_base)
-    if w.count > 0:
-        s.unfixable_base, s.unfixable_n = running_unfixable(s.unfixable_base, s.unfixable_n, w.unfixable_rate)
+    if slow_stage_held(w, s.unfixable_base, p.eps_ref):
+        events.append(_slow_stage_event(w, fixable))
+    if w.count > 0:  # the running share is the prompts' (a slow stage is let off whole, never learned)
+        prompts = w.unfixable_rate - w.stage_unfixable_rate
+        s.unfixable_base, s.unfixable_n = running_unfixable(s.unfixable_base, s.unfixable_n, prompts)
     eps = ff.leading_violation_rate(w.count, fixable, queued, rate, slo)
     running = _running(w)
     in_system = None if running is None else queued + running
@@ -565,6 +574,24 @@ def _observe(
         w.count, fixable, max(0.0, q_pred) * max(ready, 1), w.rate_rps, w.ttft_slo_ms or p.ttft_slo_ms
     )
     return min(1.0, max(0.0, eps_pred, lead))
+
+
+def _slow_stage_event(w: WindowRecord, fixable: float) -> dict[str, Any]:
+    """The ``slow_stage`` event: the window's violations are the stages before a replica, not queueing."""
+    return {
+        "schema_version": 1,
+        "kind": "slow_stage",
+        "model": w.model,
+        "zone": w.zone,
+        "window_end_ms": w.window_end_ms,
+        "reason": "violations explained by network/preprocess time, not queueing: no replicas added for them",
+        "violation_rate": w.violation_rate,
+        "stage_unfixable_rate": w.stage_unfixable_rate,
+        "fixable_rate": fixable,
+        "network_p95_ms": w.network_p95_ms,
+        "preprocess_p95_ms": w.preprocess_p95_ms,
+        "queue_ms_mean": w.queue_ms_mean,
+    }
 
 
 def _drift(s: ScalingState, w: WindowRecord, arrival: float) -> list[dict[str, Any]]:
