@@ -5,12 +5,16 @@ wait is over its TTFT limit would have missed on an idle fleet: its prefill
 alone is too long.  Windows count those (``unfixable_rate``,
 :mod:`controllers.windows`); the scaler's feedback acts on the rest
 (:func:`fixable_violation_rate`), with the unfixable share capped at the
-key's running share of it (:func:`running_unfixable`) plus its noise.
+key's running share of it (:func:`running_unfixable`) plus its noise --
+except the share a slow stage before the replica explains
+(``stage_unfixable_rate``: the network and preprocess time, which no replica
+count shortens), never capped.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from controllers.window_record import WindowRecord
 
@@ -22,6 +26,7 @@ __all__ = [
     "UNFIXABLE_WEIGHT",
     "fixable_violation_rate",
     "running_unfixable",
+    "slow_stage_held",
     "stale_after_drain",
 ]
 
@@ -42,7 +47,10 @@ def fixable_violation_rate(w: WindowRecord, base: float | None = None) -> float:
     key's running ``base`` of it, a window's share beyond ``base`` plus its
     binomial noise counts as fixable: replicas slowed by something else (a
     latency spike, a bad node) also make TTFT without the wait long, and more
-    or other replicas do fix those.
+    or other replicas do fix those.  The part of that share a slow stage
+    explains (``stage_unfixable_rate``: those requests would meet the limit
+    without their network and preprocess time) is never capped: a slow network
+    or a slow preprocessor is not queueing, and no replica count shortens it.
 
     >>> w = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
     ...                  violation_rate=0.05, unfixable_rate=0.04)
@@ -52,13 +60,37 @@ def fixable_violation_rate(w: WindowRecord, base: float | None = None) -> float:
     0.0452
     >>> fixable_violation_rate(WindowRecord(scope="zone", model="m", zone="z", window_end_ms=1, violation_rate=0.03))
     0.03
+    >>> slow = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
+    ...                     violation_rate=0.05, unfixable_rate=0.04, stage_unfixable_rate=0.04)
+    >>> round(fixable_violation_rate(slow, base=0.0), 4)  # the network explains them: all let off
+    0.0104
     """
-    u = min(w.unfixable_rate, w.violation_rate)
+    total = min(w.unfixable_rate, w.violation_rate)
+    stage = min(w.stage_unfixable_rate, total)
+    u = total - stage
     if base is not None:
         u = min(u, base + UNFIXABLE_SLACK + 2.0 * math.sqrt(base * (1.0 - base) / max(w.count, 1)))
+    u += stage
     if u <= 0.0:
         return w.violation_rate
     return max(0.0, w.violation_rate - u) / (1.0 - u) if u < 1.0 else 0.0
+
+
+def slow_stage_held(w: WindowRecord, base: float | None, eps_ref: float) -> bool:
+    """Whether the stages before the replica alone keep a window's violations from scaling the fleet up.
+
+    True when the fixable rate with the stage share let off is within ``eps_ref``
+    and it would not be without (``stage_unfixable_rate`` counted as any unfixable share).
+
+    >>> slow = WindowRecord(scope="zone", model="m", zone="z", window_end_ms=10_000, count=100,
+    ...                     violation_rate=0.3, unfixable_rate=0.29, stage_unfixable_rate=0.29)
+    >>> slow_stage_held(slow, 0.0, 0.02), slow_stage_held(slow, None, 0.02)
+    (True, False)
+    """
+    if w.stage_unfixable_rate <= 0.0:
+        return False
+    plain = replace(w, stage_unfixable_rate=0.0)
+    return fixable_violation_rate(w, base) <= eps_ref < fixable_violation_rate(plain, base)
 
 
 def running_unfixable(base: float | None, n: int, rate: float) -> tuple[float, int]:

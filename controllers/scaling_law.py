@@ -9,7 +9,8 @@ One closed zone window goes through, in this order (docs/model.md §4-§11):
 2. *Zones* (:mod:`controllers.zone_capacity`): the window folds into the model's zone
    view; a lost zone's demand becomes the survivors' floor.
 3. *Observer* (:mod:`controllers.observer`, ``observer``): the signal predicted over the
-   measured loop delay.
+   measured loop delay, with the learned capacity and the load forecast as its known inputs
+   (:func:`observer_inputs`).
 4. *Drift* (:mod:`controllers.drift`): ADWIN on the TTFT P95, Page-Hinkley on the arrival
    rate; a rate drift resets the load forecaster.
 5. *Feedforward* (:mod:`controllers.feedforward`, with a profiled capacity, learned online
@@ -52,7 +53,13 @@ from controllers import startup as su
 from controllers import zone_capacity as zc
 from controllers.drift import DriftDetector
 from controllers.errors import ParameterError, check_int, check_number
-from controllers.fixable import BACKLOG_WINDOWS, fixable_violation_rate, running_unfixable, stale_after_drain
+from controllers.fixable import (
+    BACKLOG_WINDOWS,
+    fixable_violation_rate,
+    running_unfixable,
+    slow_stage_held,
+    stale_after_drain,
+)
 from controllers.forecast import LoadForecaster
 from controllers.pid import PidMeasurement, PidOutput, PidParams, PidState, step
 from controllers.sde_fit import OnlineOuFit
@@ -75,6 +82,7 @@ __all__ = [
     "decide",
     "ff_params_for",
     "horizon_steps",
+    "observer_inputs",
     "params_for",
     "pid_params_for",
     "stabilise_scale_down",
@@ -317,8 +325,11 @@ def decide(
     queued = (w.queue_len_mean or 0.0) * max(ready, 1)
     slo = w.ttft_slo_ms or p.ttft_slo_ms
     fixable = fixable_violation_rate(w, s.unfixable_base)
-    if w.count > 0:
-        s.unfixable_base, s.unfixable_n = running_unfixable(s.unfixable_base, s.unfixable_n, w.unfixable_rate)
+    if slow_stage_held(w, s.unfixable_base, p.eps_ref):
+        events.append(_slow_stage_event(w, fixable))
+    if w.count > 0:  # the running share is the prompts' (a slow stage is let off whole, never learned)
+        prompts = w.unfixable_rate - w.stage_unfixable_rate
+        s.unfixable_base, s.unfixable_n = running_unfixable(s.unfixable_base, s.unfixable_n, prompts)
     eps = ff.leading_violation_rate(w.count, fixable, queued, rate, slo)
     running = _running(w)
     in_system = None if running is None else queued + running
@@ -552,19 +563,61 @@ def _observe(
             s.inflight.remove(cmd)  # never took effect (replaced, refused): stop waiting
     z = (w.gpu_util_mean or 0.0, queued / max(ready, 1), eps)
     kp = obs.KalmanParams()
-    steady = None
-    if p.replica_capacity_rps and ready > 0:
-        u, q, _ = obs.load_steady_state(arrival, p.replica_capacity_rps * ready)
-        steady = (u, q, None)
-    s.kalman = obs.update(kp, s.kalman if s.kalman is not None else obs.KalmanState.initial(z), z, window_s, steady)
     tau = s.delay.tau_s if s.delay.n else p.startup_hint_s
-    _u, q_pred, eps_pred = obs.predict_ahead(kp, s.kalman, tau, steady)
+    steady, ahead = observer_inputs(p, s, arrival, ready, tau, window_s)
+    s.kalman = obs.update(kp, s.kalman if s.kalman is not None else obs.KalmanState.initial(z), z, window_s, steady)
+    _u, q_pred, eps_pred = obs.predict_ahead(kp, s.kalman, tau, ahead)
     # Where the loop will be when a command lands: the predicted queue's doomed share.
     fixable = fixable_violation_rate(w, s.unfixable_base)
     lead = ff.leading_violation_rate(
         w.count, fixable, max(0.0, q_pred) * max(ready, 1), w.rate_rps, w.ttft_slo_ms or p.ttft_slo_ms
     )
     return min(1.0, max(0.0, eps_pred, lead))
+
+
+def _slow_stage_event(w: WindowRecord, fixable: float) -> dict[str, Any]:
+    """The ``slow_stage`` event: the window's violations are the stages before a replica, not queueing."""
+    return {
+        "schema_version": 1,
+        "kind": "slow_stage",
+        "model": w.model,
+        "zone": w.zone,
+        "window_end_ms": w.window_end_ms,
+        "reason": "violations explained by network/preprocess time, not queueing: no replicas added for them",
+        "violation_rate": w.violation_rate,
+        "stage_unfixable_rate": w.stage_unfixable_rate,
+        "fixable_rate": fixable,
+        "network_p95_ms": w.network_p95_ms,
+        "preprocess_p95_ms": w.preprocess_p95_ms,
+        "queue_ms_mean": w.queue_ms_mean,
+    }
+
+
+def observer_inputs(
+    p: ScalingParams, s: ScalingState, arrival_rps: float, ready: int, tau_s: float, window_s: float
+) -> tuple[obs.Steady, obs.Steady]:
+    """The Kalman observer's known inputs (docs/model.md §9): the steady state its update relaxes to
+    under the load measured now, and the one its prediction over the loop delay ``tau_s`` relaxes to
+    under the load forecast for then (design source §5: the forecast is injected into the observer).
+
+    Both size the fleet by the replica capacity the feedforward uses: the one learned online once
+    learned (:func:`learned_capacity`), the profile until then.  The forecast is the scaler's
+    forecaster's at ``tau_s`` ahead (at least one window), bounded as the feedforward bounds its own
+    (``max_ahead`` x the demand seen now); a cold forecaster gives none, so the prediction relaxes to
+    the load measured now.  ``(None, None)`` without a capacity or a ready replica: random walks.
+    """
+    capacity = learned_capacity(p, s) or p.replica_capacity_rps
+    if not capacity or ready <= 0:
+        return None, None
+    u, q, _ = obs.load_steady_state(arrival_rps, capacity * ready)
+    forecast = arrival_rps
+    if s.forecaster is not None and s.forecaster.ready:
+        steps = min(MAX_HORIZON_STEPS, max(1, math.ceil(tau_s / window_s - 1e-9)))
+        forecast = max(0.0, s.forecaster.forecast(steps)[-1])
+        if p.feedforward is not None:
+            forecast = min(forecast, p.feedforward.max_ahead * arrival_rps)
+    u_ahead, q_ahead, _ = obs.load_steady_state(forecast, capacity * ready)
+    return (u, q, None), (u_ahead, q_ahead, None)
 
 
 def _drift(s: ScalingState, w: WindowRecord, arrival: float) -> list[dict[str, Any]]:

@@ -17,6 +17,9 @@ Mixed agent load (docs/model.md §15 (agents), optional
 ``agent_tool_conf`` (each in [0, 1], all three or none; NaN = not carried)
 and its ``agent_path`` (:data:`AGENT_PATHS` index, NaN = not carried).
 
+Stage latencies (optional :data:`STAGE_COLUMNS`): ``network_ms``, ``preprocess_ms`` and
+``decode_ms`` of each request (NaN = not measured; finite and >= 0 otherwise).
+
 Request classes (optional ``request_class`` column): int codes of
 :data:`REQUEST_CLASS_CODES` (0 = no or an unknown class); the windows hold a
 request to its class's SLO (:class:`controllers.windows.SloSpec`).
@@ -53,6 +56,7 @@ from controllers.window_fields import (
     GPU_COLUMNS,
     KV_COLUMNS,
     REQUEST_COLUMNS,
+    STAGE_COLUMNS,
 )
 from core.settings import REQUEST_CLASSES
 from core.vocab import AGENT_PATHS
@@ -66,6 +70,7 @@ __all__ = [
     "KV_COLUMNS",
     "REQUEST_CLASS_CODES",
     "REQUEST_COLUMNS",
+    "STAGE_COLUMNS",
     "GpuBatch",
     "RequestBatch",
     "agent_columns",
@@ -86,6 +91,7 @@ class RequestBatch(NamedTuple):
     kv_hit: Any
     agent: tuple[list[Any], Any] | None  # (the three signals, the path); None: not carried
     classes: Any = None  # request class codes (int64, REQUEST_CLASS_CODES); None: not carried
+    stages: dict[str, Any] | None = None  # the STAGE_COLUMNS the batch carries (NaN: not measured); None: none
 
 
 class GpuBatch(NamedTuple):
@@ -124,7 +130,8 @@ def request_batch(cols: Mapping[str, npt.ArrayLike]) -> RequestBatch:
     ValueError
         Missing column, ragged lengths, negative or infinite values; agent
         signals outside [0, 1] or not carried together, a path index not in
-        ``0..2``; a request class code that is not an integer >= 0.
+        ``0..2``; a request class code that is not an integer >= 0; a stage latency
+        that is negative or infinite.
     """
     ok = column(cols, "ok", None, bool)
     n = int(ok.size)
@@ -144,7 +151,11 @@ def request_batch(cols: Mapping[str, npt.ArrayLike]) -> RequestBatch:
         if not np.all(np.isfinite(raw)) or np.any(raw < 0) or np.any(raw != np.floor(raw)) or np.any(raw > 2**31):
             raise ValueError("request_class: codes must be integers >= 0 (0: no class)")
         classes = raw.astype(np.int64)
-    return RequestBatch(ok, f, kv_hit, agent_columns(cols, n), classes)
+    stages = {k: column(cols, k, n, np.float64) for k in STAGE_COLUMNS if k in cols}
+    for name, arr in stages.items():
+        if np.any(np.isinf(arr)) or np.any(arr < 0.0):
+            raise ValueError(f"{name}: values must be finite (NaN: not measured) and >= 0")
+    return RequestBatch(ok, f, kv_hit, agent_columns(cols, n), classes, stages or None)
 
 
 def agent_columns(cols: Mapping[str, npt.ArrayLike], n: int) -> tuple[list[Any], Any] | None:

@@ -20,7 +20,7 @@ cannot drift apart.  This module imports nothing from the window modules: they i
 Examples
 --------
 >>> [f.name for f in AGGREGATE if f.merge == "sketch"]
-['e2e', 'ttft', 'itl']
+['e2e', 'ttft', 'itl', 'network', 'preprocess', 'decode']
 >>> [f.name for f in RECORD if f.source == "zone"]
 ['node_cap_dropped', 'node_cap_dropped_rate']
 >>> field_names("node")  # doctest: +NORMALIZE_WHITESPACE
@@ -46,6 +46,7 @@ __all__ = [
     "RECORD",
     "REQUEST_COLUMNS",
     "REQUIRED",
+    "STAGE_COLUMNS",
     "AggField",
     "FieldTableError",
     "RecordField",
@@ -68,6 +69,9 @@ KV_COLUMNS = ("fragmentation_ratio", "kv_free_bytes", "kv_waiting_bytes", "kv_ge
 AGENT_SIGNAL_COLUMNS = ("agent_stability", "agent_rag_score", "agent_tool_conf")
 AGENT_COLUMNS = (*AGENT_SIGNAL_COLUMNS, "agent_path")
 AGENT_MICRO = 1_000_000  # a window sums the agent signals in integer millionths (exact merges)
+# Optional stage latencies of a request batch (NaN = not measured): the time before the request
+# reached a replica (network, preprocessing) and its decode.  A window keeps a sketch of each.
+STAGE_COLUMNS = ("network_ms", "preprocess_ms", "decode_ms")
 
 
 class FieldTableError(TypeError):
@@ -105,7 +109,9 @@ AGGREGATE: tuple[AggField, ...] = (
     *(AggField(f"{c}_micro", int, "sum", later=True) for c in AGENT_SIGNAL_COLUMNS),  # in millionths
     *(AggField(f"n_path_{p}", int, "sum", later=True) for p in AGENT_PATHS),  # requests by agent_path
     AggField("n_unfixable", int, "sum", later=True),
+    AggField("n_stage_unfixable", int, "sum", later=True),  # of those, the ones network + preprocess explain
     *(AggField(s, object, "sketch") for s in ("e2e", "ttft", "itl")),
+    *(AggField(c.removesuffix("_ms"), object, "sketch", later=True) for c in STAGE_COLUMNS),
     AggField("nodes", dict, "nodes"),
 )
 
@@ -150,8 +156,11 @@ RECORD: tuple[RecordField, ...] = (
     RecordField("count", "int", 0, "result"),
     RecordField("rate_rps", "num", 0.0, "result"),
     # unfixable: over the TTFT limit even without the wait (capacity cannot fix them); absent: 0
-    *_rec("violation_rate unfixable_rate error_rate kv_hit_rate", "rate", 0.0, "result"),
+    # stage_unfixable: the unfixable the stages before a replica explain (network + preprocess); absent: 0
+    *_rec("violation_rate unfixable_rate stage_unfixable_rate error_rate kv_hit_rate", "rate", 0.0, "result"),
     *_rec("e2e_p50_ms e2e_p95_ms e2e_p99_ms ttft_p50_ms ttft_p95_ms ttft_p99_ms itl_p95_ms", "opt_num", None, "result"),
+    # the stage latencies' quantiles (None: no request measured that stage)
+    *(RecordField(f"{c[:-3]}_p{q}_ms", "opt_num", None, "result") for c in STAGE_COLUMNS for q in (50, 95)),
     *_rec("prompt_tokens output_tokens", "int", 0, "result"),
     *_rec("queue_ms_mean queue_len_mean queue_len_max running_mean", "opt_num", None, "result"),
     RecordField("gpu_util_mean", "opt_rate", None, "result"),

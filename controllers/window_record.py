@@ -11,9 +11,11 @@ dead-letters it with that reason, so no shape of record can crash a driver.
 Only the header is required (``scope``, ``model``, ``zone``,
 ``window_end_ms``; ``node`` for a node window).  Every other field may be
 absent (older producers, hand-written records) and then takes its empty
-value: 0 for counts and rates, None for quantiles, means and KV fields.  A
-field that is present must have its type and range: counts are ints >= 0,
-rates lie in [0, 1], latencies and means are finite numbers >= 0.
+value: 0 for counts and rates, None for quantiles, means and KV fields (a
+record from before the stage latencies decodes with none).  A field that is
+present must have its type and range: counts are ints >= 0, rates lie in
+[0, 1], latencies and means are finite numbers >= 0, and
+``stage_unfixable_rate`` (a share of the unfixable) is at most ``unfixable_rate``.
 
 Examples
 --------
@@ -85,6 +87,9 @@ class WindowRecord:
     # share of requests over their TTFT limit even without their wait (capacity cannot fix them);
     # a record without it (an older worker) reads 0: every violation counts as fixable
     unfixable_rate: float = 0.0
+    # of those, the share that would meet the limit without its network and preprocess time too: a slow
+    # stage before the replica made them miss (neither queueing nor prefill); absent (an older worker): 0
+    stage_unfixable_rate: float = 0.0
     error_rate: float = 0.0
     kv_hit_rate: float = 0.0
     e2e_p50_ms: float | None = None
@@ -94,6 +99,13 @@ class WindowRecord:
     ttft_p95_ms: float | None = None
     ttft_p99_ms: float | None = None
     itl_p95_ms: float | None = None
+    # the stage latencies (None: no request of the window measured that stage)
+    network_p50_ms: float | None = None
+    network_p95_ms: float | None = None
+    preprocess_p50_ms: float | None = None
+    preprocess_p95_ms: float | None = None
+    decode_p50_ms: float | None = None
+    decode_p95_ms: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
     queue_ms_mean: float | None = None
@@ -238,4 +250,6 @@ def decode_window(obj: Any) -> WindowRecord:
         values["window_start_ms"] = max(0, values["window_end_ms"] - round(span_ms))
     if values["window_start_ms"] > values["window_end_ms"]:
         raise WindowRecordError("window_start_ms: after window_end_ms")
+    if values.get("stage_unfixable_rate", 0.0) > values.get("unfixable_rate", 0.0):
+        raise WindowRecordError("stage_unfixable_rate: above unfixable_rate (a share of it)")
     return WindowRecord(**values)

@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from controllers.errors import ParameterError
-from controllers.window_fields import AGENT_MICRO, AGENT_SIGNAL_COLUMNS, KV_COLUMNS, check_keys
+from controllers.window_fields import AGENT_MICRO, AGENT_SIGNAL_COLUMNS, KV_COLUMNS, STAGE_COLUMNS, check_keys
 from controllers.windows import NodeSnapshot, WindowAggregate, initialize
 from core.vocab import AGENT_PATHS, READY_STATES, STARTING_STATES
 
@@ -84,10 +84,12 @@ def result(agg: WindowAggregate, window_s: float) -> dict[str, Any]:
         "rate_rps": n / window_s,
         "violation_rate": _ratio(agg.n_violations, n, 0.0),
         "unfixable_rate": _ratio(agg.n_unfixable, n, 0.0),
+        "stage_unfixable_rate": _ratio(agg.n_stage_unfixable, n, 0.0),
         "error_rate": _ratio(agg.n_errors, n, 0.0),
         "kv_hit_rate": _ratio(agg.n_kv_hits, n, 0.0),
     }
-    for name, qs in (("e2e", (50, 95, 99)), ("ttft", (50, 95, 99)), ("itl", (95,))):
+    stages = tuple((c.removesuffix("_ms"), (50, 95)) for c in STAGE_COLUMNS)
+    for name, qs in (("e2e", (50, 95, 99)), ("ttft", (50, 95, 99)), ("itl", (95,)), *stages):
         sketch: DDSketch = getattr(agg, name)
         for q in qs:
             out[f"{name}_p{q}_ms"] = sketch.quantile(q / 100.0)

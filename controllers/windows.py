@@ -27,7 +27,11 @@ reports the means (None when no request carried them) and ``agent_path_counts``.
 Missing latency measurements (NaN) are skipped by that metric's sketch and
 never count as a latency violation.  ``n_unfixable`` (docs/model.md §23):
 ``ok`` requests over their TTFT limit even without their wait, which no
-replica count fixes (a NaN wait counts as fixable).
+replica count fixes (a NaN wait counts as fixable); ``n_stage_unfixable``: those
+of them that would meet it without their network and preprocess time too (the
+optional :data:`STAGE_COLUMNS`, NaN = not measured = 0): a slow stage before the
+replica, not queueing nor prefill, made them miss.  Each stage's latency has its
+own sketch (``network``, ``preprocess``, ``decode``), empty when not measured.
 
 Per-request-class SLOs: a batch may carry the optional ``request_class``
 column (small int codes, :data:`controllers.window_columns.REQUEST_CLASS_CODES`:
@@ -71,6 +75,7 @@ from controllers.window_columns import (
     GPU_COLUMNS,
     KV_COLUMNS,
     REQUEST_COLUMNS,
+    STAGE_COLUMNS,
     gpu_batch,
     request_batch,
 )
@@ -83,6 +88,7 @@ __all__ = [
     "GPU_COLUMNS",
     "KV_COLUMNS",
     "REQUEST_COLUMNS",
+    "STAGE_COLUMNS",
     "NodeSnapshot",
     "SloSpec",
     "WindowAggregate",
@@ -99,7 +105,9 @@ _SUMMED = tuple(f.name for f in AGGREGATE if f.merge == "sum")
 _MAXED = tuple(f.name for f in AGGREGATE if f.merge == "max")
 _SKETCHES = tuple(f.name for f in AGGREGATE if f.merge == "sketch")
 _FIRST = tuple((f.name, f.type) for f in AGGREGATE if f.merge in ("sum", "max") and not f.later)
-_LATER_FIELDS = tuple(f.name for f in AGGREGATE if f.later)  # absent from an older snapshot: 0
+_LATER_FIELDS = tuple(f.name for f in AGGREGATE if f.later and f.merge != "sketch")  # absent from an older snapshot: 0
+_LATER_SKETCHES = tuple(f.name for f in AGGREGATE if f.later and f.merge == "sketch")  # absent: empty
+_STAGE_SKETCHES = {c.removesuffix("_ms"): c for c in STAGE_COLUMNS}  # sketch -> its optional column
 
 
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
@@ -188,6 +196,7 @@ class WindowAggregate:
     n_requests: int = 0
     n_violations: int = 0
     n_unfixable: int = 0
+    n_stage_unfixable: int = 0  # of the unfixable, those the network and preprocess stages explain
     n_errors: int = 0
     n_kv_hits: int = 0
     prompt_tokens: int = 0
@@ -196,6 +205,9 @@ class WindowAggregate:
     e2e: DDSketch = field(default_factory=DDSketch)
     ttft: DDSketch = field(default_factory=DDSketch)
     itl: DDSketch = field(default_factory=DDSketch)
+    network: DDSketch = field(default_factory=DDSketch)  # the STAGE_COLUMNS' sketches (empty: not measured)
+    preprocess: DDSketch = field(default_factory=DDSketch)
+    decode: DDSketch = field(default_factory=DDSketch)
     n_gpu_samples: int = 0
     gpu_util_sum: float = 0.0
     queue_len_sum: float = 0.0
@@ -234,7 +246,8 @@ class WindowAggregate:
         for k in _LATER_FIELDS:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
-            setattr(agg, name, DDSketch.from_dict(data[name]))
+            absent = name in _LATER_SKETCHES and name not in data
+            setattr(agg, name, DDSketch() if absent else DDSketch.from_dict(data[name]))
         agg.nodes = {
             n: NodeSnapshot(**{**s, "free_block_hist": tuple(s.get("free_block_hist", ()))})
             for n, s in data["nodes"].items()
@@ -287,7 +300,7 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
     >>> add_requests(agg, cols, SloSpec(500.0, 50.0)); agg.n_errors, agg.n_violations
     (1, 1)
     """
-    ok, f, kv_hit, agent, classes = request_batch(cols)
+    ok, f, kv_hit, agent, classes, stages = request_batch(cols)
     n = int(ok.size)
     if n == 0:
         return
@@ -296,8 +309,14 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
         bad = ~ok | (f["ttft_ms"] > ttft_limit) | (f["itl_ms"] > itl_limit)
         unfixable = ok & (f["ttft_ms"] - f["queue_ms"] > ttft_limit)
     for name in _SKETCHES:
-        arr = f[f"{name}_ms"]
-        getattr(agg, name).add_many(arr[~np.isnan(arr)])
+        arr = f.get(f"{name}_ms") if name not in _STAGE_SKETCHES else (stages or {}).get(_STAGE_SKETCHES[name])
+        if arr is not None:
+            getattr(agg, name).add_many(arr[~np.isnan(arr)])
+    if stages is not None and ("network_ms" in stages or "preprocess_ms" in stages) and unfixable.any():
+        before = sum(np.nan_to_num(stages[k]) for k in ("network_ms", "preprocess_ms") if k in stages)
+        with np.errstate(invalid="ignore"):
+            # the wait and the stages before a replica taken away, the request meets its limit: they explain the miss
+            agg.n_stage_unfixable += int((unfixable & (f["ttft_ms"] - f["queue_ms"] - before <= ttft_limit)).sum())
     agg.n_requests += n
     agg.n_violations += int(bad.sum())
     agg.n_unfixable += int(unfixable.sum())

@@ -67,7 +67,7 @@ from governor_telemetry.records import (
 
 from controllers.node_cap import NodeCap, dropped_rate
 from controllers.record_columns import check_gpus, check_requests
-from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES
+from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES, STAGE_COLUMNS
 from controllers.window_record import METRICS_SCHEMA_VERSION
 from controllers.window_result import node_result, result
 from controllers.window_tracker import WindowTracker
@@ -147,6 +147,7 @@ _REQUEST_COLUMNS = (
     "kv_hit",
     "ok",
     "request_class",  # REQUEST_CLASS_CODES (0: none or unknown); aggregated only where the model has class SLOs
+    *STAGE_COLUMNS,  # stage latencies (controllers.window_columns.STAGE_COLUMNS): None -> NaN = not measured
 )
 _GPU_COLUMNS = (
     "ts_ms",
@@ -536,6 +537,7 @@ class TelemetryProcessor:
                         [get("kv_hit") or False],
                         [rec["status"] == "ok"],
                         [REQUEST_CLASS_CODES.get(get("request_class"), 0)],
+                        *([_nan_if_none(get(k))] for k in STAGE_COLUMNS),
                     ],
                     _agent_row(get),
                 )
@@ -604,6 +606,7 @@ class TelemetryProcessor:
             _or(cols["kv_hit"], False),
             [s == "ok" for s in cols["status"]],
             _class_codes(cols["request_class"]),
+            *(_none_as_nan(cols[k]) for k in STAGE_COLUMNS),
         ]
         agent = _agent_columns(cols)
         keys = list(zip(models, cols["zone"], cols["node"], starts, strict=True))
@@ -696,6 +699,7 @@ class TelemetryProcessor:
                 *(_zero_nan(num.get(k), zero) for k in ("prompt_tokens", "output_tokens", "kv_hit")),
                 num["ok"],
                 num.get("request_class", zero),
+                *(num[k] if k in num else np.full(n, np.nan) for k in STAGE_COLUMNS),  # not measured: NaN
             ]
             agent = None
             if any(k in num for k in AGENT_COLUMNS):

@@ -38,7 +38,8 @@ SNAPSHOT_VERSION = 4
 # (issue 31, item 4): a sealed snapshot replayed within its maximum age cannot shrink the fleet.
 RESTORE_CONFIRM_WINDOWS = 3
 _LOG_LEVELS = {"zone_lost": logging.WARNING, "zone_healed": logging.WARNING, "zone_returned": logging.WARNING,
-               "capacity_prior": logging.WARNING, "drift": logging.INFO, "scale_down_hold": logging.DEBUG}  # fmt: skip
+               "capacity_prior": logging.WARNING, "drift": logging.INFO, "scale_down_hold": logging.DEBUG,
+               "slow_stage": logging.INFO}  # fmt: skip
 
 
 @dataclass

@@ -17,6 +17,7 @@ from loop.deadletters import dead_letter_kind
 from streams.health import HealthServer, Readiness, build_info, serve
 
 _LABELS = ("model", "zone")
+_STAGES = ("network", "preprocess", "decode")  # the window record's {stage}_p50_ms / _p95_ms
 _BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # governor_breaker_state
 
 
@@ -47,6 +48,19 @@ class WorkerMetrics:
             "share of requests over their TTFT SLO even without waiting (no replica count fixes them; "
             "the scaler's feedback leaves them out)",
             _LABELS,
+            registry=r,
+        )
+        self.stage_unfixable = Gauge(
+            "governor_slo_stage_unfixable_rate",
+            "share of requests over their TTFT SLO that their network and preprocess time explain "
+            "(a slow stage, not queueing: the scaler adds no replicas for them)",
+            _LABELS,
+            registry=r,
+        )
+        self.stage_latency = Gauge(  # the window's stage latencies (controllers.window_fields.STAGE_COLUMNS)
+            "governor_stage_latency_seconds",
+            "a request stage's latency in the last window (stage: network, preprocess, decode; quantile: 0.5, 0.95)",
+            ("model", "zone", "stage", "quantile"),
             registry=r,
         )
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
@@ -172,6 +186,7 @@ class WorkerMetrics:
             (self.ttft_slo, "ttft_slo_ms", 1e-3),
             (self.violation, "violation_rate", 1.0),
             (self.unfixable, "unfixable_rate", 1.0),
+            (self.stage_unfixable, "stage_unfixable_rate", 1.0),
             (self.rate, "rate_rps", 1.0),
             (self.queue, "queue_len_mean", 1.0),
             (self.gpu_util, "gpu_util_mean", 1.0),
@@ -181,6 +196,11 @@ class WorkerMetrics:
             value = m.get(key)
             if value is not None:
                 gauge.labels(*lab).set(float(value) * scale)
+        for stage in _STAGES:
+            for q, label in (("p50", "0.5"), ("p95", "0.95")):
+                value = m.get(f"{stage}_{q}_ms")
+                if value is not None:
+                    self.stage_latency.labels(*lab, stage, label).set(float(value) * 1e-3)
 
     def observe_breaker(self, model: str, zone: str, state: str, *, changed: bool) -> None:
         """A target's breaker state after a window; ``changed`` counts a transition."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
 
 from core.clock import ScaledClock
 from core.settings import ModelSpec, Settings
@@ -116,3 +117,26 @@ async def field_in_every_zone(
                 found[ex.zone] = orjson.loads(raw)
         await asyncio.sleep(0.1)
     return found
+
+
+async def consume(
+    settings: Settings, topics: list[str], until: Callable[[dict[str, list[Any]]], bool], timeout_s: float
+) -> dict[str, list[Any]]:
+    """The JSON messages of ``topics`` (short names) from the start, until ``until(seen)`` or the timeout."""
+    consumer = AIOKafkaConsumer(
+        *[settings.topic(t) for t in topics],
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
+    await consumer.start()
+    seen: dict[str, list[Any]] = {t: [] for t in topics}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not until(seen):
+            for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
+                seen[tp.topic.split(".", 1)[1]] += [orjson.loads(m.value) for m in msgs]
+    finally:
+        await consumer.stop()
+    return seen

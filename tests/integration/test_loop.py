@@ -10,16 +10,15 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer
 from governor_telemetry.producer import TelemetryProducer
 
 from core import names
 from core.settings import Settings
 from launch.processes import EXECUTOR_READY, WORKER_READY, start_executor, start_worker
 from launch.topics import ensure_topics
+from tests.integration.harness import consume as _consume
 from tests.integration.harness import read_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -86,26 +85,6 @@ def _gpu(now: int, node: str) -> dict:
         "queue_len": 3,
         "running": 8,
     }
-
-
-async def _consume(settings: Settings, topics: list[str], until, timeout_s: float) -> dict[str, list]:  # type: ignore[no-untyped-def]
-    consumer = AIOKafkaConsumer(
-        *[settings.topic(t) for t in topics],
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=50,
-    )
-    await consumer.start()
-    seen: dict[str, list] = {t: [] for t in topics}
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not until(seen):
-            for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
-                seen[tp.topic.split(".", 1)[1]] += [orjson.loads(m.value) for m in msgs]
-    finally:
-        await consumer.stop()
-    return seen
 
 
 async def test_load_step_raises_violations_and_scale_up_is_applied_once(loop: Settings) -> None:

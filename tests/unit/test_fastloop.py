@@ -170,3 +170,17 @@ def test_bad_parameters_are_refused() -> None:
         Fault("meteor", "az-a", 1.0)
     with pytest.raises(LoopConfigError):
         LoopConfig.of(balancer="anycast")
+
+
+def test_the_simulated_fleets_stage_latencies_reach_the_windows() -> None:
+    """The simulated replicas report network, preprocess and decode time (sim/replica.py): the loop's
+    windows keep them (issue 36 item 6) -- the network's median near the fleet's 2 ms."""
+    sc = build("replay", TRACE, 4.0, 120.0)
+    r = run("governor", sc.workload, CFG, sc.faults, sc.duration_s)
+    busy = [decode_window(w) for w in r.windows if w["count"]]
+    assert busy
+    for w in busy:
+        assert w.network_p50_ms is not None and 1.0 < w.network_p50_ms < 4.0, w
+        assert w.preprocess_p95_ms is not None and w.preprocess_p95_ms >= 0.5, w
+        assert w.decode_p50_ms is not None and w.decode_p50_ms > 0.0, w
+        assert w.network_p95_ms is not None and w.network_p95_ms >= w.network_p50_ms

@@ -307,3 +307,47 @@ def test_a_miss_without_a_reported_wait_counts_as_fixable(encoding: str) -> None
     assert not res.dead_letters
     (zone,) = [w for w in p.close_due(T0 + 60_000, 0) if w["scope"] == "zone"]
     assert zone["violation_rate"] == 1.0 and zone["unfixable_rate"] == 0.5
+
+
+@pytest.mark.parametrize("encoding", ["record", "rows", "columns"])
+def test_windows_keep_the_stage_latencies(encoding: str) -> None:
+    """Issue 36 item 6: the per-record path (one record a message), the row batch's column path and the
+    columnar path each keep network, preprocess and decode latencies as sketches, and count the misses
+    a slow stage explains (over the TTFT SLO without the wait, within it without the network and
+    preprocess time too).  Requests without a stage carry none (NaN), never a 0."""
+    from governor_telemetry.columnar import encode_columns
+
+    p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
+    recs = []
+    for i in range(10):
+        stages: dict[str, Any] = {"network_ms": 800.0, "preprocess_ms": 5.0, "decode_ms": 2000.0} if i < 4 else {}
+        # 0-3: TTFT 1400 = 800 network + 5 preprocess + 0 wait + 595 prefill (the network explains the miss);
+        # 4-5: TTFT 1400, no stages reported, no wait (unfixable, not explained); 6-9: within the SLO
+        ttft = 1400.0 if i < 6 else 300.0
+        recs.append(_req(i, T0 + 10 * i, "n1", ttft_ms=ttft, e2e_ms=4000.0, status="ok", queue_ms=0.0, **stages))
+    src = {"topic": "t", "partition": 0, "offset": 0}
+    if encoding == "record":
+        for rec in recs:
+            assert not p.process(encode_envelope([rec], "n", 0), src, 0).dead_letters
+    else:
+        raw = encode_envelope(recs, "n", 0) if encoding == "rows" else encode_columns(recs, "n", 0)
+        assert not p.process(raw, src, 0).dead_letters
+    (zone,) = [w for w in p.close_due(T0 + 60_000, 0) if w["scope"] == "zone"]
+    assert zone["violation_rate"] == 0.6 and zone["unfixable_rate"] == 0.6
+    assert zone["stage_unfixable_rate"] == 0.4
+    assert zone["network_p50_ms"] == pytest.approx(800.0, rel=0.01)
+    assert zone["network_p95_ms"] == pytest.approx(800.0, rel=0.01)
+    assert zone["preprocess_p95_ms"] == pytest.approx(5.0, rel=0.01)
+    assert zone["decode_p50_ms"] == pytest.approx(2000.0, rel=0.01)
+
+
+def test_a_bad_stage_latency_is_dead_lettered_with_its_reason() -> None:
+    p = TelemetryProcessor(Settings(window_s=1.0, lateness_s=0.2))
+    recs = [_req(0, T0, "n1", network_ms=-3.0), _req(1, T0, "n1", decode_ms=5.0)]
+    res = p.process(encode_envelope(recs, "n", 0), {"topic": "t", "partition": 0, "offset": 0}, 0)
+    assert [(d["reason"], d["source"]["index"]) for d in res.dead_letters] == [
+        ("field 'network_ms'=-3.0 is below 0", 0)
+    ]
+    (zone,) = [w for w in p.close_due(T0 + 60_000, 0) if w["scope"] == "zone"]
+    assert zone["count"] == 1 and zone["decode_p50_ms"] == pytest.approx(5.0, rel=0.01)
+    assert zone["network_p50_ms"] is None

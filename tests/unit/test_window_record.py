@@ -91,6 +91,17 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("utilisation above 1", {**ZONE, "gpu_util_mean": 1.2}, "gpu_util_mean"),
     ("agent mean above 1", {**ZONE, "agent_stability_mean": 1.2}, "agent_stability_mean"),
     ("fragmentation above 1", {**NODE, "fragmentation_ratio": 1.5}, "fragmentation_ratio"),
+    # stage latencies (issue 36 item 6)
+    ("negative network P95", {**ZONE, "network_p95_ms": -1.0}, "network_p95_ms"),
+    ("infinite preprocess P50", {**ZONE, "preprocess_p50_ms": math.inf}, "preprocess_p50_ms"),
+    ("decode P95 as text", {**ZONE, "decode_p95_ms": "12"}, "decode_p95_ms"),
+    ("stage share above 1", {**ZONE, "stage_unfixable_rate": 1.5, "unfixable_rate": 1.0}, "stage_unfixable_rate"),
+    (
+        "stage share above the unfixable",
+        {**ZONE, "stage_unfixable_rate": 0.3, "unfixable_rate": 0.2},
+        "stage_unfixable_rate",
+    ),
+    ("null stage share", {**ZONE, "stage_unfixable_rate": None}, "stage_unfixable_rate"),
     # node windows, bounds, histogram size
     ("node window without a node", _without(NODE, "node"), "node"),
     ("node window with an empty node", {**NODE, "node": ""}, "node"),
@@ -127,6 +138,17 @@ def test_the_loop_dead_letters_a_malformed_record_with_the_field(obj: Any, field
     else:
         assert dl["record"] == orjson.loads(raw)
     orjson.dumps(dl)  # every dead letter can be produced
+
+
+def test_a_record_from_before_the_stage_latencies_decodes_without_them() -> None:
+    """An older worker's window (no stage fields, schema version 1) decodes: no stage latency, no stage share."""
+    old = {**ZONE, "schema_version": 1, "count": 10, "violation_rate": 0.5, "unfixable_rate": 0.4}
+    r = decode_window(old)
+    assert r.stage_unfixable_rate == 0.0 and r.unfixable_rate == 0.4
+    assert (r.network_p50_ms, r.network_p95_ms, r.preprocess_p95_ms, r.decode_p95_ms) == (None, None, None, None)
+    new = decode_window({**old, "stage_unfixable_rate": 0.4, "network_p95_ms": 812.5, "decode_p50_ms": 0})
+    assert (new.stage_unfixable_rate, new.network_p95_ms, new.decode_p50_ms) == (0.4, 812.5, 0.0)
+    assert decode_window(new.to_dict()) == new
 
 
 def test_a_header_alone_decodes_with_empty_defaults() -> None:

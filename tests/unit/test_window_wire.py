@@ -5,7 +5,9 @@ MAC-signed metrics message (:meth:`loop.control_loop.ControlLoop.sign_window`) a
 record (:meth:`controllers.window_record.WindowRecord.to_dict`) must not change by a byte, or
 workers of two versions would stop reading each other's windows.  The fixture was written by the
 code before that change (commit 2b29a4c); regenerate it only for a deliberate format change
-(``GOVERNOR_REWRITE_WIRE_FIXTURE=1``) and bump ``METRICS_SCHEMA_VERSION`` then.
+(``GOVERNOR_REWRITE_WIRE_FIXTURE=1``) and bump ``METRICS_SCHEMA_VERSION`` then, unless the change
+only adds optional fields (an older reader ignores them, a newer one reads their absence as empty):
+issue 36 item 6 added the stage latencies that way and regenerated it, at version 1.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def _traffic() -> list[dict[str, Any]]:
             rec["agent_path"] = ("rag", "tool", "llm")[i % 3]
         if i % 5 == 0:
             rec["request_class"] = ("trading", "voice", "batch")[i % 3]
+        if i % 4 == 0:  # stage latencies, one request in four; a slow network past the TTFT SLO in eight
+            net = 700.0 if i % 8 == 0 else float(i % 9)
+            rec.update(network_ms=net, preprocess_ms=0.5, decode_ms=float(i), ttft_ms=rec["ttft_ms"] + net)
         recs.append(rec)
     for i in range(9):
         gpu = dict(zip(_GPU, (0.25 + i / 20, 10, 20, i % 4, 2, 3, 9), strict=True))
@@ -100,3 +105,4 @@ def test_the_fixture_covers_every_record_field() -> None:
     assert any(r["agent_stability_mean"] is not None for r in zone)
     assert any(r["kv_generation"] is not None and r["free_block_hist"] for r in node)
     assert all(v is not None for r in zone for k, v in r.items() if k.startswith("ttft_p") and r["count"])
+    assert any(r["network_p95_ms"] is not None and r["stage_unfixable_rate"] > 0 for r in zone)

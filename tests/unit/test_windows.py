@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from typing import Any
 
@@ -528,3 +529,64 @@ def test_the_latest_samples_free_block_histogram_is_kept_and_survives_serialisat
     assert WindowAggregate.from_dict(old).nodes["n1"].free_block_hist == ()
     with pytest.raises(ValueError, match="free_block_hist"):
         add_gpu(initialize(), cols, ["n1", "n1"], ["ready", "ready"], [[1], [-1]])
+
+
+# -- stage latencies (issue 36 item 6) ------------------------------------------------------------
+def _stage_cols(ttft: list[float], queue: list[float], **stages: list[float]) -> dict[str, Any]:
+    n = len(ttft)
+    cols: dict[str, Any] = {
+        "ttft_ms": np.array(ttft),
+        "itl_ms": np.full(n, 10.0),
+        "e2e_ms": np.array(ttft) + 100.0,
+        "queue_ms": np.array(queue),
+        "prompt_tokens": np.ones(n),
+        "output_tokens": np.ones(n),
+        "kv_hit": np.zeros(n, bool),
+        "ok": np.ones(n, bool),
+    }
+    return cols | {k: np.array(v) for k, v in stages.items()}
+
+
+def test_a_miss_the_network_explains_counts_as_a_stage_share_of_the_unfixable() -> None:
+    """TTFT limit 500: (a) 900 = 600 network + 300 prefill, no wait: the network explains it; (b) 900 with a
+    400 wait: queueing, fixable; (c) 900 = 100 network + 800 prefill: unfixable, the prefill's; (d) network not
+    measured (NaN): unfixable, not explained; (e) within the limit."""
+    agg = initialize()
+    nan = math.nan
+    cols = _stage_cols(
+        [900.0, 900.0, 900.0, 900.0, 200.0],
+        [0.0, 400.0, 0.0, 0.0, 0.0],
+        network_ms=[600.0, 600.0, 100.0, nan, 50.0],
+        preprocess_ms=[0.0, 0.0, 0.0, nan, 1.0],
+        decode_ms=[40.0, 40.0, 40.0, 40.0, nan],
+    )
+    add_requests(agg, cols, SloSpec(500.0, 50.0))
+    assert (agg.n_violations, agg.n_unfixable, agg.n_stage_unfixable) == (4, 3, 1)
+    assert (agg.network.count, agg.preprocess.count, agg.decode.count) == (4, 4, 4)
+    out = result(agg, 10.0)
+    assert out["stage_unfixable_rate"] == 0.2 and out["unfixable_rate"] == 0.6
+    assert out["network_p95_ms"] == pytest.approx(600.0, rel=0.01)
+    assert out["decode_p50_ms"] == pytest.approx(40.0, rel=0.01)
+
+
+def test_stage_latencies_merge_and_an_older_snapshot_restores_without_them() -> None:
+    a, b = initialize(), initialize()
+    add_requests(a, _stage_cols([900.0], [0.0], network_ms=[700.0]), SloSpec(500.0, 50.0))
+    add_requests(b, _stage_cols([100.0, 100.0], [0.0, 0.0], preprocess_ms=[3.0, 4.0]), SloSpec(500.0, 50.0))
+    m = merge(a, b)
+    assert (m.n_stage_unfixable, m.network.count, m.preprocess.count, m.decode.count) == (1, 1, 2, 0)
+    assert WindowAggregate.from_dict(m.to_dict()) == m
+    old = m.to_dict()
+    for k in ("network", "preprocess", "decode", "n_stage_unfixable"):
+        del old[k]  # a snapshot written before the stage latencies
+    restored = WindowAggregate.from_dict(old)
+    assert (restored.n_stage_unfixable, restored.network.count, restored.decode.count) == (0, 0, 0)
+    assert result(restored, 1.0)["network_p95_ms"] is None
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.inf])
+def test_a_bad_stage_latency_rejects_the_batch(bad: float) -> None:
+    agg = initialize()
+    with pytest.raises(ValueError, match="^network_ms:"):
+        add_requests(agg, _stage_cols([100.0], [0.0], network_ms=[bad]), SloSpec(500.0, 50.0))
+    assert agg.n_requests == 0
