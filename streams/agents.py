@@ -138,6 +138,17 @@ def _source(msg: Any) -> dict[str, Any]:
     return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
 
 
+# The most telemetry messages (and bytes) the ingest agent takes together (Worker.ingest).
+INGEST_BATCH_MESSAGES = 256
+INGEST_BATCH_BYTES = 8 << 20
+
+
+def _drained(stream: Any) -> bool:
+    """Whether the consumer has handed the stream nothing more yet (its channel's queue is empty)."""
+    empty = getattr(stream.channel, "empty", None)
+    return empty is None or bool(empty())
+
+
 class Worker:
     """The worker's Faust agents and timers around one :class:`~loop.control_loop.ControlLoop`
     (``readiness``: failed by an agent's crash until it runs again)."""
@@ -286,8 +297,45 @@ class Worker:
 
     # -- ingest ------------------------------------------------------------------------------------
     async def ingest(self, stream: Any) -> None:
-        async for event in stream.noack().events():
-            await self.ingest_one(event)
+        """Events are taken in batches: what the consumer has fetched (the stream's queue empty, or
+        INGEST_BATCH_MESSAGES / INGEST_BATCH_BYTES taken), so a backlog is read many messages at a
+        time and a lone message is not held back."""
+        stream = stream.noack()
+        taken: list[tuple[Any, int]] = []  # (event, the ingest generation when it came)
+        size = 0
+        async for event in stream.events():
+            taken.append((event, self.rebalance.generation))
+            size += len(event.value) if isinstance(event.value, bytes) else 0
+            if len(taken) >= INGEST_BATCH_MESSAGES or size >= INGEST_BATCH_BYTES or _drained(stream):
+                await self.ingest_batch(taken)
+                taken, size = [], 0
+
+    async def ingest_batch(self, taken: list[tuple[Any, int]]) -> None:
+        """Telemetry events, each partition's together (:meth:`ControlLoop.ingest_many`). An event taken
+        before a rebalance is skipped, never acknowledged: its partition is re-read from the committed
+        offset.  A batch whose ingest raises is taken again one message at a time (each its own boundary)."""
+        generation = self.rebalance.generation
+        by_partition: dict[Any, list[Any]] = {}
+        for event, gen in taken:
+            if gen == generation:
+                by_partition.setdefault(event.message.partition, []).append(event)
+        self.metrics.ingest_batches.inc()
+        for events in by_partition.values():
+            if self.rebalance.generation != generation:
+                return
+            sources = [_source(e.message) for e in events]
+            try:
+                res = self.loop.ingest_many([e.value for e in events], sources, self.clock.now_ms())
+                signed = self.sign_windows(res.windows)
+            except Exception:  # noqa: BLE001 - the boundary is the message: one at a time
+                log.exception("ingest of %d messages from %s failed; one at a time", len(events), sources[0])
+                for event in events:
+                    await self.ingest_one(event)
+                continue
+            await self.emit(res, signed, sources)
+            for event in events:
+                self.rebalance.hold(event, res.max_ts_ms, generation)
+            self.rebalance.ack_closed()
 
     async def ingest_one(self, event: Any) -> None:
         msg, generation = event.message, self.rebalance.generation
@@ -299,18 +347,25 @@ class Worker:
             log.error("ingest of %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
             self.metrics.observe_dead_letter(dl["reason"])
             res, signed = Ingested(dead_letters=[dl]), []
+        await self.emit(res, signed, [_source(msg)])
+        self.rebalance.hold(event, res.max_ts_ms, generation)
+        self.rebalance.ack_closed()
+
+    async def emit(self, res: Ingested, signed: list[Any], sources: list[dict[str, Any]]) -> None:
+        """An ingest's dead letters and closed windows, sent."""
         if res.dead_letters:
-            # One log line per message, not per record: a replay of old data or a broken
+            # One log line per batch, not per record: a replay of old data or a broken
             # producer must not become a flood of log lines (measured: the per-record line
             # was ~30 % of the worker's time on an all-late stream).
-            first = res.dead_letters[0]["reason"]
-            n, topic, part, off = len(res.dead_letters), msg.topic, msg.partition, msg.offset
-            log.info("%d dead letter(s) from %s[%d]@%d, first: %s", n, topic, part, off, first)
+            first, last = sources[0], sources[-1]
+            n, topic, part = len(res.dead_letters), first["topic"], first["partition"]
+            where = f"{first['offset']}" if len(sources) == 1 else f"{first['offset']}..{last['offset']}"
+            log.info(
+                "%d dead letter(s) from %s[%d]@%s, first: %s", n, topic, part, where, res.dead_letters[0]["reason"]
+            )
         for dl in res.dead_letters:
             await self.send_dead_letter(dl)
         await self.publish_windows(res.windows, signed)
-        self.rebalance.hold(event, res.max_ts_ms, generation)
-        self.rebalance.ack_closed()
 
     def highwater(self, partition: int) -> int | None:
         """Of a telemetry partition; None: not known, not assigned."""
