@@ -138,15 +138,11 @@ def _source(msg: Any) -> dict[str, Any]:
     return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
 
 
-# The most telemetry messages (and bytes) the ingest agent takes together (Worker.ingest).
+# The most telemetry messages (and bytes) the ingest agent takes together, and the longest a message
+# waits for its batch (Worker.ingest): Faust hands the agent one message per turn of the event loop.
 INGEST_BATCH_MESSAGES = 256
 INGEST_BATCH_BYTES = 8 << 20
-
-
-def _drained(stream: Any) -> bool:
-    """Whether the consumer has handed the stream nothing more yet (its channel's queue is empty)."""
-    empty = getattr(stream.channel, "empty", None)
-    return empty is None or bool(empty())
+INGEST_WITHIN_S = 0.05
 
 
 class Worker:
@@ -202,6 +198,9 @@ class Worker:
         self.status_key, self.worker_beat = names.status(prefix), names.worker_heartbeat(prefix)
         self.next_heartbeat_read = 0.0
         self.hlc = Hlc()  # the bridge's: one hybrid logical clock per worker
+        self.taken: list[tuple[Any, int]] = []  # telemetry events not ingested yet, with their ingest generation
+        self.taken_bytes = 0
+        self.ingest_lock = asyncio.Lock()
         self._register()
 
     def _register(self) -> None:
@@ -211,6 +210,7 @@ class Worker:
         app.agent(self.commands, name="bridge")(watch.agent("bridge")(self.bridge))
         tick_s = max(0.05, self.clock.to_wall_s(self.settings.window_s * 1000) / 10)
         app.timer(tick_s, name="close-windows")(self.close_windows)
+        app.task(self.flush_ingest_every)
         app.on_partitions_revoked.connect(self.on_revoked)  # type: ignore[arg-type]  # Faust wants signal=
         app.on_partitions_assigned.connect(self.on_assigned)  # type: ignore[arg-type]
 
@@ -297,18 +297,31 @@ class Worker:
 
     # -- ingest ------------------------------------------------------------------------------------
     async def ingest(self, stream: Any) -> None:
-        """Events are taken in batches: what the consumer has fetched (the stream's queue empty, or
-        INGEST_BATCH_MESSAGES / INGEST_BATCH_BYTES taken), so a backlog is read many messages at a
-        time and a lone message is not held back."""
-        stream = stream.noack()
-        taken: list[tuple[Any, int]] = []  # (event, the ingest generation when it came)
-        size = 0
-        async for event in stream.events():
-            taken.append((event, self.rebalance.generation))
-            size += len(event.value) if isinstance(event.value, bytes) else 0
-            if len(taken) >= INGEST_BATCH_MESSAGES or size >= INGEST_BATCH_BYTES or _drained(stream):
+        """Telemetry is taken in batches: every message the consumer hands over joins the batch, which is
+        ingested at INGEST_BATCH_MESSAGES or INGEST_BATCH_BYTES, or by the flush timer (every
+        INGEST_WITHIN_S): a backlog is read hundreds of messages at a time, a lone message waits at
+        most INGEST_WITHIN_S."""
+        async for event in stream.noack().events():
+            self.taken.append((event, self.rebalance.generation))
+            self.taken_bytes += len(event.value) if isinstance(event.value, bytes) else 0
+            if len(self.taken) >= INGEST_BATCH_MESSAGES or self.taken_bytes >= INGEST_BATCH_BYTES:
+                await self.flush_ingest()
+
+    async def flush_ingest(self) -> None:
+        """Ingest the batch taken so far (the agent when it is full, the timer otherwise), one batch at a time."""
+        async with self.ingest_lock:
+            taken, self.taken, self.taken_bytes = self.taken, [], 0
+            if taken:
                 await self.ingest_batch(taken)
-                taken, size = [], 0
+
+    async def flush_ingest_every(self) -> None:
+        """Every INGEST_WITHIN_S, the batch taken so far (a task, not a timer: a batch may take longer)."""
+        while True:
+            await asyncio.sleep(INGEST_WITHIN_S)
+            try:
+                await self.flush_ingest()
+            except Exception:  # a send that raised: logged; its events stay unacknowledged (re-read)
+                log.exception("ingest of a batch failed")
 
     async def ingest_batch(self, taken: list[tuple[Any, int]]) -> None:
         """Telemetry events, each partition's together (:meth:`ControlLoop.ingest_many`). An event taken
