@@ -23,7 +23,9 @@ The control agent's learned state (scaler, routing, breakers, KV policy,
 agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
-Each agent handles a message inside one boundary (:mod:`streams.boundary`).
+Each agent handles a message inside one boundary (:mod:`streams.boundary`); the ingest
+agent takes telemetry in batches (:meth:`Worker.ingest`), a batch that raises is taken again
+one message at a time.
 What lives in Redis (rollouts, admission entries, executor heartbeats, platform
 replicas, allowances) is read here and enters the loop through its one port,
 :meth:`~loop.control_loop.ControlLoop.observe`; each decision comes back as one
