@@ -503,8 +503,8 @@ def _package(file: str, func: str) -> str:
 #: cumulative time of its functions; what the ingest agent does not account for is Faust,
 #: aiokafka and asyncio per message.
 LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("ingest agent", (("streams/agents.py", "ingest_one"),)),
-    ("processor", (("loop/pipeline.py", "process"),)),
+    ("ingest agent", (("streams/agents.py", "ingest_batch"), ("streams/agents.py", "ingest_one"))),
+    ("processor", (("loop/pipeline.py", "process"), ("loop/pipeline.py", "process_many"))),
     ("decode", (("governor_telemetry/columnar.py", "decode_message"),)),
     (
         "column checks",

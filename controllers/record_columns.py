@@ -172,6 +172,11 @@ def _node_mask(col: list[Any], n: int) -> Any:
     """Rows whose node id is longer than MAX_NODE_CHARS (non-str rows: flagged by type)."""
     if col.count(col[0]) == n and type(col[0]) is str:
         return np.full(n, len(col[0]) > MAX_NODE_CHARS)
+    try:
+        if max(map(len, col)) <= MAX_NODE_CHARS:  # in C (several messages' nodes); TypeError: no str, flagged
+            return np.zeros(n, bool)
+    except TypeError:
+        pass
     return np.fromiter((type(v) is str and len(v) > MAX_NODE_CHARS for v in col), bool, n)
 
 

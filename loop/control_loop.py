@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -210,7 +210,18 @@ class ControlLoop:
         """
         proc = self.ingests.of(source.get("partition"), source.get("offset"))
         res: ProcessResult = proc.process(raw, source, now_ms)
-        windows = proc.close_due(None, now_ms) if close else []
+        return self._ingested(res, proc.close_due(None, now_ms) if close else [])
+
+    def ingest_many(self, raws: Sequence[Any], sources: Sequence[Mapping[str, Any]], now_ms: int) -> Ingested:
+        """Messages of one partition, in their order, taken together (the worker's ingest agent takes what
+        the consumer has fetched): the dead letters and windows :meth:`ingest` of each in turn gives,
+        the column work of their rows done together (:meth:`TelemetryProcessor.process_many`);
+        ``max_ts_ms``: of them all, so each is acknowledged once every window the batch fed closed."""
+        last = sources[-1]
+        proc = self.ingests.of(last.get("partition"), last.get("offset"))
+        return self._ingested(*proc.process_many(raws, sources, now_ms))
+
+    def _ingested(self, res: ProcessResult, windows: list[dict[str, Any]]) -> Ingested:
         out = Ingested(res.valid, res.dead_letters, windows, res.max_ts_ms, res.capped)
         if self.metrics is not None:
             self.metrics.records.inc(res.valid + len(res.dead_letters) + res.capped)

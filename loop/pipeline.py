@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
-from governor_telemetry.columnar import ColumnBatch, Section, decode_message
+from governor_telemetry.columnar import SECTIONS, ColumnBatch, Section, decode_message
 from governor_telemetry.records import (
     EnvelopeError,
     request_columns,
@@ -191,9 +191,16 @@ def _codes(col: list[Any], n: int) -> tuple[Any, list[str]]:
     first = col[0]
     if type(first) is str and col.count(first) == n:  # the usual batch: one model, zone and node
         return np.zeros(n, np.int64), [first]
-    index: dict[str, int] = {}
-    codes = np.fromiter((index.setdefault(v, len(index)) if type(v) is str else -1 for v in col), np.int64, n)
-    return codes, list(index)
+    try:
+        distinct = dict.fromkeys(col)  # in C: the distinct values in order (messages taken together: a few)
+    except TypeError:  # an unhashable value (a list): a suspect row
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(v, len(index)) if type(v) is str else -1 for v in col), np.int64, n)
+        return codes, list(index)
+    vocab = [v for v in distinct if type(v) is str]
+    code = {v: -1 for v in distinct if type(v) is not str}  # (1, 1.0 and True are one key: -1 all the same)
+    code.update((v, i) for i, v in enumerate(vocab))
+    return np.fromiter(map(code.__getitem__, col), np.int64, n), vocab
 
 
 def _groups(good: Any, *keys: Any) -> list[tuple[tuple[int, ...], Any]]:
@@ -227,6 +234,44 @@ def _groups_2d(good: Any, cols: list[Any]) -> list[tuple[tuple[int, ...], Any]]:
     uniq, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
     inv = inv.ravel()
     return [(tuple(int(v) for v in uniq[g]), good[inv == g]) for g in np.argsort(first, kind="stable").tolist()]
+
+
+def _latest_ts(batch: ColumnBatch) -> int | None:
+    """The latest ``ts_ms`` of a columnar message (None: no rows, or a value that is no finite number)."""
+    latest = None
+    for section in batch.sections.values():
+        try:
+            last = math.ceil(max(section.cols["ts_ms"]))  # TypeError: None, a string; ValueError: NaN, inf
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        latest = last if latest is None else max(latest, last)
+    return latest
+
+
+def _concat(kind: str, sections: Sequence[Section]) -> Section:
+    """Sections of one kind as one, in order (a column one of them lacks: None, absent, for its rows)."""
+    names = dict.fromkeys(name for s in sections for name in s.cols)
+    cols: dict[str, list[Any]] = {}
+    for name in names:
+        col: list[Any] = []
+        for s in sections:
+            part = s.cols.get(name)
+            col += [None] * s.n if part is None else part
+        cols[name] = col
+    return Section(kind, sum(s.n for s in sections), cols)
+
+
+def _parts(
+    section: Section, source: Mapping[str, Any], parts: Sequence[tuple[Section, Mapping[str, Any]]]
+) -> list[tuple[Section, Mapping[str, Any], int]]:
+    """(section, source, first row in ``section``) of each part ``section`` was joined from (itself: none)."""
+    if not parts:
+        return [(section, source, 0)]
+    out, first = [], 0
+    for part, src in parts:
+        out.append((part, src, first))
+        first += part.n
+    return out
 
 
 def _zero_nan(arr: Any, zero: Any) -> Any:
@@ -446,20 +491,90 @@ class TelemetryProcessor:
 
     def _process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
         out = ProcessResult()
-        try:
-            records = decode_message(raw)
-        except EnvelopeError as exc:
-            self._dead(out, "bad envelope", f"bad envelope: {exc}", source, _raw_text(raw), now_ms)
-            return out
+        records = self._decode(raw, source, now_ms, out)
         if isinstance(records, ColumnBatch):
             self.records_in += records.rows()
             for section in records.sections.values():
                 self._process_section(section, source, now_ms, out)
-            return out
+        elif records is not None:
+            self._process_rows(records, source, now_ms, out)
+        return out
+
+    def _decode(self, raw: Any, source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> Any:
+        """A message's records or columns; None: a broken envelope (its dead letter added to ``out``)."""
+        try:
+            return decode_message(raw)
+        except EnvelopeError as exc:
+            self._dead(out, "bad envelope", f"bad envelope: {exc}", source, _raw_text(raw), now_ms)
+            return None
+
+    def _process_rows(self, records: list[Any], source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> None:
         self.records_in += len(records)
         rest = self._process_columns(records, now_ms, out) if len(records) > 1 else None
         self._process_records(enumerate(records) if rest is None else rest, source, now_ms, out)
-        return out
+
+    def process_many(
+        self, raws: Sequence[Any], sources: Sequence[Mapping[str, Any]], now_ms: int
+    ) -> tuple[ProcessResult, list[dict[str, Any]]]:
+        """Messages in their order, taken together: the dead letters and windows that :meth:`process` of
+        each, then ``close_due(None, now_ms)``, would give, with the column checks and the windowing of
+        consecutive columnar messages done once over their rows together (``max_ts_ms``: of them all).
+
+        A run of columnar messages ends before the message whose predecessors' latest time stamp could
+        close a window (one message at a time, windows would close there), so windows close after
+        the same messages, a record is late exactly when it is late one message at a time, and a
+        row batch is taken alone.  Suspect rows keep their own dead letter (reason, section, index,
+        the source of their message).
+        """
+        out, windows = ProcessResult(), []
+        run: list[tuple[ColumnBatch, Mapping[str, Any]]] = []
+        latest: int | None = None  # the latest time stamp of the run: a bound on the watermark it makes
+        for raw, source in zip(raws, sources, strict=True):
+            records = self._decode(raw, source, now_ms, out)
+            if records is None:
+                continue
+            last = _latest_ts(records) if isinstance(records, ColumnBatch) else None
+            if run and (last is None or self._would_close(latest, now_ms)):
+                windows += self._take_run(run, now_ms, out)
+                run, latest = [], None
+            if not isinstance(records, ColumnBatch):
+                self._process_rows(records, source, now_ms, out)
+                windows += self.close_due(None, now_ms)
+                continue
+            run.append((records, source))
+            if last is None:  # a time stamp of no number: taken alone
+                windows += self._take_run(run, now_ms, out)
+                run = []
+            else:
+                latest = last if latest is None else max(latest, last)
+        if run:
+            windows += self._take_run(run, now_ms, out)
+        self._last_message_ms = now_ms
+        wm = self.tracker.watermark_ms
+        self._caught_up = wm is not None and now_ms - wm <= self.idle_close_ms
+        return out, windows
+
+    def _would_close(self, latest: int | None, now_ms: int) -> bool:
+        """Whether a watermark at ``latest`` (the clock's at most) could close a window not yet closed."""
+        closed = self.tracker.closed_ms
+        if latest is None:
+            return False
+        if closed is None:
+            return True
+        mark = latest if now_ms < CLOCK_FLOOR_MS else min(latest, now_ms)
+        return (mark - self.tracker.lateness_ms) // self.size_ms > closed // self.size_ms
+
+    def _take_run(self, run: list[tuple[ColumnBatch, Mapping[str, Any]]], now_ms: int, out: ProcessResult) -> Any:
+        """A run of columnar messages: each kind's sections as one (:func:`_concat`), then the windows due."""
+        for batch, _ in run:
+            self.records_in += batch.rows()
+        for kind in SECTIONS:
+            parts = [(b.sections[kind], src) for b, src in run if kind in b.sections]
+            if len(parts) == 1:
+                self._process_section(parts[0][0], parts[0][1], now_ms, out)
+            elif parts:
+                self._process_section(_concat(kind, [p for p, _ in parts]), parts[0][1], now_ms, out, parts)
+        return self.close_due(None, now_ms)  # as the worker after every message (ControlLoop.ingest)
 
     def _admit(self, rec: Mapping[str, Any], now_ms: int) -> tuple[str, str] | tuple[int, SloSpec]:
         """A valid record's window start and SLO, or the (kind, reason) of its dead letter."""
@@ -638,22 +753,34 @@ class TelemetryProcessor:
         out.valid += len(records)
         return rest
 
-    def _process_section(self, section: Section, source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> None:
+    def _process_section(
+        self,
+        section: Section,
+        source: Mapping[str, Any],
+        now_ms: int,
+        out: ProcessResult,
+        parts: Sequence[tuple[Section, Mapping[str, Any]]] = (),
+    ) -> None:
         """Columnar path: one section's rows checked, admitted and windowed a column at a time (numpy).
 
         The rows the column checks do not vouch for, and the rows a vectorised admission check
         refuses (unknown model or zone, future, late, past the node cap), take the per-record path:
         it dead-letters each with its reason and its row index (``source`` gets ``section``), or
-        takes it when it is valid after all (an integral float in an int field, say).
+        takes it when it is valid after all (an integral float in an int field, say).  ``parts``:
+        the sections (and their messages' sources) ``section`` was joined from, in order; a row
+        for the per-record path is then its own section's row, with its index and source there.
         """
         n, cols = section.n, section.cols
         checked = (check_requests if section.kind == "request" else check_gpus)(cols, n)
         slow = checked.suspect.copy()
         if not slow.all():
             self._window_section(section, checked, slow, now_ms, out)
-        if slow.any():
-            rows = ((i, section.row(i)) for i in np.flatnonzero(slow).tolist())
-            self._process_records(rows, {**source, "section": section.kind}, now_ms, out)
+        if not slow.any():
+            return
+        for part, src, first in _parts(section, source, parts):
+            idx = np.flatnonzero(slow[first : first + part.n]).tolist()
+            if idx:
+                self._process_records(((i, part.row(i)) for i in idx), {**src, "section": part.kind}, now_ms, out)
 
     def _window_section(self, section: Section, checked: Any, slow: Any, now_ms: int, out: ProcessResult) -> None:
         """Admit and window the rows of a checked section not in ``slow``; adds to ``slow`` the rows it refuses."""

@@ -23,7 +23,9 @@ The control agent's learned state (scaler, routing, breakers, KV policy,
 agent weights) is saved to Redis at most every 2 s, sealed, one key per model
 and per routed family (:class:`streams.snapshots.SnapshotStore`), and
 restored for the models a worker gains when partitions are assigned.
-Each agent handles a message inside one boundary (:mod:`streams.boundary`).
+Each agent handles a message inside one boundary (:mod:`streams.boundary`); the ingest
+agent takes telemetry in batches (:meth:`Worker.ingest`), a batch that raises is taken again
+one message at a time.
 What lives in Redis (rollouts, admission entries, executor heartbeats, platform
 replicas, allowances) is read here and enters the loop through its one port,
 :meth:`~loop.control_loop.ControlLoop.observe`; each decision comes back as one
@@ -139,6 +141,13 @@ def _source(msg: Any) -> dict[str, Any]:
     return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
 
 
+# The most telemetry messages (and bytes) the ingest agent takes together, and the longest a message
+# waits for its batch (Worker.ingest): Faust hands the agent one message per turn of the event loop.
+INGEST_BATCH_MESSAGES = 256
+INGEST_BATCH_BYTES = 8 << 20
+INGEST_WITHIN_S = 0.05
+
+
 class Worker:
     """The worker's Faust agents and timers around one :class:`~loop.control_loop.ControlLoop`
     (``readiness``: failed by an agent's crash until it runs again)."""
@@ -195,6 +204,9 @@ class Worker:
         self.hlc = Hlc()  # the bridge's: one hybrid logical clock per worker
         # Online retuning (streams.retune_shell): the search in its own process, the kill switch read each second.
         self.retune = OffLoopRetune(loop.retune, retune_search, self.redis, prefix, clock, self.side)
+        self.taken: list[tuple[Any, int]] = []  # telemetry events not ingested yet, with their ingest generation
+        self.taken_bytes = 0
+        self.ingest_lock = asyncio.Lock()
         self._register()
 
     def _register(self) -> None:
@@ -204,6 +216,7 @@ class Worker:
         app.agent(self.commands, name="bridge")(watch.agent("bridge")(self.bridge))
         tick_s = max(0.05, self.clock.to_wall_s(self.settings.window_s * 1000) / 10)
         app.timer(tick_s, name="close-windows")(self.close_windows)
+        app.task(self.flush_ingest_every)
         app.on_partitions_revoked.connect(self.on_revoked)  # type: ignore[arg-type]  # Faust wants signal=
         app.on_partitions_assigned.connect(self.on_assigned)  # type: ignore[arg-type]
 
@@ -290,8 +303,58 @@ class Worker:
 
     # -- ingest ------------------------------------------------------------------------------------
     async def ingest(self, stream: Any) -> None:
+        """Telemetry is taken in batches: every message the consumer hands over joins the batch, which is
+        ingested at INGEST_BATCH_MESSAGES or INGEST_BATCH_BYTES, or by the flush timer (every
+        INGEST_WITHIN_S): a backlog is read hundreds of messages at a time, a lone message waits at
+        most INGEST_WITHIN_S."""
         async for event in stream.noack().events():
-            await self.ingest_one(event)
+            self.taken.append((event, self.rebalance.generation))
+            self.taken_bytes += len(event.value) if isinstance(event.value, bytes) else 0
+            if len(self.taken) >= INGEST_BATCH_MESSAGES or self.taken_bytes >= INGEST_BATCH_BYTES:
+                await self.flush_ingest()
+
+    async def flush_ingest(self) -> None:
+        """Ingest the batch taken so far (the agent when it is full, the timer otherwise), one batch at a time."""
+        async with self.ingest_lock:
+            taken, self.taken, self.taken_bytes = self.taken, [], 0
+            if taken:
+                await self.ingest_batch(taken)
+
+    async def flush_ingest_every(self) -> None:
+        """Every INGEST_WITHIN_S, the batch taken so far (a task, not a timer: a batch may take longer)."""
+        while True:
+            await asyncio.sleep(INGEST_WITHIN_S)
+            try:
+                await self.flush_ingest()
+            except Exception:  # a send that raised: logged; its events stay unacknowledged (re-read)
+                log.exception("ingest of a batch failed")
+
+    async def ingest_batch(self, taken: list[tuple[Any, int]]) -> None:
+        """Telemetry events, each partition's together (:meth:`ControlLoop.ingest_many`). An event taken
+        before a rebalance is skipped, never acknowledged: its partition is re-read from the committed
+        offset.  A batch whose ingest raises is taken again one message at a time (each its own boundary)."""
+        generation = self.rebalance.generation
+        by_partition: dict[Any, list[Any]] = {}
+        for event, gen in taken:
+            if gen == generation:
+                by_partition.setdefault(event.message.partition, []).append(event)
+        self.metrics.ingest_batches.inc()
+        for events in by_partition.values():
+            if self.rebalance.generation != generation:
+                return
+            sources = [_source(e.message) for e in events]
+            try:
+                res = self.loop.ingest_many([e.value for e in events], sources, self.clock.now_ms())
+                signed = self.sign_windows(res.windows)
+            except Exception:  # noqa: BLE001 - the boundary is the message: one at a time
+                log.exception("ingest of %d messages from %s failed; one at a time", len(events), sources[0])
+                for event in events:
+                    await self.ingest_one(event)
+                continue
+            await self.emit(res, signed, sources)
+            for event in events:
+                self.rebalance.hold(event, res.max_ts_ms, generation)
+            self.rebalance.ack_closed()
 
     async def ingest_one(self, event: Any) -> None:
         msg, generation = event.message, self.rebalance.generation
@@ -303,18 +366,25 @@ class Worker:
             log.error("ingest of %s[%d]@%d dead-lettered: %s", msg.topic, msg.partition, msg.offset, dl["reason"])
             self.metrics.observe_dead_letter(dl["reason"])
             res, signed = Ingested(dead_letters=[dl]), []
+        await self.emit(res, signed, [_source(msg)])
+        self.rebalance.hold(event, res.max_ts_ms, generation)
+        self.rebalance.ack_closed()
+
+    async def emit(self, res: Ingested, signed: list[Any], sources: list[dict[str, Any]]) -> None:
+        """An ingest's dead letters and closed windows, sent."""
         if res.dead_letters:
-            # One log line per message, not per record: a replay of old data or a broken
+            # One log line per batch, not per record: a replay of old data or a broken
             # producer must not become a flood of log lines (measured: the per-record line
             # was ~30 % of the worker's time on an all-late stream).
-            first = res.dead_letters[0]["reason"]
-            n, topic, part, off = len(res.dead_letters), msg.topic, msg.partition, msg.offset
-            log.info("%d dead letter(s) from %s[%d]@%d, first: %s", n, topic, part, off, first)
+            first, last = sources[0], sources[-1]
+            n, topic, part = len(res.dead_letters), first["topic"], first["partition"]
+            where = f"{first['offset']}" if len(sources) == 1 else f"{first['offset']}..{last['offset']}"
+            log.info(
+                "%d dead letter(s) from %s[%d]@%s, first: %s", n, topic, part, where, res.dead_letters[0]["reason"]
+            )
         for dl in res.dead_letters:
             await self.send_dead_letter(dl)
         await self.publish_windows(res.windows, signed)
-        self.rebalance.hold(event, res.max_ts_ms, generation)
-        self.rebalance.ack_closed()
 
     def highwater(self, partition: int) -> int | None:
         """Of a telemetry partition; None: not known, not assigned."""

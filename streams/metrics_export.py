@@ -98,6 +98,9 @@ class WorkerMetrics:
             registry=r,
         )
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
+        self.ingest_batches = Counter(  # streams.agents.Worker.ingest: many messages a batch under load
+            "governor_ingest_batches_total", "telemetry batches the ingest agent took", registry=r
+        )
         self.deadletters = Counter(
             "governor_deadletter_total",
             "records sent to the dead-letter topic, by kind (core.vocab.DEAD_LETTER_KINDS)",
