@@ -27,6 +27,17 @@ controller can act on ``x(t + tau)``; it ignores noise (the mean path).
 Estimates are not clipped to their physical ranges (clipping would bias a
 linear filter); callers clip what they display.
 
+Covariance matching (docs/model.md §9): a measurement further from the
+prediction than the model's noises allow (normalised innovation squared
+``nu_i^2 / S_ii`` above ``KalmanParams.innovation_gate``, 25 = five standard
+deviations) means the model's uncertainty was too small, not that the
+measurement is wrong: the prior variance of that component is raised until
+``S_ii = nu_i^2`` before the correction, so the estimate lands on the
+measurement (within ``r_i / |nu_i|``) in that window instead of trailing it
+for several (a violation rate gone from 0.8 to 0 is seen as gone at once).
+A delay compensation must start from the current best estimate, and a filter
+that lags a step of the measurement by windows is not one.
+
 :class:`LoopDelay` estimates ``tau = tau_ctrl + tau_net + tau_act`` as EWMAs
 of the measured parts of each command's life: basis -> issued (control),
 issued -> applied (network and queueing to the executor), applied ->
@@ -84,7 +95,9 @@ class KalmanParams:
     measurement-noise variance; ``lag_s``: relaxation time constants toward
     the steady state when one is given.  The defaults are placeholders of the
     right order (utilisation measured to +-5 %, queue to +-0.5, violation
-    rate to +-1 %), not fitted values.
+    rate to +-1 %), not fitted values.  ``innovation_gate``: the normalised
+    innovation squared above which a component's prior variance is matched
+    to its innovation (see the module doc; ``math.inf``: a plain filter).
 
     Examples
     --------
@@ -97,10 +110,14 @@ class KalmanParams:
     q_diag: Vec3 = (2e-5, 5e-3, 1e-6)
     r_diag: Vec3 = (2.5e-3, 0.25, 1e-4)
     lag_s: Vec3 = (30.0, 30.0, 60.0)
+    innovation_gate: float = 25.0
 
     def __post_init__(self) -> None:
         for name in ("q_diag", "r_diag", "lag_s"):
             object.__setattr__(self, name, _vec3(name, getattr(self, name), positive=True))
+        gate = self.innovation_gate
+        if isinstance(gate, bool) or not isinstance(gate, int | float) or math.isnan(gate) or gate < 1.0:
+            raise ParameterError(f"innovation_gate={gate!r}: must be >= 1 (math.inf: no matching)")
 
 
 @dataclass(frozen=True)
@@ -205,11 +222,15 @@ def update(
         zv = np.array([check_number("z", z[i]) for i in rows])
         h = np.eye(3)[rows]
         innov = zv - h @ x
-        s_cov = h @ p @ h.T + np.diag(np.array(params.r_diag)[rows])
+        r = np.array(params.r_diag)[rows]
+        s_diag = np.diag(p)[rows] + r
+        # Covariance matching: an innovation beyond the gate raises that prior variance to explain it.
+        p = p + np.diag(h.T @ np.where(innov**2 > params.innovation_gate * s_diag, innov**2 - s_diag, 0.0))
+        s_cov = h @ p @ h.T + np.diag(r)
         k = np.linalg.solve(s_cov, h @ p).T  # P H^T S^-1 (S, P symmetric)
         x = x + k @ innov
         ikh = np.eye(3) - k @ h
-        p = ikh @ p @ ikh.T + k @ np.diag(np.array(params.r_diag)[rows]) @ k.T  # Joseph form
+        p = ikh @ p @ ikh.T + k @ np.diag(r) @ k.T  # Joseph form
     return KalmanState(x=(float(x[0]), float(x[1]), float(x[2])), p=_as_p(p), steps=state.steps + 1)
 
 

@@ -91,6 +91,29 @@ def test_missing_signal_is_skipped() -> None:
     assert s2.x == s0.x and s2.p[0][0] > s0.p[0][0]
 
 
+@pytest.mark.parametrize("steady", [None, (0.6, 3.2, None)], ids=["random-walk", "steady-state"])
+def test_a_step_beyond_the_noises_is_tracked_in_the_window_it_is_measured(steady) -> None:
+    # Heavy violations and a queue for 6 windows, then both gone (the fleet caught up): the estimate a delay
+    # compensation starts from must be the measurement's, not trail it for windows (docs/model.md §9).
+    params = KalmanParams()
+    state = KalmanState.initial((0.95, 30.0, 0.8))
+    for _ in range(6):
+        state = update(params, state, (0.95, 30.0, 0.8), 10.0, steady=steady)
+    state = update(params, state, (0.5, 0.0, 0.0), 10.0, steady=steady)
+    assert abs(state.x[1]) < 0.05 and abs(state.x[2]) < 1e-3, state.x  # within r / |innovation|
+    assert predict_ahead(params, state, 0.02, steady=steady)[2] < 1e-3  # §3.1's 20 ms delay
+    # A plain filter (no covariance matching) trails it: the bug of bench design-source §3.1.
+    plain = KalmanParams(innovation_gate=math.inf)
+    lagging = KalmanState.initial((0.95, 30.0, 0.8))
+    for _ in range(6):
+        lagging = update(plain, lagging, (0.95, 30.0, 0.8), 10.0, steady=steady)
+    lagging = update(plain, lagging, (0.5, 0.0, 0.0), 10.0, steady=steady)
+    assert lagging.x[2] > 0.5 and lagging.x[1] > 10.0, lagging.x
+    # Within the noises the filter still smooths: a 1-sigma step moves the estimate part of the way.
+    small = update(params, state, (0.5, 0.0, 0.01), 10.0, steady=steady)
+    assert 0.0 < small.x[2] < 0.009, small.x
+
+
 def test_prediction_with_zero_delay_is_the_estimate() -> None:
     params = KalmanParams()
     state = update(params, KalmanState.initial((0.3, 1.0, 0.01)), (0.5, 2.0, 0.04), 5.0)
@@ -165,6 +188,8 @@ def test_state_round_trips_json_and_pickle() -> None:
         (lambda: KalmanParams(q_diag=(1e-4, -1.0, 1e-5)), "q_diag"),  # negative noise
         (lambda: KalmanParams(lag_s=(30.0, 30.0)), "lag_s"),  # two values, not three
         (lambda: KalmanParams(r_diag=(1e-3, float("inf"), 1e-4)), "r_diag"),  # not finite
+        (lambda: KalmanParams(innovation_gate=0.5), "innovation_gate"),  # below one standard deviation
+        (lambda: KalmanParams(innovation_gate=float("nan")), "innovation_gate"),
         (lambda: KalmanState(x=(0, 0, 0), p=((1, 2, 0), (0, 1, 0), (0, 0, 1))), "symmetric"),
         (lambda: KalmanState.initial((0, 0, 0), var=(1, 0, 1)), "var"),  # zero variance
         (lambda: update(KalmanParams(), KalmanState.initial((0, 0, 0)), (1, 2), 1.0), "z="),
