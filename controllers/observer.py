@@ -240,10 +240,16 @@ def predict_ahead(
     tau_s: float,
     steady: Steady = None,
     max_step_s: float | None = None,
+    measured: Sequence[float | None] | None = None,
 ) -> Vec3:
     """The mean state ``tau_s`` ahead: RK4 on the model ODE (no measurement).
 
     ``max_step_s`` bounds the RK4 step (default: a twentieth of the shortest lag).
+    ``measured`` (u, q, eps; ``None`` where missing): a component with no steady
+    state is predicted as measured, not as filtered.  A random walk predicts no
+    change, so its prediction is its current value; the window's measurement is
+    already a mean over the window, and the filter's estimate of a component it
+    has no model for only trails it (docs/model.md §9).
 
     Examples
     --------
@@ -259,6 +265,12 @@ def predict_ahead(
     if hmax <= 0.0:
         raise ParameterError(f"max_step_s={max_step_s}: must be > 0")
     x = np.array(state.x)
+    if measured is not None:
+        if len(measured) != 3:
+            raise ParameterError(f"measured={measured!r}: need 3 values (u, q, eps) or None each")
+        for i in range(3):
+            if s[i] is None and measured[i] is not None:
+                x[i] = check_number("measured", measured[i])
     n = math.ceil(tau_s / hmax) if tau_s > 0.0 else 0
     for _ in range(n):
         h = tau_s / n
