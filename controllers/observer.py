@@ -23,7 +23,9 @@ Discretisation over ``dt`` is exact: ``F_i = exp(-dt/lag_i)``,
 ``x' = F x + (1 - F) s``, ``Q_i = q_i lag_i (1 - F_i^2) / 2`` (``q_i dt`` for
 a random walk).  :func:`predict_ahead` integrates the same ODE forward over
 the loop delay ``tau`` with classical RK4 (docs/model.md §9 (observer)), so the
-controller can act on ``x(t + tau)``; it ignores noise (the mean path).
+controller can act on ``x(t + tau)``; it ignores noise (the mean path).  Given
+the measurement, it starts a component with no steady state from it: a random
+walk predicts no change, and the filter's estimate of one only trails it.
 Estimates are not clipped to their physical ranges (clipping would bias a
 linear filter); callers clip what they display.
 

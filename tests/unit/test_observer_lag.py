@@ -10,9 +10,10 @@ fell by a quarter a window after the measurement fell to 0.  The law takes ``max
 rise passed at once and a fall reached the PID windows late; the loop kept scaling up after the fleet was
 large enough (§3.1 at 20 ms from 4 replicas of the 8 needed: 24 with the observer, 14 without).  With a
 profiled capacity the queue estimate (noise 0.25 against 5e-3 /s) trailed the measurement the same way, and
-``lead`` is computed from it.  The fix (docs/model.md §9): covariance matching, a measurement beyond five
+``lead`` is computed from it.  The fix (docs/model.md §9): what the model has no steady state for (eps; the
+queue without a capacity) is predicted as measured, and covariance matching, a measurement beyond five
 standard deviations of the filter's prediction raises that component's prior variance to explain it, so the
-estimate lands on the measurement in that window."""
+estimate a prediction with a steady state starts from lands on the measurement in that window."""
 
 from __future__ import annotations
 
