@@ -199,11 +199,11 @@ NOTES = {
         "cycle longer than the run, whose last third is the overshoot (no violations, -2 points, and the "
         "fleet error).  From half of it the same overshoot comes at the start.  With 10 s windows a 20 or "
         "50 ms delay is under "
-        "a window and there is nothing to compensate; compensation on overshoots more there because the "
-        "observer lags a fall of the violations (eps is a random walk in its model, so its prediction is the "
-        "filtered value, and the law takes the larger of it and the measurement: "
-        "tests/unit/test_observer_lag.py, xfail).  At the fast loop's own delay (30 s start-up) the dead-time "
-        "hold pays, where the source reports nothing."
+        "a window and there is nothing to compensate: compensation on and off give the same rows (before "
+        "the observer predicted what it has no model for as measured and matched its covariance to large "
+        "innovations, it trailed a fall of the violations and overshot more: tests/unit/test_observer_lag.py).  "
+        "At the fast loop's own delay (30 s start-up) the dead-time hold pays, where the source reports "
+        "nothing."
     ),
     "4.1": (
         "an agent turn here is one to four LLM calls of a 70B model on the simulated H100 fleet (seconds each, "

@@ -23,9 +23,22 @@ Discretisation over ``dt`` is exact: ``F_i = exp(-dt/lag_i)``,
 ``x' = F x + (1 - F) s``, ``Q_i = q_i lag_i (1 - F_i^2) / 2`` (``q_i dt`` for
 a random walk).  :func:`predict_ahead` integrates the same ODE forward over
 the loop delay ``tau`` with classical RK4 (docs/model.md §9 (observer)), so the
-controller can act on ``x(t + tau)``; it ignores noise (the mean path).
+controller can act on ``x(t + tau)``; it ignores noise (the mean path).  Given
+the measurement, it starts a component with no steady state from it: a random
+walk predicts no change, and the filter's estimate of one only trails it.
 Estimates are not clipped to their physical ranges (clipping would bias a
 linear filter); callers clip what they display.
+
+Covariance matching (docs/model.md §9): a measurement further from the
+prediction than the model's noises allow (normalised innovation squared
+``nu_i^2 / S_ii`` above ``KalmanParams.innovation_gate``, 25 = five standard
+deviations) means the model's uncertainty was too small, not that the
+measurement is wrong: the prior variance of that component is raised until
+``S_ii = nu_i^2`` before the correction, so the estimate lands on the
+measurement (within ``r_i / |nu_i|``) in that window instead of trailing it
+for several (a violation rate gone from 0.8 to 0 is seen as gone at once).
+A delay compensation must start from the current best estimate, and a filter
+that lags a step of the measurement by windows is not one.
 
 :class:`LoopDelay` estimates ``tau = tau_ctrl + tau_net + tau_act`` as EWMAs
 of the measured parts of each command's life: basis -> issued (control),
@@ -84,7 +97,9 @@ class KalmanParams:
     measurement-noise variance; ``lag_s``: relaxation time constants toward
     the steady state when one is given.  The defaults are placeholders of the
     right order (utilisation measured to +-5 %, queue to +-0.5, violation
-    rate to +-1 %), not fitted values.
+    rate to +-1 %), not fitted values.  ``innovation_gate``: the normalised
+    innovation squared above which a component's prior variance is matched
+    to its innovation (see the module doc; ``math.inf``: a plain filter).
 
     Examples
     --------
@@ -97,10 +112,14 @@ class KalmanParams:
     q_diag: Vec3 = (2e-5, 5e-3, 1e-6)
     r_diag: Vec3 = (2.5e-3, 0.25, 1e-4)
     lag_s: Vec3 = (30.0, 30.0, 60.0)
+    innovation_gate: float = 25.0
 
     def __post_init__(self) -> None:
         for name in ("q_diag", "r_diag", "lag_s"):
             object.__setattr__(self, name, _vec3(name, getattr(self, name), positive=True))
+        gate = self.innovation_gate
+        if isinstance(gate, bool) or not isinstance(gate, int | float) or math.isnan(gate) or gate < 1.0:
+            raise ParameterError(f"innovation_gate={gate!r}: must be >= 1 (math.inf: no matching)")
 
 
 @dataclass(frozen=True)
@@ -205,11 +224,15 @@ def update(
         zv = np.array([check_number("z", z[i]) for i in rows])
         h = np.eye(3)[rows]
         innov = zv - h @ x
-        s_cov = h @ p @ h.T + np.diag(np.array(params.r_diag)[rows])
+        r = np.array(params.r_diag)[rows]
+        s_diag = np.diag(p)[rows] + r
+        # Covariance matching: an innovation beyond the gate raises that prior variance to explain it.
+        p = p + np.diag(h.T @ np.where(innov**2 > params.innovation_gate * s_diag, innov**2 - s_diag, 0.0))
+        s_cov = h @ p @ h.T + np.diag(r)
         k = np.linalg.solve(s_cov, h @ p).T  # P H^T S^-1 (S, P symmetric)
         x = x + k @ innov
         ikh = np.eye(3) - k @ h
-        p = ikh @ p @ ikh.T + k @ np.diag(np.array(params.r_diag)[rows]) @ k.T  # Joseph form
+        p = ikh @ p @ ikh.T + k @ np.diag(r) @ k.T  # Joseph form
     return KalmanState(x=(float(x[0]), float(x[1]), float(x[2])), p=_as_p(p), steps=state.steps + 1)
 
 
@@ -219,10 +242,16 @@ def predict_ahead(
     tau_s: float,
     steady: Steady = None,
     max_step_s: float | None = None,
+    measured: Sequence[float | None] | None = None,
 ) -> Vec3:
     """The mean state ``tau_s`` ahead: RK4 on the model ODE (no measurement).
 
     ``max_step_s`` bounds the RK4 step (default: a twentieth of the shortest lag).
+    ``measured`` (u, q, eps; ``None`` where missing): a component with no steady
+    state is predicted as measured, not as filtered.  A random walk predicts no
+    change, so its prediction is its current value; the window's measurement is
+    already a mean over the window, and the filter's estimate of a component it
+    has no model for only trails it (docs/model.md §9).
 
     Examples
     --------
@@ -238,6 +267,12 @@ def predict_ahead(
     if hmax <= 0.0:
         raise ParameterError(f"max_step_s={max_step_s}: must be > 0")
     x = np.array(state.x)
+    if measured is not None:
+        if len(measured) != 3:
+            raise ParameterError(f"measured={measured!r}: need 3 values (u, q, eps) or None each")
+        for i in range(3):
+            if s[i] is None and measured[i] is not None:
+                x[i] = check_number("measured", measured[i])
     n = math.ceil(tau_s / hmax) if tau_s > 0.0 else 0
     for _ in range(n):
         h = tau_s / n

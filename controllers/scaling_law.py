@@ -566,7 +566,8 @@ def _observe(
     tau = s.delay.tau_s if s.delay.n else p.startup_hint_s
     steady, ahead = observer_inputs(p, s, arrival, ready, tau, window_s)
     s.kalman = obs.update(kp, s.kalman if s.kalman is not None else obs.KalmanState.initial(z), z, window_s, steady)
-    _u, q_pred, eps_pred = obs.predict_ahead(kp, s.kalman, tau, ahead)
+    # From the current best estimate: what the model cannot predict (no steady state) as measured.
+    _u, q_pred, eps_pred = obs.predict_ahead(kp, s.kalman, tau, ahead, measured=z)
     # Where the loop will be when a command lands: the predicted queue's doomed share.
     fixable = fixable_violation_rate(w, s.unfixable_base)
     lead = ff.leading_violation_rate(

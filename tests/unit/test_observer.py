@@ -91,6 +91,45 @@ def test_missing_signal_is_skipped() -> None:
     assert s2.x == s0.x and s2.p[0][0] > s0.p[0][0]
 
 
+@pytest.mark.parametrize("steady", [None, (0.6, 3.2, None)], ids=["random-walk", "steady-state"])
+def test_a_step_beyond_the_noises_is_tracked_in_the_window_it_is_measured(steady) -> None:
+    # Heavy violations and a queue for 6 windows, then both gone (the fleet caught up): the estimate a delay
+    # compensation starts from must be the measurement's, not trail it for windows (docs/model.md §9).
+    params = KalmanParams()
+    state = KalmanState.initial((0.95, 30.0, 0.8))
+    for _ in range(6):
+        state = update(params, state, (0.95, 30.0, 0.8), 10.0, steady=steady)
+    state = update(params, state, (0.5, 0.0, 0.0), 10.0, steady=steady)
+    assert abs(state.x[1]) < 0.05 and abs(state.x[2]) < 1e-3, state.x  # within r / |innovation|
+    assert predict_ahead(params, state, 0.02, steady=steady)[2] < 1e-3  # §3.1's 20 ms delay
+    # A plain filter (no covariance matching) trails it: the bug of bench design-source §3.1.
+    plain = KalmanParams(innovation_gate=math.inf)
+    lagging = KalmanState.initial((0.95, 30.0, 0.8))
+    for _ in range(6):
+        lagging = update(plain, lagging, (0.95, 30.0, 0.8), 10.0, steady=steady)
+    lagging = update(plain, lagging, (0.5, 0.0, 0.0), 10.0, steady=steady)
+    assert lagging.x[2] > 0.5 and lagging.x[1] > 10.0, lagging.x
+    # Within the noises the filter still smooths: a 1-sigma step moves the estimate part of the way.
+    small = update(params, state, (0.5, 0.0, 0.01), 10.0, steady=steady)
+    assert 0.0 < small.x[2] < 0.009, small.x
+
+
+def test_what_the_model_cannot_predict_is_predicted_as_measured() -> None:
+    # A random walk predicts no change: its prediction is its current value, which the window measured and a
+    # filter with no model for it only trails (docs/model.md §9). A component with a steady state is
+    # predicted from the filter's estimate, toward it.
+    params = KalmanParams(innovation_gate=math.inf)  # a trailing estimate, to tell the two apart
+    state = KalmanState.initial((0.9, 20.0, 0.5))
+    state = update(params, state, (0.9, 20.0, 0.5), 10.0)
+    z = (0.88, 19.0, 0.45)  # within the noises: the filter moves only part of the way
+    state = update(params, state, z, 10.0)
+    assert state.x[2] > 0.46 and state.x[1] > 19.0
+    u, q, eps = predict_ahead(params, state, 30.0, steady=(0.5, 0.5, None), measured=z)
+    assert eps == 0.45  # as measured
+    assert q == pytest.approx(predict_ahead(params, state, 30.0, steady=(0.5, 0.5, None))[1])  # the model's
+    assert predict_ahead(params, state, 30.0, measured=(None, None, None)) == state.x  # nothing measured
+
+
 def test_prediction_with_zero_delay_is_the_estimate() -> None:
     params = KalmanParams()
     state = update(params, KalmanState.initial((0.3, 1.0, 0.01)), (0.5, 2.0, 0.04), 5.0)
@@ -165,11 +204,18 @@ def test_state_round_trips_json_and_pickle() -> None:
         (lambda: KalmanParams(q_diag=(1e-4, -1.0, 1e-5)), "q_diag"),  # negative noise
         (lambda: KalmanParams(lag_s=(30.0, 30.0)), "lag_s"),  # two values, not three
         (lambda: KalmanParams(r_diag=(1e-3, float("inf"), 1e-4)), "r_diag"),  # not finite
+        (lambda: KalmanParams(innovation_gate=0.5), "innovation_gate"),  # below one standard deviation
+        (lambda: KalmanParams(innovation_gate=float("nan")), "innovation_gate"),
         (lambda: KalmanState(x=(0, 0, 0), p=((1, 2, 0), (0, 1, 0), (0, 0, 1))), "symmetric"),
         (lambda: KalmanState.initial((0, 0, 0), var=(1, 0, 1)), "var"),  # zero variance
         (lambda: update(KalmanParams(), KalmanState.initial((0, 0, 0)), (1, 2), 1.0), "z="),
         (lambda: update(KalmanParams(), KalmanState.initial((0, 0, 0)), (1, 2, 3), -1.0), "dt_s"),
         (lambda: predict_ahead(KalmanParams(), KalmanState.initial((0, 0, 0)), -0.1), "tau_s"),
+        (lambda: predict_ahead(KalmanParams(), KalmanState.initial((0, 0, 0)), 1.0, measured=(1, 2)), "measured"),
+        (
+            lambda: predict_ahead(KalmanParams(), KalmanState.initial((0, 0, 0)), 1.0, measured=(0, 0, math.nan)),
+            "measured",
+        ),
         (lambda: LoopDelay(weight=0.0), "weight"),  # EWMA weight in (0, 1]
         (lambda: LoopDelay().observe(10.0, 9.0, 12.0), "applied_at_s"),  # applied before issued
         (lambda: LoopDelay().observe(10.0, 11.0, 12.0, basis_at_s=10.5), "issued_at_s"),

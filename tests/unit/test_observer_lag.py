@@ -1,20 +1,19 @@
-"""The Kalman observer as the scaling law uses it (controllers/scaling_law.py ``_observe``) lags a falling
-violation rate instead of predicting it, which is why ``bench design-source``'s §3.1 overshoots more with
-the compensation on at a 20-50 ms delay than with it off.
+"""The Kalman observer as the scaling law uses it (controllers/scaling_law.py ``_observe``) must pass a fall
+of the violation rate on at once: a delay compensation never lags the measurement it compensates (design
+source §3.1: the controller acts on the state predicted forward from the current best estimate).
 
-The filter models eps (the violation rate) as a random walk: no steady state is ever supplied for it
-(scaling_law.py 555-558: ``steady = (u, q, None)``, and no steady state at all without a profiled
-capacity), so :func:`controllers.observer.predict_ahead` leaves it where the filter has it (observer.py
-163: the derivative is 0 for a component without a steady state) whatever the loop delay; with its
-noises (observer.py 97-98: eps process noise 1e-6 /s, measurement noise 1e-4) the filter's gain is about
-0.27 a 10 s window, so its estimate falls by a quarter a window after the measurement fell to 0.  The law
-then takes the larger of that estimate and the current leading signal (scaling_law.py 567:
-``max(0.0, eps_pred, lead)``): a rise passes at once, a fall reaches the PID windows late, and the loop
-keeps scaling up after the fleet is already large enough (§3.1 at 20 ms from 4 replicas of the 8 needed:
-up to 24 with it, 14 without; with the fix described below, 14 either way).  The first test pins the
-scenario on the plain law; the xfail ones state what a delay compensation owes the loop, for the feedback
-loop alone (§3.1's) and with a profiled capacity, and fail until the observer is fixed (its inputs are being
-changed on another branch: docs/model.md §9; each reason says the fix)."""
+The bug these tests pinned (found by ``bench design-source``'s §3.1, which overshot more with the compensation
+on at a 20-50 ms delay than with it off): the filter models eps as a random walk (no steady state), so
+:func:`controllers.observer.predict_ahead` leaves it where the filter has it, and with its noises (eps process
+noise 1e-6 /s against measurement noise 1e-4) the filter's gain was about 0.27 a 10 s window: its estimate
+fell by a quarter a window after the measurement fell to 0.  The law takes ``max(0, eps_pred, lead)``, so a
+rise passed at once and a fall reached the PID windows late; the loop kept scaling up after the fleet was
+large enough (§3.1 at 20 ms from 4 replicas of the 8 needed: 24 with the observer, 14 without).  With a
+profiled capacity the queue estimate (noise 0.25 against 5e-3 /s) trailed the measurement the same way, and
+``lead`` is computed from it.  The fix (docs/model.md §9): what the model has no steady state for (eps; the
+queue without a capacity) is predicted as measured, and covariance matching, a measurement beyond five
+standard deviations of the filter's prediction raises that component's prior variance to explain it, so the
+estimate a prediction with a steady state starts from lands on the measurement in that window."""
 
 from __future__ import annotations
 
@@ -60,16 +59,6 @@ def test_without_the_observer_the_fall_reaches_the_loop_at_once(capacity_rps: fl
     assert max(signals[6:]) <= 0.02  # ... and so is their end, in the first window without them
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the observer lags a fall of the violation rate: eps is a random walk in the Kalman model (no steady "
-        "state: scaling_law.py 555-558), so predict_ahead returns the filtered value (observer.py 163), which "
-        "falls ~27 % a window (noises at observer.py 97-98), and scaling_law.py 567 takes max(eps_pred, lead). "
-        "Fix: with no steady state to predict with, _observe returns the measured signal (its eps argument); "
-        "a random-walk estimate never enters the max"
-    ),
-)
 def test_the_feedback_loop_s_observer_passes_a_fall_of_the_violations_on_at_once() -> None:
     signals = _signals(True, None)  # bench design-source §3.1's loop: no profiled capacity
     assert min(signals[:6]) > 0.5
@@ -78,17 +67,8 @@ def test_the_feedback_loop_s_observer_passes_a_fall_of_the_violations_on_at_once
     assert max(signals[6:]) <= 0.02, [round(s, 3) for s in signals]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "with a profiled capacity the queue has a steady state, but its estimate trails the measurement too "
-        "(queue measurement noise 0.25 against process noise 5e-3 /s, observer.py 97-98), and lead is "
-        "computed from that estimate (scaling_law.py 561-566) next to the lagging eps (567). Fix: the eps "
-        "fix above, and noises fitted to the windows (the defaults are placeholders) or the measured queue "
-        "as the prediction's start, so that a queue already gone is not predicted"
-    ),
-)
-def test_with_a_profiled_capacity_the_observer_passes_the_fall_on_within_two_windows() -> None:
-    signals = _signals(True, 2.5)
+def test_with_a_profiled_capacity_the_observer_passes_the_fall_on_at_once() -> None:
+    signals = _signals(True, 2.5)  # the queue has a steady state, and lead is computed from its estimate
     assert min(signals[:6]) > 0.5
-    assert max(signals[8:]) <= 0.02, [round(s, 3) for s in signals]
+    # was signals[8:] (within two windows) while this was an xfail; the fix passes it on in the first
+    assert max(signals[6:]) <= 0.02, [round(s, 3) for s in signals]
