@@ -82,14 +82,18 @@ refused (exit 2); ``--redis-version`` tailors the connection rules to one
   decides them (:mod:`loop.admission_driver`).
 * ``P:platform:Y:replicas`` of every zone -- ``HGETALL``: the replica truth the
   zone's executor reads from its platform (read only from 7.0, like the heartbeats).
+* ``P:retune`` (``HSET``): online retuning's record that ``governor status``
+  shows; ``P:retune:paused`` (``EXISTS``, read only): its kill switch.
+* ``TIME``: the worker's clock offset against Redis, for the cross-zone
+  ``apply_at_ms`` (:mod:`loop.cross_zone`).
 
 ``governor-operator`` -- ``governor pause|resume``, ``governor canary
 start|status|abort``, ``governor budget`` and ``governor status``:
 
-* ``P:paused`` (``SET``, ``DEL``), ``P:canary:*`` (``GET``, ``WATCH``,
+* ``P:paused`` and ``P:retune:paused`` (``SET``, ``DEL``: ``--retune``), ``P:canary:*`` (``GET``, ``WATCH``,
   ``MULTI``/``SET``/``EXEC``, ``UNWATCH``, ``DISCARD``) and every zone's
   ``P:budget:Y:allowance`` (``GET``, ``SET``: ``governor budget set``).
-* read only (``%R~``): ``P:status``, ``P:worker:heartbeat`` and, of every
+* read only (``%R~``): ``P:status``, ``P:worker:heartbeat``, ``P:retune`` and, of every
   zone, ``P:executor:Y:heartbeat``, ``P:executor:Y:last_result``,
   ``P:breaker:Y`` and ``P:fleet:Y:desired`` (``GET``, ``MGET``,
   ``HGETALL``).
@@ -213,7 +217,7 @@ EXECUTOR_COMMANDS = (
     "time",
 )
 TRANSACTION = ("watch", "unwatch", "multi", "exec", "discard")
-WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", *TRANSACTION)
+WORKER_COMMANDS = ("xadd", "get", "mget", "set", "mset", "hset", "hgetall", "exists", "time", *TRANSACTION)
 OPERATOR_COMMANDS = ("get", "set", "del", "mget", "hgetall", *TRANSACTION)
 #: The first Redis whose ACL has read-only key patterns (``%R~``): what the rules need.
 MIN_VERSION = (7, 0)
@@ -305,10 +309,12 @@ def worker_user(prefix: str, zones: Sequence[str]) -> AclUser:
     keys.append(glob_escape(names.snapshot(prefix, "")) + "*")
     keys += [glob_escape(names.status(prefix)), glob_escape(names.worker_heartbeat(prefix))]
     keys.append(glob_escape(names.admission(prefix)))
+    keys.append(glob_escape(names.retune(prefix)))  # online retuning's record for governor status
     keys += [glob_escape(names.zone_allowance(prefix, z)) for z in zones]  # the default split, at start
     beats = tuple(glob_escape(names.executor_heartbeat(prefix, z)) for z in zones)
     platform = tuple(glob_escape(names.platform_replicas(prefix, z)) for z in zones)
-    return AclUser(WORKER, keys=tuple(keys), read_keys=beats + platform, commands=WORKER_COMMANDS)
+    killed = (glob_escape(names.retune_paused(prefix)),)  # online retuning's kill switch: EXISTS
+    return AclUser(WORKER, keys=tuple(keys), read_keys=beats + platform + killed, commands=WORKER_COMMANDS)
 
 
 def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
@@ -316,11 +322,17 @@ def operator_user(prefix: str, zones: Sequence[str] = ()) -> AclUser:
     _check_names(prefix, zones)
     keys = (
         glob_escape(names.paused(prefix)),
+        glob_escape(names.retune_paused(prefix)),  # governor pause|resume --retune
         glob_escape(names.canary_state(prefix, "")) + "*",
         *(glob_escape(names.zone_allowance(prefix, z)) for z in zones),  # governor budget set
     )
     per_zone = (names.executor_heartbeat, names.executor_last_result, names.breaker_hash, names.desired_replicas)
-    read = [names.status(prefix), names.worker_heartbeat(prefix), *(f(prefix, z) for z in zones for f in per_zone)]
+    read = [
+        names.status(prefix),
+        names.worker_heartbeat(prefix),
+        names.retune(prefix),
+        *(f(prefix, z) for z in zones for f in per_zone),
+    ]
     return AclUser(OPERATOR, keys=keys, read_keys=tuple(glob_escape(k) for k in read), commands=OPERATOR_COMMANDS)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controllers import retune as rt
+from controllers import startup as su
 from controllers.window_record import WindowRecord
 from core.settings import Settings
 from loop.scaler_driver import Scaler
@@ -62,11 +63,16 @@ class RetuneDriver:
                 zone,
                 self.ring.of(m, zone),
                 self.scaler.learned_capacity(m, zone),
-                self.scaler.measured_startup_s(m, zone),
+                self.measured_startup_s(m, zone),
             )
             if found is not None:
                 out.append(found)
         return tuple(out)
+
+    def measured_startup_s(self, model: str, zone: str) -> float:
+        """The start-up of ``(model, zone)`` the scaler measured from its windows (the hint until one is)."""
+        hint, ks = self.settings.startup_hint_s, self.scaler.states.get((model, zone))
+        return hint if ks is None else su.estimate_s(ks.startup, hint)
 
     def due(self, now_ms: int) -> list[rt.RetuneJob]:
         """The jobs of the models whose period has passed (one in flight a model; none while killed)."""

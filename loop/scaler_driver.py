@@ -1,13 +1,12 @@
 """Window records -> ``scale`` commands, per (model, zone): the bookkeeping around the scaling law.
 
-The law (:func:`controllers.scaling_law.decide`) is pure; per closed zone window this driver drops a
-window it already decided (redelivery), computes the fleet budget left to the key
-(:meth:`Scaler._budget_cap`: ``max_replicas_total``, ``GOVERNOR_MAX_REPLICAS_TOTAL``, the zone's
-allowance, never below ``min_replicas``), holds a restored key's scale-down until fresh windows
-confirm it (:meth:`Scaler._hold_restored`), makes the :class:`~loop.commands.Command` and re-issues a
-target the fleet disagrees with for ``reconcile_after`` windows.  It keeps each model's zone view
-(:meth:`Scaler.zone_weights`); :meth:`Scaler.snapshot` / :meth:`Scaler.restore` carry the state
-across a restart.  No I/O.
+The law (:func:`controllers.scaling_law.decide`) is pure; per closed zone window this driver drops a window it
+already decided (redelivery), computes the fleet budget left to the key (:meth:`Scaler._budget_cap`:
+``max_replicas_total``, ``GOVERNOR_MAX_REPLICAS_TOTAL``, the zone's allowance, never below ``min_replicas``),
+holds a restored key's scale-down until fresh windows confirm it (:meth:`Scaler._hold_restored`), makes the
+:class:`~loop.commands.Command` and re-issues a target the fleet disagrees with for ``reconcile_after``
+windows. It keeps each model's zone view (:meth:`Scaler.zone_weights`); :meth:`Scaler.snapshot` /
+:meth:`Scaler.restore` carry the state across a restart. No I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controllers import scaling_law as law
-from controllers import startup as su
 from controllers import zone_capacity as zc
 from controllers.sde_fit import OuEstimate
 from controllers.window_record import WindowRecord
@@ -267,16 +265,9 @@ class Scaler:
             return None
         return p.feedforward.capacity_rps if ks is None else law.learned_capacity(p, ks)
 
-    def measured_startup_s(self, model: str, zone: str) -> float:
-        """The start-up of ``(model, zone)`` measured from its windows (the hint until one is measured)."""
-        ks = self.states.get((model, zone))
-        return self.settings.startup_hint_s if ks is None else su.estimate_s(ks.startup, self.settings.startup_hint_s)
-
     def set_gains(self, model: str, gains: Mapping[str, float]) -> None:
-        """Put ``gains`` in force for ``model`` from its next window (online retuning, :mod:`loop.retune_driver`):
-        the law's parameters rebuilt from the settings with these gains; the keys' state (the velocity
-        PID's last errors, the learned capacity, the forecaster) is kept, so the change is bumpless.
-        A gain the controllers refuse raises :class:`~controllers.errors.ParameterError`, nothing changed."""
+        """``gains`` in force for ``model`` from its next window (:mod:`loop.retune_driver`); the keys' state is
+        kept (bumpless); a gain the controllers refuse raises :class:`~controllers.errors.ParameterError`."""
         self.laws[model] = law.params_for(self.settings.replace(pid_gains=dict(gains)), model)
 
     def rate_forecast(self, model: str, zone: str, steps: int = 1) -> float | None:

@@ -57,12 +57,17 @@ class WorkerMetrics:
             _LABELS,
             registry=r,
         )
-        self.stage_latency = Gauge(  # the window's stage latencies (controllers.window_fields.STAGE_COLUMNS)
-            "governor_stage_latency_seconds",
-            "a request stage's latency in the last window (stage: network, preprocess, decode; quantile: 0.5, 0.95)",
-            ("model", "zone", "stage", "quantile"),
-            registry=r,
-        )
+        # The window's stage latencies (controllers.window_fields.STAGE_COLUMNS), one gauge per quantile as
+        # for the end-to-end latency: a "quantile" label is a summary's (promtool check metrics).
+        self.stage_latency = {
+            q: Gauge(
+                f"governor_stage_latency_{q}_seconds",
+                f"a request stage's latency {q.upper()} in the last window (stage: network, preprocess, decode)",
+                ("model", "zone", "stage"),
+                registry=r,
+            )
+            for q in ("p50", "p95")
+        }
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
         # Counters for burn-rate alerts (rate() over any range): requests and SLO violations per closed window.
         self.requests_total = Counter("governor_requests_total", "requests in closed zone windows", _LABELS, registry=r)
@@ -200,10 +205,10 @@ class WorkerMetrics:
             if value is not None:
                 gauge.labels(*lab).set(float(value) * scale)
         for stage in _STAGES:
-            for q, label in (("p50", "0.5"), ("p95", "0.95")):
+            for q, gauge in self.stage_latency.items():
                 value = m.get(f"{stage}_{q}_ms")
                 if value is not None:
-                    self.stage_latency.labels(*lab, stage, label).set(float(value) * 1e-3)
+                    gauge.labels(*lab, stage).set(float(value) * 1e-3)
 
     def observe_breaker(self, model: str, zone: str, state: str, *, changed: bool) -> None:
         """A target's breaker state after a window; ``changed`` counts a transition."""

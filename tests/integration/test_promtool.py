@@ -91,6 +91,9 @@ def _req(i: int, ts: int, zone: str) -> dict[str, Any]:
         "node": f"{zone}-n1",
         "ttft_ms": 100.0 + i % 7,
         "e2e_ms": 1_000.0 + i % 13,
+        "network_ms": 2.0 + i % 3,  # the stage latencies: governor_stage_latency_seconds has samples
+        "preprocess_ms": 5.0,
+        "decode_ms": 800.0,
         "status": "ok",
     }
 

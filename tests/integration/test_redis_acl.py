@@ -503,3 +503,29 @@ async def test_a_clean_stop_expires_its_own_heartbeat_only_without_a_script(acl:
     finally:
         await r.aclose()
         await admin.aclose()
+
+
+def test_online_retuning_and_the_cross_zone_clock_are_in_the_rules(acl: AclServer) -> None:
+    """The worker writes its retune record, reads the kill switch and Redis TIME (the cross-zone apply_at_ms);
+    the operator sets and lifts the kill switch (``governor pause|resume --retune``) and reads the record
+    ``governor status`` shows; neither can write the other's key."""
+    admin, worker, op = acl.client(ADMIN[0]), acl.client(WORKER), acl.client(OPERATOR)
+    record, killed = names.retune(PREFIX), names.retune_paused(PREFIX)
+    try:
+        admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+        assert worker.time()[0] > 0
+        worker.hset(record, MODEL, b'{"mode": "shadow"}')
+        assert worker.exists(killed) == 0
+        op.set(killed, b'{"reason": "test"}')
+        assert worker.exists(killed) == 1
+        assert op.hgetall(record) == {MODEL.encode(): b'{"mode": "shadow"}'}
+        assert op.delete(killed) == 1
+        denied = [e for e in admin.execute_command("ACL", "LOG") if e[b"object"] != b"client"]  # type: ignore[no-untyped-call]
+        assert denied == []
+        with pytest.raises(NoPermissionError):
+            worker.set(killed, b"{}")  # the worker cannot lift or set its own kill switch
+        with pytest.raises(NoPermissionError):
+            op.hset(record, MODEL, b"{}")
+    finally:
+        for c in (admin, worker, op):
+            c.close()

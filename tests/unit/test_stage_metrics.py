@@ -27,7 +27,7 @@ def test_a_zone_windows_stage_latencies_are_exported_in_seconds() -> None:
     get = m.registry.get_sample_value
     lab = {"model": "m", "zone": "az-a"}
     assert get("governor_slo_stage_unfixable_rate", lab) == 0.3
-    assert get("governor_stage_latency_seconds", {**lab, "stage": "network", "quantile": "0.95"}) == pytest.approx(1.5)
-    assert get("governor_stage_latency_seconds", {**lab, "stage": "network", "quantile": "0.5"}) == pytest.approx(0.8)
-    assert get("governor_stage_latency_seconds", {**lab, "stage": "preprocess", "quantile": "0.95"}) == 0.004
-    assert get("governor_stage_latency_seconds", {**lab, "stage": "decode", "quantile": "0.5"}) is None
+    assert get("governor_stage_latency_p95_seconds", {**lab, "stage": "network"}) == pytest.approx(1.5)
+    assert get("governor_stage_latency_p50_seconds", {**lab, "stage": "network"}) == pytest.approx(0.8)
+    assert get("governor_stage_latency_p95_seconds", {**lab, "stage": "preprocess"}) == 0.004
+    assert get("governor_stage_latency_p50_seconds", {**lab, "stage": "decode"}) is None
