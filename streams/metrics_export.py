@@ -61,12 +61,15 @@ class WorkerMetrics:
         # for the end-to-end latency: a "quantile" label is a summary's (promtool check metrics).
         self.stage_latency = {
             q: Gauge(
-                f"governor_stage_latency_{q}_seconds",
+                name,
                 f"a request stage's latency {q.upper()} in the last window (stage: network, preprocess, decode)",
                 ("model", "zone", "stage"),
                 registry=r,
             )
-            for q in ("p50", "p95")
+            for q, name in (
+                ("p50", "governor_stage_latency_p50_seconds"),
+                ("p95", "governor_stage_latency_p95_seconds"),
+            )
         }
         self.rate = Gauge("governor_request_rate_rps", "requests per second in the last window", _LABELS, registry=r)
         # Counters for burn-rate alerts (rate() over any range): requests and SLO violations per closed window.
