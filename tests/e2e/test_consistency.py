@@ -56,7 +56,7 @@ from sim.fastloop import LoopConfig, run
 from sim.traces import load_trace
 from sim.workloads import step_load
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.realtime, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = {
     "duration_s": 240.0,
