@@ -484,10 +484,14 @@ class TelemetryProcessor:
     # -- ingest -----------------------------------------------------------
     def process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
         out = self._process(raw, source, now_ms)
+        self._after_messages(now_ms)
+        return out
+
+    def _after_messages(self, now_ms: int) -> None:
+        """After a message (or a batch): when the last one came, and whether the watermark has caught up."""
         self._last_message_ms = now_ms
         wm = self.tracker.watermark_ms
         self._caught_up = wm is not None and now_ms - wm <= self.idle_close_ms
-        return out
 
     def _process(self, raw: Any, source: Mapping[str, Any], now_ms: int) -> ProcessResult:
         out = ProcessResult()
@@ -549,9 +553,7 @@ class TelemetryProcessor:
                 latest = last if latest is None else max(latest, last)
         if run:
             windows += self._take_run(run, now_ms, out)
-        self._last_message_ms = now_ms
-        wm = self.tracker.watermark_ms
-        self._caught_up = wm is not None and now_ms - wm <= self.idle_close_ms
+        self._after_messages(now_ms)
         return out, windows
 
     def _would_close(self, latest: int | None, now_ms: int) -> bool:
