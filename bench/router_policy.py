@@ -20,16 +20,13 @@ import asyncio
 import json
 import random
 import re
-import signal
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.engines import _interrupt, _kill_leftovers
+from bench.engines import engine_run
 from core.settings import Settings
-from engines import setup
 from engines.loadgen import RequestSpec, percentile, replay
 from engines.pool import EnginePool, EngineSpec, free_port
 from engines.router import RouterClient, policy_args, start_router
@@ -141,19 +138,15 @@ async def _bench(a: argparse.Namespace, python: Path, model_dir: Path, run_dir: 
 def run_router_bench(settings: Settings, a: argparse.Namespace) -> int:
     run_dir = Path(a.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    python = setup.engine_python(settings, say=print)
-    model_dir = setup.ensure_model(python, setup.engine_home(settings), seed=0, say=print)
-    # SIGTERM/SIGINT stop the run through its finally blocks (engines and routers stopped), as bench engines does
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        res = asyncio.run(_bench(a, python, model_dir, run_dir))
-    except KeyboardInterrupt:
-        print("governor bench router: interrupted; its engines and routers are stopped", file=sys.stderr)
-        return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _kill_leftovers([run_dir / "pool"])
+
+    async def body(python: Path, model_dir: Path, pools: list[Path]) -> dict[str, Any]:
+        pools.append(run_dir / "pool")  # stopped whatever happens (bench.engines.engine_run)
+        return {"meta": {}, **await _bench(a, python, model_dir, run_dir)}
+
+    out = engine_run(settings, "router", body)
+    if isinstance(out, int):
+        return out
+    res = {k: v for k, v in out.items() if k != "meta"}
     (run_dir / "report.json").write_text(json.dumps(res, indent=2))
     print(
         f"{a.engines} engines (started in {res.pop('startup_s')} s), {a.requests} requests at {a.rate:g}/s, "
