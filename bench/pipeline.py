@@ -43,6 +43,7 @@ import json
 import os
 import pstats
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,8 +60,9 @@ import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import murmur2
-from governor_telemetry.columnar import encode_columns
+from governor_telemetry.columnar import encode_columns, encode_typed
 from governor_telemetry.records import encode_envelope, partition_key
+from governor_telemetry.typed import MAGIC
 
 from core import names
 from core.settings import Settings
@@ -71,7 +73,7 @@ from launch.topics import ensure_topics
 from loop.commands import Command
 
 MODEL = "llama2-70b"
-ENCODERS = {"rows": encode_envelope, "columns": encode_columns}
+ENCODERS = {"rows": encode_envelope, "columns": encode_columns, "typed": encode_typed}
 NODES_PER_ZONE = 8  # nodes of a throughput zone; one message = one node's batch
 THROUGHPUT_LATENESS_S = 60.0  # no window closes, no record is late while a backlog is read
 EVENT_SPAN_MS = 20_000  # event time of a throughput backlog
@@ -98,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--profile", action="store_true", help="also profile a columnar worker (cProfile)")
     p.add_argument("--profile-events", type=int, default=600_000, help="records of the profiled backlog")
+    p.add_argument(
+        "--profile-encoding", choices=("columns", "typed"), default="typed", help="encoding of the profiled backlog"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -117,6 +122,22 @@ def _request(i: int, ts_ms: int, zone: str, ttft_ms: float = 120.0, queue_ms: fl
         "output_tokens": 100,
         "status": "ok",
     }
+
+
+def _varied(i: int, ts_ms: int, zone: str, node: str) -> dict[str, Any]:
+    """A request record of a throughput backlog: latencies and token counts that differ from row to row,
+    as measured ones do (milliseconds to 3 decimals), from a fixed hash of ``i``."""
+    h = (i * 2654435761) % 2**32
+    ttft = round(40.0 + (h % 100_003) / 211.0, 3)
+    rec = _request(i, ts_ms, zone, ttft_ms=ttft, queue_ms=round((h >> 7) % 5_003 / 97.0, 3))
+    rec.update(
+        node=node,
+        itl_ms=round(20.0 + (h >> 3) % 4_001 / 157.0, 3),
+        e2e_ms=round(ttft + 500.0 + (h >> 11) % 1_000_003 / 211.0, 3),
+        prompt_tokens=16 + (h >> 5) % 8_000,
+        output_tokens=1 + (h >> 13) % 1_000,
+    )
+    return rec
 
 
 def _gpu(zone: str, node: str, ts_ms: int) -> dict[str, Any]:
@@ -163,10 +184,7 @@ def backlog(n: int, batch: int, zones: Sequence[str], t0_ms: int, encoding: str)
     for m, start in enumerate(range(0, n, batch)):
         zone = zones[m % len(zones)]
         node = f"{zone}/n{(m // len(zones)) % NODES_PER_ZONE}"
-        recs = [
-            {**_request(i, t0_ms + (i * EVENT_SPAN_MS) // n, zone), "node": node}
-            for i in range(start, min(n, start + batch))
-        ]
+        recs = [_varied(i, t0_ms + (i * EVENT_SPAN_MS) // n, zone, node) for i in range(start, min(n, start + batch))]
         value = encode(recs, "bench", t0_ms) if batch > 1 else orjson.dumps(recs[0])
         out.append((partition_key(MODEL, zone), value))
     return out
@@ -188,6 +206,15 @@ async def _send(settings: Settings, topic: str, messages: Sequence[tuple[bytes, 
         await producer.stop()
 
 
+def _raw_parse(value: bytes) -> Any:
+    """What any consumer must parse of a message: all of a JSON one; a typed one's header (its arrays
+    are read in place)."""
+    if value[:4] == MAGIC:
+        (size,) = struct.unpack_from("<I", value, 4)
+        return orjson.loads(value[8 : 8 + size])
+    return orjson.loads(value)
+
+
 async def _raw_consume(settings: Settings, topic: str, n_records: int, n_messages: int) -> float:
     consumer = AIOKafkaConsumer(
         topic,
@@ -204,7 +231,7 @@ async def _raw_consume(settings: Settings, topic: str, n_records: int, n_message
         while got < n_messages:
             for msgs in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
                 for m in msgs:
-                    orjson.loads(m.value)
+                    _raw_parse(m.value)
                 got += len(msgs)
         return n_records / (time.perf_counter() - t0)
     finally:
@@ -636,7 +663,8 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
     if args.profile:
         prof = run_dir / "columns-profile.pstats"
         n = args.profile_events  # enough that the ingest, not the worker's start, fills the profile
-        msgs = backlog(n, args.batch, zones, int(time.time() * 1000) + 2_000, "columns")
+        msgs = backlog(n, args.batch, zones, int(time.time() * 1000) + 2_000, args.profile_encoding)
+        result["profile_encoding"] = args.profile_encoding
         idle_prof = run_dir / "idle-profile.pstats"
         with _servers(settings, run_dir, "profile", **fast) as (s, broker):
             result["profile_run"] = run = await _ingest(s, run_dir, "profile", msgs, n, 1, broker, profile_to=prof)
@@ -687,7 +715,7 @@ def _print(result: dict[str, Any]) -> None:
         f"x{result['batch_records_per_message']} records/message, backlog loaded "
         f"{'before the workers start' if result['preload'] else 'once the workers group settled'})"
     )
-    print(f"  raw consumer (getmany + orjson.loads), rows bytes: {raw_rows:>9,} rec/s")
+    print(f"  raw consumer (getmany + orjson.loads; of a typed message its header), rows bytes: {raw_rows:>9,} rec/s")
     for name, e in enc.items():
         one = e["1w"]
         print(f"  {name:<8} {e['bytes_per_record']:>6.1f} B/rec  raw consumer {one['raw_consumer_rps']:>9,} rec/s")
@@ -733,7 +761,8 @@ def _print(result: dict[str, Any]) -> None:
     if "profile_top" in result:
         p, top = result["profile_run"], result["profile_top"]
         print(
-            f"profile: a columnar worker under cProfile, {p['records']:,} records at {p['pipeline_rps']:,} rec/s "
+            f"profile: a worker under cProfile, {result['profile_encoding']} messages, {p['records']:,} records at "
+            f"{p['pipeline_rps']:,} rec/s "
             f"(less an idle worker's profile: busy {top['busy_s']} s, idle in epoll {top['idle_s']} s)"
         )
         if "layers" in top:

@@ -30,8 +30,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from governor_telemetry.records import _COMPILED, INT_MAX, MAX_HIST_BINS, MAX_NODE_CHARS
+from governor_telemetry.typed import TypedColumn
 from governor_telemetry.vocab import AGENT_PATHS, AGENT_SIGNALS, GPU_STATES, REQUEST_STATUSES
 
+from controllers import typed_columns as typed
 from controllers.window_columns import REQUEST_CLASS_CODES
 
 __all__ = ["Checked", "check_gpus", "check_requests"]
@@ -81,7 +83,7 @@ def _numbers(col: list[Any], types: set[type], allowed: set[type], required: boo
     return vals, bad
 
 
-def _columns(cols: Mapping[str, list[Any]], kind: str, n: int) -> tuple[Any, dict[str, Any]]:
+def _columns(cols: Mapping[str, Any], kind: str, n: int) -> tuple[Any, dict[str, Any]]:
     """The per-field rules of ``kind`` (records._check_fields) over the columns: (suspect, numbers).
 
     The well-typed numeric columns (the usual case) are checked together, as one matrix: a
@@ -99,6 +101,12 @@ def _columns(cols: Mapping[str, list[Any]], kind: str, n: int) -> tuple[Any, dic
         if col is None:
             if required:
                 return np.ones(n, bool), num  # "missing field": every row
+            continue
+        if type(col) is TypedColumn:  # its type said once: ranges, no type scan
+            bad, vals = typed.check(col, check, required, float(minimum or 0.0), float(maximum or np.inf))
+            suspect |= bad
+            if vals is not None:
+                num[name] = vals
             continue
         first = col[0]
         # A column of one string (a batch's model, zone, node, status): one type, found in C (a
@@ -158,8 +166,11 @@ def _has_nan(col: list[Any]) -> bool:
     return total != total
 
 
-def _vocab_mask(col: list[Any], vocab: frozenset[Any]) -> Any:
+def _vocab_mask(col: list[Any] | TypedColumn, vocab: frozenset[Any]) -> Any:
     """Rows whose (str) value is not in ``vocab`` (None: no such row; rows of other types: flagged by type)."""
+    if type(col) is TypedColumn:
+        bad = typed.code_mask(col, lambda v: type(v) is str and v not in vocab) if col.t == "str" else None
+        return bad if bad is not None and bad.any() else None
     try:
         if set(col) <= vocab:
             return None
@@ -168,8 +179,10 @@ def _vocab_mask(col: list[Any], vocab: frozenset[Any]) -> Any:
     return np.fromiter((type(v) is str and v not in vocab for v in col), bool, len(col))
 
 
-def _node_mask(col: list[Any], n: int) -> Any:
+def _node_mask(col: list[Any] | TypedColumn, n: int) -> Any:
     """Rows whose node id is longer than MAX_NODE_CHARS (non-str rows: flagged by type)."""
+    if type(col) is TypedColumn:
+        return typed.code_mask(col, lambda v: type(v) is str and len(v) > MAX_NODE_CHARS)
     if col.count(col[0]) == n and type(col[0]) is str:
         return np.full(n, len(col[0]) > MAX_NODE_CHARS)
     try:
@@ -185,8 +198,12 @@ def _as_zero(arr: Any) -> Any:
     return np.nan_to_num(arr, nan=0.0, posinf=np.inf, neginf=-np.inf)
 
 
-def _ts(col: list[Any], suspect: Any) -> Any:
+def _ts(col: list[Any] | TypedColumn, suspect: Any) -> Any:
     """``ts_ms`` as exact int64 (suspect rows: 0)."""
+    if type(col) is TypedColumn:
+        if col.t not in ("i8", "i4"):
+            return np.zeros(len(suspect), np.int64)  # a float or other type: every row suspect already
+        return np.where(suspect, 0, typed.values(col).astype(np.int64))
     if not suspect.any():
         try:
             return np.array(col, dtype=np.int64)
@@ -196,7 +213,7 @@ def _ts(col: list[Any], suspect: Any) -> Any:
     return np.array(clean, dtype=np.int64)
 
 
-def check_requests(cols: Mapping[str, list[Any]], n: int) -> Checked:
+def check_requests(cols: Mapping[str, Any], n: int) -> Checked:
     """The request rows of a columnar section: see the module docstring.
 
     ``num`` gets, besides the fields: ``ok`` (status is ``ok``, 1.0/0.0),
@@ -217,7 +234,9 @@ def check_requests(cols: Mapping[str, list[Any]], n: int) -> Checked:
     bad = _vocab_mask(status, REQUEST_STATUSES)
     if bad is not None:
         suspect |= bad
-    if status.count("ok") == n:
+    if type(status) is TypedColumn:
+        num["ok"] = typed.lookup(status, lambda v: float(v == "ok"), 0.0)
+    elif status.count("ok") == n:
         num["ok"] = np.ones(n)
     else:
         num["ok"] = (np.array(status, dtype=object) == "ok").astype(np.float64)
@@ -227,10 +246,7 @@ def check_requests(cols: Mapping[str, list[Any]], n: int) -> Checked:
     if any(s is not None for s in signals):
         full = [np.full(n, np.nan) if s is None else s for s in signals]
         carried = [~np.isnan(s) for s in full]
-        given = [
-            np.fromiter((v is not None for v in cols[nm]), bool, n) if nm in cols else np.zeros(n, bool)
-            for nm in AGENT_SIGNALS
-        ]
+        given = [_given(cols.get(nm), n) for nm in AGENT_SIGNALS]
         # A row whose value was refused by type shows as NaN: the type check flagged it already.
         suspect |= (given[0] != given[1]) | (given[0] != given[2])
         with np.errstate(invalid="ignore"):
@@ -239,24 +255,29 @@ def check_requests(cols: Mapping[str, list[Any]], n: int) -> Checked:
         for name, s in zip(AGENT_SIGNALS, full, strict=True):
             num[name] = s
     path = cols.get("agent_path")
-    if path is not None and path.count(None) != n:
+    if path is not None and _given(path, n).any():
         bad = _vocab_mask(path, _PATHS_OR_NONE)
         if bad is not None:
             suspect |= bad
-        num["agent_path"] = np.array(
-            [_PATH_INDEX.get(v, np.nan) if type(v) is str else np.nan for v in path], dtype=np.float64
-        )
+        if type(path) is TypedColumn:
+            num["agent_path"] = typed.lookup(path, lambda v: _PATH_INDEX.get(v, np.nan), np.nan)
+        else:
+            num["agent_path"] = np.array(
+                [_PATH_INDEX.get(v, np.nan) if type(v) is str else np.nan for v in path], dtype=np.float64
+            )
     klass = cols.get("request_class")
     if klass is not None:
         get = REQUEST_CLASS_CODES.get
-        if klass.count(klass[0]) == n and type(klass[0]) is str:
+        if type(klass) is TypedColumn:
+            num["request_class"] = typed.lookup(klass, lambda v: float(get(v, 0)) if type(v) is str else 0.0, 0.0)
+        elif klass.count(klass[0]) == n and type(klass[0]) is str:
             num["request_class"] = np.full(n, float(get(klass[0], 0)))
         else:
             num["request_class"] = np.array([get(v, 0) if type(v) is str else 0 for v in klass], dtype=np.float64)
     return Checked(suspect, num, _ts(cols["ts_ms"], suspect))
 
 
-def check_gpus(cols: Mapping[str, list[Any]], n: int) -> Checked:
+def check_gpus(cols: Mapping[str, Any], n: int) -> Checked:
     """The GPU rows of a columnar section: see the module docstring."""
     suspect, num = _columns(cols, "gpu", n)
     if suspect.all():
@@ -273,9 +294,20 @@ def check_gpus(cols: Mapping[str, list[Any]], n: int) -> Checked:
         if "fragmentation_ratio" in num:
             suspect |= num["fragmentation_ratio"] > 1.0
     hists = cols.get("free_block_hist")
+    if type(hists) is TypedColumn:  # lists of ints sent as a typed column: every carried row refused below
+        hists = hists.tolist()
     if hists is not None and hists.count(None) != n:
         suspect |= np.fromiter((h is not None and not _hist_ok(h) for h in hists), bool, n)
     return Checked(suspect, num, _ts(cols["ts_ms"], suspect))
+
+
+def _given(col: list[Any] | TypedColumn | None, n: int) -> Any:
+    """Rows that carry the field."""
+    if col is None:
+        return np.zeros(n, bool)
+    if type(col) is TypedColumn:
+        return ~typed.absent(col)
+    return np.fromiter((v is not None for v in col), bool, n)
 
 
 def _hist_ok(hist: Any) -> bool:

@@ -64,7 +64,9 @@ from governor_telemetry.records import (
     show,
     validate_record,
 )
+from governor_telemetry.typed import TypedColumn
 
+from controllers import typed_columns
 from controllers.node_cap import NodeCap, dropped_rate
 from controllers.record_columns import check_gpus, check_requests
 from controllers.window_columns import AGENT_COLUMNS, AGENT_PATHS, REQUEST_CLASS_CODES, STAGE_COLUMNS
@@ -186,8 +188,10 @@ def _class_codes(col: list[Any]) -> list[int]:
     return [get(c, 0) for c in col]
 
 
-def _codes(col: list[Any], n: int) -> tuple[Any, list[str]]:
+def _codes(col: list[Any] | TypedColumn, n: int) -> tuple[Any, list[Any]]:
     """A string column as int codes into its distinct values (-1: not a string; such rows are suspect)."""
+    if type(col) is TypedColumn:
+        return typed_columns.codes(col)
     first = col[0]
     if type(first) is str and col.count(first) == n:  # the usual batch: one model, zone and node
         return np.zeros(n, np.int64), [first]
@@ -240,10 +244,16 @@ def _latest_ts(batch: ColumnBatch) -> int | None:
     """The latest ``ts_ms`` of a columnar message (None: no rows, or a value that is no finite number)."""
     latest = None
     for section in batch.sections.values():
-        try:
-            last = math.ceil(max(section.cols["ts_ms"]))  # TypeError: None, a string; ValueError: NaN, inf
-        except (KeyError, TypeError, ValueError, OverflowError):
-            return None
+        col = section.cols.get("ts_ms")
+        if type(col) is TypedColumn:
+            last = typed_columns.latest_ts(col)
+            if last is None:
+                return None
+        else:
+            try:
+                last = math.ceil(max(col))  # type: ignore[arg-type]  # TypeError: None, a string; ValueError: NaN
+            except (TypeError, ValueError, OverflowError):
+                return None
         latest = last if latest is None else max(latest, last)
     return latest
 
@@ -251,11 +261,17 @@ def _latest_ts(batch: ColumnBatch) -> int | None:
 def _concat(kind: str, sections: Sequence[Section]) -> Section:
     """Sections of one kind as one, in order (a column one of them lacks: None, absent, for its rows)."""
     names = dict.fromkeys(name for s in sections for name in s.cols)
-    cols: dict[str, list[Any]] = {}
+    cols: dict[str, list[Any] | TypedColumn] = {}
     for name in names:
+        parts = [s.cols.get(name) for s in sections]
+        if any(type(p) is TypedColumn for p in parts):
+            joined = typed_columns.join(parts, [s.n for s in sections])
+            if joined is not None:
+                cols[name] = joined
+                continue
         col: list[Any] = []
         for s in sections:
-            part = s.cols.get(name)
+            part = s.column(name)
             col += [None] * s.n if part is None else part
         cols[name] = col
     return Section(kind, sum(s.n for s in sections), cols)
@@ -852,7 +868,7 @@ class TelemetryProcessor:
                     buf.add_block([v[idx] for v in values], None if agent is None else [a[idx] for a in agent])
         else:
             gvalues = [ts, *(_gpu_column(num, k, n) for k in _GPU_COLUMNS[1:])]
-            states, hists = cols["state"], cols.get("free_block_hist")
+            states, hists = cast(list[Any], section.column("state")), section.column("free_block_hist")
             gvals: list[tuple[Any, ...]] | None = None  # each row's values, made once for the groups of a few rows
             for key, start, idx in keyed:
                 buf = self._pending.get((key, start)) or self._open(key, start, self.slos[key[0]])

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from governor_telemetry.columnar import MAX_COLUMN_ROWS, decode_message, encode_columns
+from governor_telemetry.columnar import MAX_COLUMN_ROWS, decode_message, encode_columns, encode_typed
 from governor_telemetry.producer import InvalidRecord, TelemetryProducer
 from governor_telemetry.records import encode_envelope, validate_record
 from hypothesis import HealthCheck, example, given, settings
@@ -92,8 +92,13 @@ def _run(messages: list[bytes], now: int = NOW) -> tuple[TelemetryProcessor, lis
 
 
 def _both(batches: list[list[dict[str, Any]]]) -> tuple[Any, Any]:
+    """The batches as rows and as columns; as typed columns too, which must give what columns give."""
     rows = _run([encode_envelope(b, "n", 0) for b in batches])
     cols = _run([encode_columns(b, "n", 0) for b in batches])
+    typed = _run([encode_typed(b, "n", 0) for b in batches])
+    assert _letters(typed[1]) == _letters(cols[1])
+    assert _close(typed[2], cols[2])
+    assert typed[0].records_in == cols[0].records_in
     return rows, cols
 
 
