@@ -356,11 +356,13 @@ async def _ingest(
         done_at: list[float | None] = [None] * workers  # when each worker's count last grew
         first_at: list[float | None] = [None] * workers  # the poll before its first record
         counts_prev = [0.0] * workers
+        series: list[tuple[float, list[float]]] = []  # (poll time, each worker's records)
         deadline = time.perf_counter() + timeout_s
         while True:
             counts = [w.counts_or_zero() for w in procs]
             now, cpu = time.perf_counter(), [cpu_s(broker_pid), cpu_s(os.getpid()), *map(cpu_s, pids)]
             total = sum(c[0] for c in counts)
+            series.append((now, [c[0] for c in counts]))
             if t_first is None and total > 0:
                 t_first, cpu0 = prev_t, prev_cpu
             for i, (c, _) in enumerate(counts):
@@ -397,6 +399,7 @@ async def _ingest(
             ],
             broker_cores=used[0] if broker_pid is not None else None,
             bench_cores=used[1],  # this process: polling, and loading the backlog unless preloaded
+            all_reading_rps=_all_reading_rps(series, done_at),
         )
     finally:
         for w in procs:
@@ -404,6 +407,31 @@ async def _ingest(
     if raw:
         out["raw_consumer_rps"] = round(await _raw_consume(s, s.topic("telemetry"), n_records, len(messages)))
     return out
+
+
+#: The shortest stretch with every worker reading that :func:`_all_reading_rps` takes as a rate.
+ALL_READING_MIN_S = 0.5
+
+
+def _all_reading_rps(series: Sequence[tuple[float, list[float]]], done_at: Sequence[float | None]) -> int | None:
+    """Records/s of the workers together while every one of them reads: from the first poll where each
+    has counted a record to the first time one of them stops counting (the start-up, a rebalance's
+    pause and the tail where one worker has finished left out).  None: no such stretch of at least
+    ALL_READING_MIN_S.
+
+    >>> _all_reading_rps([(0.0, [0, 0]), (1.0, [50, 0]), (2.0, [100, 10]), (3.0, [150, 60]), (4.0, [150, 100])],
+    ...                  [3.0, 4.0])
+    100
+    """
+    start = next(((t, sum(c)) for t, c in series if all(x > 0 for x in c)), None)
+    ends = [d for d in done_at if d is not None]
+    if start is None or len(ends) < len(done_at):
+        return None
+    end_t = min(ends)
+    end = next((sum(c) for t, c in series if t >= end_t), None)
+    if end is None or end_t - start[0] < ALL_READING_MIN_S:
+        return None
+    return round((end - start[1]) / (end_t - start[0]))
 
 
 SETTLE_S = 3.0  # a group is settled when no worker rejoined for this long
@@ -731,7 +759,14 @@ def _print(result: dict[str, Any]) -> None:
                 f"cores: broker {r['broker_cores']}, bench {r['bench_cores']}, {cores}  dead {r['dead_lettered']}"
             )
         if "2w" in e:
-            print(f"    two workers / one: x{e['2w']['pipeline_rps'] / one['pipeline_rps']:.2f}")
+            two = e["2w"]
+            steady = ""
+            if two.get("all_reading_rps") and one.get("all_reading_rps"):
+                steady = (
+                    f" (while every worker reads: {two['all_reading_rps']:,} against {one['all_reading_rps']:,} "
+                    f"rec/s, x{two['all_reading_rps'] / one['all_reading_rps']:.2f})"
+                )
+            print(f"    two workers / one: x{two['pipeline_rps'] / one['pipeline_rps']:.2f}{steady}")
     if "unbatched" in result:
         u = result["unbatched"]
         print(
