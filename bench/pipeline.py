@@ -43,7 +43,6 @@ import json
 import os
 import pstats
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -62,8 +61,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from governor_telemetry.columnar import encode_columns, encode_typed
 from governor_telemetry.records import encode_envelope, partition_key
-from governor_telemetry.typed import MAGIC
 
+from bench.fleet import raw_parse
 from core import names
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
@@ -206,15 +205,6 @@ async def _send(settings: Settings, topic: str, messages: Sequence[tuple[bytes, 
         await producer.stop()
 
 
-def _raw_parse(value: bytes) -> Any:
-    """What any consumer must parse of a message: all of a JSON one; a typed one's header (its arrays
-    are read in place)."""
-    if value[:4] == MAGIC:
-        (size,) = struct.unpack_from("<I", value, 4)
-        return orjson.loads(value[8 : 8 + size])
-    return orjson.loads(value)
-
-
 async def _raw_consume(settings: Settings, topic: str, n_records: int, n_messages: int) -> float:
     consumer = AIOKafkaConsumer(
         topic,
@@ -231,7 +221,7 @@ async def _raw_consume(settings: Settings, topic: str, n_records: int, n_message
         while got < n_messages:
             for msgs in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
                 for m in msgs:
-                    _raw_parse(m.value)
+                    raw_parse(m.value)
                 got += len(msgs)
         return n_records / (time.perf_counter() - t0)
     finally:

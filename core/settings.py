@@ -518,6 +518,15 @@ class Settings:
         "governor", "GOVERNOR_TOPIC_PREFIX", "prefix of every Kafka topic and Redis key", "str"
     )
     partitions: int = _setting(4, "GOVERNOR_PARTITIONS", "partitions of the topics governor creates", "int", ge=1)
+    telemetry_encoding: str = _setting(
+        "rows",
+        "GOVERNOR_TELEMETRY_ENCODING",
+        "how governor's own telemetry producers (the scrape and OTLP adapters, the simulated fleet) put a batch "
+        "on the telemetry topic: rows (a JSON object per record), columns (a JSON array per field) or typed "
+        "(typed arrays behind a JSON header: the cheapest to ingest); the worker reads all three",
+        "str",
+        choices=("rows", "columns", "typed"),
+    )
     zones: tuple[str, ...] = _setting(("az-a", "az-b"), "GOVERNOR_ZONES", "comma-separated zones", "csv", min_items=1)
     models: tuple[ModelSpec, ...] = _setting(
         DEFAULT_MODELS,
@@ -1431,7 +1440,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": (
         "kafka_bootstrap", "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
         "kafka_sasl_password", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "topic_prefix",
-        "partitions", "fetch_max_wait_ms", "session_timeout_s",
+        "partitions", "fetch_max_wait_ms", "session_timeout_s", "telemetry_encoding",
     ),
     "redis": ("redis_url", "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file"),
     "fleet": ("zones", "models", "zone_redundancy", "max_replicas_total"),

@@ -187,6 +187,7 @@ async def _run(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, 
             source="sim-fleet",
             linger_ms=100,
             clock_ms=clock.now_ms,
+            encoding=settings.telemetry_encoding,
             validate=args.bad_rate <= 0,  # --bad-rate injects malformed records for the worker to dead-letter
         ) as producer:
             live = LiveFleet.on_stack(

@@ -70,7 +70,11 @@ async def run_fleet(settings: Settings, args: Namespace) -> int:
             ",".join(settings.zones),
         )
         async with TelemetryProducer(
-            settings.kafka_bootstrap, settings.topic("telemetry"), source="sim-fleet", clock_ms=clock.now_ms
+            settings.kafka_bootstrap,
+            settings.topic("telemetry"),
+            source="sim-fleet",
+            clock_ms=clock.now_ms,
+            encoding=settings.telemetry_encoding,
         ) as producer:
             live = LiveFleet.on_stack(fleet, workload, settings, producer, redis, clock, t0_ms, seed=args.seed)
             stats = await live.run(args.duration_s)

@@ -225,6 +225,8 @@ class ControlLoop:
         out = Ingested(res.valid, res.dead_letters, windows, res.max_ts_ms, res.capped)
         if self.metrics is not None:
             self.metrics.records.inc(res.valid + len(res.dead_letters) + res.capped)
+            for encoding, n in res.encodings.items():
+                self.metrics.telemetry_messages.labels(encoding).inc(n)
             for dl in res.dead_letters:
                 self.metrics.observe_dead_letter(dl["reason"])
             for m in out.windows:

@@ -97,6 +97,7 @@ class ProcessResult:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     max_ts_ms: int | None = None  # the latest event time windowed from this message (None: nothing windowed)
     capped: int = 0  # records dropped by the node cap (one dead letter per window when it closes)
+    encodings: Counter[str] = field(default_factory=Counter)  # messages decoded, by encoding (rows, columns, typed)
 
 
 def _hist(hist: list[Any] | None) -> list[int] | None:
@@ -523,10 +524,12 @@ class TelemetryProcessor:
     def _decode(self, raw: Any, source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> Any:
         """A message's records or columns; None: a broken envelope (its dead letter added to ``out``)."""
         try:
-            return decode_message(raw)
+            records = decode_message(raw)
         except EnvelopeError as exc:
             self._dead(out, "bad envelope", f"bad envelope: {exc}", source, _raw_text(raw), now_ms)
             return None
+        out.encodings[records.encoding if isinstance(records, ColumnBatch) else "rows"] += 1
+        return records
 
     def _process_rows(self, records: list[Any], source: Mapping[str, Any], now_ms: int, out: ProcessResult) -> None:
         self.records_in += len(records)

@@ -16,6 +16,7 @@ class LoopMetrics(Protocol):
     """The metric families the loop updates as events pass (Prometheus-style ``labels(...).set/inc``)."""
 
     records: Any
+    telemetry_messages: Any
     target: Any
     capacity: Any
     events: Any

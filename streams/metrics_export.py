@@ -106,6 +106,15 @@ class WorkerMetrics:
             registry=r,
         )
         self.records = Counter("governor_records_total", "telemetry records read", registry=r)
+        self.telemetry_messages = Counter(
+            "governor_telemetry_messages",
+            "telemetry messages decoded, by encoding (rows, columns, typed: GOVERNOR_TELEMETRY_ENCODING, "
+            "TelemetryProducer(encoding=)); a message that does not decode is its dead letter",
+            ("encoding",),
+            registry=r,
+        )
+        for encoding in ("rows", "columns", "typed"):
+            self.telemetry_messages.labels(encoding)
         self.ingest_batches = Counter(  # streams.agents.Worker.ingest: many messages a batch under load
             "governor_ingest_batches_total", "telemetry batches the ingest agent took", registry=r
         )

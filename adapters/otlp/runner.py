@@ -269,6 +269,7 @@ async def serving(
         settings.topic("telemetry"),
         source=f"otlp@{socket.gethostname()}",
         kafka_options=kafka_options(settings),
+        encoding=settings.telemetry_encoding,
     )
     async with producer:
         receiver = OtlpReceiver(producer, opts, max_body_bytes)

@@ -577,9 +577,12 @@ async def _run_forever(settings: Settings, collector: Collector, interval_s: flo
         settings.topic("telemetry"),
         source=f"scrape@{socket.gethostname()}",
         kafka_options=kafka_options(settings),
+        encoding=settings.telemetry_encoding,
     ) as producer:
         where = getattr(collector, "describe", lambda: "")() or _describe(collector)
-        ready_log().info("%s: %s, every %g s", INGEST_SCRAPE_READY, where, interval_s)
+        ready_log().info(
+            "%s: %s, every %g s, telemetry as %s", INGEST_SCRAPE_READY, where, interval_s, settings.telemetry_encoding
+        )
         sent = await scrape_loop(collector, producer, interval_s, scrapes=scrapes, stop=stop)
     log.info("scrape adapter stopped after %d records", sent)
 

@@ -115,10 +115,11 @@ class Section:
 
 @dataclass(frozen=True)
 class ColumnBatch:
-    """A decoded columnar message (structure checked, values not)."""
+    """A decoded columnar message (structure checked, values not); ``encoding``: columns or typed."""
 
     source: Any
     sections: dict[str, Section]
+    encoding: str = "columns"
 
     def rows(self) -> int:
         return sum(s.n for s in self.sections.values())
@@ -222,7 +223,7 @@ def decode_columns(obj: Mapping[str, Any], payload: bytes | None = None) -> Colu
         if total > MAX_COLUMN_ROWS:
             raise EnvelopeError(f"columns: more than {MAX_COLUMN_ROWS} rows in one message")
         sections[kind] = Section(kind, n, taken)
-    return ColumnBatch(obj.get("source"), sections)
+    return ColumnBatch(obj.get("source"), sections, "columns" if payload is None else "typed")
 
 
 def decode_message(raw: bytes | str | Any) -> list[Any] | ColumnBatch:

@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _demo(out: Path, mode: str, *extra: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "REDIS_URL")}
+def _demo(out: Path, mode: str, *extra: str, **env_extra: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "REDIS_URL")} | env_extra
     argv = [sys.executable, "-m", "governor.cli", "--log-level", "WARNING", "demo", "--telemetry", mode]
     argv += ["--speed", "10", "--out", str(out), "--no-progress", "--bad-rate", "0", *extra]
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
@@ -37,8 +37,10 @@ def _demo(out: Path, mode: str, *extra: str) -> dict[str, Any]:
 
 
 def test_the_load_step_is_scaled_through_the_scrape_path(tmp_path: Path) -> None:
+    # The adapter ships typed messages (GOVERNOR_TELEMETRY_ENCODING): the worker's fastest path, end to end.
     out = tmp_path / "scrape"
-    report = _demo(out, "scrape", "--duration-s", "100", "--step-at-s", "25", "--step-factor", "3")
+    argv = ("--duration-s", "100", "--step-at-s", "25", "--step-factor", "3")
+    report = _demo(out, "scrape", *argv, GOVERNOR_TELEMETRY_ENCODING="typed")
     tel = report["telemetry"]
     # The fleet shipped no native record: everything the worker windowed was scraped.
     assert report["telemetry_records_sent"] == 0
@@ -49,3 +51,4 @@ def test_the_load_step_is_scaled_through_the_scrape_path(tmp_path: Path) -> None
     assert any(r["max"] > r["start"] for r in report["replicas"].values()), report["replicas"]
     assert any(target > 4 for _, _, target in report["decisions"]), report["decisions"]  # desired > --replicas
     assert "ingest-scrape.log" in {p.name for p in out.iterdir()}
+    assert "telemetry as typed" in (out / "ingest-scrape.log").read_text()

@@ -285,3 +285,23 @@ def test_the_producer_encoding_round_trips_every_record_and_keeps_odd_columns_as
     assert isinstance(req["request_id"], list)  # mostly distinct: an array
     assert type(req["node"]) is TypedColumn and req["node"].vocab == ("az-a/n0", "az-a/n1", "az-a/n2")
     assert len(raw) < len(orjson.dumps(recs)) / 2
+
+
+def test_the_worker_counts_messages_by_encoding_in_one_message_and_in_batches() -> None:
+    from governor_telemetry.columnar import encode_columns
+    from governor_telemetry.records import encode_envelope
+
+    from loop.control_loop import ControlLoop
+    from streams.metrics_export import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    loop = ControlLoop(SETTINGS, metrics)
+    recs = [_req(i, ts=T0 + i) for i in range(3)]
+    msgs = [encode_typed(recs, "n", 0), encode_columns(recs, "n", 0), encode_envelope(recs, "n", 0), b"{broken"]
+    loop.ingest(msgs[0], SRC, NOW)
+    loop.ingest_many(msgs, [{**SRC, "offset": k} for k in range(4)], NOW)
+
+    def count(encoding: str) -> float | None:
+        return metrics.registry.get_sample_value("governor_telemetry_messages_total", {"encoding": encoding})
+
+    assert (count("typed"), count("columns"), count("rows")) == (2.0, 1.0, 1.0)  # the broken one: a dead letter
