@@ -1,7 +1,7 @@
 """A seeded telemetry fuzz of the whole in-memory path (issue #31, item 1: measure and report).
 
-Each case is one telemetry message -- a bare record, a batch or a columnar
-message, or junk -- built from good request and GPU records with fields
+Each case is one telemetry message -- a bare record, a batch, a columnar or a
+typed message (some with bytes overwritten), or junk -- built from good request and GPU records with fields
 replaced by values at the 64-bit limits (ints 2^63-1, -2^63, 2^64-1; floats
 1e308, 1e-308, 5e-324), by lists nested 240 to 260 levels deep (orjson writes
 254), or by junk.  Each goes through what the worker's agents do with it:
@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from governor_telemetry.columnar import encode_columns
+from governor_telemetry.columnar import encode_columns, encode_typed
 from governor_telemetry.records import encode_envelope
 
 from core.settings import ModelSpec, Settings
@@ -95,6 +95,11 @@ def _message(rng: random.Random, ts: int) -> bytes:
     try:
         if shape < 0.55:
             return _raw(encode_columns(records, "fuzz", ts))
+        if shape < 0.72:  # a typed message, some with bytes of its header or its arrays overwritten
+            typed = bytearray(encode_typed(records, "fuzz", ts))
+            for _ in range(rng.choice([0, 0, 1, 3])):
+                typed[rng.randrange(len(typed))] = rng.randrange(256)
+            return bytes(typed)
     except (TypeError, ValueError):  # past what the columnar encoder takes: a batch then
         pass
     return _raw(encode_envelope(records, "fuzz", ts))
