@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import pstats
 import re
@@ -63,6 +64,7 @@ from governor_telemetry.columnar import encode_columns, encode_typed
 from governor_telemetry.records import encode_envelope, partition_key
 
 from bench.fleet import raw_parse
+from controllers.node_cap import NEW_NODES_FLOOR
 from core import names
 from core.settings import Settings
 from core.transport import kafka_options, redis_options
@@ -633,7 +635,9 @@ def _servers(settings: Settings, run_dir: Path, name: str, **params: Any) -> Ite
 async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str, Any]:
     partitions = 4
     zones = spread_zones(partitions)
-    mem_zones = [f"mz{i}" for i in range(10)]
+    # A fresh (model, zone) window admits NEW_NODES_FLOOR new nodes (the node cap): the memory run's keys
+    # are spread so that every one of them is held, none dropped.
+    mem_zones = [f"mz{i}" for i in range(max(10, math.ceil(args.keys / NEW_NODES_FLOOR)))]
     decision_zones = [f"dz{i}" for i in range(args.decisions)]
     params: dict[str, Any] = {
         "topic_prefix": f"bench{uuid.uuid4().hex[:8]}",
@@ -698,30 +702,36 @@ async def _bench(settings: Settings, args: Namespace, run_dir: Path) -> dict[str
             result["profile_top"] = profile_top(prof, idle_prof if idle_prof.exists() else None)
         else:  # the worker was killed before cProfile could write (a hung shutdown)
             result["profile_error"] = f"no profile written to {prof}"
-    # One worker at lateness 0.2 s: decisions, then memory.
-    with _servers(settings, run_dir, "decide", **params, zones=(*mem_zones, *decision_zones)) as (s, _):
-        await ensure_topics(s)
-        worker = _Worker(s, run_dir, "decide")
-        try:
-            await asyncio.to_thread(worker.child.wait_for_log, WORKER_READY, 120)
-            result["fresh_worker_rss_mb"] = round(rss_kb(worker.pid) / 1024, 1)
-            if decision_zones:
-                try:
-                    total, after_close = await _decision_latency(worker.settings, decision_zones)
-                except TimeoutError as exc:  # reported, and the memory run still runs
-                    result["decision_latency_error"] = str(exc)
-                else:
-                    result["decision_latency_ms"] = {
-                        "samples": len(total),
-                        "record_to_command_in_redis": _pct(total),
-                        "after_window_close": _pct(after_close),
-                        "window_s": s.window_s,
-                        "lateness_s": s.lateness_s,
-                    }
-            if args.keys:
+    # Workers at lateness 0.2 s: the decisions, then (a fresh one, its zones its own) the memory.
+    if decision_zones:
+        with _servers(settings, run_dir, "decide", **params, zones=tuple(decision_zones)) as (s, _):
+            await ensure_topics(s)
+            worker = _Worker(s, run_dir, "decide")
+            try:
+                await asyncio.to_thread(worker.child.wait_for_log, WORKER_READY, 120)
+                total, after_close = await _decision_latency(worker.settings, decision_zones)
+            except TimeoutError as exc:  # reported, and the memory run still runs
+                result["decision_latency_error"] = str(exc)
+            else:
+                result["decision_latency_ms"] = {
+                    "samples": len(total),
+                    "record_to_command_in_redis": _pct(total),
+                    "after_window_close": _pct(after_close),
+                    "window_s": s.window_s,
+                    "lateness_s": s.lateness_s,
+                }
+            finally:
+                worker.stop()
+    if args.keys:
+        with _servers(settings, run_dir, "memory", **params, zones=tuple(mem_zones)) as (s, _):
+            await ensure_topics(s)
+            worker = _Worker(s, run_dir, "memory")
+            try:
+                await asyncio.to_thread(worker.child.wait_for_log, WORKER_READY, 120)
+                result["fresh_worker_rss_mb"] = round(rss_kb(worker.pid) / 1024, 1)
                 result["memory"] = await _memory(worker.settings, worker, mem_zones, args.keys)
-        finally:
-            worker.stop()
+            finally:
+                worker.stop()
     return result
 
 

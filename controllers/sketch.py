@@ -36,6 +36,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -48,6 +49,16 @@ from controllers.errors import ParameterError
 __all__ = ["DDSketch"]
 
 FloatArray = npt.NDArray[np.float64]
+
+
+@functools.lru_cache(maxsize=16)
+def _gamma(alpha: float) -> tuple[float, float]:
+    gamma = (1.0 + alpha) / (1.0 - alpha)
+    return gamma, math.log(gamma)
+
+
+_NO_BUCKETS = np.zeros(0, dtype=np.int64)
+_NO_BUCKETS.flags.writeable = False
 
 
 class DDSketch:
@@ -89,6 +100,13 @@ class DDSketch:
         "_max",
     )
 
+    # Slots, and one shared empty bucket array until the first value: a window holds six sketches,
+    # most of them empty (stages not measured), and a worker holds a window per (model, zone, node).
+    __slots__ = (
+        "alpha", "min_value", "gamma", "_ln_gamma", "_counts", "_offset", "_zero_count", "_count", "_sum", "_min",
+        "_max",
+    )  # fmt: skip
+
     def __init__(self, alpha: float = 0.01, min_value: float = 1e-6) -> None:
         if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
             raise ParameterError(f"alpha={alpha!r}: relative error must lie in (0, 1)")
@@ -96,9 +114,8 @@ class DDSketch:
             raise ParameterError(f"min_value={min_value!r}: must be finite and > 0")
         self.alpha = float(alpha)
         self.min_value = float(min_value)
-        self.gamma = (1.0 + self.alpha) / (1.0 - self.alpha)
-        self._ln_gamma = math.log(self.gamma)
-        self._counts: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.gamma, self._ln_gamma = _gamma(self.alpha)  # the same two floats for every sketch of an alpha
+        self._counts: npt.NDArray[np.int64] = _NO_BUCKETS  # replaced, never written, by the first _grow
         self._offset = 0
         self._zero_count = 0
         self._count = 0
