@@ -110,6 +110,28 @@ _LATER_SKETCHES = tuple(f.name for f in AGGREGATE if f.later and f.merge == "ske
 _STAGE_SKETCHES = {c.removesuffix("_ms"): c for c in STAGE_COLUMNS}  # sketch -> its optional column
 
 
+class _Unmeasured(DDSketch):
+    """The one empty sketch every aggregate holds for a stage nobody measured (most producers send no stage
+    times, and a worker holds an aggregate per (model, zone, node) window): :func:`add_requests` swaps in
+    a sketch of its own at the first value; adding to this one raises instead of filling everyone's."""
+
+    __slots__ = ()
+
+    def add_many(self, values: npt.ArrayLike) -> None:
+        raise RuntimeError("the shared unmeasured-stage sketch takes no values (windows.add_requests swaps it)")
+
+    def merge(self, other: DDSketch) -> None:
+        raise RuntimeError("the shared unmeasured-stage sketch takes no values (windows.merge copies it)")
+
+
+UNMEASURED: DDSketch = _Unmeasured()
+
+
+def _stage_sketch(sketch: DDSketch) -> DDSketch:
+    """``sketch``, or the shared :data:`UNMEASURED` when it holds nothing."""
+    return UNMEASURED if sketch.count == 0 else sketch
+
+
 def window_start_ms(ts_ms: Any, size_ms: int) -> Any:
     """Start of the tumbling window holding ``ts_ms`` (floor alignment).
 
@@ -205,9 +227,9 @@ class WindowAggregate:
     e2e: DDSketch = field(default_factory=DDSketch)
     ttft: DDSketch = field(default_factory=DDSketch)
     itl: DDSketch = field(default_factory=DDSketch)
-    network: DDSketch = field(default_factory=DDSketch)  # the STAGE_COLUMNS' sketches (empty: not measured)
-    preprocess: DDSketch = field(default_factory=DDSketch)
-    decode: DDSketch = field(default_factory=DDSketch)
+    network: DDSketch = field(default_factory=lambda: UNMEASURED)  # the STAGE_COLUMNS' (not measured: shared)
+    preprocess: DDSketch = field(default_factory=lambda: UNMEASURED)
+    decode: DDSketch = field(default_factory=lambda: UNMEASURED)
     n_gpu_samples: int = 0
     gpu_util_sum: float = 0.0
     queue_len_sum: float = 0.0
@@ -247,7 +269,8 @@ class WindowAggregate:
             setattr(agg, k, int(data.get(k, 0)))
         for name in _SKETCHES:
             absent = name in _LATER_SKETCHES and name not in data
-            setattr(agg, name, DDSketch() if absent else DDSketch.from_dict(data[name]))
+            sketch = DDSketch() if absent else DDSketch.from_dict(data[name])
+            setattr(agg, name, _stage_sketch(sketch) if name in _STAGE_SKETCHES else sketch)
         agg.nodes = {
             n: NodeSnapshot(**{**s, "free_block_hist": tuple(s.get("free_block_hist", ()))})
             for n, s in data["nodes"].items()
@@ -310,8 +333,15 @@ def add_requests(agg: WindowAggregate, cols: Mapping[str, npt.ArrayLike], slo: S
         unfixable = ok & (f["ttft_ms"] - f["queue_ms"] > ttft_limit)
     for name in _SKETCHES:
         arr = f.get(f"{name}_ms") if name not in _STAGE_SKETCHES else (stages or {}).get(_STAGE_SKETCHES[name])
-        if arr is not None:
-            getattr(agg, name).add_many(arr[~np.isnan(arr)])
+        if arr is None:
+            continue
+        values, sketch = arr[~np.isnan(arr)], getattr(agg, name)
+        if sketch is UNMEASURED:  # the shared empty one: a sketch of its own at the first value
+            if not values.size:
+                continue
+            sketch = DDSketch()
+            setattr(agg, name, sketch)
+        sketch.add_many(values)
     if stages is not None and ("network_ms" in stages or "preprocess_ms" in stages) and unfixable.any():
         before = sum(np.nan_to_num(stages[k]) for k in ("network_ms", "preprocess_ms") if k in stages)
         with np.errstate(invalid="ignore"):
@@ -406,6 +436,8 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     for k in _MAXED:
         setattr(out, k, max(getattr(a, k), getattr(b, k)))
     for name in _SKETCHES:
+        if getattr(a, name) is UNMEASURED and getattr(b, name) is UNMEASURED:
+            continue  # out holds the shared one already
         sk = getattr(a, name).copy()
         sk.merge(getattr(b, name))
         setattr(out, name, sk)
