@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import orjson
 from aiokafka.partitioner import murmur2
 from governor_telemetry.columnar import encode_columns, encode_typed
 from governor_telemetry.records import partition_key
-from governor_telemetry.typed import MAGIC
+from governor_telemetry.typed import MAGIC, split_frame
 
 from core.settings import ModelSpec, Settings
 from core.signing import Keyring, generate_keys
@@ -70,10 +69,7 @@ ENCODERS = {"columns": encode_columns, "typed": encode_typed}
 def raw_parse(value: bytes) -> Any:
     """What any consumer must parse of a telemetry message: all of a JSON one; a typed one's header (its
     arrays are read in place): the floor the benchmarks set the worker beside."""
-    if value[:4] == MAGIC:
-        (size,) = struct.unpack_from("<I", value, 4)
-        return orjson.loads(value[8 : 8 + size])
-    return orjson.loads(value)
+    return orjson.loads(split_frame(value)[0] if value[:4] == MAGIC else value)
 
 
 def _messages(

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-from governor_telemetry.records import _COMPILED, INT_MAX, MAX_HIST_BINS, MAX_NODE_CHARS
+from governor_telemetry.records import _BOOL, _COMPILED, _INT, _NUMBER, _STR, INT_MAX, MAX_HIST_BINS, MAX_NODE_CHARS
 from governor_telemetry.typed import TypedColumn
 from governor_telemetry.vocab import AGENT_PATHS, AGENT_SIGNALS, GPU_STATES, REQUEST_STATUSES
 
@@ -38,11 +38,9 @@ from controllers.window_columns import REQUEST_CLASS_CODES
 
 __all__ = ["Checked", "check_gpus", "check_requests"]
 
-_STR, _INT, _NUMBER, _BOOL = range(4)  # governor_telemetry.records' check codes
 _NONE = type(None)
 _ALLOWED: dict[int, set[type]] = {_STR: {str}, _INT: {int}, _NUMBER: {int, float}, _BOOL: {bool}}
-# Numbers at or past this are not exact in float64: such rows go to the per-record path.
-_EXACT = 2.0**53
+_EXACT = typed.EXACT  # numbers at or past this are not exact in float64: such rows go to the per-record path
 _PATH_INDEX = {p: float(i) for i, p in enumerate(AGENT_PATHS)}
 _PATHS_OR_NONE = frozenset({*AGENT_PATHS, None})
 

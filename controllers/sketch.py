@@ -57,6 +57,8 @@ def _gamma(alpha: float) -> tuple[float, float]:
     return gamma, math.log(gamma)
 
 
+# One shared empty bucket array until a sketch's first value: a window holds six sketches, most of them
+# empty (stages not measured), and a worker holds a window per (model, zone, node).
 _NO_BUCKETS = np.zeros(0, dtype=np.int64)
 _NO_BUCKETS.flags.writeable = False
 
@@ -99,13 +101,6 @@ class DDSketch:
         "_min",
         "_max",
     )
-
-    # Slots, and one shared empty bucket array until the first value: a window holds six sketches,
-    # most of them empty (stages not measured), and a worker holds a window per (model, zone, node).
-    __slots__ = (
-        "alpha", "min_value", "gamma", "_ln_gamma", "_counts", "_offset", "_zero_count", "_count", "_sum", "_min",
-        "_max",
-    )  # fmt: skip
 
     def __init__(self, alpha: float = 0.01, min_value: float = 1e-6) -> None:
         if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):

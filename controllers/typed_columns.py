@@ -22,17 +22,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from governor_telemetry.typed import ITEM_BYTES, MAX_VOCAB, TypedColumn
+from governor_telemetry.records import _BOOL, _INT, _STR  # the record rules' check codes
+from governor_telemetry.typed import FORMATS, ITEM_BYTES, MAX_VOCAB, TypedColumn
 
-__all__ = ["absent", "check", "code_mask", "codes", "join", "latest_ts", "lookup", "values"]
+__all__ = ["EXACT", "absent", "check", "code_mask", "codes", "join", "latest_ts", "lookup", "values"]
 
-_DTYPE = {"f8": "<f8", "f4": "<f4", "i8": "<i8", "i4": "<i4", "b1": "u1", "str": "<u2"}
-_U2 = struct.Struct("<H")
+_DTYPE = {t: np.dtype(f) for t, f in FORMATS.items()}
+_U2 = struct.Struct(FORMATS["str"])
 _INTS = frozenset({"i8", "i4"})
 _NUMBERS = frozenset({"i8", "i4", "f8", "f4"})
-_STR, _INT, _NUMBER, _BOOL = range(4)  # governor_telemetry.records' check codes
-# Numbers at or past this are not exact in float64: such rows go to the per-record path.
-_EXACT = 2.0**53
+#: Numbers at or past this are not exact in float64: such rows go to the per-record path.
+EXACT = 2.0**53
 
 
 def values(col: TypedColumn) -> Any:
@@ -67,7 +67,7 @@ def check(col: TypedColumn, kind: int, required: bool, minimum: float, maximum: 
         if kind == _BOOL:
             wrong = raw > 1  # a byte of 2: no bool
         else:
-            wrong = ~np.isfinite(vals) | (vals < minimum) | (vals > maximum) | (np.abs(vals) >= _EXACT)
+            wrong = ~np.isfinite(vals) | (vals < minimum) | (vals > maximum) | (np.abs(vals) >= EXACT)
     bad |= wrong & carried
     if col.absent is not None:
         vals[gone] = np.nan

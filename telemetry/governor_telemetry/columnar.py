@@ -48,7 +48,6 @@ True
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +62,7 @@ from governor_telemetry.records import (
     parse_message,
     show,
 )
-from governor_telemetry.typed import MAGIC, TypedColumn, parse_typed, typed_column
+from governor_telemetry.typed import MAGIC, TypedColumn, frame, parse_typed, split_frame, typed_column
 
 __all__ = [
     "MAX_COLUMN_ROWS",
@@ -157,8 +156,7 @@ def encode_columns(records: Sequence[Mapping[str, Any]], source: str, sent_ms: i
         env[kind] = cols
     if not typed:
         return orjson.dumps(env)
-    header = orjson.dumps(env)
-    return b"".join((MAGIC, struct.pack("<I", len(header)), header, payload))
+    return frame(orjson.dumps(env), payload)
 
 
 def encode_typed(records: Sequence[Mapping[str, Any]], source: str, sent_ms: int) -> bytes:
@@ -241,19 +239,9 @@ def decode_message(raw: bytes | str | Any) -> list[Any] | ColumnBatch:
 
 def decode_typed(raw: bytes) -> ColumnBatch:
     """A typed message (:mod:`governor_telemetry.typed`): its header checked as a columnar envelope, its
-    typed columns' ranges inside the payload; raises :class:`EnvelopeError`.
-
-    >>> decode_typed(MAGIC + bytes([200, 0, 0, 0]) + b"{}")
-    Traceback (most recent call last):
-    ...
-    governor_telemetry.records.EnvelopeError: typed message: a header of 200 bytes in a message of 10
-    """
-    if len(raw) < 8:
-        raise EnvelopeError(f"typed message: {len(raw)} bytes, shorter than its frame")
-    (size,) = struct.unpack_from("<I", raw, 4)
-    if 8 + size > len(raw):
-        raise EnvelopeError(f"typed message: a header of {size} bytes in a message of {len(raw)}")
-    obj = parse_message(raw[8 : 8 + size])
+    typed columns' ranges inside the payload; raises :class:`EnvelopeError`."""
+    header, payload = split_frame(raw)
+    obj = parse_message(header)
     if not isinstance(obj, dict) or obj.get("kind") != "columns":
         raise EnvelopeError("typed message: the header must be a kind: columns envelope")
-    return decode_columns(obj, raw[8 + size :])
+    return decode_columns(obj, payload)

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 
 from governor_telemetry.records import EnvelopeError, show
 
-__all__ = ["ITEM_BYTES", "MAGIC", "TypedColumn", "parse_typed", "typed_column"]
+__all__ = ["FORMATS", "ITEM_BYTES", "MAGIC", "TypedColumn", "frame", "parse_typed", "split_frame", "typed_column"]
 
 #: The first bytes of a typed message (JSON never starts so); then the header's length, uint32 LE.
 MAGIC = b"GTC1"
@@ -64,7 +64,9 @@ MAGIC = b"GTC1"
 ITEM_BYTES = {"f8": 8, "f4": 4, "i8": 8, "i4": 4, "b1": 1, "str": 2}
 # array module type codes of each ``t`` (little-endian on the wire; swapped on a big-endian host).
 _ARRAY = {"f8": "d", "f4": "f", "i8": "q", "i4": "i", "b1": "B", "str": "H"}
-_STRUCT = {"f8": "<d", "f4": "<f", "i8": "<q", "i4": "<i", "b1": "<B", "str": "<H"}
+#: Each ``t``'s value as a struct format (also a numpy dtype), little-endian.
+FORMATS = {t: "<" + code for t, code in _ARRAY.items()}
+_HEAD = struct.Struct("<I")  # the header's length, after MAGIC
 _KEYS = frozenset({"t", "n", "at", "absent", "vocab"})
 _INT32 = 2**31
 _INT64 = 2**63
@@ -93,7 +95,7 @@ class TypedColumn(NamedTuple):
         if self.absent is not None and self.absent[i]:
             return None
         size = ITEM_BYTES[self.t]
-        (raw,) = struct.unpack_from(_STRUCT[self.t], self.data, i * size)
+        (raw,) = struct.unpack_from(FORMATS[self.t], self.data, i * size)
         if self.t == "str":
             return self.vocab[raw]
         if self.t == "b1":
@@ -110,6 +112,27 @@ class TypedColumn(NamedTuple):
         if self.absent is not None:
             vals = [None if a else v for v, a in zip(vals, self.absent, strict=True)]
         return vals
+
+
+def frame(header: bytes, payload: bytes | bytearray) -> bytes:
+    """A typed message: MAGIC, the header's length, the (JSON) header, the payload."""
+    return b"".join((MAGIC, _HEAD.pack(len(header)), header, payload))
+
+
+def split_frame(raw: bytes) -> tuple[bytes, bytes]:
+    """A typed message's (header, payload), the frame checked; raises :class:`EnvelopeError`.
+
+    >>> split_frame(MAGIC + bytes([200, 0, 0, 0]) + b"{}")
+    Traceback (most recent call last):
+    ...
+    governor_telemetry.records.EnvelopeError: typed message: a header of 200 bytes in a message of 10
+    """
+    if len(raw) < 8:
+        raise EnvelopeError(f"typed message: {len(raw)} bytes, shorter than its frame")
+    (size,) = _HEAD.unpack_from(raw, 4)
+    if 8 + size > len(raw):
+        raise EnvelopeError(f"typed message: a header of {size} bytes in a message of {len(raw)}")
+    return raw[8 : 8 + size], raw[8 + size :]
 
 
 def _array(t: str, data: bytes) -> array[Any]:
